@@ -1,0 +1,121 @@
+"""fabtrain's tasks. Each parses what was typed and calls orchestrator/.
+
+    fab check deploy start-pserver start-trainers     # start a job
+    fab status | fab logs --follow | fab kill-all     # watch it, stop it
+
+The cluster file is ./cluster.yaml, or $FABTRAIN_CLUSTER.
+"""
+import functools
+import sys
+
+from invoke import Exit, task
+
+from orchestrator import lifecycle, report
+from orchestrator.errors import UserError
+from orchestrator.plan import make_plan, new_job_id
+from orchestrator.session import get_session
+
+
+def fabtask(fn):
+    """A task whose user errors end in one line and exit code 2, never a traceback."""
+    @functools.wraps(fn)
+    def wrapper(c, *args, **kwargs):
+        try:
+            return fn(c, *args, **kwargs)
+        except UserError as e:
+            raise Exit(f"fab {fn.__name__.replace('_', '-')}: {e}", code=2) from None
+        except KeyboardInterrupt:
+            raise Exit("interrupted", code=130) from None
+    return task(wrapper)
+
+
+def session(c):
+    return get_session(config=c.config)
+
+
+def fail_if(failed, message, code=1):
+    if failed:
+        raise Exit(message, code=code)
+
+
+def replies_text(replies, ok_text):
+    lines = [f"{r.node}: {ok_text(r.value)}" if r.ok else f"{r.node}: FAILED: {r.error}" for r in replies]
+    return "\n".join(lines), any(not r.ok for r in replies)
+
+
+@fabtask
+def plan(c):
+    """Print the exact commands each node would run (a dry run)."""
+    s = session(c)
+    print(report.plan_text(make_plan(s.cluster, new_job_id())))
+
+
+@fabtask
+def provision(c, venv=False, wheelhouse=None):
+    """Make the workspace on every node; --venv builds a venv, --wheelhouse=DIR installs offline."""
+    replies = lifecycle.provision(session(c), venv=venv, wheelhouse=wheelhouse)
+    text, failed = replies_text(replies, lambda v: f"workspace {v['workspace']}" + (f", venv {v['venv']}" if v["venv"] else ""))
+    print(text)
+    fail_if(failed, "provision failed on some nodes")
+
+
+@fabtask
+def check(c):
+    """Check every node can run the job: python, torch/CUDA, paddle, tools, disk, clock."""
+    checks = lifecycle.check(session(c))
+    print(report.check_text(checks))
+    fail_if(not all(ch.ok for ch in checks), "check: some nodes cannot run the job")
+
+
+@fabtask
+def deploy(c):
+    """Sync this project's code to <workspace>/code on every node (rsync)."""
+    replies = lifecycle.deploy(session(c))
+    text, failed = replies_text(replies, lambda v: f"code synced ({v.get('files', 0)} files sent)")
+    print(text)
+    fail_if(failed, "deploy failed on some nodes")
+
+
+def _start(c, roles, force):
+    result = lifecycle.start(session(c), roles, force=force)
+    print(report.start_text(result, roles))
+    failed = any(not r.ok or r.value["failed"] for r in result.replies)
+    fail_if(failed, f"job {result.job_id}: could not start everything; see `fab status` and `fab logs`")
+
+
+@fabtask
+def start_pserver(c, force=False):
+    """Start the parameter servers of a new job (--force kills a running job first)."""
+    _start(c, ("pserver",), force)
+
+
+@fabtask
+def start_trainers(c, force=False):
+    """Start the trainers (of the job whose pservers are up, or a new collective job)."""
+    _start(c, ("trainer",), force)
+
+
+@fabtask
+def status(c, job=None):
+    """Show every process of the job on every node; exit 1 if one failed."""
+    text, failed = report.status_text(lifecycle.status(session(c), job_id=job))
+    print(text)
+    fail_if(failed, "status: the job has failed processes or unreachable nodes")
+
+
+@fabtask
+def logs(c, lines=20, follow=False, job=None):
+    """Print the last --lines of every process's log, prefixed [node role-rank]; --follow streams."""
+    replies = lifecycle.logs(session(c), lines=int(lines), follow=follow, job_id=job)
+    for r in replies:
+        if not r.ok:
+            print(f"{r.node}: FAILED: {r.error}", file=sys.stderr)
+    fail_if(any(not r.ok for r in replies), "logs: some nodes could not be read")
+
+
+@fabtask
+def kill_all(c, grace=5.0):
+    """Stop every fabtrain process on every node: SIGTERM, --grace seconds, SIGKILL, sweep."""
+    text, clean = report.kill_text(lifecycle.kill_all(session(c), grace=float(grace)))
+    print(text)
+    fail_if(not clean, "kill-all: some processes may still be alive (see above)")

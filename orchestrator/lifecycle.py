@@ -1,0 +1,198 @@
+"""The library behind the lifecycle tasks: check, provision, deploy, start, status, logs, kill-all.
+
+Each function does its work on every node in parallel (one remote command per
+node where it can) and returns per-node results; printing is `report`'s job.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import state
+from .errors import UserError
+from .plan import Plan, make_plan, new_job_id
+from .session import Session
+from .transport import NodeError, Reply, Transport, quote_path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEPLOY_EXCLUDES = (".git/", ".venv/", "venv/", "/data/", "__pycache__/", "*.pyc", ".fabtrain/",
+                   ".pytest_cache/", "/artifacts/", "*.egg-info/", ".ci/")
+MIN_DISK_FREE = 1 << 30
+
+
+# -- check ---------------------------------------------------------------------------
+
+
+@dataclass
+class NodeCheck:
+    node: str
+    ok: bool
+    probe: dict = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    clock_offset: tuple[float, float] | None = None  # (lo, hi) bounds, seconds
+
+
+def check(session: Session) -> list[NodeCheck]:
+    cluster = session.cluster
+
+    def probe(t: Transport):
+        t0 = time.time()
+        result = t.call("probe", {})
+        return result, t0, time.time()
+
+    checks = []
+    for reply in session.map(probe):
+        if not reply.ok:
+            checks.append(NodeCheck(reply.node, False, problems=[reply.error]))
+            continue
+        result, t0, t1 = reply.value
+        c = NodeCheck(reply.node, True, result, clock_offset=(result["time"] - t1, result["time"] - t0))
+        node = cluster.node(reply.node)
+        missing = [tool for tool, there in result["tools"].items() if not there and tool != "rsync"]
+        if missing:
+            c.problems.append(f"missing {', '.join(missing)} (coreutils/util-linux)")
+        if not result["tools"]["rsync"] and not node.is_local:
+            c.problems.append("rsync not installed (needed by deploy and copy-data)")
+        uses_workload = any("workload." in cmd for cmd in (cluster.job.trainer.command, cluster.job.pserver.command))
+        if uses_workload and not result["torch"]:
+            c.problems.append("torch not installed (the reference workload needs it)")
+        if cluster.job.trainer.use_gpu and "trainer" in node.roles and not result["gpus"]:
+            c.problems.append("use_gpu is set but torch sees no GPU")
+        if result["disk_free"] < MIN_DISK_FREE:
+            c.problems.append(f"only {result['disk_free'] >> 20} MiB free in the workspace")
+        c.ok = not c.problems
+        checks.append(c)
+
+    # Versions that differ across nodes: a classic source of hangs and wrong results.
+    for key in ("python", "torch", "paddle", "cuda"):
+        values = {c.probe.get(key) for c in checks if c.probe}
+        if len(values) > 1:
+            for c in checks:
+                if c.probe:
+                    c.probe.setdefault("differs", []).append(key)
+    return checks
+
+
+# -- provision -------------------------------------------------------------------------
+
+
+def provision(session: Session, venv: bool = False, wheelhouse: str | None = None,
+              requirements: list[str] | None = None) -> list[Reply]:
+    reqs = requirements if requirements is not None else _node_requirements()
+
+    def one(t: Transport):
+        if wheelhouse:
+            _rsync(t, [str(Path(wheelhouse).expanduser()) + "/"], t.node.workspace + "/wheelhouse")
+        return t.call("provision", {"venv": venv, "wheelhouse": bool(wheelhouse), "requirements": reqs})
+
+    return session.map(one)
+
+
+def _node_requirements() -> list[str]:
+    path = PROJECT_ROOT / "requirements-node.txt"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+# -- deploy --------------------------------------------------------------------------
+
+
+def deploy(session: Session, source: Path = PROJECT_ROOT) -> list[Reply]:
+    """rsync the project to <workspace>/code on every node; fast when nothing changed."""
+    def one(t: Transport):
+        excludes = [f"--exclude={e}" for e in DEPLOY_EXCLUDES]
+        return _rsync(t, [f"{source}/"], t.node.workspace + "/code", ["--delete", *excludes])
+    return session.map(one)
+
+
+def _rsync(t: Transport, sources: list[str], remote_dir: str, extra: list[str] = (), timeout: float = 3600) -> dict:
+    """One rsync to a directory on the node (made if missing), over the node's SSH settings."""
+    transport_args, dest = t.rsync_destination(remote_dir.rstrip("/") + "/")
+    if t.node.is_local:
+        os.makedirs(dest, exist_ok=True)
+        mkdir = []
+    else:
+        mkdir = [f"--rsync-path=mkdir -p {quote_path(remote_dir)} && rsync"]
+    argv = ["rsync", "-a", "--stats", *mkdir, *transport_args, *extra, *sources, dest]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise NodeError(f"{t.node.name}: rsync is not installed on this machine") from None
+    except subprocess.TimeoutExpired:
+        raise NodeError(f"{t.node.name}: rsync timed out after {timeout:g} s") from None
+    if out.returncode != 0:
+        lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
+        reason = lines[0] if lines else f"exit code {out.returncode}"
+        raise NodeError(f"{t.node.name}: rsync failed: {reason}")
+    stats = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("Number of regular files transferred:"):
+            stats["files"] = int(line.split(":")[1].strip().replace(",", ""))
+        elif line.startswith("Total transferred file size:"):
+            stats["bytes"] = int(line.split(":")[1].split()[0].replace(",", ""))
+    return stats
+
+
+# -- start ---------------------------------------------------------------------------
+
+
+@dataclass
+class StartResult:
+    job_id: str
+    plan: Plan
+    replies: list[Reply]
+
+
+def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: float = 5.0) -> StartResult:
+    cluster = session.cluster
+    if cluster.job.mode == "collective" and "pserver" in roles:
+        raise UserError(f"{cluster.path}: job.mode is collective: there are no pservers to start; run fab start-trainers")
+    previous = state.load(cluster.name)
+    if "pserver" in roles or cluster.job.mode == "collective":
+        job_id = new_job_id()
+    else:
+        # start-trainers in pserver mode joins the job whose pservers are up.
+        if previous.get("roles") != ["pserver"]:
+            raise UserError("no job is waiting for trainers: run `fab start-pserver start-trainers` to start a new job")
+        job_id = previous["job_id"]
+    if force:
+        kill_all(session, grace=grace)
+    plan = make_plan(cluster, job_id)
+    targets = [n for n in plan.nodes if any(p.role in roles for p in n.processes)]
+
+    def one(t: Transport):
+        payload = {"job": plan.job_json(t.node.name), "roles": list(roles)}
+        if cluster.job.watchdog.enabled:
+            payload["agent"] = plan.agent_process(t.node.name)
+        return t.call("start", payload, timeout=120)
+
+    replies = session.map(one, [cluster.node(n.node) for n in targets])
+    started_roles = sorted(set(previous.get("roles", [])) | set(roles)) if job_id == previous.get("job_id") else sorted(roles)
+    state.save(cluster.name, job_id=job_id, roles=started_roles, cluster=cluster.path)
+    return StartResult(job_id, plan, replies)
+
+
+# -- status, logs, kill-all -----------------------------------------------------------------
+
+
+def status(session: Session, job_id: str | None = None, health: bool = False) -> list[Reply]:
+    return session.map(lambda t: t.call("status", {"job_id": job_id, "health": health}, timeout=60))
+
+
+def logs(session: Session, lines: int = 20, follow: bool = False, job_id: str | None = None, out=None) -> list[Reply]:
+    out = out or sys.stdout
+    payload = {"lines": lines, "follow": follow, "job_id": job_id}
+    return session.map(lambda t: t.call("logs", payload, stream=out))
+
+
+def kill_all(session: Session, grace: float = 5.0) -> list[Reply]:
+    return session.map(lambda t: t.call("kill", {"grace": grace}, timeout=grace + 60))
+
+
+def describe_argv(argv: list[str]) -> str:
+    return shlex.join(argv)
