@@ -562,12 +562,57 @@ def op_verify(payload):
     return {"files": result, "disk_free": du.free}
 
 
+def op_collect(payload):
+    """Everything the controller watches, read incrementally by byte offset.
+
+    payload["offsets"] maps a file under the job dir (metrics/<name>.jsonl,
+    events.jsonl, logs/<name>.log) to the offset already read. Only whole
+    lines are returned, so a record is never split; at most max_bytes per file
+    per call, so a long run is caught up over several calls.
+    """
+    ws = workspace(payload)
+    jd = job_dir(ws, payload.get("job_id"))
+    reply = {"time": time.time(), "job_id": None}
+    if not jd or not os.path.isdir(jd):
+        return reply
+    job_id = os.path.basename(jd)
+    reply["job_id"] = job_id
+    offsets = payload.get("offsets", {}) if payload.get("job_id") in (None, job_id) else {}
+    status = op_status({"workspace": payload["workspace"], "job_id": job_id})
+    reply["processes"] = status["processes"]
+    reply["killed"] = status["killed"]
+    reply["health"] = read_json(os.path.join(jd, "health.json"))
+    max_bytes = int(payload.get("max_bytes", 1 << 20))
+    wanted = ["events.jsonl"] + ["metrics/" + f for f in sorted(os.listdir(os.path.join(jd, "metrics")))
+                                 if f.endswith(".jsonl")] if os.path.isdir(os.path.join(jd, "metrics")) else ["events.jsonl"]
+    wanted += [k for k in offsets if k.startswith("logs/") and k not in wanted]
+    files = {}
+    for rel in wanted:
+        if ".." in rel.split("/"):
+            continue
+        path = os.path.join(jd, rel)
+        start = int(offsets.get(rel, 0))
+        try:
+            size = os.path.getsize(path)
+            if size < start:
+                start = 0  # truncated or replaced: read again from the top
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read(min(max_bytes, size - start))
+        except OSError:
+            continue
+        end = data.rfind(b"\n") + 1  # whole lines only
+        files[rel] = {"offset": start + end, "size": size, "data": data[:end].decode("utf-8", "replace")}
+    reply["files"] = files
+    return reply
+
+
 class UserFacing(Exception):
     """A refusal to report as one line, not a crash."""
 
 
 OPS = {"probe": op_probe, "provision": op_provision, "start": op_start, "status": op_status,
-       "logs": op_logs, "kill": op_kill, "verify": op_verify}
+       "logs": op_logs, "kill": op_kill, "verify": op_verify, "collect": op_collect}
 
 
 def main(argv):

@@ -1,0 +1,153 @@
+"""Real OpenSSH servers on 127.0.0.x for the tests: one sshd per "node".
+
+Each node gets its own host key; the tests get one user key, an
+authorized_keys file and a known_hosts file that lists every node's key, so
+host-key checking is on (strict) exactly as on a real cluster. All nodes
+listen on one port, each on its own loopback address.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+SSHD = "/usr/sbin/sshd"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def ensure_openssh() -> None:
+    """Install openssh-server and rsync where missing (the tests install what they need)."""
+    missing = [pkg for pkg, path in (("openssh-server", SSHD), ("rsync", "/usr/bin/rsync"),
+                                     ("openssh-client", "/usr/bin/ssh")) if not os.path.exists(path)]
+    if missing:
+        subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True, capture_output=True,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    os.makedirs("/run/sshd", exist_ok=True)
+
+
+def free_port(addresses: list[str]) -> int:
+    for port in range(22000 + os.getpid() % 5000, 65000):
+        try:
+            for a in addresses:
+                with socket.socket() as s:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    s.bind((a, port))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port")
+
+
+@dataclass
+class SshNode:
+    name: str
+    address: str
+    host_key: Path
+    config: Path
+    process: subprocess.Popen | None = None
+
+
+class SshdCluster:
+    def __init__(self, root: Path, count: int, first: int = 2):
+        ensure_openssh()
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.user_key = root / "id_ed25519"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.user_key)], check=True)
+        self.authorized_keys = root / "authorized_keys"
+        shutil.copy(f"{self.user_key}.pub", self.authorized_keys)
+        self.known_hosts = root / "known_hosts"
+        addresses = [f"127.0.0.{first + i}" for i in range(count)]
+        self.port = free_port(addresses)
+        self.nodes: list[SshNode] = []
+        lines = []
+        for i, address in enumerate(addresses):
+            node = self._make_node(f"node{i + 1}", address)
+            self.nodes.append(node)
+            pub = Path(f"{node.host_key}.pub").read_text().split()
+            lines.append(f"[{address}]:{self.port} {pub[0]} {pub[1]}\n")
+        self.known_hosts.write_text("".join(lines))
+        for node in self.nodes:
+            self.start(node)
+
+    def _make_node(self, name: str, address: str) -> SshNode:
+        host_key = self.root / f"host_{name}"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)], check=True)
+        config = self.root / f"sshd_{name}.conf"
+        config.write_text(f"""\
+ListenAddress {address}:{self.port}
+HostKey {host_key}
+PidFile {self.root}/sshd_{name}.pid
+AuthorizedKeysFile {self.authorized_keys}
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+LogLevel ERROR
+MaxStartups 200:30:400
+MaxSessions 200
+Subsystem sftp internal-sftp
+""")
+        return SshNode(name, address, host_key, config)
+
+    def start(self, node: SshNode) -> None:
+        node.process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(node.config)],
+                                        stdout=subprocess.DEVNULL, stderr=open(self.root / f"sshd_{node.name}.log", "ab"))
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                with socket.create_connection((node.address, self.port), timeout=0.5):
+                    return
+            except OSError:
+                if node.process.poll() is not None:
+                    raise RuntimeError(f"sshd for {node.name} exited: {(self.root / f'sshd_{node.name}.log').read_text()}")
+                time.sleep(0.05)
+        raise RuntimeError(f"sshd for {node.name} did not start")
+
+    def stop(self, node: SshNode) -> None:
+        """Stop the listener (existing sessions are separate processes and live on)."""
+        if node.process and node.process.poll() is None:
+            node.process.terminate()
+            node.process.wait(5)
+
+    def close(self) -> None:
+        for node in self.nodes:
+            self.stop(node)
+
+    def ssh_settings(self, policy: str = "strict") -> dict:
+        return {"user": "root", "port": self.port, "key": str(self.user_key),
+                "known_hosts": str(self.known_hosts), "host_key_policy": policy, "connect_timeout": 5}
+
+
+def write_cluster(path: Path, sshd: SshdCluster | None, *, ssh_nodes: list[tuple[str, list[str]]] = (),
+                  local_nodes: list[tuple[str, list[str]]] = (), job: dict | None = None,
+                  name: str = "test", policy: str = "strict", extra_node_fields: dict | None = None) -> Path:
+    """A cluster file over sshd nodes (by name) and local nodes, each with its own workspace."""
+    root = path.parent
+    nodes = []
+    for node_name, roles in local_nodes:
+        nodes.append({"name": node_name, "host": "local", "roles": roles, "workspace": str(root / f"ws-{node_name}")})
+    by_name = {n.name: n for n in sshd.nodes} if sshd else {}
+    for node_name, roles in ssh_nodes:
+        nodes.append({"name": node_name, "host": by_name[node_name].address, "roles": roles,
+                      "workspace": str(root / f"ws-{node_name}")})
+    for n in nodes:
+        n.update((extra_node_fields or {}).get(n["name"], {}))
+    doc = {
+        "cluster": {"name": name, "python": sys.executable,
+                    "ssh": sshd.ssh_settings(policy) if sshd else {}},
+        "nodes": nodes,
+        "job": job or {},
+    }
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
