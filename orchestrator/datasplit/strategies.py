@@ -1,0 +1,482 @@
+"""Splitting one input into N shards.
+
+Everything works on bytes: a line is a run of bytes ending in ``\\n`` (or
+the bytes after the last ``\\n``), whatever the encoding, so bytes that are
+not UTF-8 pass through unchanged.
+
+An input made of several files (a directory) is read as their
+concatenation in order, with one ``\\n`` added after a file that does not
+end in one when another file follows it (so no two files' lines merge).
+
+Strategies
+----------
+``contiguous``
+    N byte ranges cut at line boundaries near ``k * size / N``; shard k is
+    range k, so the shards concatenate back to the input byte for byte.
+    Every shard gets at least one line.  Data is copied by the kernel
+    (``os.copy_file_range``, falling back to ``os.sendfile``, then to
+    pread/write), shards in parallel threads.
+``round-robin``
+    Line i goes to shard ``i mod N``; line counts differ by at most one.
+    Read in large blocks, split and joined with C-level bytes operations,
+    written by a second thread (which also hashes) in large writes.
+``files``
+    File i of a directory input (sorted) goes to shard ``i mod N``, the
+    shard being its files concatenated (as the PaddlePaddle cluster docs
+    assign files by suffix).  Needs at least N files and no empty shard.
+
+Every shard is created under a temporary name by the caller, fsynced here,
+and described by a ShardResult (sha256, bytes, lines) that is computed by
+reading back what was written.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import hashlib
+import os
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from .errors import PrepareError
+from .fetch import InputSet
+from .progress import Progress
+
+STRATEGIES = ("contiguous", "round-robin", "files")
+READ_BLOCK = 8 << 20      # read-back / hashing block
+RR_BLOCK = 16 << 20       # round-robin input block
+SCAN_BLOCK = 64 << 10     # looking for a line boundary
+
+
+@dataclass
+class ShardResult:
+    name: str
+    kind: str
+    shard: int | None
+    sha256: str
+    bytes: int
+    lines: int
+
+    def entry(self) -> dict:
+        d = {"sha256": self.sha256, "bytes": self.bytes, "lines": self.lines, "kind": self.kind}
+        if self.shard is not None:
+            d["shard"] = self.shard
+        return d
+
+
+class InputChanged(PrepareError):
+    pass
+
+
+# --------------------------------------------------------------------------
+# the logical input
+
+
+class Stream:
+    """The files of an InputSet read as one byte stream."""
+
+    NEWLINE = None  # path of a synthesized "\n" segment
+
+    def __init__(self, inp: InputSet):
+        self.inp = inp
+        self.segs: list[tuple[str | None, int, int]] = []   # (path, length, logical start)
+        self.starts: list[int] = []
+        pos = 0
+        last = len(inp.files) - 1
+        for i, (path, size) in enumerate(zip(inp.files, inp.sizes)):
+            if size:
+                self._add(path, size, pos)
+                pos += size
+                if i < last and self._last_byte(path, size) != b"\n":
+                    self._add(None, 1, pos)
+                    pos += 1
+        self.size = pos
+
+    def _add(self, path, length, start):
+        self.segs.append((path, length, start))
+        self.starts.append(start)
+
+    @staticmethod
+    def _last_byte(path: str, size: int) -> bytes:
+        with open(path, "rb") as f:
+            f.seek(size - 1)
+            return f.read(1)
+
+    def pieces(self, a: int, b: int) -> list[tuple[str | None, int, int]]:
+        """(path, offset, length) pieces covering logical [a, b); path None
+        stands for a synthesized newline."""
+        out = []
+        if a >= b:
+            return out
+        i = bisect.bisect_right(self.starts, a) - 1
+        while a < b:
+            path, length, start = self.segs[i]
+            lo = a - start
+            hi = min(length, b - start)
+            out.append((path, lo, hi - lo))
+            a = start + hi
+            i += 1
+        return out
+
+    def read_at(self, off: int, n: int) -> bytes:
+        chunks = []
+        for path, lo, ln in self.pieces(off, min(off + n, self.size)):
+            if path is None:
+                chunks.append(b"\n")
+            else:
+                with open(path, "rb") as f:
+                    f.seek(lo)
+                    chunks.append(f.read(ln))
+        return b"".join(chunks)
+
+    def iter_blocks(self, block: int):
+        """The whole stream, in blocks of about `block` bytes."""
+        for path, length, _start in self.segs:
+            if path is None:
+                yield b"\n"
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                except (AttributeError, OSError):
+                    pass
+                off = 0
+                while off < length:
+                    data = os.pread(fd, min(block, length - off), off)
+                    if not data:
+                        raise InputChanged(f"{path}: input changed while it was read (shorter)")
+                    off += len(data)
+                    yield data
+            finally:
+                os.close(fd)
+
+    def newline_at_or_after(self, pos: int) -> int:
+        """Index of the first b"\\n" at or after pos, or -1."""
+        while pos < self.size:
+            data = self.read_at(pos, SCAN_BLOCK)
+            i = data.find(b"\n")
+            if i >= 0:
+                return pos + i
+            pos += len(data)
+        return -1
+
+    def tail_line_starts(self, m: int) -> list[int]:
+        """Starts of the last m lines, last line first (fewer if the stream
+        has fewer lines).  Reads backwards only as far as it needs."""
+        out: list[int] = []
+        if self.size == 0 or m <= 0:
+            return out
+        end = self.size
+        if self.read_at(end - 1, 1) == b"\n":
+            end -= 1          # the final newline ends the last line, starts none
+        hi = end
+        while hi > 0 and len(out) < m:
+            lo = max(0, hi - SCAN_BLOCK)
+            data = self.read_at(lo, hi - lo)
+            j = len(data)
+            while len(out) < m:
+                k = data.rfind(b"\n", 0, j)
+                if k < 0:
+                    break
+                out.append(lo + k + 1)
+                j = k
+            hi = lo
+        if len(out) < m:
+            out.append(0)     # the first line
+        return out
+
+    def count_lines_upto(self, m: int) -> int:
+        """min(number of lines, m)."""
+        return len(self.tail_line_starts(m))
+
+
+def require_lines(stream: Stream, n: int, what: str) -> None:
+    if stream.size == 0:
+        raise PrepareError(f"{what}: empty input")
+    have = stream.count_lines_upto(n)
+    if have < n:
+        raise PrepareError(f"{what}: only {have} line{'s' if have != 1 else ''}, "
+                           f"fewer than the {n} shards asked for (--split-count {n})")
+
+
+# --------------------------------------------------------------------------
+# copying and checking one shard
+
+_copy_mode = ["copy_file_range" if hasattr(os, "copy_file_range") else
+              "sendfile" if hasattr(os, "sendfile") else "readwrite"]
+_FALLBACK_ERRNOS = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP,
+                    getattr(errno, "ENOTSUP", errno.EOPNOTSUPP), errno.EPERM, errno.ETXTBSY}
+
+
+def copy_mode() -> str:
+    """Which kernel path copies data in this process (for the docs/bench)."""
+    return _copy_mode[0]
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def copy_range(src: int, dst: int, offset: int, count: int, path: str, progress=None) -> None:
+    """Append src[offset:offset+count] to dst (at dst's file position)."""
+    end = offset + count
+    while offset < end:
+        want = min(end - offset, 1 << 30)
+        mode = _copy_mode[0]
+        try:
+            if mode == "copy_file_range":
+                n = os.copy_file_range(src, dst, want, offset)
+            elif mode == "sendfile":
+                n = os.sendfile(dst, src, offset, want)
+            else:
+                data = os.pread(src, min(want, READ_BLOCK), offset)
+                _write_all(dst, data)
+                n = len(data)
+        except OSError as exc:
+            if mode != "readwrite" and exc.errno in _FALLBACK_ERRNOS:
+                _copy_mode[0] = "sendfile" if mode == "copy_file_range" else "readwrite"
+                continue
+            raise
+        if n == 0:
+            raise InputChanged(f"{path}: input changed while it was read (shorter)")
+        offset += n
+        if progress is not None:
+            progress.update(n)
+
+
+def digest_fd(fd: int, size: int, progress=None) -> tuple[str, int]:
+    """(sha256 hex, line count) of the first size bytes of fd."""
+    h = hashlib.sha256()
+    buf = bytearray(min(READ_BLOCK, max(size, 1)))
+    view = memoryview(buf)
+    off = 0
+    newlines = 0
+    last = b"\n"
+    while off < size:
+        n = os.preadv(fd, [buf], off)
+        if n == 0:
+            raise PrepareError(f"output file shrank while it was checked")
+        n = min(n, size - off)
+        h.update(view[:n])
+        newlines += buf.count(b"\n", 0, n)
+        last = buf[n - 1:n]
+        off += n
+        if progress is not None:
+            progress.update(n)
+    lines = newlines + (1 if size and last != b"\n" else 0)
+    return h.hexdigest(), lines
+
+
+def describe_file(path: str, name: str, kind: str, shard: int | None = None) -> ShardResult:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        sha, lines = digest_fd(fd, size)
+    finally:
+        os.close(fd)
+    return ShardResult(name, kind, shard, sha, size, lines)
+
+
+def _create(path: str) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+
+
+def build_shard(pieces, dst_path: str, name: str, kind: str, shard: int,
+                progress=None) -> ShardResult:
+    """Write the pieces to a new file, fsync it, and describe it."""
+    fd = _create(dst_path)
+    try:
+        for path, off, length in pieces:
+            if path is None:
+                _write_all(fd, b"\n")
+                if progress is not None:
+                    progress.update(1)
+                continue
+            src = os.open(path, os.O_RDONLY)
+            try:
+                copy_range(src, fd, off, length, path, progress)
+            finally:
+                os.close(src)
+        size = os.lseek(fd, 0, os.SEEK_CUR)
+        sha, lines = digest_fd(fd, size, progress)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return ShardResult(name, kind, shard, sha, size, lines)
+
+
+def _workers(n: int) -> int:
+    return max(1, min(n, 2 * (os.cpu_count() or 1), 16))
+
+
+def _run_shards(jobs, progress) -> list[ShardResult]:
+    """jobs: list of (pieces, dst_path, name, kind, shard)."""
+    if len(jobs) == 1:
+        return [build_shard(*jobs[0], progress=progress)]
+    with ThreadPoolExecutor(max_workers=_workers(len(jobs))) as pool:
+        futs = [pool.submit(build_shard, *job, progress=progress) for job in jobs]
+        return [f.result() for f in futs]
+
+
+# --------------------------------------------------------------------------
+# the strategies
+
+
+def contiguous_cuts(stream: Stream, n: int) -> list[int]:
+    """n+1 boundaries 0 = c0 < c1 < ... < cn = size, each a line start,
+    each close to k*size/n, with at least one line per shard.
+    The caller has checked that the stream has at least n lines."""
+    size = stream.size
+    tail = stream.tail_line_starts(n - 1)   # tail[j-1] = start of the j-th last line
+    cuts = [0]
+    for k in range(1, n):
+        target = k * size // n
+        nl = stream.newline_at_or_after(max(target - 1, cuts[-1]))
+        cut = nl + 1 if nl >= 0 else size
+        # leave at least one line for each of the n-k shards still to come
+        cut = min(cut, tail[n - k - 1])
+        cuts.append(cut)
+    cuts.append(size)
+    return cuts
+
+
+def split_contiguous(stream: Stream, n: int, paths: list[str], names: list[str], kind: str,
+                     progress=None) -> list[ShardResult]:
+    cuts = contiguous_cuts(stream, n)
+    jobs = [(stream.pieces(cuts[k], cuts[k + 1]), paths[k], names[k], kind, k) for k in range(n)]
+    return _run_shards(jobs, progress)
+
+
+def assign_files(inp: InputSet, n: int) -> list[list[int]]:
+    """File indexes of each shard: file i -> shard i mod n."""
+    return [list(range(k, len(inp.files), n)) for k in range(n)]
+
+
+def split_files(inp: InputSet, n: int, paths: list[str], names: list[str], kind: str,
+                what: str, progress=None) -> list[ShardResult]:
+    if len(inp.files) < n:
+        raise PrepareError(f"{what}: {len(inp.files)} file{'s' if len(inp.files) != 1 else ''}, "
+                           f"fewer than the {n} shards asked for (strategy files gives each "
+                           f"shard whole files)")
+    jobs = []
+    for k, idxs in enumerate(assign_files(inp, n)):
+        sub = InputSet([inp.files[i] for i in idxs], [inp.sizes[i] for i in idxs], "")
+        if sub.total_bytes == 0:
+            raise PrepareError(f"{what}: shard {k} would be empty (its files "
+                               f"{', '.join(os.path.basename(f) for f in sub.files[:3])} hold no data)")
+        s = Stream(sub)
+        jobs.append((s.pieces(0, s.size), paths[k], names[k], kind, k))
+    return _run_shards(jobs, progress)
+
+
+def split_round_robin(stream: Stream, n: int, paths: list[str], names: list[str], kind: str,
+                      progress=None) -> list[ShardResult]:
+    fds = [_create(p) for p in paths]
+    hashes = [hashlib.sha256() for _ in range(n)]
+    nbytes = [0] * n
+    lines = [0] * n
+    q: queue.Queue = queue.Queue(maxsize=3)
+    failure: list[BaseException] = []
+
+    def writer():
+        try:
+            while True:
+                outs = q.get()
+                if outs is None:
+                    return
+                if failure:
+                    continue
+                for k, data in enumerate(outs):
+                    if data:
+                        _write_all(fds[k], data)
+                        hashes[k].update(data)
+                        nbytes[k] += len(data)
+                        if progress is not None:
+                            progress.update(len(data))
+        except BaseException as exc:  # reported by the main thread
+            failure.append(exc)
+
+    t = threading.Thread(target=writer, name="prepare-rr-writer", daemon=True)
+    t.start()
+    try:
+        g = 0
+        carry = b""
+        for block in stream.iter_blocks(RR_BLOCK):
+            if failure:
+                break
+            data = carry + block if carry else block
+            parts = data.split(b"\n")
+            carry = parts.pop()
+            m = len(parts)
+            if not m:
+                continue
+            outs = []
+            for k in range(n):
+                sel = parts[(k - g) % n::n]
+                lines[k] += len(sel)
+                if sel:
+                    sel.append(b"")           # join then ends with "\n", no extra copy
+                    outs.append(b"\n".join(sel))
+                else:
+                    outs.append(b"")
+            del parts
+            g += m
+            q.put(outs)
+        if carry and not failure:             # a last line without a newline
+            outs = [b""] * n
+            outs[g % n] = carry
+            lines[g % n] += 1
+            q.put(outs)
+    finally:
+        q.put(None)
+        t.join()
+    try:
+        if failure:
+            raise failure[0]
+        results = []
+        for k in range(n):
+            os.fsync(fds[k])
+            results.append(ShardResult(names[k], kind, k, hashes[k].hexdigest(), nbytes[k], lines[k]))
+        return results
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def split(strategy: str, inp: InputSet, n: int, out_dir: str, base: str, kind: str, what: str,
+          *, progress_enabled: bool = True, label: str | None = None) -> tuple[str, list[ShardResult]]:
+    """Split inp into n shards named ``{base}-00000`` ... under out_dir.
+
+    Returns (strategy actually used, results).  ``files`` on a single-file
+    input (a test file, say) falls back to ``contiguous``."""
+    if strategy not in STRATEGIES:
+        raise PrepareError(f"--strategy {strategy}: unknown (use one of {', '.join(STRATEGIES)})")
+    names = [shard_name(base, k) for k in range(n)]
+    paths = [os.path.join(out_dir, nm) for nm in names]
+    if strategy == "files" and not inp.is_dir:
+        strategy = "contiguous" if len(inp.files) == 1 else strategy
+    stream = Stream(inp)
+    if strategy != "files":
+        require_lines(stream, n, what)
+    elif stream.size == 0:
+        raise PrepareError(f"{what}: empty input")
+    total = stream.size * (2 if strategy != "round-robin" else 1)
+    with Progress(label or f"splitting {base}", total, enabled=progress_enabled) as bar:
+        if strategy == "contiguous":
+            res = split_contiguous(stream, n, paths, names, kind, bar)
+        elif strategy == "round-robin":
+            res = split_round_robin(stream, n, paths, names, kind, bar)
+        else:
+            res = split_files(inp, n, paths, names, kind, what, bar)
+    return strategy, res
+
+
+def shard_name(base: str, k: int) -> str:
+    return f"{base}-{k:05d}"
