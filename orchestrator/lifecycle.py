@@ -126,9 +126,7 @@ def _rsync(t: Transport, sources: list[str], remote_dir: str, extra: list[str] =
     except subprocess.TimeoutExpired:
         raise NodeError(f"{t.node.name}: rsync timed out after {timeout:g} s") from None
     if out.returncode != 0:
-        lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
-        reason = lines[0] if lines else f"exit code {out.returncode}"
-        raise NodeError(f"{t.node.name}: rsync failed: {reason}")
+        raise NodeError(f"{t.node.name}: rsync failed: {rsync_reason(out.stderr, out.returncode)}")
     stats = {}
     for line in out.stdout.splitlines():
         if line.startswith("Number of regular files transferred:"):
@@ -136,6 +134,15 @@ def _rsync(t: Transport, sources: list[str], remote_dir: str, extra: list[str] =
         elif line.startswith("Total transferred file size:"):
             stats["bytes"] = int(line.split(":")[1].split()[0].replace(",", ""))
     return stats
+
+
+def rsync_reason(stderr: str, code: int) -> str:
+    """The one line of rsync/ssh's stderr that says what went wrong."""
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in stderr:
+        return "HOST KEY CHANGED: ssh refused to connect (if the server was reinstalled: ssh-keygen -R)"
+    lines = [l.strip() for l in stderr.splitlines() if l.strip() and not l.startswith("@")]
+    useful = [l for l in lines if not l.startswith(("rsync: connection unexpectedly closed", "rsync error:"))]
+    return (useful or lines or [f"exit code {code}"])[0]
 
 
 # -- start ---------------------------------------------------------------------------
