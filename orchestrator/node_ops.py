@@ -348,7 +348,7 @@ def op_start(payload):
 
     # A program that cannot start (not found, bad flag) usually dies at once:
     # say so now rather than leave it for `fab status`.
-    deadline = time.time() + payload.get("settle", 0.3)
+    deadline = time.time() + payload.get("settle", 0.1)
     failed = []
     while time.time() < deadline and popen:
         time.sleep(0.05)
