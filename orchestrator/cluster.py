@@ -38,7 +38,7 @@ PLACEHOLDERS = frozenset(
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.:%-]{0,252})$")
 USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
-PATH_RE = re.compile(r"^~?[A-Za-z0-9_./+@%,:=-]*$")
+PATH_RE = re.compile(r"^(~(?=/|$))?[A-Za-z0-9_./+@%,:=-]*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
