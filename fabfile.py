@@ -119,3 +119,10 @@ def kill_all(c, grace=5.0):
     text, clean = report.kill_text(lifecycle.kill_all(session(c), grace=float(grace)))
     print(text)
     fail_if(not clean, "kill-all: some processes may still be alive (see above)")
+
+
+@fabtask
+def dashboard(c, port=8265, host="127.0.0.1", interval=1.0, job=None):
+    """Serve the web dashboard on --host (127.0.0.1) --port (8265); prints its URL with the token."""
+    from dashboard.serve import serve
+    serve(session(c), host=host, port=port, interval=interval, job_id=job)

@@ -80,6 +80,7 @@ class TrainerProgress:
 
 class Collector:
     METRIC_KEYS = ("loss", "samples_per_s", "eval_loss")
+    TAIL_BYTES = 64 * 1024  # where a newly followed log starts: this far from its end
 
     def __init__(self, session: Session, job_id: str | None = None, max_points: int = 1000,
                  max_events: int = 1000, log_lines: int = 200):
@@ -95,6 +96,7 @@ class Collector:
         self.log_lines = log_lines
         self.logs: dict[tuple[str, str], deque] = {}  # (node, process) -> recent lines
         self.followed_logs: set[tuple[str, str]] = set()
+        self._mid_line: set[tuple[str, str]] = set()  # (node, log) read from mid-line: drop the first line
         self.started = time.time()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -130,17 +132,39 @@ class Collector:
             view.up, view.error, view.last_seen = True, None, time.time()
             if reply.get("job_id") != view.job_id:
                 view.offsets.clear()
+                self._forget_job(name)
             view.job_id = reply.get("job_id")
             view.health = reply.get("health")
             view.processes = reply.get("processes", [])
             view.killed = reply.get("killed", False)
             for rel, chunk in reply.get("files", {}).items():
+                if rel in tail_from and chunk.get("size", 0) - chunk["offset"] > self.TAIL_BYTES:
+                    # A long log: skip to its last TAIL_BYTES rather than read it all from the top.
+                    view.offsets[rel] = chunk["size"] - self.TAIL_BYTES
+                    self._mid_line.add((name, rel))
+                    continue
                 view.offsets[rel] = chunk["offset"]
                 lines = chunk["data"].splitlines()
                 if rel in tail_from:
                     lines = lines[-self.log_lines:]
+                if (name, rel) in self._mid_line:
+                    self._mid_line.discard((name, rel))
+                    lines = lines[1:]  # began mid-line
                 self._ingest(name, rel, lines)
             self._sample_node(name, view.health)
+
+    def _forget_job(self, node: str) -> None:
+        """A new job on this node: drop what the old one left in the view (series, logs, events)."""
+        for name in [n for n, p in self.progress.items() if p.node == node]:
+            del self.progress[name]
+            for key in [k for k in self.series if k[0] == name]:
+                del self.series[key]
+        for key in [k for k in self.logs if k[0] == node]:
+            del self.logs[key]
+        self._mid_line = {k for k in self._mid_line if k[0] != node}
+        kept = [e for e in self.events if e.get("node") != node]
+        self.events.clear()
+        self.events.extend(kept)
 
     def _ingest(self, node: str, rel: str, lines: list[str]) -> None:
         if rel.startswith("logs/"):
