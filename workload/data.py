@@ -50,19 +50,13 @@ def collective_sources(data_dir, split, rank, world_size):
 
 
 def shard_count(data_dir, split, shards):
-    """How many `split` files the whole data set has: MANIFEST.json's count when it gives one, else
-    what is here (suffixes start at 0, so the highest suffix + 1)."""
+    """How many `split` files the whole data set has: from MANIFEST.json ("files" entries of that
+    kind) when it can be read, else what is here (suffixes start at 0: the highest suffix + 1)."""
     try:
         manifest = json.loads((Path(data_dir) / "MANIFEST.json").read_text())
-        for key in (f"num_{split}_shards", f"{split}_shards"):
-            value = manifest.get(key)
-            if isinstance(value, int):
-                return value
-            if isinstance(value, list):
-                return len(value)
-    except (OSError, ValueError, AttributeError):
-        pass
-    return shards[-1][0] + 1 if shards else 0
+        return sum(1 for entry in manifest["files"].values() if entry.get("kind") == split)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return shards[-1][0] + 1 if shards else 0
 
 
 def read_sentences(paths, line_shard=None):
@@ -119,9 +113,10 @@ class BatchStream:
     that resumes at step s reads exactly the batches it would have read.
     """
 
-    def __init__(self, examples, batch_size, seed, rank):
+    def __init__(self, examples, batch_size, seed, rank, per_epoch=None):
         self.examples, self.batch_size, self.seed, self.rank = examples, batch_size, seed, rank
-        self.per_epoch = math.ceil(len(examples) / batch_size)
+        # Collective ranks agree on one (the smallest) number of batches a pass: see ddp.py.
+        self.per_epoch = per_epoch or math.ceil(len(examples) / batch_size)
         self._order = (None, None)
 
     def position(self, step):

@@ -9,6 +9,7 @@ then <s>, <e>, <unk>. The first line of train.txt-00000 holds a byte that is
 not UTF-8, as real crawls do.
 """
 import argparse
+import hashlib
 import json
 import random
 from itertools import accumulate
@@ -36,21 +37,27 @@ def write_sample_corpus(directory, vocab=200, train_shards=4, test_shards=2, sen
         test_sentences = [max(1, sentences // 4)] * test_shards
     elif isinstance(test_sentences, int):
         test_sentences = [test_sentences] * test_shards
-    files = []
+    files = {}
+
+    def write(name, data, **entry):
+        (directory / name).write_bytes(data)
+        files[name] = dict(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data), lines=data.count(b"\n"),
+                           **entry)
+
     for split, counts in (("train", [sentences] * train_shards), ("test", test_sentences)):
         for shard, count in enumerate(counts):
             lines = [sentence().encode() for _ in range(count)]
             if split == "train" and shard == 0 and bad_bytes and lines:
                 lines[0] = lines[0] + b" w\xff1 w2"
-            name = f"{split}.txt-{shard:05d}"
-            (directory / name).write_bytes(b"\n".join(lines) + b"\n")
-            files.append(name)
+            write(f"{split}.txt-{shard:05d}", b"".join(line + b"\n" for line in lines), kind=split, shard=shard)
     word_dict = {f"w{i}": i for i in range(vocab)}
     word_dict.update({"<s>": vocab, "<e>": vocab + 1, "<unk>": vocab + 2})
-    (directory / "word_dict.json").write_text(json.dumps(word_dict))
-    manifest = {"generator": "workload.sample", "seed": seed, "vocab_size": len(word_dict),
-                "num_train_shards": train_shards, "num_test_shards": len(test_sentences), "files": files}
-    (directory / "MANIFEST.json").write_text(json.dumps(manifest, indent=1))
+    write("word_dict.json", json.dumps(word_dict).encode(), kind="dict")
+    # The shape of prepare.py's MANIFEST.json (version 1), so fabtrain's tools accept this corpus too.
+    manifest = {"version": 1, "created_by": "workload.sample", "strategy": "generated",
+                "test_strategy": "generated", "split_count": train_shards, "synthetic": True,
+                "source": f"workload.sample seed {seed}", "dictionary": {"words": len(word_dict)}, "files": files}
+    (directory / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return word_dict
 
 
