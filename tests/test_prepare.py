@@ -143,6 +143,20 @@ def test_round_robin_line_i_goes_to_shard_i_mod_n(tmp_path, monkeypatch, n):
     assert union == Counter(data.split(b"\n"))
 
 
+@pytest.mark.parametrize("data", [corpus(400), corpus(400) + b"\n"])
+def test_round_robin_worker_processes_give_the_same_shards(tmp_path, monkeypatch, data):
+    (tmp_path / "in.txt").write_bytes(data)
+    shas = []
+    for workers in (0, 2):
+        monkeypatch.setattr(st, "RR_WORKERS", workers)
+        monkeypatch.setattr(st, "RR_CHUNK", 1000)         # many chunks, both slots reused
+        r = prepare(str(tmp_path / f"o{workers}"), 3, input=str(tmp_path / "in.txt"),
+                    strategy="round-robin", progress=False, build_dict=False)
+        shas.append(r.manifest["files"])
+        assert b"".join(sorted(p.read_bytes() for p in shards(tmp_path / f"o{workers}"))) != b""
+    assert shas[0] == shas[1]
+
+
 def test_round_robin_from_the_command_line(tmp_path):
     data = b"".join(b"line %d\n" % i for i in range(10))
     (tmp_path / "in.txt").write_bytes(data)

@@ -21,12 +21,6 @@ import hashlib
 import os
 import re
 import stat
-import tarfile
-import urllib.error
-import urllib.request
-import zlib
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
 
 from .errors import PrepareError
 from .progress import Progress
@@ -48,15 +42,16 @@ def is_tar_name(path: str) -> bool:
     return any(low.endswith(s) for s in TAR_SUFFIXES)
 
 
-@dataclass
 class InputSet:
     """An ordered list of files that together make one input."""
 
-    files: list[str]
-    sizes: list[int]
-    description: str
-    is_dir: bool = False
-    extra: dict = field(default_factory=dict)
+    __slots__ = ("files", "sizes", "description", "is_dir")
+
+    def __init__(self, files: list[str], sizes: list[int], description: str, is_dir: bool = False):
+        self.files = files
+        self.sizes = sizes
+        self.description = description
+        self.is_dir = is_dir
 
     @property
     def total_bytes(self) -> int:
@@ -153,6 +148,8 @@ def fingerprint_local(path: str, flag: str) -> dict:
 def download(url: str, dest_dir: str, flag: str, *, progress_enabled: bool = True,
              timeout: float = DOWNLOAD_TIMEOUT) -> tuple[str, str]:
     """Fetch url into a new file in dest_dir; return (path, sha256)."""
+    import urllib.error
+    import urllib.request
     scheme = url.split("://", 1)[0].lower()
     if scheme not in URL_SCHEMES:
         raise PrepareError(f"{flag} {url}: unsupported URL scheme {scheme!r} "
@@ -200,7 +197,7 @@ def _safe_parts(name: str) -> list[str] | None:
     """Path components of a member name, or None if it would escape."""
     if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
         return None
-    parts = [p for p in PurePosixPath(name.replace("\\", "/")).parts if p not in ("", ".")]
+    parts = [p for p in name.replace("\\", "/").split("/") if p not in ("", ".")]
     if any(p == ".." for p in parts):
         return None
     return parts
@@ -212,6 +209,8 @@ def safe_extract(archive: str, dest: str, flag: str, shown: str) -> dict:
     Refuses members whose names are absolute or contain ``..``; skips links
     and special files (they are never created, so no later member can be
     written through one).  Returns counts for the manifest."""
+    import tarfile
+    import zlib
     dest_real = os.path.realpath(dest)
     files = skipped = 0
     try:
@@ -265,6 +264,7 @@ def safe_extract(archive: str, dest: str, flag: str, shown: str) -> dict:
 
 
 def _looks_like_tar(path: str) -> bool:
+    import tarfile
     try:
         return tarfile.is_tarfile(path)
     except OSError:

@@ -21,7 +21,6 @@ import re
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
 
 from . import fetch, manifest as mf, sample as sm, strategies as st
 from .dictionary import write_word_dict
@@ -31,11 +30,11 @@ OUR_NAMES = re.compile(r"^(train\.txt|test\.txt)-\d{5,}$|^word_dict\.json$")
 MAX_SPLIT = 100000
 
 
-@dataclass
 class Result:
-    status: str           # "written" | "up-to-date"
-    out_dir: str
-    manifest: dict
+    def __init__(self, status: str, out_dir: str, manifest: dict):
+        self.status = status          # "written" | "up-to-date"
+        self.out_dir = out_dir
+        self.manifest = manifest
 
     def summary(self) -> str:
         m = self.manifest

@@ -38,8 +38,6 @@ import hashlib
 import os
 import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from .errors import PrepareError
 from .fetch import InputSet
@@ -47,18 +45,19 @@ from .progress import Progress
 
 STRATEGIES = ("contiguous", "round-robin", "files")
 READ_BLOCK = 8 << 20      # read-back / hashing block
-RR_BLOCK = 16 << 20       # round-robin input block
+RR_BLOCK = 16 << 20       # round-robin input block (in this process)
+RR_CHUNK = 16 << 20       # round-robin chunk for a worker process
+RR_PARALLEL_MIN = 64 << 20  # inputs smaller than this are split in this process
+RR_WORKERS = None         # force a worker count (tests); None: by size and CPUs
 SCAN_BLOCK = 64 << 10     # looking for a line boundary
 
 
-@dataclass
 class ShardResult:
-    name: str
-    kind: str
-    shard: int | None
-    sha256: str
-    bytes: int
-    lines: int
+    __slots__ = ("name", "kind", "shard", "sha256", "bytes", "lines")
+
+    def __init__(self, name: str, kind: str, shard, sha256: str, bytes: int, lines: int):
+        self.name, self.kind, self.shard = name, kind, shard
+        self.sha256, self.bytes, self.lines = sha256, bytes, lines
 
     def entry(self) -> dict:
         d = {"sha256": self.sha256, "bytes": self.bytes, "lines": self.lines, "kind": self.kind}
@@ -284,6 +283,27 @@ def describe_file(path: str, name: str, kind: str, shard: int | None = None) -> 
     return ShardResult(name, kind, shard, sha, size, lines)
 
 
+_sync_file_range = []
+
+
+def _start_writeback(fd: int) -> None:
+    """sync_file_range(SYNC_FILE_RANGE_WRITE): start writing the file's
+    dirty pages without waiting, so the later fsync has less to wait for.
+    Best effort (Linux/glibc only)."""
+    if not _sync_file_range:
+        fn = None
+        try:
+            import ctypes
+            fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+            fn.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+        except (ImportError, OSError, AttributeError):
+            fn = None
+        _sync_file_range.append(fn)
+    fn = _sync_file_range[0]
+    if fn is not None:
+        fn(fd, 0, 0, 2)
+
+
 def _create(path: str) -> int:
     return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
 
@@ -305,6 +325,7 @@ def build_shard(pieces, dst_path: str, name: str, kind: str, shard: int,
             finally:
                 os.close(src)
         size = os.lseek(fd, 0, os.SEEK_CUR)
+        _start_writeback(fd)          # the disk works while we checksum
         sha, lines = digest_fd(fd, size, progress)
         os.fsync(fd)
     finally:
@@ -320,6 +341,7 @@ def _run_shards(jobs, progress) -> list[ShardResult]:
     """jobs: list of (pieces, dst_path, name, kind, shard)."""
     if len(jobs) == 1:
         return [build_shard(*jobs[0], progress=progress)]
+    from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max_workers=_workers(len(jobs))) as pool:
         futs = [pool.submit(build_shard, *job, progress=progress) for job in jobs]
         return [f.result() for f in futs]
@@ -376,8 +398,170 @@ def split_files(inp: InputSet, n: int, paths: list[str], names: list[str], kind:
     return _run_shards(jobs, progress)
 
 
+def _available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def rr_worker_count(size: int) -> int:
+    """Worker processes for round-robin (0: split in this process)."""
+    if RR_WORKERS is not None:
+        return RR_WORKERS
+    if size < RR_PARALLEL_MIN or not hasattr(os, "memfd_create"):
+        return 0
+    # With two CPUs the serial path (split in this thread, write + hash in
+    # another) already keeps both busy; workers only pay off beyond that.
+    cpus = _available_cpus()
+    return min(cpus - 1, 4) if cpus >= 3 else 0
+
+
 def split_round_robin(stream: Stream, n: int, paths: list[str], names: list[str], kind: str,
                       progress=None) -> list[ShardResult]:
+    workers = rr_worker_count(stream.size)
+    if workers:
+        return _split_rr_parallel(stream, n, paths, names, kind, progress, workers)
+    return _split_rr_serial(stream, n, paths, names, kind, progress)
+
+
+def _rr_chunks(stream: Stream, size: int) -> list[tuple[int, int]]:
+    """Consecutive ranges of about `size` bytes, each ending at a line end
+    (the last at the end of the stream)."""
+    bounds = [0]
+    while bounds[-1] + size < stream.size:
+        nl = stream.newline_at_or_after(bounds[-1] + size - 1)
+        if nl < 0 or nl + 1 >= stream.size:
+            break
+        bounds.append(nl + 1)
+    bounds.append(stream.size)
+    return list(zip(bounds, bounds[1:]))
+
+
+def _split_rr_parallel(stream: Stream, n: int, paths: list[str], names: list[str], kind: str,
+                       progress, workers: int) -> list[ShardResult]:
+    """Round-robin with the line splitting done by worker processes
+    (_rrworker.py); this process only writes and hashes, in order.
+
+    Chunk c goes to worker c mod P, into its slot (c // P) mod 2, a memfd
+    that both processes map; two slots per worker keep every worker busy
+    while its previous chunk is written out."""
+    import json
+    import mmap
+    import subprocess
+    import sys
+
+    chunks = _rr_chunks(stream, RR_CHUNK)
+    p = max(1, min(workers, len(chunks)))
+    nslots = 2
+    memfds = [[os.memfd_create(f"fabtrain-rr-{w}-{s}", getattr(os, "MFD_CLOEXEC", 1))
+               for s in range(nslots)] for w in range(p)]
+    maps: dict = {}
+    procs: list = []
+    fds: list[int] = []
+    worker_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_rrworker.py")
+
+    def send(c: int) -> None:
+        a, b = chunks[c]
+        task = {"slot": (c // p) % nslots, "pieces": [list(x) for x in stream.pieces(a, b)]}
+        proc = procs[c % p]
+        proc.stdin.write(json.dumps(task).encode() + b"\n")
+        proc.stdin.flush()
+
+    def failed(w: int):
+        proc = procs[w]
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        proc.wait(timeout=10)
+        err = proc.stderr.read().decode(errors="replace").strip().splitlines()
+        reason = err[-1] if err else f"exit status {proc.returncode}"
+        return PrepareError(f"round-robin worker process failed: {reason}")
+
+    def view(w: int, s: int, total: int):
+        mm, length = maps.get((w, s), (None, 0))
+        if mm is None or length < total:
+            if mm is not None:
+                mm.close()
+            length = os.fstat(memfds[w][s]).st_size
+            mm = mmap.mmap(memfds[w][s], length, mmap.MAP_SHARED, mmap.PROT_READ)
+            maps[(w, s)] = (mm, length)
+        return memoryview(mm)
+
+    try:
+        for w in range(p):
+            proc = subprocess.Popen([sys.executable, "-I", worker_py], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    pass_fds=memfds[w])
+            procs.append(proc)
+            proc.stdin.write(json.dumps({"n": n, "slots": memfds[w]}).encode() + b"\n")
+        for c in range(min(len(chunks), p * nslots)):
+            send(c)
+        fds = [_create(x) for x in paths]
+        hashes = [hashlib.sha256() for _ in range(n)]
+        nbytes = [0] * n
+        lines = [0] * n
+        g = 0
+        for c in range(len(chunks)):
+            w, s = c % p, (c // p) % nslots
+            reply = procs[w].stdout.readline()
+            if not reply:
+                raise failed(w)
+            res = json.loads(reply)
+            sizes, counts = res["sizes"], res["lines"]
+            total = sum(sizes)
+            mv = view(w, s, total)
+            try:
+                off = 0
+                for j in range(n):
+                    k = (g + j) % n
+                    sz = sizes[j]
+                    if sz:
+                        piece = mv[off:off + sz]
+                        _write_all(fds[k], piece)
+                        hashes[k].update(piece)
+                        piece.release()
+                        nbytes[k] += sz
+                        off += sz
+                    lines[k] += counts[j]
+            finally:
+                mv.release()
+            g += sum(counts)
+            if progress is not None:
+                progress.update(total)
+            if c + p * nslots < len(chunks):
+                send(c + p * nslots)
+        results = []
+        for k in range(n):
+            os.fsync(fds[k])
+            results.append(ShardResult(names[k], kind, k, hashes[k].hexdigest(), nbytes[k], lines[k]))
+        return results
+    finally:
+        for proc in procs:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        for proc in procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            for f in (proc.stdout, proc.stderr):
+                f.close()
+        for mm, _ in maps.values():
+            mm.close()
+        for row in memfds:
+            for fd in row:
+                os.close(fd)
+        for fd in fds:
+            os.close(fd)
+
+
+def _split_rr_serial(stream: Stream, n: int, paths: list[str], names: list[str], kind: str,
+                     progress=None) -> list[ShardResult]:
     fds = [_create(p) for p in paths]
     hashes = [hashlib.sha256() for _ in range(n)]
     nbytes = [0] * n
