@@ -76,6 +76,27 @@ def deploy(c):
     fail_if(failed, "deploy failed on some nodes")
 
 
+@fabtask
+def split_data(c, input=None, force=False):
+    """Split job.data.input into one shard per trainer under job.data.dir (prepare.py)."""
+    from orchestrator import datacopy
+    print(datacopy.split_data(session(c).cluster, input=input, force=force).summary())
+
+
+@fabtask
+def copy_data(c, bwlimit=None):
+    """Copy each trainer's shards to its node (rsync), verify sha256, skip what matches; --bwlimit=KBPS."""
+    from orchestrator import datacopy
+    replies = datacopy.copy_data(session(c), progress=lambda line: print(line, flush=True),
+                                 bwlimit=int(bwlimit) if bwlimit else None)
+    text, failed = replies_text(replies, lambda v: (
+        "shared data verified" if v.shared else
+        f"{v.files} files verified, {len(v.sent)} sent ({v.bytes_sent} bytes)" if v.sent else
+        f"{v.files} files already in place and verified, nothing sent"))
+    print(text)
+    fail_if(failed, "copy-data failed on some nodes")
+
+
 def _start(c, roles, force):
     result = lifecycle.start(session(c), roles, force=force)
     print(report.start_text(result, roles))

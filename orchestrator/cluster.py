@@ -40,6 +40,7 @@ HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.:%-]{0,252})$")
 USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
 PATH_RE = re.compile(r"^(~(?=/|$))?[A-Za-z0-9_./+@%,:=-]*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ONE_LINE_RE = re.compile(r"^[^\n\r\0]+$")
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,10 @@ class TrainerSpec:
 class DataSpec:
     dir: str = "data/sample"  # on this machine, relative to the cluster file
     shared: bool = False  # True: already on shared storage at this path on every node
+    input: str = "sample"  # what `fab split-data` splits: a file, a directory, a URL, or "sample"
+    test: str | None = None  # a test-set file (a tarball brings its own)
+    strategy: str = "contiguous"  # contiguous | round-robin | files
+    min_freq: int = 1  # dictionary cut-off
 
 
 @dataclass(frozen=True)
@@ -214,6 +219,8 @@ class _Parser:
         value = str(value)
         if not value:
             raise self.fail(where, "must not be empty")
+        if pattern is ONE_LINE_RE and not pattern.match(value):
+            raise self.fail(where, "must be a single line")
         if pattern is not None and not pattern.match(value):
             raise self.fail(where, f"{value!r} is not a valid {what} (letters, digits and {_allowed_punct(pattern)} only; no spaces or shell metacharacters)")
         return value
@@ -399,10 +406,15 @@ class _Parser:
             trainer_count=self.integer(t.get("trainer_count", dt.trainer_count), "job.trainer.trainer_count", 1, 1024),
         )
 
-        dd = self.mapping(d.get("data"), "job.data", {"dir", "shared"})
+        dd = self.mapping(d.get("data"), "job.data", {"dir", "shared", "input", "test", "strategy", "min_freq"})
         data = DataSpec(
             dir=self.path_value(dd.get("dir", DataSpec.dir), "job.data.dir"),
             shared=self.boolean(dd.get("shared", False), "job.data.shared"),
+            # input and test are read on this machine by prepare.py, never by a shell.
+            input=self.string(dd.get("input", DataSpec.input), "job.data.input", ONE_LINE_RE, "input (one line)"),
+            test=self.string(dd["test"], "job.data.test", ONE_LINE_RE, "path (one line)") if dd.get("test") is not None else None,
+            strategy=self.choice(dd.get("strategy", DataSpec.strategy), "job.data.strategy", ("contiguous", "round-robin", "files")),
+            min_freq=self.integer(dd.get("min_freq", 1), "job.data.min_freq", 1, 1 << 30),
         )
 
         w = self.mapping(d.get("watchdog"), "job.watchdog", {"enabled", "interval", "hang_timeout", "grace", "on_failure", "port"})

@@ -544,7 +544,7 @@ def op_kill(payload):
 
 def op_verify(payload):
     """sha256 of files under a directory against what the manifest says."""
-    base = expand(payload["dir"], workspace(payload))
+    base = os.path.expanduser(expand(payload["dir"], workspace(payload)))
     result = {}
     for name, want in sorted(payload["files"].items()):
         path = os.path.join(base, name)

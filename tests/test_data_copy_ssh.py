@@ -1,0 +1,145 @@
+"""fab split-data / copy-data on real sshd nodes: each trainer's shards, verified."""
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import FAB, REPO
+from tests.sshd import write_cluster
+
+pytestmark = [pytest.mark.ssh, pytest.mark.timeout(180)]
+
+
+def sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def data_cluster(tmp_path, sshd):
+    corpus = tmp_path / "corpus.txt"
+    # ~6 MB of text, so a rate-limited copy can be interrupted half-way.
+    words = [f"w{i}" for i in range(500)]
+    with corpus.open("w") as f:
+        for i in range(120_000):
+            f.write(" ".join(words[(i * 7 + k * 13) % 500] for k in range(8)) + "\n")
+    path = write_cluster(tmp_path / "c.yaml", sshd,
+                         ssh_nodes=[("node1", ["trainer"]), ("node2", ["trainer"]), ("node3", ["trainer"])],
+                         job={"mode": "collective", "trainer": {"command": "true"},
+                              "data": {"dir": str(tmp_path / "prepared"), "input": str(corpus)},
+                              "watchdog": {"enabled": False}})
+    return path, tmp_path
+
+
+def node_data(tmp_path, node):
+    return tmp_path / f"ws-{node}" / "data"
+
+
+def test_each_node_gets_exactly_its_shards_and_a_second_copy_sends_nothing(fab, data_cluster):
+    path, tmp = data_cluster
+    out = fab("split-data", cluster=path, check=True)
+    assert "3 train shards" in out.stdout
+    manifest = json.loads((tmp / "prepared" / "MANIFEST.json").read_text())
+    out = fab("copy-data", cluster=path, check=True)
+    for i, node in enumerate(("node1", "node2", "node3")):
+        d = node_data(tmp, node)
+        assert sorted(p.name for p in d.iterdir()) == ["MANIFEST.json", f"train.txt-{i:05d}", "word_dict.json"]
+        for name in (f"train.txt-{i:05d}", "word_dict.json"):
+            assert sha(d / name) == manifest["files"][name]["sha256"]
+        assert re.search(rf"^{node}: 3 files verified, 3 sent", out.stdout, re.M), out.stdout
+    before = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for n in ("node1", "node2", "node3") for p in node_data(tmp, n).iterdir()}
+    out = fab("copy-data", cluster=path, check=True)
+    assert out.stdout.count("already in place and verified, nothing sent") == 3, out.stdout
+    after = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in before}
+    assert after == before  # nothing rewritten
+
+
+def test_a_corrupted_shard_on_a_node_is_detected_and_repaired(fab, data_cluster):
+    path, tmp = data_cluster
+    fab("split-data", "copy-data", cluster=path, check=True)
+    shard = node_data(tmp, "node2") / "train.txt-00001"
+    good = sha(shard)
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0xFF  # same size, same mtime: rsync's quick check alone would miss it
+    stat = shard.stat()
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    out = fab("copy-data", cluster=path, check=True)
+    assert re.search(r"^node2: 3 files verified, 1 sent", out.stdout, re.M), out.stdout
+    assert out.stdout.count("nothing sent") == 2
+    assert sha(shard) == good
+
+
+def test_an_interrupted_copy_leaves_nothing_truncated_and_resumes(fab, data_cluster, tmp_path):
+    path, tmp = data_cluster
+    fab("split-data", cluster=path, check=True)
+    env = {**os.environ, "FABTRAIN_CLUSTER": str(path), "FABTRAIN_STATE_DIR": str(tmp_path / "st")}
+    proc = subprocess.Popen([FAB, "copy-data", "--bwlimit", "1000"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    # Interrupt once rsync is writing a shard (into its temp name).
+    deadline = time.time() + 30
+    while time.time() < deadline and not any(
+            p.name.startswith(".train.txt-") for n in ("node1", "node2", "node3")
+            if node_data(tmp, n).exists() for p in node_data(tmp, n).iterdir()):
+        time.sleep(0.05)
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGKILL)  # fab and its rsyncs, as a Ctrl-C'd laptop would
+    proc.wait()
+    subprocess.run(["pkill", "-KILL", "-f", f"rsync.*{tmp}/prepared"], check=False)
+    time.sleep(0.3)
+    manifest = json.loads((tmp / "prepared" / "MANIFEST.json").read_text())
+    for i, node in enumerate(("node1", "node2", "node3")):
+        final = node_data(tmp, node) / f"train.txt-{i:05d}"
+        # Either not there yet, or whole: never a truncated file under the final name.
+        assert not final.exists() or sha(final) == manifest["files"][final.name]["sha256"]
+    partials = [p for n in ("node1", "node2", "node3") for p in (node_data(tmp, n) / ".rsync-partial").glob("*")
+                if (node_data(tmp, n) / ".rsync-partial").exists()]
+    out = fab("copy-data", cluster=path, check=True)
+    for i, node in enumerate(("node1", "node2", "node3")):
+        final = node_data(tmp, node) / f"train.txt-{i:05d}"
+        assert sha(final) == manifest["files"][final.name]["sha256"]
+        assert not (node_data(tmp, node) / ".rsync-partial").exists() or \
+            not list((node_data(tmp, node) / ".rsync-partial").iterdir())
+    assert partials  # the interrupted copy left partial data to resume from, not a truncated final file
+
+
+def test_a_full_disk_is_reported_by_node_name_and_the_others_finish(fab, data_cluster):
+    path, tmp = data_cluster
+    fab("split-data", cluster=path, check=True)
+    small = node_data(tmp, "node2")
+    small.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], check=True)
+    try:
+        out = fab("copy-data", cluster=path)
+        assert out.returncode == 1
+        assert re.search(r"^node2: FAILED: node2: not enough disk for the data: \d+ MiB to copy", out.stdout, re.M), out.stdout
+        assert re.search(r"^node1: 3 files verified, 3 sent", out.stdout, re.M)
+        assert re.search(r"^node3: 3 files verified, 3 sent", out.stdout, re.M)
+        assert not (small / "train.txt-00001").exists()
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
+def test_shared_storage_is_only_verified(fab, data_cluster):
+    path, tmp = data_cluster
+    fab("split-data", cluster=path, check=True)
+    text = path.read_text().replace("input:", "shared: true\n    input:")
+    path.write_text(text)
+    out = fab("copy-data", cluster=path, check=True)
+    assert out.stdout.count("shared data verified") == 3
+    assert not node_data(tmp, "node1").exists()
+    shard = tmp / "prepared" / "train.txt-00002"
+    shard.write_bytes(shard.read_bytes() + b"extra\n")
+    out = fab("copy-data", cluster=path)
+    assert out.returncode == 1 and re.search(r"node3: FAILED: node3: shared data at .* does not match the manifest: train.txt-00002 mismatch", out.stdout), out.stdout
+
+
+def test_copy_data_before_split_data_says_what_to_do(fab, data_cluster):
+    path, _ = data_cluster
+    out = fab("copy-data", cluster=path)
+    assert out.returncode == 2 and "run `fab split-data` first" in out.stderr
+    assert "Traceback" not in out.stderr
