@@ -360,6 +360,8 @@ class ParameterServer:
 
     def abort(self, threads):
         print(f"pserver {self.id}: error: {self.failure}", file=sys.stderr, flush=True)
+        with self.cond:
+            self.save()      # updates are applied whole under the lock: this state is consistent
         # Let the trainers waiting for a reply hear which peer was lost (threads
         # blocked on a receive will never finish: their trainers learn it on their own).
         deadline = time.monotonic() + 3.0

@@ -74,7 +74,7 @@ def make_table(spec, remote, sparse_grad=False):
     """A RowTable when the rows live on pservers, else a full nn.Embedding with the same initial values."""
     if remote:
         return RowTable(spec)
-    table = nn.Embedding(spec.num_rows, spec.dim, sparse=sparse_grad)
-    with torch.no_grad():
-        table.weight.copy_(init_rows(spec, torch.arange(spec.num_rows)))
-    return table
+    # from_pretrained draws nothing from torch's generator, so the dense layers built after the
+    # table get the same initial values whether the table is local or remote.
+    return nn.Embedding.from_pretrained(init_rows(spec, torch.arange(spec.num_rows)), freeze=False,
+                                        sparse=sparse_grad)
