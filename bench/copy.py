@@ -1,0 +1,126 @@
+"""How fast does `fab copy-data` put the shards on the nodes?
+
+On 3 real sshd nodes, with a generated corpus of --size-mb split into one
+shard per trainer, in one run, best of --repeat:
+
+  copy-data (first)   verify, rsync the missing files, verify again (sha256 on the node)
+  plain rsync         `rsync -a` of the same files to the same nodes, in parallel, no checks
+  copy-data (again)   nothing changed: one verify command per node, no bytes sent
+
+Prints throughput (MB/s of shard data) and the ratio copy-data / plain rsync
+(target >= 0.8), and for the second copy the remote commands and bytes sent.
+
+    .venv/bin/python -m bench.copy [--size-mb 300] [--repeat 3]   # not `python bench/copy.py`: it would shadow the stdlib copy module
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from orchestrator import datacopy  # noqa: E402
+from orchestrator.cluster import load_cluster  # noqa: E402
+from orchestrator.datasplit import load_manifest  # noqa: E402
+from orchestrator.session import Session  # noqa: E402
+from orchestrator.transport import Transport  # noqa: E402
+from tests.sshd import SshdCluster, write_cluster  # noqa: E402
+
+
+def make_corpus(path: Path, size_mb: int) -> None:
+    words = [f"word{i}" for i in range(5000)]
+    line_block = "\n".join(" ".join(words[(i * 31 + k * 17) % 5000] for k in range(12)) for i in range(2000)) + "\n"
+    block = line_block.encode()
+    with path.open("wb") as f:
+        for _ in range(size_mb * (1 << 20) // len(block) + 1):
+            f.write(block)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size-mb", type=int, default=300)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="copybench-"))
+    sshd = SshdCluster(root / "sshd", count=3)
+    try:
+        corpus = root / "corpus.txt"
+        make_corpus(corpus, args.size_mb)
+        path = write_cluster(root / "c.yaml", sshd, name="copybench",
+                             ssh_nodes=[(n.name, ["trainer"]) for n in sshd.nodes],
+                             job={"mode": "collective", "trainer": {"command": "true"},
+                                  "data": {"dir": str(root / "prepared"), "input": str(corpus)}})
+        cluster = load_cluster(path)
+        datacopy.split_data(cluster)
+        manifest = load_manifest(str(root / "prepared"))
+        needed = datacopy.files_per_node(cluster, manifest)
+        total = sum(manifest["files"][n]["bytes"] for names in needed.values() for n in names if n in manifest["files"])
+        mb = total / 1e6
+
+        def wipe():
+            for n in sshd.nodes:
+                shutil.rmtree(root / f"ws-{n.name}", ignore_errors=True)
+
+        def ours() -> float:
+            wipe()
+            s = Session(cluster)
+            s.map(lambda t: t.context.open() if hasattr(t.context, "open") else None)
+            t0 = time.perf_counter()
+            replies = datacopy.copy_data(s)
+            elapsed = time.perf_counter() - t0
+            assert all(r.ok for r in replies), [r.error for r in replies]
+            s.close()
+            return elapsed
+
+        def plain() -> float:
+            wipe()
+            s = Session(cluster)
+
+            def one(t: Transport):
+                extra, dest = t.rsync_destination(t.node.workspace + "/plain/")
+                names = "\0".join(needed[t.node.name]).encode()
+                subprocess.run(["rsync", "-a", "--files-from=-", "--from0",
+                                f"--rsync-path=mkdir -p {t.node.workspace}/plain && rsync", *extra,
+                                f"{root / 'prepared'}/", dest], input=names, check=True)
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(len(sshd.nodes)) as pool:
+                list(pool.map(one, [s.transport(n) for n in cluster.nodes]))
+            return time.perf_counter() - t0
+
+        first = min(ours() for _ in range(args.repeat))
+        base = min(plain() for _ in range(args.repeat))
+        # The second, unchanged copy: count what crosses the wire.
+        s = Session(cluster)
+        datacopy.copy_data(s)
+        calls = []
+        original = Transport.call
+
+        def counting(self, op, payload, **kw):
+            calls.append(op)
+            return original(self, op, payload, **kw)
+        Transport.call = counting
+        t0 = time.perf_counter()
+        replies = datacopy.copy_data(s)
+        again = time.perf_counter() - t0
+        Transport.call = original
+        sent = sum(r.value.bytes_sent for r in replies)
+        print(f"shard data to 3 nodes: {mb:.0f} MB")
+        print(f"copy-data first: {first:.2f} s = {mb / first:.0f} MB/s")
+        print(f"plain rsync:     {base:.2f} s = {mb / base:.0f} MB/s")
+        print(f"ratio copy-data/rsync throughput: {base / first:.2f} (target >= 0.8)")
+        print(f"copy-data again: {again:.2f} s, remote commands {len(calls)} ({', '.join(sorted(set(calls)))}) "
+              f"for {len(sshd.nodes)} nodes, bytes sent {sent}")
+    finally:
+        sshd.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
