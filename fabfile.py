@@ -51,9 +51,10 @@ def plan(c):
 
 
 @fabtask
-def provision(c, venv=False, wheelhouse=None):
-    """Make the workspace on every node; --venv builds a venv, --wheelhouse=DIR installs offline."""
-    replies = lifecycle.provision(session(c), venv=venv, wheelhouse=wheelhouse)
+def provision(c, venv=False, wheelhouse=None, requirements=None):
+    """Make the workspace on every node; --venv builds a venv (--requirements FILE), --wheelhouse=DIR installs offline."""
+    reqs = lifecycle.read_requirements(requirements) if requirements else None
+    replies = lifecycle.provision(session(c), venv=venv, wheelhouse=wheelhouse, requirements=reqs)
     text, failed = replies_text(replies, lambda v: f"workspace {v['workspace']}" + (f", venv {v['venv']}" if v["venv"] else ""))
     print(text)
     fail_if(failed, "provision failed on some nodes")

@@ -85,6 +85,9 @@ def provision(session: Session, venv: bool = False, wheelhouse: str | None = Non
               requirements: list[str] | None = None) -> list[Reply]:
     reqs = requirements if requirements is not None else _node_requirements()
 
+    if wheelhouse and not Path(wheelhouse).expanduser().is_dir():
+        raise UserError(f"--wheelhouse {wheelhouse}: not a directory (make one with: pip download -d DIR -r requirements-node.txt)")
+
     def one(t: Transport):
         if wheelhouse:
             _rsync(t, [str(Path(wheelhouse).expanduser()) + "/"], t.node.workspace + "/wheelhouse")
@@ -95,8 +98,15 @@ def provision(session: Session, venv: bool = False, wheelhouse: str | None = Non
 
 def _node_requirements() -> list[str]:
     path = PROJECT_ROOT / "requirements-node.txt"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    return read_requirements(path) if path.exists() else []
+
+
+def read_requirements(path) -> list[str]:
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as e:
+        raise UserError(f"--requirements {path}: {e.strerror}") from None
+    return [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
 
 
 # -- deploy --------------------------------------------------------------------------
