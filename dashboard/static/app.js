@@ -211,8 +211,11 @@ function naturalCompare(a, b) {
 
 const AXIS = {gridcolor: "#26313d", zerolinecolor: "#26313d", linecolor: "#26313d"};
 
-function layout(title, xtitle, ytitle, empty) {
+let revision = 0;
+
+function layout(title, xtitle, ytitle, empty, percent) {
   const l = {
+    datarevision: ++revision,  // the arrays grow in place: tell Plotly.react they changed
     title: {text: title, font: {size: 13}, x: 0.02},
     paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
     font: {color: "#d7dee6", size: 11},
@@ -223,6 +226,7 @@ function layout(title, xtitle, ytitle, empty) {
     showlegend: true,
     uirevision: title,  // keep the user's zoom across refreshes
   };
+  if (percent) l.yaxis.range = [0, 102];
   if (empty) l.annotations = [{text: empty, showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5, font: {color: "#8593a3"}}];
   return l;
 }
@@ -232,13 +236,13 @@ function drawCharts() {
   state.chartsDirty = false;
   const conf = {displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"]};
   const charts = [
-    ["chart-loss", traces(state.trainers, "loss", false), "loss", "step", "loss", "no loss reported yet"],
-    ["chart-sps", traces(state.trainers, "samples_per_s", false), "samples/s", "step", "samples/s", "no throughput reported yet"],
-    ["chart-cpu", traces(state.nodes, "cpu", true), "node CPU %", "", "%", "no health snapshots yet (node agent)"],
-    ["chart-gpu", traces(state.nodes, "gpu", true), "node GPU utilisation %", "", "%", "no GPUs reported"],
+    ["chart-loss", traces(state.trainers, "loss", false), "loss", "step", "loss", "no loss reported yet", false],
+    ["chart-sps", traces(state.trainers, "samples_per_s", false), "samples/s", "step", "samples/s", "no throughput reported yet", false],
+    ["chart-cpu", traces(state.nodes, "cpu", true), "node CPU %", "", "%", "no health snapshots yet (node agent)", true],
+    ["chart-gpu", traces(state.nodes, "gpu", true), "node GPU utilisation % (mean of the node's GPUs)", "", "%", "no GPUs reported", true],
   ];
-  for (const [id, data, title, xt, yt, empty] of charts) {
-    Plotly.react(id, data, layout(title, xt, yt, data.length ? null : empty), conf);
+  for (const [id, data, title, xt, yt, empty, percent] of charts) {
+    Plotly.react(id, data, layout(title, xt, yt, data.length ? null : empty, percent), conf);
   }
 }
 
@@ -285,7 +289,7 @@ function renderEvents(ev) {
       el("span", {class: "when"}, e.ts ? clock(e.ts) : "–"),
       el("span", {class: "kind " + String(e.kind || "")}, e.kind || "event"),
       el("span", {}, who),
-      e.signal ? el("span", {class: "muted"}, ` (${e.signal})`) : null,
+      e.signal || e.pid ? el("span", {class: "muted"}, ` (${[e.signal, e.pid ? "pid " + e.pid : null].filter(Boolean).join(", ")})`) : null,
       e.reason ? el("span", {class: "reason"}, e.reason) : null);
   });
   const list = document.getElementById("events");
@@ -335,7 +339,8 @@ async function kill() {
     const r = await fetch("/api/kill", {method: "POST", headers: {"Authorization": "Bearer " + TOKEN}});
     const body = await r.json().catch(() => ({error: `HTTP ${r.status}`}));
     if (!r.ok) throw new Error(body.error || `HTTP ${r.status}`);
-    const killed = body.nodes.reduce((n, x) => n + (x.killed ? x.killed.length : 0), 0);
+    // kill-all also lists the children it killed with their process group: count processes once
+    const killed = body.nodes.reduce((n, x) => n + (x.killed ? x.killed.filter(k => !k.child).length : 0), 0);
     const failed = body.nodes.filter(x => !x.ok).map(x => `${x.node}: ${x.error}`);
     const left = body.nodes.filter(x => x.left && x.left.length).map(x => `${x.node}: pids ${x.left.join(", ")} still alive`);
     banner("kill-result", `kill: ${killed} processes stopped on ${body.nodes.length} nodes in ${body.seconds}s` +
