@@ -283,6 +283,7 @@ def spawn(proc, ws, base_env):
         v = expand(v, ws)
         if k == "PATH":
             v = v.replace("$PATH", base_env.get("PATH", "/usr/bin:/bin"))
+            v = ":".join(os.path.expanduser(part) for part in v.split(":"))
         env[k] = v
     log = open(expand(proc["log"], ws), "ab")
     argv = [expand(a, ws) for a in proc["launch"]]

@@ -280,7 +280,7 @@ def _process(cluster: Cluster, node: Node, role: str, rank: int, command: str, v
         **role_env,
         **dict(cluster.job.env),
     }
-    if os.path.isabs(node.python):
+    if os.path.isabs(node.python) or node.python.startswith("~/"):
         # `python` in a command means the cluster's interpreter (its venv's bin first).
         env["PATH"] = f"{os.path.dirname(node.python)}:$PATH"
     return ProcessPlan(name=name, role=role, rank=rank, argv=tuple(fill_placeholders(command, values)),
