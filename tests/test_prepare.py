@@ -432,11 +432,16 @@ def test_shards_without_manifest_are_not_overwritten(tmp_path):
     (["--input", "two.txt", "--out", "o", "--split-count", "1", "--no-dict", "--min-freq", "3"], ["--min-freq"]),
     (["--input", "two.txt", "--out", "o", "--split-count", "1", "--min-freq", "0"], ["--min-freq 0"]),
     (["--input", "two.txt", "--out", "o", "--split-count", "1", "--bogus"], ["--bogus"]),
+    (["--input", "srcdir", "--out", "srcdir/o", "--split-count", "1"], ["inside --input srcdir"]),
+    (["--input", "two.txt", "--test", "garbage.tgz", "--out", "o", "--split-count", "1"], ["--test garbage.tgz"]),
+    (["--input", "/nonexistent/x.txt", "--out", "new/deeper/o", "--split-count", "1"], ["no such file"]),
 ])
 def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, args, needles):
     (tmp_path / "empty.txt").write_bytes(b"")
     (tmp_path / "two.txt").write_bytes(b"one\ntwo\n")
     (tmp_path / "emptydir").mkdir()
+    (tmp_path / "srcdir").mkdir()
+    (tmp_path / "srcdir/a.txt").write_bytes(b"a\n")
     (tmp_path / "garbage.tgz").write_bytes(b"this is not a tarball\n" * 10)
     before = sorted(os.listdir(tmp_path))
     r = run(*args, cwd=tmp_path)

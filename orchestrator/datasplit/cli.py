@@ -102,7 +102,7 @@ def main(argv=None) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; nothing was changed under --out", file=sys.stderr)
+        print(f"{PROG}: interrupted (temporary files removed)", file=sys.stderr)
         return 130
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""

@@ -314,6 +314,12 @@ def materialize(spec: str, work: str, flag: str, *, progress_enabled: bool = Tru
         return InputSet([path], [os.path.getsize(path)], spec), None, facts
     if is_tar_name(spec) and os.path.isfile(spec):
         shown = os.path.abspath(spec)
+        h = hashlib.sha256()
+        with open(spec, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        facts["source_sha256"] = h.hexdigest()
+        facts["source_bytes"] = os.path.getsize(spec)
         dest = os.path.join(work, "extracted")
         os.makedirs(dest)
         facts.update(safe_extract(spec, dest, flag, spec))

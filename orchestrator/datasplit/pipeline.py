@@ -199,19 +199,15 @@ def prepare(out: str, split_count: int, *, input: str | None = None, sample: boo
         raise PrepareError("--test cannot be used with --sample (the sample has its own test set)")
     if not out:
         raise PrepareError("--out: an output directory is needed")
+    if test and (fetch.is_url(test) or fetch.is_tar_name(test)):
+        raise PrepareError(f"--test {test}: must be a local text file or directory "
+                           f"(a tarball's test file is found from --input)")
     n = split_count
     shown_out = out
-    out_dir = os.path.abspath(out)
+    out_dir = os.path.realpath(out)   # a symlinked DIR stays a symlink
     if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
         raise PrepareError(f"--out {shown_out}: exists and is not a directory")
     parent, name = os.path.dirname(out_dir), os.path.basename(out_dir)
-    try:
-        os.makedirs(parent, exist_ok=True)
-    except OSError as exc:
-        raise PrepareError(f"--out {shown_out}: cannot create {parent}: "
-                           f"{fetch._os_reason(exc)}") from None
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise PrepareError(f"--out {shown_out}: {parent} is not writable")
 
     request = {
         "strategy": strategy, "split_count": n,
@@ -219,6 +215,20 @@ def prepare(out: str, split_count: int, *, input: str | None = None, sample: boo
         "test": fetch.fingerprint_local(test, "--test") if test else None,
         "dict": {"min_freq": min_freq} if build_dict else None,
     }
+    for flag, spec in (("--input", input), ("--test", test)):
+        if spec and not fetch.is_url(spec) and os.path.isdir(spec):
+            src = os.path.realpath(spec)
+            if out_dir == src or out_dir.startswith(src.rstrip(os.sep) + os.sep):
+                raise PrepareError(f"--out {shown_out}: is inside {flag} {spec}; "
+                                   f"choose an output directory outside the input")
+
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as exc:
+        raise PrepareError(f"--out {shown_out}: cannot create {parent}: "
+                           f"{fetch._os_reason(exc)}") from None
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PrepareError(f"--out {shown_out}: {parent} is not writable")
 
     with _Lock(parent):
         state, old = _read_old_manifest(out_dir)
