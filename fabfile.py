@@ -120,9 +120,18 @@ def start_trainers(c, force=False):
 @fabtask
 def status(c, job=None):
     """Show every process of the job on every node; exit 1 if one failed."""
-    text, failed = report.status_text(lifecycle.status(session(c), job_id=job))
+    text, failed = report.status_text(lifecycle.status(session(c), job_id=job, health=True))
     print(text)
     fail_if(failed, "status: the job has failed processes or unreachable nodes")
+
+
+@fabtask
+def watch(c, interval=1.0, timeout=None, job=None):
+    """Follow the job until it ends: node health, trainer progress, watchdog events; exit 0 finished, 1 failed, 3 killed."""
+    from orchestrator.watch import watch as follow
+    code = follow(session(c), interval=float(interval), timeout=float(timeout) if timeout else None, job_id=job)
+    if code:
+        raise Exit(code=code)
 
 
 @fabtask

@@ -308,7 +308,7 @@ class Agent:
             how = ("exit code %s" % old_exit) if old_exit else "gone without an exit code"
             if old_exit and old_exit.isdigit() and int(old_exit) > 128:
                 how = "killed by %s" % signame(int(old_exit) - 128)
-            self.event("agent_restarted", reason="the previous agent (pid %s) died (%s); this one (pid %d) took over"
+            self.event("agent_restarted", reason="the previous agent (group %s) died (%s); this one (pid %d) took over"
                        % (previous, how, self.pid))
 
     def _restart_argv(self) -> list[str]:
@@ -328,7 +328,7 @@ class Agent:
         env = dict(os.environ, FABTRAIN_AGENT_RESTARTS=str(restarts + 1))
         try:
             self.keeper = subprocess.Popen(["sh", "-c", _KEEPER, "fabtrain-keeper", *self._restart_argv()],
-                                           stdin=r, env=env, close_fds=True)
+                                           stdin=r, env=env, close_fds=True, start_new_session=True)
         except OSError as e:
             self.event("agent_error", reason="cannot start the keeper: %s" % e)
             os.close(w)
@@ -479,9 +479,9 @@ class Agent:
         self._check_exits(now)
         if self.status["status"] == "running" or self.on_failure == "keep":
             self._check_hangs(now)
-        self._check_zombies()
         self._check_orphans(now)
         self._act()
+        self._check_zombies()
         self._escalate(now)
         if tick:
             self._check_keeper()
@@ -647,9 +647,11 @@ class Agent:
                     self.zombies_seen.add(key)
                     self.event("zombie", "pid %d is defunct: its parent pid %d has not reaped it" % (z, p.ppid), t,
                                pid=z, parent=p.ppid)
-                # The program itself gets its SIGTERM first (and `interval` to act on it).
-                patience = min(self.grace, self.interval) if p.ppid == t.program else 0.0
-                ending_here = ending or (t.term_at is not None and time.time() - t.term_at >= patience)
+                if p.ppid == t.program:
+                    # The program itself gets its SIGTERM first, and `interval` to act on it.
+                    ending_here = t.term_at is not None and time.time() - t.term_at >= min(self.grace, self.interval)
+                else:
+                    ending_here = ending or t.term_at is not None
                 if ending_here and p.ppid not in self.zombie_parents_killed and \
                         self._alive(p.ppid) and p.ppid != self.pid:
                     self.zombie_parents_killed.add(p.ppid)

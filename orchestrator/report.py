@@ -98,34 +98,105 @@ def process_failed(p: dict) -> bool:
     return (p["state"] == "exited" and p.get("exit_code") != 0) or p["state"] in ("lost",)
 
 
+ROUTINE_EVENTS = ("agent_started", "agent_exit", "agent_stopped")
+
+
+def _agent_view(v: dict) -> dict:
+    """The node agent's health.json for this job (empty if none, or another job's)."""
+    h = v.get("health")
+    return h if isinstance(h, dict) and h.get("job_id") == v.get("job_id") else {}
+
+
+def _ago(ts: float | None, now: float) -> str:
+    if not isinstance(ts, (int, float)):
+        return ""
+    d = max(0.0, now - ts)
+    return f"{d:.0f}s ago" if d < 120 else f"{d / 60:.0f}m ago"
+
+
 def status_text(replies: list[Reply]) -> tuple[str, bool]:
-    """The status table, and whether anything failed."""
+    """The status table, and whether anything failed.
+
+    Each process shows what node_ops sees (state, uptime, last log line) and
+    what the node's agent (watchdog) sees: its state there and when the
+    process last made progress. Notes flag zombies, orphans, stale or missing
+    agents, and the job's status as the agents know it.
+    """
     rows, notes, failed = [], [], False
     now = time.time()
+    job_views: dict[tuple, list[str]] = {}
     for r in replies:
         if not r.ok:
-            rows.append([r.node, "-", "UNREACHABLE", "", ""])
+            rows.append([r.node, "-", "UNREACHABLE", "", "", "", ""])
             notes.append(r.error)
             failed = True
             continue
         v = r.value
         if not v["job_id"]:
-            rows.append([r.node, "-", "no job", "", ""])
+            rows.append([r.node, "-", "no job", "", "", "", ""])
             continue
+        h = _agent_view(v)
+        seen = {p.get("name"): p for p in h.get("processes") or []}
+        job = h.get("job") or {}
+        finished = job.get("status") == "finished"
         for p in v["processes"]:
             uptime = f"{p['uptime']:.0f}s" if p.get("uptime") else ""
-            rows.append([r.node, p["name"], process_state_text(p), uptime, p.get("last_line", "")[:80]])
-            failed |= process_failed(p)
+            a = seen.get(p["name"], {})
+            agent_state = ""
+            if a:
+                agent_state = a.get("state", "")
+                if a.get("hung"):
+                    agent_state += " HUNG"
+                if a.get("killed_by_agent"):
+                    agent_state += " (by agent)"
+            progress = _ago(a.get("last_progress"), now) if a and a.get("state") not in ("exited", "killed") else ""
+            rows.append([r.node, p["name"], process_state_text(p), uptime, agent_state, progress,
+                         p.get("last_line", "")[:70]])
+            # Stopped by its agent because the job finished (pservers): not a failure.
+            if not (finished and a.get("killed_by_agent")):
+                failed |= process_failed(p)
         if v.get("killed"):
             notes.append(f"{r.node}: job {v['job_id']} was stopped by kill-all")
-        if v.get("health_ts") and now - v["health_ts"] > 10 and any(p["name"] == "agent" and p["state"] == "running" for p in v["processes"]):
-            notes.append(f"{r.node}: agent heartbeat stale ({now - v['health_ts']:.0f}s old)")
-        ev = v.get("last_event")
+        agent = next((p for p in v["processes"] if p["name"] == "agent"), None)
+        live = [p["name"] for p in v["processes"] if p["name"] != "agent" and p["state"] in ("running", "stopped", "zombie")]
+        interval = h.get("interval") or 1.0
+        health_ts = h.get("ts") or v.get("health_ts")
+        if agent and agent["state"] == "running" and health_ts and now - health_ts > max(10.0, 3 * interval + 2):
+            notes.append(f"{r.node}: STALE agent heartbeat: health.json is {now - health_ts:.0f}s old (interval {interval:g}s)")
+            failed = True
+        if live and (agent is None or agent["state"] not in ("running", "stopped")):
+            notes.append(f"{r.node}: NO WATCHDOG: the agent is not running while {', '.join(live)} run(s) here"
+                         " (fab kill-all stops them)")
+        zombies = sum(p.get("zombies") or 0 for p in h.get("processes") or []) or \
+            sum(p.get("zombies") or 0 for p in v["processes"])
+        if zombies:
+            notes.append(f"{r.node}: {zombies} ZOMBIE process(es): defunct children not reaped by their parent")
+        for o in h.get("orphans") or []:
+            notes.append(f"{r.node}: ORPHAN pid {o.get('pid')} ({o.get('name')}): {o.get('reason')}; being killed")
+        coord = h.get("coordinator") or {}
+        for lost in coord.get("lost") or []:
+            notes.append(f"{r.node}: the agents lost contact with node {lost}")
+        if job.get("status") in ("failed", "finished"):
+            key = (job["status"], job.get("reason"), job.get("on_failure"))
+            job_views.setdefault(key, []).append(r.node)
+        events = [e for e in (h.get("events") or []) if e.get("kind") not in ROUTINE_EVENTS]
+        ev = events[-1] if events else v.get("last_event")
         if ev:
-            notes.append(f"{r.node}: last event: {ev.get('kind')} {ev.get('role', '')}-{ev.get('rank', '')}: {ev.get('reason', '')}")
+            who = ev.get("name") or (f"{ev.get('role')}-{ev.get('rank')}" if ev.get("role") is not None else "")
+            notes.append(f"{r.node}: last event: {ev.get('kind')}{' ' + who if who else ''}: {ev.get('reason', '')}"
+                         f" ({_ago(ev.get('ts'), now)})")
+    for (status, reason, on_failure), nodes in job_views.items():
+        if status == "failed":
+            failed = True
+            what = "survivors left running for debugging (on_failure keep)" if on_failure == "keep" \
+                else "torn down on every node (on_failure kill-job)"
+            notes.insert(0, f"watchdog: JOB FAILED: {reason}; {what}  [{', '.join(nodes)}]")
+        else:
+            notes.insert(0, f"watchdog: job finished: {reason}  [{', '.join(nodes)}]")
     job_ids = {r.value["job_id"] for r in replies if r.ok and r.value["job_id"]}
     head = f"job {', '.join(sorted(job_ids)) or '-'}"
-    return "\n".join([head, table(rows, ["node", "process", "state", "uptime", "last log line"]), *notes]), failed
+    return "\n".join([head, table(rows, ["node", "process", "state", "uptime", "agent", "progress", "last log line"]),
+                      *notes]), failed
 
 
 def kill_text(replies: list[Reply]) -> tuple[str, bool]:
