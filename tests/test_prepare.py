@@ -109,6 +109,20 @@ def test_copy_file_range_failure_falls_back_to_sendfile(tmp_path, monkeypatch):
     assert b"".join(p.read_bytes() for p in shards(tmp_path / "out")) == data
 
 
+@pytest.mark.parametrize("wc", ["wc", "none", "/bin/false"])
+def test_line_counts_agree_with_and_without_wc(tmp_path, monkeypatch, wc):
+    import shutil
+    monkeypatch.setattr(st, "WC_MIN", 0)                 # every shard through wc -l
+    monkeypatch.setattr(st, "_wc", [shutil.which("wc") if wc == "wc" else
+                                    None if wc == "none" else wc])
+    data = corpus(120)
+    (tmp_path / "in.txt").write_bytes(data)
+    r = prepare(str(tmp_path / "o"), 3, input=str(tmp_path / "in.txt"), progress=False)
+    for p in shards(tmp_path / "o"):
+        b = p.read_bytes()
+        assert r.manifest["files"][p.name]["lines"] == b.count(b"\n") + (not b.endswith(b"\n"))
+
+
 def test_directory_input_is_its_files_in_order_with_newlines_between(tmp_path):
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)

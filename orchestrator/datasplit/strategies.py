@@ -250,37 +250,73 @@ def copy_range(src: int, dst: int, offset: int, count: int, path: str, progress=
             progress.update(n)
 
 
-def digest_fd(fd: int, size: int, progress=None) -> tuple[str, int]:
-    """(sha256 hex, line count) of the first size bytes of fd."""
+def digest_fd(fd: int, size: int, progress=None, count: bool = True
+              ) -> tuple[str, int | None, bytes]:
+    """(sha256 hex, number of b"\\n" or None if not counted, last byte) of
+    the first size bytes of fd."""
     h = hashlib.sha256()
     buf = bytearray(min(READ_BLOCK, max(size, 1)))
     view = memoryview(buf)
     off = 0
     newlines = 0
-    last = b"\n"
+    last = b""
     while off < size:
         n = os.preadv(fd, [buf], off)
         if n == 0:
-            raise PrepareError(f"output file shrank while it was checked")
+            raise PrepareError("output file shrank while it was checked")
         n = min(n, size - off)
         h.update(view[:n])
-        newlines += buf.count(b"\n", 0, n)
-        last = buf[n - 1:n]
+        if count:
+            newlines += buf.count(b"\n", 0, n)
+        last = bytes(buf[n - 1:n])
         off += n
         if progress is not None:
             progress.update(n)
-    lines = newlines + (1 if size and last != b"\n" else 0)
-    return h.hexdigest(), lines
+    return h.hexdigest(), (newlines if count else None), last
+
+
+def _lines(newlines: int, size: int, last: bytes) -> int:
+    return newlines + (1 if size and last != b"\n" else 0)
+
+
+WC_MIN = 32 << 20     # files at least this big are line-counted by wc -l
+_wc = []
+
+
+def _wc_start(path: str):
+    """Start `wc -l < path` (coreutils counts newlines with SIMD, several
+    times faster than bytes.count, and outside our GIL); None if there is
+    no wc."""
+    if not _wc:
+        import shutil
+        _wc.append(shutil.which("wc"))
+    if not _wc[0]:
+        return None
+    import subprocess
+    try:
+        with open(path, "rb") as src:
+            return subprocess.Popen([_wc[0], "-l"], stdin=src, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, env={"LC_ALL": "C"})
+    except OSError:
+        return None
+
+
+def _wc_finish(proc) -> int | None:
+    out, _ = proc.communicate()
+    try:
+        return int(out.split()[0]) if proc.returncode == 0 else None
+    except (ValueError, IndexError):
+        return None
 
 
 def describe_file(path: str, name: str, kind: str, shard: int | None = None) -> ShardResult:
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
-        sha, lines = digest_fd(fd, size)
+        sha, newlines, last = digest_fd(fd, size)
     finally:
         os.close(fd)
-    return ShardResult(name, kind, shard, sha, size, lines)
+    return ShardResult(name, kind, shard, sha, size, _lines(newlines, size, last))
 
 
 _sync_file_range = []
@@ -326,7 +362,13 @@ def build_shard(pieces, dst_path: str, name: str, kind: str, shard: int,
                 os.close(src)
         size = os.lseek(fd, 0, os.SEEK_CUR)
         _start_writeback(fd)          # the disk works while we checksum
-        sha, lines = digest_fd(fd, size, progress)
+        wc = _wc_start(dst_path) if size >= WC_MIN else None
+        sha, newlines, last = digest_fd(fd, size, progress, count=wc is None)
+        if wc is not None:
+            newlines = _wc_finish(wc)
+            if newlines is None:      # wc failed: count here
+                _sha, newlines, _last = digest_fd(fd, size)
+        lines = _lines(newlines, size, last)
         os.fsync(fd)
     finally:
         os.close(fd)
