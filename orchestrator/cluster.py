@@ -43,6 +43,22 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ONE_LINE_RE = re.compile(r"^[^\n\r\0]+$")
 
 
+_SSH_FIELDS = {"user", "port", "key", "known_hosts", "host_key_policy", "connect_timeout"}
+
+# Every field cluster.yaml may hold, by where it sits (README documents each).
+FIELDS: dict[str, set[str]] = {
+    "": {"cluster", "nodes", "dist_ips", "job"},
+    "cluster": {"name", "workspace", "python", "ssh"},
+    "cluster.ssh": _SSH_FIELDS | {"parallel"},
+    "nodes[]": {"name", "host", "roles", "workspace", "python", "address", "gpus"} | _SSH_FIELDS,
+    "job": {"name", "mode", "sgd", "master_port", "pserver", "trainer", "data", "watchdog", "env"},
+    "job.pserver": {"port", "ports_num", "ports_num_for_sparse", "per_node", "command"},
+    "job.trainer": {"per_node", "command", "use_gpu", "trainer_count"},
+    "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq"},
+    "job.watchdog": {"enabled", "interval", "hang_timeout", "grace", "on_failure", "port"},
+}
+
+
 @dataclass(frozen=True)
 class SSHSettings:
     user: str | None = None  # None: ~/.ssh/config's User, else the current user
@@ -280,15 +296,15 @@ class _Parser:
     def cluster(self, doc: Any) -> Cluster:
         if doc is None:
             raise self.fail("(top level)", "the file is empty")
-        top = self.mapping(doc, "", {"cluster", "nodes", "dist_ips", "job"}, {"cluster", "job"})
+        top = self.mapping(doc, "", FIELDS[""], {"cluster", "job"})
         if ("nodes" in top) == ("dist_ips" in top):
             raise self.fail("nodes", "give exactly one of 'nodes' (a list) or 'dist_ips' (\"ip1,ip2\")")
 
-        c = self.mapping(top["cluster"], "cluster", {"name", "workspace", "python", "ssh"}, {"name"})
+        c = self.mapping(top["cluster"], "cluster", FIELDS["cluster"], {"name"})
         name = self.string(c["name"], "cluster.name", NAME_RE, "name")
         workspace = self.path_value(c.get("workspace", f"~/.fabtrain/{name}"), "cluster.workspace")
         python = self.path_value(c["python"], "cluster.python") if "python" in c else None
-        ssh_doc = self.mapping(c.get("ssh"), "cluster.ssh", _SSH_FIELDS | {"parallel"})
+        ssh_doc = self.mapping(c.get("ssh"), "cluster.ssh", FIELDS["cluster.ssh"])
         parallel = self.integer(ssh_doc.get("parallel", 32), "cluster.ssh.parallel", 1, 1024)
         ssh = self.ssh(ssh_doc, "cluster.ssh", SSHSettings())
 
@@ -326,7 +342,7 @@ class _Parser:
         nodes, seen = [], {}
         for i, item in enumerate(value):
             where = f"nodes[{i}]"
-            d = self.mapping(item, where, _NODE_FIELDS | _SSH_FIELDS, {"name", "host", "roles"})
+            d = self.mapping(item, where, FIELDS["nodes[]"], {"name", "host", "roles"})
             name = self.string(d["name"], f"{where}.name", NAME_RE, "node name")
             if name in seen:
                 raise self.fail(f"{where}.name", f"duplicate node name {name!r} (also nodes[{seen[name]}])")
@@ -378,13 +394,13 @@ class _Parser:
         return Node(name=name, host=host, roles=roles, workspace=workspace, python=python, address=address, ssh=ssh, gpus=gpus)
 
     def job(self, value: Any) -> JobSpec:
-        d = self.mapping(value, "job", {"name", "mode", "sgd", "master_port", "pserver", "trainer", "data", "watchdog", "env"})
+        d = self.mapping(value, "job", FIELDS["job"])
         name = self.string(d.get("name", "job"), "job.name", NAME_RE, "job name")
         mode = self.choice(d.get("mode", "pserver"), "job.mode", MODES)
         sgd = self.choice(d.get("sgd", "sync"), "job.sgd", ("sync", "async"))
         master_port = self.integer(d.get("master_port", 29500), "job.master_port", 1, 65535)
 
-        p = self.mapping(d.get("pserver"), "job.pserver", {"port", "ports_num", "ports_num_for_sparse", "per_node", "command"})
+        p = self.mapping(d.get("pserver"), "job.pserver", FIELDS["job.pserver"])
         dp = PserverSpec()
         pserver = PserverSpec(
             port=self.integer(p.get("port", dp.port), "job.pserver.port", 1, 65535),
@@ -397,7 +413,7 @@ class _Parser:
         if pserver.port + span - 1 > 65535:
             raise self.fail("job.pserver.port", f"{pserver.port} + {span} ports runs past 65535")
 
-        t = self.mapping(d.get("trainer"), "job.trainer", {"per_node", "command", "use_gpu", "trainer_count"})
+        t = self.mapping(d.get("trainer"), "job.trainer", FIELDS["job.trainer"])
         dt = TrainerSpec()
         trainer = TrainerSpec(
             per_node=self.integer(t.get("per_node", dt.per_node), "job.trainer.per_node", 1, 256),
@@ -406,7 +422,7 @@ class _Parser:
             trainer_count=self.integer(t.get("trainer_count", dt.trainer_count), "job.trainer.trainer_count", 1, 1024),
         )
 
-        dd = self.mapping(d.get("data"), "job.data", {"dir", "shared", "input", "test", "strategy", "min_freq"})
+        dd = self.mapping(d.get("data"), "job.data", FIELDS["job.data"])
         data = DataSpec(
             dir=self.path_value(dd.get("dir", DataSpec.dir), "job.data.dir"),
             shared=self.boolean(dd.get("shared", False), "job.data.shared"),
@@ -417,7 +433,7 @@ class _Parser:
             min_freq=self.integer(dd.get("min_freq", 1), "job.data.min_freq", 1, 1 << 30),
         )
 
-        w = self.mapping(d.get("watchdog"), "job.watchdog", {"enabled", "interval", "hang_timeout", "grace", "on_failure", "port"})
+        w = self.mapping(d.get("watchdog"), "job.watchdog", FIELDS["job.watchdog"])
         dw = WatchdogSpec()
         watchdog = WatchdogSpec(
             enabled=self.boolean(w.get("enabled", dw.enabled), "job.watchdog.enabled"),
@@ -461,8 +477,6 @@ class _Parser:
             seen[key] = n.name
 
 
-_SSH_FIELDS = {"user", "port", "key", "known_hosts", "host_key_policy", "connect_timeout"}
-_NODE_FIELDS = {"name", "host", "roles", "workspace", "python", "address", "gpus"}
 
 
 def _kind(value: Any) -> str:
