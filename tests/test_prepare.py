@@ -419,6 +419,19 @@ def test_shards_without_manifest_are_not_overwritten(tmp_path):
     assert (tmp_path / "o/train.txt-00000").read_bytes() == b"a\n"
 
 
+def test_output_dir_whose_parent_is_read_only_is_staged_inside_it(tmp_path, monkeypatch):
+    (tmp_path / "in.txt").write_bytes(b"a\nb\n")
+    out = tmp_path / "o"
+    out.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, m: False if str(p) == str(tmp_path)
+                        else real_access(p, m))
+    prepare(str(out), 2, input=str(tmp_path / "in.txt"), progress=False)
+    assert sorted(os.listdir(out)) == ["MANIFEST.json", "train.txt-00000", "train.txt-00001",
+                                       "word_dict.json"]
+    assert not no_leftovers(tmp_path)
+
+
 # ---------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("args,needles", [

@@ -227,7 +227,13 @@ def prepare(out: str, split_count: int, *, input: str | None = None, sample: boo
     except OSError as exc:
         raise PrepareError(f"--out {shown_out}: cannot create {parent}: "
                            f"{fetch._os_reason(exc)}") from None
-    if not os.access(parent, os.W_OK | os.X_OK):
+    # the temporary directory goes next to DIR (same file system, whole-dir
+    # rename); inside DIR when only DIR is writable (say --out . in $HOME)
+    if os.access(parent, os.W_OK | os.X_OK):
+        work_parent = parent
+    elif os.path.isdir(out_dir) and os.access(out_dir, os.W_OK | os.X_OK):
+        work_parent = out_dir
+    else:
         raise PrepareError(f"--out {shown_out}: {parent} is not writable")
 
     with _Lock(parent):
@@ -248,7 +254,7 @@ def prepare(out: str, split_count: int, *, input: str | None = None, sample: boo
             elif os.path.isdir(out_dir) and any(OUR_NAMES.match(x) for x in os.listdir(out_dir)):
                 raise PrepareError(f"--out {shown_out}: holds shard files but no MANIFEST.json "
                                    f"(an interrupted run?); use --force to replace them")
-        work = tempfile.mkdtemp(prefix=f".{name}.prepare-", dir=parent)
+        work = tempfile.mkdtemp(prefix=f".{name}.prepare-", dir=work_parent)
         try:
             return _build(work, out_dir, request, input=input, sample=sample, strategy=strategy,
                           test=test, build_dict=build_dict, min_freq=min_freq, n=n,
