@@ -86,11 +86,10 @@ def url_for(host: str, port: int, token: str) -> str:
 def build(session, host: str = "127.0.0.1", port: int = DEFAULT_PORT, token: str | None = None,
           refresh_ms: int = 1000, job_id: str | None = None):
     """(app, collector) for a session; the collector is not started yet."""
-    from orchestrator.collector import Collector
-
     from . import create_app
+    from .streaming import StreamingCollector
 
-    collector = Collector(session, job_id=job_id, max_points=500)
+    collector = StreamingCollector(session, job_id=job_id, max_points=500)
     app = create_app({
         "COLLECTOR": collector,
         "DASHBOARD_TOKEN": token or make_token(),

@@ -119,7 +119,7 @@ class Collector:
         payload = {"job_id": self.job_id or view.job_id, "offsets": {k: max(v, 0) for k, v in offsets.items()}}
         tail_from = {k for k, v in offsets.items() if v == -1}
         try:
-            reply = transport.call("collect", payload, timeout=timeout)
+            reply = self._collect(name, transport, payload, timeout)
         except NodeError as e:
             with self.lock:
                 if view.up is not False:
@@ -152,6 +152,10 @@ class Collector:
                     lines = lines[1:]  # began mid-line
                 self._ingest(name, rel, lines)
             self._sample_node(name, view.health)
+
+    def _collect(self, name: str, transport, payload: dict, timeout: float) -> dict:
+        """One `collect` on one node (a subclass may keep a channel open instead)."""
+        return transport.call("collect", payload, timeout=timeout)
 
     def _forget_job(self, node: str) -> None:
         """A new job on this node: drop what the old one left in the view (series, logs, events)."""

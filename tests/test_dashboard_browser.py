@@ -25,9 +25,9 @@ import psutil
 import pytest
 
 from dashboard import create_app
+from dashboard.streaming import StreamingCollector
 from dashboard.synthetic import SyntheticJob, gpu
 from orchestrator.cluster import load_cluster
-from orchestrator.collector import Collector
 from orchestrator.session import Session
 from tests.sshd import free_port, write_cluster
 
@@ -81,7 +81,7 @@ def live(sshd, fab, tmp_path):
     agent.start()
 
     session = Session(cluster)
-    collector = Collector(session, max_points=500)
+    collector = StreamingCollector(session, max_points=500)  # what fab dashboard uses
     collector.start(0.5)
     port = free_port(["127.0.0.1"])
     app = create_app({"COLLECTOR": collector, "DASHBOARD_TOKEN": TOKEN, "REFRESH_MS": 500, "KILL_GRACE": 2.0,
