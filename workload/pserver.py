@@ -62,7 +62,7 @@ class ParameterServer:
         self.failure = None                              # the first PeerLost; ends the job
         self.last_saved = None
         self.stop_requested = False
-        self.receiving = set()      # trainers whose thread waits for their next message
+        self.receiving = {}         # trainer -> since when its thread has waited for its next message
 
     def log(self, text):
         print(f"pserver {self.id}: {text}", flush=True)
@@ -161,9 +161,9 @@ class ParameterServer:
         peer = self.trainers[t]
         try:
             while True:
-                self.receiving.add(t)
+                self.receiving[t] = time.monotonic()
                 header = peer.recv_header()
-                self.receiving.discard(t)
+                del self.receiving[t]
                 if self.failure is not None:
                     raise Aborted()
                 if header.kind == HELLO:
@@ -322,13 +322,14 @@ class ParameterServer:
         last_log = 0.0
         while any(thread.is_alive() for thread in threads):
             time.sleep(0.1)
-            if self.failure is not None:
-                return self.abort(threads)
-            if self.stop_requested:
+            if self.stop_requested:     # first: under kill-all the trainers may die a moment earlier
                 with self.cond:
                     self.save()
                     self.log(f"SIGTERM at version {self.version}: exiting")
                 return self.exit(143)
+            self.check_silence()
+            if self.failure is not None:
+                return self.abort(threads)
             if self.metrics.seconds_since_write() >= HEARTBEAT_S:
                 self.write_metrics()
                 if time.monotonic() - last_log > 10:
@@ -342,6 +343,22 @@ class ParameterServer:
         self.write_metrics()
         self.log(f"all {self.num_trainers} trainer(s) done at version {self.version}")
         return self.exit(0)
+
+    def check_silence(self):
+        """Declare a trainer lost when it has been silent for 0.9 x --timeout.
+
+        gloo's own timeout would fire at --timeout, but it closes every
+        connection of the process, so the trainers waiting at the barrier
+        could no longer be told which peer was lost. Acting a little earlier
+        keeps the connections up for that message.
+        """
+        limit = 0.9 * self.args.timeout
+        for t, since in list(self.receiving.items()):
+            if time.monotonic() - since > limit:
+                with self.cond:
+                    if self.failure is None:
+                        self.failure = PeerLost(TRAINER, t, f"no message within {limit:g} s (0.9 x --timeout)")
+                    self.cond.notify_all()
 
     def _capture(self, fn):
         self.error = None

@@ -1,0 +1,371 @@
+"""The reference workload as real processes on 127.0.0.1: pservers and trainers, DDP ranks, torchrun.
+
+Each test starts a small job (a few seconds of training on a tiny corpus) and
+checks what a user would: the parameters it ends with, its metrics, how it
+resumes, and how it fails.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from workload import checkpoint
+from workload.config import parse_ddp_args, parse_trainer_args
+from workload.data import (BatchStream, collective_sources, derive_seed, list_shards, load_examples,
+                           load_word_dict, shards_for, vocab_size)
+from workload.metrics import read_metrics
+from workload.models import build_model, optimizer_config
+from workload.optim import ModuleOptimizer, make_optimizer
+from workload.ps_protocol import Layout
+from workload.sample import write_sample_corpus
+
+REPO = Path(__file__).resolve().parent.parent
+ENV_PREFIXES = ("PADDLE_", "FABTRAIN_", "OMPI_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "GLOO_")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIXES)}
+    env.update(PYTHONPATH=str(REPO), **{k: str(v) for k, v in extra.items()})
+    return env
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus")
+    write_sample_corpus(path, vocab=150, train_shards=4, test_shards=2, sentences=30)
+    return path
+
+
+class Job:
+    """Processes of one job, each with its own log files and metrics file under `workdir`."""
+
+    def __init__(self, workdir):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.procs = {}
+
+    def start(self, name, argv, env):
+        out = open(self.workdir / f"{name}.out", "w")
+        err = open(self.workdir / f"{name}.err", "w")
+        self.procs[name] = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env, stdout=out, stderr=err,
+                                            stdin=subprocess.DEVNULL)
+
+    def metrics_path(self, name):
+        return self.workdir / f"{name}.jsonl"
+
+    def metrics(self, name):
+        path = self.metrics_path(name)
+        return read_metrics(path) if path.exists() else []
+
+    def stderr(self, name):
+        return (self.workdir / f"{name}.err").read_text()
+
+    def wait(self, timeout=90, names=None):
+        """{name: exit code, or None if still running after `timeout` s}."""
+        deadline = time.monotonic() + timeout
+        codes = {}
+        for name, proc in self.procs.items():
+            if names and name not in names:
+                continue
+            try:
+                codes[name] = proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                codes[name] = None
+        return codes
+
+    def wait_for_step(self, name, step, timeout=60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(r.get("step", 0) >= step for r in self.metrics(name)):
+                return
+            if self.procs[name].poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"{name} did not reach step {step}:\n{self.stderr(name)}")
+
+    def signal(self, name, sig):
+        self.procs[name].send_signal(sig)
+
+    def kill_all(self):
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def jobs(tmp_path):
+    made = []
+
+    def make(name="job"):
+        made.append(Job(tmp_path / name))
+        return made[-1]
+    yield make
+    for job in made:
+        job.kill_all()
+
+
+def start_ps_job(job, data, pservers=1, trainers=2, sgd="sync", host="127.0.0.1", port=None,
+                 trainer_flags=(), pserver_flags=(), timeout=60):
+    """P pservers (all on `host`, one port for the job) and T trainers, configured through the
+    environment as fabtrain does; flags add to it."""
+    env = clean_env(PADDLE_INIT_PORT=port or free_port(), PADDLE_INIT_PSERVERS=",".join([host] * pservers),
+                    PADDLE_INIT_NUM_GRADIENT_SERVERS=trainers, PADDLE_INIT_PORTS_NUM_FOR_SPARSE=1,
+                    FABTRAIN_SGD=sgd, FABTRAIN_DATA_DIR=data, FABTRAIN_PG_TIMEOUT=timeout)
+    for p in range(pservers):
+        job.start(f"pserver-{p}", ["-m", "workload.pserver", *pserver_flags],
+                  {**env, "FABTRAIN_RANK": str(p), "FABTRAIN_METRICS": str(job.metrics_path(f"pserver-{p}"))})
+    for t in range(trainers):
+        job.start(f"trainer-{t}", ["-m", "workload.trainer", *trainer_flags],
+                  {**env, "PADDLE_INIT_TRAINER_ID": str(t),
+                   "FABTRAIN_METRICS": str(job.metrics_path(f"trainer-{t}"))})
+    return job
+
+
+def assert_all_exit(job, code=0, timeout=90):
+    codes = job.wait(timeout)
+    details = "\n".join(f"--- {n}: {c}\n{job.stderr(n)[-2000:]}" for n, c in codes.items() if c != code)
+    assert all(c == code for c in codes.values()), details
+
+
+# -- sync SGD ------------------------------------------------------------------------------
+
+def reference_run(data, flags, trainers, steps):
+    """One process, the same optimiser, each step on the trainers' batches concatenated."""
+    args = parse_trainer_args(["--data", str(data), *flags])
+    word_dict = load_word_dict(data)
+    model = build_model(args, vocab_size(word_dict))
+    optimizer = ModuleOptimizer(make_optimizer(optimizer_config(args)), model.parameters())
+    streams = [BatchStream(load_examples(model, shards_for(list_shards(data, "train"), t, trainers), word_dict),
+                           args.batch_size, args.seed, t) for t in range(trainers)]
+    assert all(s.per_epoch > steps for s in streams), "every batch must be full for equal averaging"
+    for step in range(steps):
+        parts = [model.make_batch(s.rows(step), s.generator(step)) for s in streams]
+        batch = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        optimizer.zero_grad()
+        model(batch).mean().backward()
+        optimizer.step()
+    return model
+
+
+def parameters_from_pservers(ckpt_dir, pservers):
+    """The whole model put back together from the pservers' final checkpoints."""
+    states = [checkpoint.load(checkpoint.pserver_path(ckpt_dir, p, checkpoint.pserver_versions(ckpt_dir, p)[-1]))
+              for p in range(pservers)]
+    layout = Layout.from_json(states[0]["config"]["layout"])
+    dense = layout.join_dense([s["dense"] for s in states], torch.empty(layout.dense_numel))
+    tables = {}
+    for spec in layout.tables:
+        tables[spec.name] = torch.empty(spec.num_rows, spec.dim)
+        for p, s in enumerate(states):
+            tables[spec.name][p::pservers] = s["tables"][spec.name]
+    return dense, tables, states
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("model_flags, pservers", [
+    (["--model", "ngram", "--ports_num", "2"], 2),                            # sparse + dense, AdaGrad
+    (["--model", "word2vec", "--w2v_mode", "cbow", "--optimizer", "sgd"], 1),  # two sparse tables, SGD
+])
+def test_sync_sgd_equals_one_process_on_the_concatenated_batches(jobs, corpus, tmp_path, model_flags, pservers):
+    steps = 6
+    flags = [*model_flags, "--batch_size", "16", "--steps", str(steps), "--log_every", "1"]
+    job = start_ps_job(jobs(), corpus, pservers=pservers, trainers=2, trainer_flags=flags,
+                       pserver_flags=["--checkpoint_dir", str(tmp_path / "ck"), "--ports_num",
+                                      "2" if "--ports_num" in flags else "1"])
+    assert_all_exit(job, 0)                       # trainers done -> pservers exit 0 too
+
+    dense, tables, states = parameters_from_pservers(tmp_path / "ck", pservers)
+    assert all(s["version"] == steps and s["trainer_steps"] == [steps, steps] for s in states)
+    reference = reference_run(corpus, flags, trainers=2, steps=steps)
+    for name, table in tables.items():
+        expected = getattr(reference, name).weight.detach()
+        assert torch.allclose(table, expected, atol=1e-6, rtol=1e-4), name
+        assert not torch.allclose(table, build_model(reference_args(corpus, flags), table.shape[0])
+                                  .get_submodule(name).weight.detach())      # training did move it
+    ref_dense = [p for n, p in reference.named_parameters() if not n.startswith(tuple(tables))]
+    if ref_dense:
+        assert torch.allclose(dense, torch.cat([p.detach().flatten() for p in ref_dense]), atol=1e-6, rtol=1e-4)
+
+    records = job.metrics("trainer-0")
+    assert [r["step"] for r in records if "eval_loss" not in r] == list(range(1, steps + 1))
+    assert {"ts", "role", "rank", "step", "epoch", "loss", "samples_per_s", "lr"} <= set(records[0])
+    assert records[-1]["eval_loss"] > 0 and records[-1]["eval_samples"] > 0
+
+
+def reference_args(corpus, flags):
+    return parse_trainer_args(["--data", str(corpus), *flags])
+
+
+# -- async SGD ------------------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+def test_async_sgd_discards_gradients_older_than_the_bound_and_counts_them(jobs, corpus):
+    # A ratio of 0 tolerates no lag at all: whenever the other trainer updated in between, drop.
+    job = start_ps_job(jobs(), corpus, trainers=2, sgd="async",
+                       trainer_flags=["--model", "word2vec", "--batch_size", "8", "--steps", "60", "--log_every", "1"],
+                       pserver_flags=["--async_lagged_grad_discard_ratio", "0"])
+    assert_all_exit(job, 0)
+    pserver = job.metrics("pserver-0")[-1]
+    trainers = [job.metrics(f"trainer-{t}") for t in range(2)]
+    discarded = [[r for r in m if "eval_loss" not in r][-1]["discarded_gradients"] for m in trainers]
+    assert pserver["discarded_gradients"] == sum(discarded) > 0
+    # every gradient was either applied (one update each) or discarded
+    assert pserver["updates"] + pserver["discarded_gradients"] == 2 * 60
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+
+@pytest.mark.timeout(150)
+def test_interrupted_job_resumes_with_the_same_loss_curve(jobs, corpus, tmp_path):
+    flags = ["--model", "word2vec", "--batch_size", "16", "--steps", "40", "--log_every", "1"]
+    ps_flags = ["--checkpoint_every", "10"]
+
+    def losses(job):
+        return {r["step"]: r["loss"] for r in job.metrics("trainer-0") if "eval_loss" not in r}
+
+    whole = start_ps_job(jobs("whole"), corpus, trainer_flags=flags,
+                         pserver_flags=[*ps_flags, "--checkpoint_dir", str(tmp_path / "ck-whole")])
+    assert_all_exit(whole, 0)
+
+    # Slow the trainers down so that the SIGTERM lands mid-run.
+    first = start_ps_job(jobs("first"), corpus, trainer_flags=flags,
+                         pserver_flags=[*ps_flags, "--checkpoint_dir", str(tmp_path / "ck")])
+    first.wait_for_step("trainer-0", 13)
+    first.signal("pserver-0", signal.SIGTERM)       # fab kill-all: SIGTERM to every process
+    first.signal("trainer-0", signal.SIGTERM)
+    first.signal("trainer-1", signal.SIGTERM)
+    codes = first.wait(30)
+    assert codes["pserver-0"] == 143, first.stderr("pserver-0")
+    saved = checkpoint.pserver_versions(tmp_path / "ck", 0)[-1]
+    assert 13 <= saved < 40                           # saved on SIGTERM, not only every 10 updates
+
+    second = start_ps_job(jobs("second"), corpus, trainer_flags=flags,
+                          pserver_flags=[*ps_flags, "--checkpoint_dir", str(tmp_path / "ck")])
+    assert_all_exit(second, 0)
+    resumed = losses(second)
+    assert min(resumed) == saved + 1 and max(resumed) == 40
+    expected = losses(whole)
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(expected[step], rel=1e-4, abs=1e-5), step
+
+
+# -- failures -----------------------------------------------------------------------------------
+
+LONG_RUN = ["--model", "word2vec", "--batch_size", "8", "--num_passes", "10000", "--log_every", "1"]
+
+
+@pytest.mark.timeout(90)
+def test_killed_trainer_fails_the_job_quickly_and_is_named(jobs, corpus):
+    job = start_ps_job(jobs(), corpus, trainers=2, trainer_flags=LONG_RUN, timeout=60)
+    job.wait_for_step("trainer-1", 5)
+    killed_at = time.monotonic()
+    job.signal("trainer-1", signal.SIGKILL)
+    codes = job.wait(20)
+    took = time.monotonic() - killed_at
+    assert codes["pserver-0"] not in (0, None) and codes["trainer-0"] not in (0, None), codes
+    assert took < 15                              # the peer's socket closed: far sooner than the 60 s timeout
+    assert "lost trainer 1" in job.stderr("pserver-0")
+    assert "lost trainer 1" in job.stderr("trainer-0")    # told by the pserver, which it was waiting on
+    assert "Traceback" not in job.stderr("pserver-0") + job.stderr("trainer-0")
+
+
+@pytest.mark.timeout(90)
+def test_killed_pserver_fails_the_job_quickly_and_is_named(jobs, corpus):
+    job = start_ps_job(jobs(), corpus, pservers=2, trainers=2, host="127.0.0.1", trainer_flags=LONG_RUN)
+    job.wait_for_step("trainer-0", 5)
+    killed_at = time.monotonic()
+    job.signal("pserver-1", signal.SIGKILL)
+    codes = job.wait(20)
+    assert time.monotonic() - killed_at < 15
+    for name in ("pserver-0", "trainer-0", "trainer-1"):
+        assert codes[name] not in (0, None), (name, codes)
+        assert "lost pserver 1" in job.stderr(name), (name, job.stderr(name))
+
+
+@pytest.mark.timeout(90)
+def test_hung_trainer_fails_the_job_within_the_job_timeout(jobs, corpus):
+    job = start_ps_job(jobs(), corpus, trainers=2, trainer_flags=LONG_RUN, timeout=4)
+    job.wait_for_step("trainer-1", 5)
+    stopped_at = time.monotonic()
+    job.signal("trainer-1", signal.SIGSTOP)       # alive, silent: only the timeout can tell
+    try:
+        codes = job.wait(25, names=["pserver-0", "trainer-0"])
+        took = time.monotonic() - stopped_at
+        assert codes["pserver-0"] not in (0, None) and codes["trainer-0"] not in (0, None), codes
+        assert 3 < took < 20
+        assert "lost trainer 1: no message within 3.6 s" in job.stderr("pserver-0")
+        assert "lost trainer 1" in job.stderr("trainer-0")
+    finally:
+        job.signal("trainer-1", signal.SIGCONT)
+
+
+# -- collective mode ---------------------------------------------------------------------------------
+
+def start_ddp_job(job, data, world, flags, port):
+    for rank in range(world):
+        name = f"rank-{rank}"
+        env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=rank, WORLD_SIZE=world, LOCAL_RANK=rank,
+                        FABTRAIN_METRICS=job.metrics_path(name))
+        job.start(name, ["-m", "workload.ddp", "--data", str(data), *flags], env)
+    return job
+
+
+@pytest.mark.timeout(150)
+def test_collective_evaluation_counts_each_test_example_once(jobs, tmp_path):
+    # One test file of 5 sentences, 2 ranks: 3 + 2 examples. DistributedSampler would pad to 6.
+    data = tmp_path / "uneven"
+    write_sample_corpus(data, vocab=60, train_shards=2, test_shards=1, sentences=20, test_sentences=[5])
+    flags = ["--model", "mlp", "--batch_size", "4", "--num_passes", "2", "--eval_batch_size", "2", "--log_every", "1"]
+    ddp = start_ddp_job(jobs("ddp"), data, 2, [*flags, "--checkpoint_dir", str(tmp_path / "ck")], free_port())
+    assert_all_exit(ddp, 0)
+    fsdp = start_ddp_job(jobs("fsdp"), data, 2, [*flags, "--fsdp"], free_port())
+    assert_all_exit(fsdp, 0)
+
+    evals = [r for r in ddp.metrics("rank-0") if "eval_loss" in r]
+    assert [r["eval_samples"] for r in evals] == [5, 5]
+    # The reported loss is the mean over the 5 examples of the final model, computed here in one process.
+    args = parse_ddp_args(["--data", str(data), *flags])
+    model = build_model(args, vocab_size(load_word_dict(data)))
+    model.load_state_dict(checkpoint.load(tmp_path / "ck" / "ddp-snapshot.pt")["model"])
+    test, _ = collective_sources(data, "test", 0, 1)
+    examples = load_examples(model, test, load_word_dict(data))
+    assert len(examples) == 5
+    with torch.no_grad():
+        expected = sum(model(model.make_batch(examples[i:i + 2], torch.Generator().manual_seed(
+            derive_seed(args.seed, 9, i // 2)))).sum().item() for i in range(0, 5, 2)) / 5
+    assert evals[-1]["eval_loss"] == pytest.approx(expected, rel=1e-5)
+    # FSDP shards the parameters yet computes the same thing.
+    fsdp_evals = [r for r in fsdp.metrics("rank-1") if "eval_loss" in r]
+    assert fsdp_evals[-1]["eval_samples"] == 5
+    assert fsdp_evals[-1]["eval_loss"] == pytest.approx(evals[-1]["eval_loss"], rel=1e-4)
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_starts_the_collective_job_with_sparse_embeddings(jobs, corpus, tmp_path):
+    job = jobs()
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    out = subprocess.run([torchrun, "--nnodes", "1", "--node-rank", "0", "--nproc-per-node", "2",
+                          "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                          "-m", "workload.ddp", "--data", str(corpus), "--model", "word2vec", "--sparse_embedding",
+                          "--steps", "12", "--log_every", "1"],
+                         cwd=REPO, env=clean_env(FABTRAIN_METRICS=tmp_path / "m.jsonl"), capture_output=True,
+                         text=True, timeout=100)
+    assert out.returncode == 0, out.stderr[-3000:]
+    records = read_metrics(tmp_path / "m.jsonl")       # both ranks append to the one file
+    assert {r["rank"] for r in records} == {0, 1}
+    assert max(r["step"] for r in records) == 12
+    assert "DDP, sparse embedding gradients" in out.stdout
+    del job
