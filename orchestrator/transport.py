@@ -158,7 +158,12 @@ class SSHTransport(Transport):
             connect_kwargs["key_filename"] = [str(Path(ssh.key).expanduser())]
         self.context = fabric.Connection(node.host, user=ssh.user, port=ssh.port, config=config,
                                          connect_timeout=ssh.connect_timeout, connect_kwargs=connect_kwargs)
-        hostkeys.apply_policy(self.context.client, ssh.known_hosts, ssh.host_key_policy)
+        # ProxyJump hops from ~/.ssh/config become gateway Connections, each
+        # with Fabric's accept-anything policy: check every hop's key too.
+        hop = self.context
+        while isinstance(hop, fabric.Connection):
+            hostkeys.apply_policy(hop.client, ssh.known_hosts, ssh.host_key_policy)
+            hop = hop.gateway
 
     def open(self) -> None:
         try:
@@ -170,6 +175,11 @@ class SSHTransport(Transport):
         """The OpenSSH client command with the same settings (for rsync -e)."""
         ssh = self.node.ssh
         cmd = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(ssh.connect_timeout))}"]
+        # The ssh config file Fabric read (OpenSSH would look in the passwd
+        # entry's home, not $HOME): aliases, ProxyJump and keys agree.
+        ssh_config = Path(self.context.config.get("ssh_config_path") or "~/.ssh/config").expanduser()
+        if ssh_config.is_file():
+            cmd += ["-F", str(ssh_config)]
         cmd += hostkeys.openssh_options(ssh.known_hosts, ssh.host_key_policy)
         if ssh.port:
             cmd += ["-p", str(ssh.port)]
