@@ -66,6 +66,13 @@ def make_corpus(path: str, size: int, seed: int = 7) -> int:
     return written
 
 
+def _load() -> str:
+    try:
+        return " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "unknown"
+
+
 def timed(cmd, cwd) -> float:
     t = time.perf_counter()
     r = subprocess.run(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -91,6 +98,7 @@ def main(argv=None) -> int:
         corpus = os.path.join(work, "corpus.txt")
         t = time.perf_counter()
         size = make_corpus(corpus, args.size_mb << 20)
+        print(f"load average before: {_load()}")
         print(f"corpus: {size / 1048576:.0f} MiB, "
               f"{sum(1 for _ in open(corpus, 'rb')) if size < (64 << 20) else 'many'} lines, "
               f"made in {time.perf_counter() - t:.1f}s; N={args.n}, best of {args.repeat}; {version}; "
@@ -129,6 +137,7 @@ def main(argv=None) -> int:
                   f"{b['prepare']:>10.2f}s {ratio:>7.2f} {target:>7.2f}  "
                   f"{'met' if good else 'MISSED'}")
         print("\nratio = prepare.py / GNU split (lower is better); split+sync is for reference")
+        print(f"load average at the end: {_load()} (other work on the machine slows both tools)")
         return 0 if ok else 1
     finally:
         shutil.rmtree(work, ignore_errors=True)
