@@ -948,7 +948,8 @@ class Agent:
             if co.superseded:
                 return True
             if self.status["status"] not in FINAL:
-                return False
+                # Nothing final, but every node of the job has spoken and is done (a job with no trainers).
+                return acked and co.all_peers_settled() and set(co.nodes) <= set(co.peers)
             if self.final_since is None:
                 self.final_since = now
             return (acked and co.all_peers_settled()) or now - self.final_since > self.peer_timeout + self.grace + 5
