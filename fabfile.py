@@ -98,17 +98,17 @@ def copy_data(c, bwlimit=None):
     fail_if(failed, "copy-data failed on some nodes")
 
 
-def _start(c, roles, force):
-    result = lifecycle.start(session(c), roles, force=force)
+def _start(c, roles, force, resume_from=None):
+    result = lifecycle.start(session(c), roles, force=force, resume_from=resume_from)
     print(report.start_text(result, roles))
     failed = any(not r.ok or r.value["failed"] for r in result.replies)
     fail_if(failed, f"job {result.job_id}: could not start everything; see `fab status` and `fab logs`")
 
 
 @fabtask
-def start_pserver(c, force=False):
-    """Start the parameter servers of a new job (--force kills a running job first)."""
-    _start(c, ("pserver",), force)
+def start_pserver(c, force=False, resume_from=None):
+    """Start the pservers of a new job (--force kills a running job; --resume-from=JOB resumes its checkpoints)."""
+    _start(c, ("pserver",), force, resume_from)
 
 
 @fabtask

@@ -6,6 +6,7 @@ node where it can) and returns per-node results; printing is `report`'s job.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -165,7 +166,8 @@ class StartResult:
     replies: list[Reply]
 
 
-def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: float = 5.0) -> StartResult:
+def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: float = 5.0,
+          resume_from: str | None = None) -> StartResult:
     cluster = session.cluster
     if cluster.job.mode == "collective" and "pserver" in roles:
         raise UserError(f"{cluster.path}: job.mode is collective: there are no pservers to start; run fab start-trainers")
@@ -177,9 +179,13 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
         if previous.get("roles") != ["pserver"]:
             raise UserError("no job is waiting for trainers: run `fab start-pserver start-trainers` to start a new job")
         job_id = previous["job_id"]
+    if resume_from is None and job_id == previous.get("job_id"):
+        resume_from = previous.get("resume_from")
+    if resume_from is not None and not re.match(r"^[A-Za-z0-9_.-]+$", resume_from):
+        raise UserError(f"--resume-from {resume_from!r}: not a job id (see `fab status` or <workspace>/jobs/)")
     if force:
         kill_all(session, grace=grace)
-    plan = make_plan(cluster, job_id)
+    plan = make_plan(cluster, job_id, resume_from=resume_from)
     targets = [n for n in plan.nodes if any(p.role in roles for p in n.processes)]
 
     def one(t: Transport):
@@ -190,7 +196,7 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
 
     replies = session.map(one, [cluster.node(n.node) for n in targets])
     started_roles = sorted(set(previous.get("roles", [])) | set(roles)) if job_id == previous.get("job_id") else sorted(roles)
-    state.save(cluster.name, job_id=job_id, roles=started_roles, cluster=cluster.path)
+    state.save(cluster.name, job_id=job_id, roles=started_roles, cluster=cluster.path, resume_from=resume_from)
     return StartResult(job_id, plan, replies)
 
 

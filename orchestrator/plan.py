@@ -119,7 +119,7 @@ def is_torchrun(command: str) -> bool:
     return len(argv) >= 3 and argv[1] == "-m" and argv[2] == "torch.distributed.run"
 
 
-def make_plan(cluster: Cluster, job_id: str) -> Plan:
+def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None) -> Plan:
     job = cluster.job
     trainer_nodes = cluster.trainer_nodes
     per_node = job.trainer.per_node
@@ -167,7 +167,7 @@ def make_plan(cluster: Cluster, job_id: str) -> Plan:
                 "PADDLE_TRAINERS_NUM": str(world_size),
                 "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(pserver_endpoints),
             }
-            procs.append(_process(cluster, node, "pserver", prank, job.pserver.command, values, env, job_id))
+            procs.append(_process(cluster, node, "pserver", prank, job.pserver.command, values, env, job_id, resume_from))
 
         if node in trainer_nodes:
             node_rank = trainer_nodes.index(node)
@@ -176,7 +176,7 @@ def make_plan(cluster: Cluster, job_id: str) -> Plan:
                                    "port": job.master_port, "data_dir": _data_dir(cluster)}
                 env = {"NODE_RANK": str(node_rank), "MASTER_ADDR": master.address, "MASTER_PORT": str(job.master_port)}
                 command = _with_torchrun_flags(job.trainer.command)
-                procs.append(_process(cluster, node, "trainer", node_rank, command, values, env, job_id))
+                procs.append(_process(cluster, node, "trainer", node_rank, command, values, env, job_id, resume_from))
             else:
                 for local in range(per_node):
                     rank = node_rank * per_node + local
@@ -184,7 +184,7 @@ def make_plan(cluster: Cluster, job_id: str) -> Plan:
                                        "port": pservers[0][2] if pservers else job.master_port,
                                        "data_dir": _data_dir(cluster)}
                     env = _trainer_env(cluster, node, values, local, pserver_endpoints, paddle_endpoints)
-                    procs.append(_process(cluster, node, "trainer", rank, job.trainer.command, values, env, job_id))
+                    procs.append(_process(cluster, node, "trainer", rank, job.trainer.command, values, env, job_id, resume_from))
         node_plans.append(NodePlan(node=node.name, node_index=index, host=node.host, address=node.address,
                                    workspace=node.workspace, python=node.python, processes=tuple(procs)))
 
@@ -256,7 +256,7 @@ def _trainer_env(cluster, node, v, local_rank, pserver_endpoints, paddle_endpoin
 
 
 def _process(cluster: Cluster, node: Node, role: str, rank: int, command: str, values: dict,
-             role_env: dict[str, str], job_id: str) -> ProcessPlan:
+             role_env: dict[str, str], job_id: str, resume_from: str | None = None) -> ProcessPlan:
     name = f"{role}-{rank}"
     job_dir = f"$WS/jobs/{job_id}"
     paths = {
@@ -274,7 +274,9 @@ def _process(cluster: Cluster, node: Node, role: str, rank: int, command: str, v
         "FABTRAIN_WORKSPACE": "$WS",
         "FABTRAIN_EXIT_FILE": paths["exit"],
         "FABTRAIN_DATA_DIR": values["data_dir"],
-        "FABTRAIN_CHECKPOINT_DIR": f"$WS/checkpoints/{cluster.job.name}",
+        # A new job starts fresh; `start-pserver --resume-from=JOB` points at that job's checkpoints.
+        "FABTRAIN_CHECKPOINT_DIR": f"$WS/jobs/{resume_from or job_id}/checkpoints",
+        "FABTRAIN_SGD": cluster.job.sgd,  # job.sgd: the reference workload's --sgd
         # Python ignores stdbuf: without this a trainer's log lags by 8 KiB.
         "PYTHONUNBUFFERED": "1",
         **role_env,

@@ -48,6 +48,7 @@ def test_every_process_carries_the_job_marker_and_its_paths():
         assert p.env["FABTRAIN_JOB_ID"] == "J1" and p.env["FABTRAIN_NODE"] == node
         assert p.env["FABTRAIN_ROLE"] == p.role and p.env["FABTRAIN_RANK"] == str(p.rank)
         assert p.env["FABTRAIN_WORKSPACE"] == "$WS"
+        assert p.env["FABTRAIN_SGD"] == "sync" and p.env["FABTRAIN_DATA_DIR"] == "$WS/data"
         assert p.log == f"$WS/jobs/J1/logs/{p.name}.log" and p.run == f"$WS/jobs/J1/run/{p.name}.json"
         assert p.env["FABTRAIN_METRICS"] == p.metrics == f"$WS/jobs/J1/metrics/{p.name}.jsonl"
         assert p.launch_argv()[:4] == ["setsid", "nohup", "sh", "-c"] and "stdbuf -oL -eL" in p.launch_argv()[4]
