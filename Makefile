@@ -26,12 +26,33 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-demo: venv
-	@command -v rsync >/dev/null || $(MAKE) system-deps
-	$(PY) -m orchestrator.demo
+DEMO := .fabtrain/demo
+DASHBOARD_PORT ?= 8265
 
+# The whole mission on this machine: sample data, check, deploy, copy each
+# trainer's shard, start the pserver and trainers, and the dashboard.
+demo: venv
+	@command -v rsync >/dev/null || $(MAKE) --no-print-directory system-deps
+	@mkdir -p $(DEMO) && chmod 700 $(DEMO)
+	@$(MAKE) --no-print-directory stop
+	$(FAB) split-data check deploy copy-data start-pserver start-trainers
+	@[ -s $(DEMO)/token ] || $(PY) -c 'import secrets; print(secrets.token_hex(24))' > $(DEMO)/token
+	@FABTRAIN_DASHBOARD_TOKEN=$$(cat $(DEMO)/token) nohup $(FAB) dashboard --port $(DASHBOARD_PORT) \
+	    > $(DEMO)/dashboard.log 2>&1 < /dev/null & echo $$! > $(DEMO)/dashboard.pid
+	@for i in $$(seq 50); do grep -q "http://" $(DEMO)/dashboard.log 2>/dev/null && break; sleep 0.2; done
+	@grep -q "http://" $(DEMO)/dashboard.log || { cat $(DEMO)/dashboard.log; exit 1; }
+	@echo
+	@echo "Training has started: 1 parameter server and 2 trainers on this machine."
+	@echo "  dashboard:  http://127.0.0.1:$(DASHBOARD_PORT)/?token=$$(cat $(DEMO)/token)"
+	@echo "  status:     $(FAB) status"
+	@echo "  logs:       $(FAB) logs --follow"
+	@echo "  progress:   $(FAB) watch"
+	@echo "  stop:       $(FAB) kill-all     (make stop also stops the dashboard)"
+
+# Stop the demo: every job process, then the dashboard.
 stop: venv
 	$(FAB) kill-all
+	@if [ -s $(DEMO)/dashboard.pid ]; then kill $$(cat $(DEMO)/dashboard.pid) 2>/dev/null || true; rm -f $(DEMO)/dashboard.pid; fi
 
 test: venv system-deps
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
