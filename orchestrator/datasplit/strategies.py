@@ -363,7 +363,13 @@ def build_shard(pieces, dst_path: str, name: str, kind: str, shard: int,
         size = os.lseek(fd, 0, os.SEEK_CUR)
         _start_writeback(fd)          # the disk works while we checksum
         wc = _wc_start(dst_path) if size >= WC_MIN else None
-        sha, newlines, last = digest_fd(fd, size, progress, count=wc is None)
+        try:
+            sha, newlines, last = digest_fd(fd, size, progress, count=wc is None)
+        except BaseException:
+            if wc is not None:
+                wc.kill()
+                wc.communicate()
+            raise
         if wc is not None:
             newlines = _wc_finish(wc)
             if newlines is None:      # wc failed: count here
