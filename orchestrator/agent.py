@@ -40,7 +40,7 @@ import time
 import traceback
 
 from . import health
-from .coordination import FINAL, LIVE_STATES, Client, Coordinator
+from .coordination import FINAL, Client, Coordinator
 
 # The launch wrapper (orchestrator/plan.py LAUNCH_PREFIX), used only if the
 # agent's own wrapper cannot be read from /proc to restart the agent the same way.
@@ -178,6 +178,8 @@ class Agent:
         self.coord_lost_reported = False
 
         self.procs: dict[int, health.Proc] = {}
+        self.table = health.ProcTable()
+        self.hot: set[int] = set()  # pids re-read every step: the job's processes and their families
         self.gpu_pids: dict[int, int] = {}
         self.is_done = False
         self.kids: dict[int, list[int]] = {}
@@ -198,6 +200,7 @@ class Agent:
         self.keeper_w: int | None = None
         self.lock_fd: int | None = None
         self.write_exit_file = False  # no wrapper of ours writes run/agent.exit
+        self.wrapper: int | None = None
         self.coordinator: Coordinator | None = None
         self.client: Client | None = None
         self.msgs: list[dict] = []
@@ -281,6 +284,7 @@ class Agent:
                 time.sleep(0.05)
                 record = read_json(path)
         if record and wrapper and record.get("pid") == wrapper:
+            self.wrapper = wrapper
             return  # started by node_ops: all in order
         previous = record.get("pid") if record else None
         if previous and previous not in (wrapper, self.pid):
@@ -297,13 +301,7 @@ class Agent:
             os.unlink(exit_path)
         except OSError:
             pass
-        me = wrapper or self.pid
-        proc = health.read_proc(me)
-        atomic_write(path, json.dumps({
-            "name": "agent", "role": "agent", "rank": self.job.get("node_index", 0), "pid": me,
-            "pgid": os.getpgid(me), "create_time": proc.create_time if proc else time.time(),
-            "argv": [sys.executable, "-m", "orchestrator.agent", self.jd], "started_at": time.time()}))
-        self.write_exit_file = wrapper is None
+        self._write_record(wrapper)
         if record is not None:
             how = ("exit code %s" % old_exit) if old_exit else "gone without an exit code"
             if old_exit and old_exit.isdigit() and int(old_exit) > 128:
@@ -311,13 +309,25 @@ class Agent:
             self.event("agent_restarted", reason="the previous agent (group %s) died (%s); this one (pid %d) took over"
                        % (previous, how, self.pid))
 
+    def _write_record(self, wrapper: int | None) -> None:
+        """run/agent.json: the wrapper that will write agent.exit, or the agent itself if it has none."""
+        self.wrapper = wrapper
+        me = wrapper or self.pid
+        proc = health.read_proc(me)
+        atomic_write(os.path.join(self.jd, "run", "agent.json"), json.dumps({
+            "name": "agent", "role": "agent", "rank": self.job.get("node_index", 0), "pid": me,
+            "pgid": os.getpgid(me), "create_time": proc.create_time if proc else time.time(),
+            "argv": [sys.executable, "-m", "orchestrator.agent", self.jd], "started_at": time.time()}))
+        self.write_exit_file = wrapper is None
+
     def _restart_argv(self) -> list[str]:
         argv = health.cmdline(os.getppid())
         if len(argv) > 4 and argv[3] == "fabtrain-run":
             prefix = argv[:4]  # sh -c <wrapper> fabtrain-run
         else:
             prefix = ["sh", "-c", _WRAPPER, "fabtrain-run"]
-        return ["setsid", "nohup", *prefix, sys.executable, "-m", "orchestrator.agent", self.jd, "--restarted"]
+        # The keeper is a session leader already (start_new_session): the wrapper it execs is one too.
+        return ["nohup", *prefix, sys.executable, "-m", "orchestrator.agent", self.jd, "--restarted"]
 
     def _start_keeper(self) -> None:
         restarts = int(os.environ.get("FABTRAIN_AGENT_RESTARTS", "0") or 0)
@@ -353,6 +363,13 @@ class Agent:
             self.keeper = None
 
     def _check_keeper(self) -> None:
+        if self.wrapper is not None and os.getppid() != self.wrapper:
+            # Someone killed our wrapper (the pid in run/agent.json): name ourselves there instead.
+            gone = self.wrapper
+            self._write_record(None)
+            self.write_exit_file = True
+            self.event("agent_wrapper_lost", "the agent's wrapper (pid %d) is gone; run/agent.json now names the "
+                       "agent itself (pid %d)" % (gone, self.pid))
         if self.keeper is not None and self.keeper.poll() is not None:
             self.keeper = None
             if self.keeper_w is not None:
@@ -429,20 +446,21 @@ class Agent:
                        len(self.tracked), self.job_id, self.interval, self.hang_timeout, self.on_failure,
                        self.coord_host, self.coord_port, " (hosted here)" if self.is_coordinator else ""))
         next_tick = 0.0
+        needed = True
         while True:
             now = time.monotonic()
-            if now >= next_tick:
-                tick = True
+            tick = now >= next_tick
+            if tick:
                 next_tick = now + self.interval
-            else:
-                tick = False
-            self.step(tick)
+            if tick or needed:
+                self.step(tick)
             if self.stop_signal is not None:
                 return self.stop(signame(self.stop_signal))
             if self.should_exit():
                 return self.finish()
-            timeout = max(0.0, min(next_tick, self.next_deadline()) - time.monotonic())
-            for key, _ in self.sel.select(timeout):
+            deadline = min(next_tick, self.next_deadline())
+            needed = False
+            for key, _ in self.sel.select(max(0.0, deadline - time.monotonic())):
                 kind, t, pid = key.data
                 if kind == "wake":
                     try:
@@ -452,6 +470,10 @@ class Agent:
                         pass
                 else:  # a pidfd: that process has ended
                     self._close_pidfd(t, pid)
+                    needed = True
+            # A reply to a beat changes nothing; a new job status, a signal or a deadline does.
+            needed = needed or self._handle_messages() or self.stop_signal is not None or \
+                time.monotonic() >= deadline - 0.001
 
     def next_deadline(self) -> float:
         """The soonest moment something must be checked between ticks (grace ends, hang deadlines)."""
@@ -469,7 +491,7 @@ class Agent:
 
     def step(self, tick: bool) -> None:
         self._handle_messages()
-        self.procs = health.scan()
+        self.procs, _ = self.table.refresh(self.hot)
         self.kids = health.children_map(self.procs)
         if tick and self.gpus.nvml is not None:
             self.gpu_pids = self.gpus.pids()
@@ -488,6 +510,22 @@ class Agent:
             self._check_coordinator_contact()
             self.write_health(now)
         self._beat(urgent=not tick)
+        self._update_hot()
+
+    def _update_hot(self) -> None:
+        hot = {self.pid}
+        for t in self.tracked:
+            if t.wrapper:
+                hot.add(t.wrapper)
+                hot.update(health.descendants(t.wrapper, self.kids))
+            hot.update(t.members)
+            hot.update(t.tree)
+        hot.update(self.orphans)
+        marked = [key[0] for key, m in self.env_cache.items() if m is not None]
+        hot.update(marked)
+        for pid in marked:
+            hot.update(health.descendants(pid, self.kids))
+        self.hot = hot
 
     # -- process states ---------------------------------------------------------------------------
 
@@ -765,9 +803,11 @@ class Agent:
         self.status = {"status": "failed", "reason": reason, "node": self.node}
         self.event("job_failed", reason, None, origin=self.node, on_failure=self.on_failure)
 
-    def _handle_messages(self) -> None:
+    def _handle_messages(self) -> bool:
+        """Take in the coordinator's lines; True if the job's status changed."""
         with self.msgs_lock:
             msgs, self.msgs = self.msgs, []
+        before = self.status["status"]
         for msg in msgs:
             if msg.get("op") != "status" or msg.get("job_id") != self.job_id:
                 continue
@@ -778,6 +818,7 @@ class Agent:
                 if st == "failed":
                     self.event("job_failed", msg.get("reason") or "failed", None, origin=msg.get("node"),
                                on_failure=self.on_failure)
+        return self.status["status"] != before
 
     def _check_coordinator_contact(self) -> None:
         """Losing the coordinator for peer_timeout, after having reached it, fails the job here."""
@@ -960,7 +1001,7 @@ class Agent:
 
     def finish(self) -> int:
         now = time.time()
-        self.procs = health.scan()
+        self.procs, _ = self.table.refresh(self.hot)
         self.write_health(now)
         st = self.status["status"]
         self.event("agent_exit", "nothing of job %s is left on this node (job %s)" % (self.job_id, st), None)

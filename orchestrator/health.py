@@ -73,6 +73,41 @@ def scan() -> dict[int, Proc]:
     return procs
 
 
+class ProcTable:
+    """/proc, read cheaply once a second.
+
+    Reading every /proc/<pid>/stat costs ~20 µs a process, every tick, on a
+    busy machine most of the agent's CPU. Instead: list /proc (new pids are
+    read once, gone ones dropped) and re-read only the `hot` pids the agent
+    cares about (its job's processes and their families); the others keep the
+    ppid/pgid they were born with, which is all the agent asks of them (a
+    process can join a job's process group or family only by being forked
+    into it: then it is new). Every `full_every` refreshes, everything is
+    re-read, in case a pid was reused between two listings.
+    """
+
+    def __init__(self, full_every: int = 10):
+        self.procs: dict[int, Proc] = {}
+        self.full_every = full_every
+        self.count = 0
+
+    def refresh(self, hot=()) -> tuple[dict[int, Proc], set[int]]:
+        """(every process by pid, the pids read for the first time)."""
+        full = self.count % self.full_every == 0
+        self.count += 1
+        now = {int(n) for n in os.listdir("/proc") if n.isdigit()}
+        for pid in [p for p in self.procs if p not in now]:
+            del self.procs[pid]
+        new = now - self.procs.keys()
+        for pid in (now if full else new | (set(hot) & now)):
+            p = read_proc(pid)
+            if p is None:
+                self.procs.pop(pid, None)
+            else:
+                self.procs[pid] = p
+        return self.procs, new
+
+
 def environ(pid: int) -> dict[bytes, bytes]:
     try:
         with open("/proc/%d/environ" % pid, "rb") as f:

@@ -135,6 +135,7 @@ def status_text(replies: list[Reply]) -> tuple[str, bool]:
         if not v["job_id"]:
             rows.append([r.node, "-", "no job", "", "", "", ""])
             continue
+        now = v.get("time") or time.time()  # the node's clock: health.json's times are the node's
         h = _agent_view(v)
         seen = {p.get("name"): p for p in h.get("processes") or []}
         job = h.get("job") or {}

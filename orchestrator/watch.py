@@ -77,7 +77,10 @@ def outcome(col: Collector) -> tuple[str, bool, str]:
     return state, ended, why
 
 
-def frame(col: Collector, now: float, began: float) -> list[str]:
+def frame(col: Collector, now: float, began: float, fresh: dict | None = None) -> list[str]:
+    """The redrawn part. `fresh` maps node -> (health ts, controller time it first changed to that):
+    snapshot ages are measured on the controller's clock, so node clock skew does not matter."""
+    fresh = {} if fresh is None else fresh
     state, _, why = outcome(col)
     with col.lock:
         views = list(col.nodes.values())
@@ -97,8 +100,12 @@ def frame(col: Collector, now: float, began: float) -> list[str]:
         load = (host.get("load") or ["-"])[0]
         agent_state = next((p["state"] for p in v.processes if p.get("name") == "agent"), None)
         if h:
-            stale = now - (h.get("ts") or 0) > 3 * (h.get("interval") or 1) + 2 and agent_state == "running"
-            agent = f"{'STALE ' if stale else ''}{_age(h.get('ts'), now)}"
+            ts = h.get("ts")
+            if fresh.get(v.name, (None,))[0] != ts:
+                fresh[v.name] = (ts, now)
+            changed = fresh[v.name][1]
+            stale = now - changed > 3 * (h.get("interval") or 1) + 2 and agent_state == "running"
+            agent = f"{'STALE ' if stale else ''}{_age(changed, now)}"
         else:
             agent = agent_state or "-"
         by_name = {p.get("name"): p for p in (h.get("processes") or [])}
@@ -142,6 +149,7 @@ def watch(session: Session, interval: float = 1.0, timeout: float | None = None,
     col = Collector(session, job_id=job_id)
     began = time.time()
     seen: set = set()
+    fresh: dict = {}
     drawn = 0
     last_plain = ("", 0.0)
     while True:
@@ -157,7 +165,7 @@ def watch(session: Session, interval: float = 1.0, timeout: float | None = None,
                 seen.add(key)
                 new.append(ev)
         state, ended, why = outcome(col)
-        lines = frame(col, now, began)
+        lines = frame(col, now, began, fresh)
         if tty:
             buf = f"\x1b[{drawn}F\x1b[J" if drawn else ""
             buf += "".join(event_line(e) + "\n" for e in new)

@@ -6,11 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
