@@ -327,3 +327,66 @@ def test_the_agent_exits_at_once_for_an_empty_or_ended_job(tmp_path):
     kinds = [json.loads(x)["kind"] for x in (jd / "events.jsonl").read_text().splitlines()]
     assert kinds[0] == "agent_started" and kinds[-1] == "agent_exit"
     assert json.loads((jd / "health.json").read_text())["processes"] == []
+
+
+def test_gpus_through_nvml_when_a_driver_is_present(monkeypatch):
+    """No GPU on the test machines: a stand-in pynvml, as nvidia-ml-py shapes its answers."""
+    import types
+    fake = types.ModuleType("pynvml")
+    fake.NVML_TEMPERATURE_GPU = 0
+    fake.nvmlInit = lambda: None
+    fake.nvmlDeviceGetCount = lambda: 2
+    fake.nvmlDeviceGetHandleByIndex = lambda i: i
+    fake.nvmlDeviceGetName = lambda h: b"NVIDIA H100" if h == 0 else "NVIDIA H100"
+    fake.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=37 + h, memory=10)
+    fake.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=1 << 30, total=80 << 30, free=79 << 30)
+    fake.nvmlDeviceGetTemperature = lambda h, kind: 61
+    fake.nvmlDeviceGetPowerUsage = lambda h: 210500
+
+    def procs(h):
+        if h == 1:
+            raise RuntimeError("NVMLError_NotSupported")
+        return [types.SimpleNamespace(pid=4242, usedGpuMemory=512 << 20)]
+    fake.nvmlDeviceGetComputeRunningProcesses = procs
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    real_exists = os.path.exists
+    monkeypatch.setattr(os.path, "exists", lambda p: p == "/proc/driver/nvidia/version" or real_exists(p))
+    g = health.GpuSampler()
+    assert g.error is None
+    gpus = g.sample()
+    assert gpus == [{"index": 0, "name": "NVIDIA H100", "util": 37, "mem_used": 1 << 30, "mem_total": 80 << 30,
+                     "temp": 61, "power_w": 210.5},
+                    {"index": 1, "name": "NVIDIA H100", "util": 38, "mem_used": 1 << 30, "mem_total": 80 << 30,
+                     "temp": 61, "power_w": 210.5}]
+    assert g.pids() == {4242: 512 << 20}
+    fake.nvmlInit = lambda: (_ for _ in ()).throw(RuntimeError("Driver/library version mismatch"))
+    g = health.GpuSampler()
+    assert g.sample() == [] and "mismatch" in g.error
+
+
+def test_watch_redraws_in_place_on_a_terminal(local_job):
+    import io
+
+    from orchestrator.session import Session
+    from orchestrator.cluster import load_cluster
+    from orchestrator.watch import EXIT_FINISHED, EXIT_TIMEOUT, watch
+
+    port = free_port(["127.0.0.1"])
+    job = local_job([("n0", ["pserver"]), ("n1", ["trainer"])], pserver={"port": 7530, "command": FAKE},
+                    trainer={"command": f"{FAKE} --steps 25 --period 0.1"},
+                    watchdog={"interval": 0.5, "hang_timeout": 30, "port": port})
+    job.fab("deploy", "start-pserver", "start-trainers", check=True)
+    session = Session(load_cluster(str(job.path)))
+    try:
+        out = io.StringIO()
+        assert watch(session, interval=0.5, timeout=1.2, out=out, tty=True) == EXIT_TIMEOUT
+        text = out.getvalue()
+        assert "\x1b[" in text and "F\x1b[J" in text  # cursor up + clear: redrawn in place
+        assert "trainer-0" in text and "n1" in text and "agent_started" in text
+        out = io.StringIO()
+        assert watch(session, interval=0.5, timeout=30, out=out, tty=False) == EXIT_FINISHED
+        text = out.getvalue()
+        assert "\x1b[" not in text
+        assert text.splitlines()[-1].endswith("finished (every trainer exited with code 0)")
+    finally:
+        session.close()
