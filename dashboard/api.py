@@ -5,6 +5,7 @@ thread never changes a view half-way through a response.
 """
 from __future__ import annotations
 
+import json
 import math
 import signal
 import threading
@@ -233,6 +234,10 @@ class MetricsCursor:
     next reply holds only the points appended since, or the whole series
     where it was reset. The last `keep` snapshots are remembered (shared by
     all browser tabs); an unknown or expired cursor gets a full reply.
+
+    The reply is built as JSON text. Each series' points are formatted once
+    and kept (`cache`), so a full reply (a page load) costs a join, not the
+    formatting of every point of every series again.
     """
 
     def __init__(self, nonce: str, keep: int = 256):
@@ -240,47 +245,80 @@ class MetricsCursor:
         self.keep = keep
         self.lock = threading.Lock()
         self.snapshots: OrderedDict[str, dict] = OrderedDict()
+        self.cache: dict[tuple, list] = {}  # key -> [series, stride, n, x text, y text]
         self.counter = 0
 
     def export(self, collector, since: str | None = None) -> dict:
-        with self.lock:
+        return json.loads(self.export_json(collector, since))
+
+    def export_json(self, collector, since: str | None = None) -> str:
+        with self.lock:  # one export at a time: the cache is shared
             base = self.snapshots.get(since) if since else None
-        snap: dict[tuple, tuple] = {}
-        trainers: dict[str, dict] = {}
-        nodes: dict[str, dict] = {}
-        with collector.lock:
-            groups = [("t", collector.series, trainers, False), ("n", collector.node_series, nodes, True)]
-            for kind, table, out, is_time in groups:
-                for (owner, metric), s in list(table.items()):
-                    key = (kind, owner, metric)
-                    n = len(s.points)
-                    snap[key] = (id(s), s.stride, n, s.last)
-                    old = base.get(key) if base is not None else None
-                    reset = not (old and old[0] == id(s) and old[1] == s.stride and old[2] <= n)
-                    if not reset and old[2] == n and old[3] == s.last:
-                        continue  # nothing new in this series
-                    points = s.points if reset else s.points[old[2]:]
-                    last = s.last if s.last is not None and (not s.points or s.points[-1] != s.last) else None
-                    out.setdefault(owner, {})[metric] = _series_json(points, last, reset, s.stride, is_time)
-        with self.lock:
+            snap: dict[tuple, tuple] = {}
+            out: dict[str, dict[str, list[str]]] = {"t": {}, "n": {}}
+            with collector.lock:
+                if base is not None:
+                    now_keys = {("t", *k) for k in collector.series} | {("n", *k) for k in collector.node_series}
+                    if any(k not in now_keys for k in base):
+                        base = None  # a series went away (a new job): a full reply, the page starts over
+                for kind, table, is_time in (("t", collector.series, False), ("n", collector.node_series, True)):
+                    for (owner, metric), s in list(table.items()):
+                        key = (kind, owner, metric)
+                        n = len(s.points)
+                        snap[key] = (s, s.stride, n, s.last)
+                        old = base.get(key) if base is not None else None
+                        reset = not (old and old[0] is s and old[1] == s.stride and old[2] <= n)
+                        if not reset and old[2] == n and old[3] == s.last:
+                            continue  # nothing new in this series
+                        if reset:
+                            xt, yt = self._full_text(key, s, n, is_time)
+                        else:
+                            xt, yt = _points_text(s.points[old[2]:n], is_time)
+                        last = s.last if s.last is not None and (not s.points or s.points[-1] != s.last) else None
+                        lt = "null" if last is None else "[%s]" % ",".join(_points_text([last], is_time))
+                        out[kind].setdefault(owner, []).append(
+                            '%s:{"reset":%s,"stride":%d,"x":[%s],"y":[%s],"last":%s}'
+                            % (json.dumps(metric), "true" if reset else "false", s.stride, xt, yt, lt))
+            for key in [k for k in self.cache if k not in snap]:
+                del self.cache[key]  # a series that went away (a new job)
             self.counter += 1
             cursor = f"{self.nonce}-{self.counter}"
             self.snapshots[cursor] = snap
             while len(self.snapshots) > self.keep:
                 self.snapshots.popitem(last=False)
-        return {"cursor": cursor, "full": base is None, "trainers": trainers, "nodes": nodes}
+
+        def group(owners: dict[str, list[str]]) -> str:
+            return ",".join("%s:{%s}" % (json.dumps(owner), ",".join(series)) for owner, series in owners.items())
+        return '{"cursor":%s,"full":%s,"trainers":{%s},"nodes":{%s}}' % (
+            json.dumps(cursor), "true" if base is None else "false", group(out["t"]), group(out["n"]))
+
+    def _full_text(self, key: tuple, s, n: int, is_time: bool) -> tuple[str, str]:
+        c = self.cache.get(key)
+        if c is None or c[0] is not s or c[1] != s.stride or c[2] > n:
+            c = self.cache[key] = [s, s.stride, n, *_points_text(s.points[:n], is_time)]
+        elif c[2] < n:
+            xt, yt = _points_text(s.points[c[2]:n], is_time)
+            c[3] = f"{c[3]},{xt}" if c[3] else xt
+            c[4] = f"{c[4]},{yt}" if c[4] else yt
+            c[2] = n
+        return c[3], c[4]
 
 
-def _series_json(points, last, reset: bool, stride: int, is_time: bool) -> dict:
+def _num(value) -> str:
+    """A number as JSON text (short() gives a finite float, an int or None)."""
+    if value is None:
+        return "null"
+    return repr(value) if isinstance(value, float) else str(int(value))
+
+
+def _points_text(points, is_time: bool) -> tuple[str, str]:
+    """The x and y arrays' JSON text (without brackets): steps exact, times to 0.1 s, values to 6 digits."""
     if is_time:
-        xs = [round(x, 1) for x, _ in points]
+        xs = ",".join(_num(round(x, 1)) for x, _ in points)
     else:
-        xs = [x if isinstance(x, int) else short(x) for x, _ in points]
-    ys = [short(y) for _, y in points]
-    tail = None
-    if last is not None:
-        tail = [round(last[0], 1) if is_time else short(last[0]), short(last[1])]
-    return {"reset": reset, "stride": stride, "x": xs, "y": ys, "last": tail}
+        xs = ",".join(str(x) if isinstance(x, int) and not isinstance(x, bool) else _num(short(x)) for x, _ in points)
+    ys = ",".join(_num(short(y)) for _, y in points)
+    return xs, ys
 
 
 # -- /api/events ------------------------------------------------------------------------------

@@ -257,7 +257,8 @@ def api_metrics():
     since = request.args.get("since")
     if since is not None and not re.fullmatch(r"[0-9a-f]{1,16}-[0-9]{1,12}", since):
         raise ApiError(400, "parameter 'since' must be the 'cursor' of a previous /api/metrics reply")
-    return jsonify(current_app.extensions["fabtrain_cursor"].export(_collector(), since))
+    text = current_app.extensions["fabtrain_cursor"].export_json(_collector(), since)
+    return Response(text, mimetype="application/json")
 
 
 @bp.get("/api/events")

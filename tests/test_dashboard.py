@@ -421,3 +421,51 @@ def test_fab_dashboard_serves_with_waitress_and_prints_the_url(tmp_path):
     bad = subprocess.run([fab, "dashboard", "--port", "99999"], cwd=Path(__file__).parent.parent, env=env,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--port must be between 1 and 65535, got 99999" in bad.stderr
+
+
+def test_metrics_cursor_deltas_rebuild_the_full_series_through_resets():
+    """Merging deltas as app.js does gives exactly the full reply, across stride doublings and a new job."""
+    import random
+    import threading
+
+    from dashboard.api import MetricsCursor
+    from orchestrator.collector import Series
+
+    class Fake:
+        lock = threading.RLock()
+        series: dict = {}
+        node_series: dict = {}
+
+    rng = random.Random(7)
+    cursor = MetricsCursor("abc")
+    client: dict = {}
+    since = None
+    step = 0
+    for round_ in range(60):
+        if round_ == 40:  # a new job: the series are replaced, trainer-1 is gone
+            Fake.series = {}
+        if round_ == 50:
+            Fake.series.pop(("trainer-1", "loss"))
+        for name in ("trainer-0", "trainer-1") if round_ < 50 else ("trainer-0",):
+            s = Fake.series.setdefault((name, "loss"), Series(8))
+            for _ in range(rng.randrange(0, 7)):
+                s.add(step, rng.random() * 10)
+                step += 1
+        reply = cursor.export(Fake, since)
+        since = reply["cursor"]
+        if reply["full"]:
+            client = {}
+        for owner, metrics in reply["trainers"].items():
+            for metric, s in metrics.items():
+                cur = client.get((owner, metric))
+                if s["reset"] or cur is None:
+                    client[(owner, metric)] = {"x": list(s["x"]), "y": list(s["y"]), "last": s["last"]}
+                else:
+                    cur["x"] += s["x"]
+                    cur["y"] += s["y"]
+                    cur["last"] = s["last"]
+        fresh = MetricsCursor("def").export(Fake)  # no cache, no cursor: the truth
+        truth = {(o, m): {"x": s["x"], "y": s["y"], "last": s["last"]}
+                 for o, ms in fresh["trainers"].items() for m, s in ms.items()}
+        assert client == truth, round_
+        assert cursor.export(Fake)["trainers"] == fresh["trainers"]  # the cached full reply too
