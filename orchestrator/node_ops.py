@@ -530,16 +530,23 @@ def op_kill(payload):
     now = time.time()
     for job_id in touched_jobs:
         ev = os.path.join(jobs_root, job_id, "events.jsonl")
-        if os.path.isdir(os.path.dirname(ev)):
-            with open(ev, "a") as f:
-                for k in killed:
-                    if k["job_id"] == job_id:
-                        name = k["name"]
-                        role, _, rank = name.rpartition("-")
-                        f.write(json.dumps({"ts": now, "node": payload.get("node"), "kind": "killed",
-                                            "role": role, "rank": int(rank) if rank.isdigit() else rank,
-                                            "pid": k["pid"], "reason": "fab kill-all" + (" (orphan: pid file lost or left its group)" if k.get("orphan") else ""),
-                                            "signal": k["signal"]}) + "\n")
+        if not os.path.isdir(os.path.dirname(ev)):
+            continue
+        # One event per process (its wrapper, the program and children share it).
+        by_name = {}
+        for k in killed:
+            if k["job_id"] == job_id:
+                by_name.setdefault(k["name"], []).append(k)
+        with open(ev, "a") as f:
+            for name, ks in sorted(by_name.items()):
+                role, _, rank = name.rpartition("-")
+                orphan = any(k.get("orphan") for k in ks)
+                f.write(json.dumps({
+                    "ts": now, "node": payload.get("node"), "kind": "killed", "role": role,
+                    "rank": int(rank) if rank.isdigit() else rank, "pid": min(k["pid"] for k in ks),
+                    "pids": sorted(k["pid"] for k in ks),
+                    "reason": "fab kill-all" + (" (orphan: pid file lost or left its group)" if orphan else ""),
+                    "signal": "SIGKILL" if any(k["signal"] == "SIGKILL" for k in ks) else "SIGTERM"}) + "\n")
     return {"killed": killed, "left": left, "late": late}
 
 
