@@ -52,7 +52,10 @@ demo: venv
 # Stop the demo: every job process, then the dashboard.
 stop: venv
 	$(FAB) kill-all
-	@if [ -s $(DEMO)/dashboard.pid ]; then kill $$(cat $(DEMO)/dashboard.pid) 2>/dev/null || true; rm -f $(DEMO)/dashboard.pid; fi
+	@if [ -s $(DEMO)/dashboard.pid ]; then \
+	  pid=$$(cat $(DEMO)/dashboard.pid); kill $$pid 2>/dev/null || true; \
+	  for i in $$(seq 50); do kill -0 $$pid 2>/dev/null || break; sleep 0.1; done; \
+	  kill -9 $$pid 2>/dev/null || true; rm -f $(DEMO)/dashboard.pid; fi
 
 test: venv system-deps
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
