@@ -163,7 +163,6 @@ class Agent:
         self.pid = os.getpid()
         self.events_path = os.path.join(self.jd, "events.jsonl")
         self.health_path = os.path.join(self.jd, "health.json")
-        self.marker = ("FABTRAIN_WORKSPACE=%s" % self.ws).encode()
         self.event_lock = threading.Lock()
 
         self.tracked = [Tracked(p, self.jd, self.ws) for p in self.job.get("processes", [])]
@@ -479,10 +478,11 @@ class Agent:
         """The soonest moment something must be checked between ticks (grace ends, hang deadlines)."""
         now_m, now = time.monotonic(), time.time()
         soon = now_m + self.interval
+        watching = self.status["status"] == "running" or self.on_failure == "keep"
         for t in self.tracked:
             if t.term_at is not None and t.live and t.kill_signal == "SIGTERM":
                 soon = min(soon, now_m + max(0.02, t.term_at + self.grace - now))
-            elif t.live and t.last_progress is not None and not t.hung:
+            elif watching and t.live and t.term_at is None and t.last_progress is not None and not t.hung:
                 soon = min(soon, now_m + max(0.02, t.last_progress + self.hang_timeout - now))
         for o in self.orphans.values():
             if o["signal"] == "SIGTERM":
