@@ -138,3 +138,21 @@ def test_a_command_that_cannot_start_is_reported_at_once(fab, tmp_path, sshd):
     assert out.returncode == 1
     assert re.search(r"node1: trainer-0 exited at once with code 127", out.stdout), out.stdout
     fab("kill-all", cluster=path, check=True)
+
+
+def test_logs_follow_streams_new_lines_until_the_job_ends(fab, four_nodes, tmp_path):
+    import os
+    import subprocess
+    from tests.conftest import FAB, REPO
+    cluster, workspaces = four_nodes
+    fab("deploy", "start-pserver", "start-trainers", cluster=cluster, check=True)
+    env = {**os.environ, "FABTRAIN_CLUSTER": str(cluster), "FABTRAIN_STATE_DIR": str(tmp_path / "controller-state")}
+    follow = subprocess.Popen([FAB, "logs", "--follow", "--lines", "0"], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    fab("kill-all", cluster=cluster, check=True)
+    out, err = follow.communicate(timeout=30)  # ends by itself once nothing runs
+    assert follow.returncode == 0, err
+    ticks = [line for line in out.splitlines() if line.startswith("[node2 trainer-1] tick ")]
+    assert len(ticks) >= 5, out[-2000:]  # new lines arrived while following
+    assert "[local0 trainer-0] tick " in out and "[node1 pserver-0] tick " in out
