@@ -20,7 +20,8 @@ from workload.data import (BatchStream, collective_sources, list_shards, load_ex
 from workload.metrics import MetricsWriter, read_metrics
 from workload.models import build_model, dense_parameters, sparse_modules
 from workload.optim import AdaGrad, ModuleOptimizer, SGD
-from workload.ps_protocol import (CONFIG, STEP, Header, Layout, pack, reply_sizes, request_sizes, unpack)
+from workload.ps_protocol import (CONFIG, PULL, STEP, Header, Layout, carries_dense, pack, reply_sizes,
+                                  request_sizes, unpack)
 from workload.sample import write_sample_corpus
 from workload.tables import RowTable, TableSpec, init_rows
 
@@ -116,7 +117,7 @@ def test_missing_word_dict_is_named(tmp_path):
         parse_trainer_args(["--data", str(tmp_path)])
 
 
-@pytest.mark.parametrize("program", ["workload.trainer", "workload.pserver"])
+@pytest.mark.parametrize("program", ["workload.trainer"])
 def test_programs_print_no_traceback_for_bad_flags(program, tmp_path):
     out = subprocess.run([sys.executable, "-m", program, "--data" if program != "workload.pserver" else "--port",
                           str(tmp_path / "missing") if program != "workload.pserver" else "0"],
@@ -180,16 +181,22 @@ def test_batches_are_reproducible_from_the_step_alone():
 
 # -- layout, messages, tables ------------------------------------------------------
 
-def test_dense_blocks_cover_the_vector_and_split_join_round_trips():
+def test_dense_blocks_cover_the_vector_round_robin_over_pservers():
     layout = Layout(num_pservers=3, blocks_per_pserver=2, dense_numel=101)
     blocks = layout.blocks()
     assert len(blocks) == 6 and blocks[0][0] == 0 and blocks[-1][1] == 101
     assert all(e1 == s2 for (_, e1), (s2, _) in zip(blocks, blocks[1:]))
     assert layout.dense_ranges(1) == [blocks[1], blocks[4]]           # block b on pserver b mod P
     flat = torch.randn(101)
-    parts = layout.split_dense(flat)
-    assert [len(p) for p in parts] == [layout.dense_numel_on(p) for p in range(3)]
-    assert torch.equal(layout.join_dense(parts, torch.empty(101)), flat)
+    # What a trainer sends from its flat vector is what the pserver keeps, concatenated.
+    local = [torch.cat(layout.dense_blocks(flat, p)) for p in range(3)]
+    assert [len(x) for x in local] == [layout.dense_numel_on(p) for p in range(3)]
+    for p in range(3):
+        assert all(torch.equal(a, b) for a, b in zip(layout.local_blocks(local[p], p), layout.dense_blocks(flat, p)))
+    assert torch.equal(layout.join_dense(local, torch.empty(101)), flat)
+    # The blocks are views: received values land in place, sent gradients are not copied.
+    layout.dense_blocks(flat, 2)[0].fill_(7.0)
+    assert (flat[blocks[2][0]:blocks[2][1]] == 7.0).all()
 
 
 def test_sparse_rows_are_spread_by_id_mod_pservers():
@@ -205,15 +212,18 @@ def test_header_and_body_round_trip_with_exact_sizes():
     header.push[:2], header.pull[:2] = [2, 1], [1, 3]
     assert Header.from_tensor(header.tensor()) == header
     ids = [torch.tensor([4, 6]), torch.tensor([2]), torch.tensor([8]), torch.tensor([0, 2, 4])]
-    floats = [torch.randn(5), torch.randn(2, 3), torch.randn(1, 2)]
+    floats = [torch.randn(2, 3), torch.randn(1, 2)]
     body = pack(ints=ids, floats=floats)
-    sizes = request_sizes(header, layout, pserver=0)
-    assert sizes == (7, 5 + 6 + 2, 0) and len(body) == 8 * 7 + 4 * 13
+    sizes = request_sizes(header, layout)
+    assert sizes == (7, 6 + 2, 0) and len(body) == 8 * 7 + 4 * 8
     got_ints, got_floats, _ = unpack(body, sizes)
     assert torch.equal(got_ints, torch.cat(ids)) and torch.equal(got_floats, torch.cat([f.flatten() for f in floats]))
-    assert reply_sizes(header, layout, 0) == (0, 5 + 1 * 3 + 3 * 2, 0)
+    assert reply_sizes(header, layout) == (0, 1 * 3 + 3 * 2, 0)
+    assert carries_dense(header, reply=False) and carries_dense(header, reply=True)
+    pull = Header(PULL)
+    assert not carries_dense(pull, reply=True) and not carries_dense(pull, reply=False)
     config = Header(CONFIG, config_bytes=11)
-    assert unpack(pack(raw=b'{"a": true}'), request_sizes(config, None, 0))[2] == b'{"a": true}'
+    assert unpack(pack(raw=b'{"a": true}'), request_sizes(config, None))[2] == b'{"a": true}'
 
 
 def test_row_init_does_not_depend_on_how_rows_are_split():

@@ -4,21 +4,27 @@ The world is every process of the job: pservers are ranks 0..P-1, trainers
 ranks P..P+T-1 (rendezvous.py). A trainer talks to every pserver; pservers and
 trainers never talk among themselves.
 
-Every message is a fixed-size header (HEADER_LEN int64) and, when it carries
-data, one uint8 body. gloo needs the receiver to post a buffer of exactly the
-sender's size (it aborts the process otherwise) and cannot send sparse
-tensors, so the header says how many ids each table carries and both sides
-compute the body size from it and from the Layout. A body is the int64
-section (row ids), then the float32 section (values), then raw bytes (JSON).
+A message is
+  * a fixed-size header (HEADER_LEN int64);
+  * when it has any, one uint8 body: the int64 section (row ids), the float32
+    section (row values or gradients), then raw bytes (JSON);
+  * when it has any, the dense blocks this pserver holds, one gloo message
+    each, sent straight from and received straight into their place in the
+    flat dense vectors: a block is never copied to be packed or unpacked.
+gloo needs the receiver to post a buffer of exactly the sender's size (it
+aborts the process otherwise) and cannot send sparse tensors, so the header
+says how many ids each table carries, and both ends compute every size from
+the header and the Layout. Header, body and dense blocks travel under
+different tags, so each is matched in order on its own.
 
 Trainer -> pserver                              pserver -> trainer
   CONFIG  trainer 0 first: layout, optimiser,     (no reply)
-          sgd mode as JSON + initial dense values
+          sgd mode as JSON; initial dense blocks
   HELLO                                           REPLY step = steps already applied (resume)
-  PULL    ids wanted, per table                   REPLY dense block values + the rows
-  STEP    gradient of one batch (dense block +    REPLY (after the sync barrier) dense values
-          rows' ids and gradients) and the ids      + the rows of the next batch
-          of the next batch
+  PULL    ids wanted, per table                   REPLY the rows [+ dense blocks if want_dense]
+  STEP    gradient of one batch: the rows' ids    REPLY (sync: once every trainer's gradient
+          and gradients, the dense blocks' gradi-   is in) the rows of the next batch + the
+          ents; and the ids the next batch needs    dense blocks
   DONE    this trainer has finished               REPLY
   ABORT   this trainer lost another peer          (no reply)
 A pserver that loses a peer answers ABORTED, naming it, instead of REPLY.
@@ -37,7 +43,7 @@ KIND_NAMES = {CONFIG: "CONFIG", HELLO: "HELLO", PULL: "PULL", STEP: "STEP", DONE
               ABORT: "ABORT", REPLY: "REPLY", ABORTED: "ABORTED"}
 PSERVER, TRAINER = 0, 1           # roles, as named in ABORT / ABORTED headers
 MAX_TABLES = 4
-HEADER_TAG, BODY_TAG, REPLY_HEADER_TAG, REPLY_BODY_TAG = 1, 2, 3, 4
+TAGS = {False: (1, 2, 3), True: (4, 5, 6)}   # (header, body, dense) tags of requests / replies
 
 
 def role_name(role, rank):
@@ -102,13 +108,20 @@ class Layout:
     def dense_numel_on(self, pserver):
         return sum(end - start for start, end in self.dense_ranges(pserver))
 
-    def split_dense(self, flat):
-        """One tensor per pserver: the concatenation of its blocks of `flat`."""
-        return [torch.cat([flat[s:e] for s, e in self.dense_ranges(p)]) if self.dense_numel_on(p) else flat[:0]
-                for p in range(self.num_pservers)]
+    def dense_blocks(self, flat, pserver):
+        """Views of pserver's blocks in `flat`, the whole dense vector (trainer side)."""
+        return [flat[s:e] for s, e in self.dense_ranges(pserver)]
+
+    def local_blocks(self, local, pserver):
+        """The same blocks as views of `local`, the concatenation of pserver's blocks (pserver side)."""
+        views, offset = [], 0
+        for s, e in self.dense_ranges(pserver):
+            views.append(local[offset:offset + e - s])
+            offset += e - s
+        return views
 
     def join_dense(self, parts, out):
-        """The inverse of split_dense, written into `out`."""
+        """The whole dense vector, into `out`, from each pserver's concatenated blocks (checkpoints)."""
         for p, part in enumerate(parts):
             offset = 0
             for s, e in self.dense_ranges(p):
@@ -136,24 +149,30 @@ class Layout:
 # ---------------------------------------------------------------------------
 # Body sizes: (int64 count, float32 count, raw bytes), computed the same way by both ends.
 
-def request_sizes(header, layout, pserver):
-    if header.kind == CONFIG:     # the JSON; the initial dense values follow as a second body
+def request_sizes(header, layout):
+    """(int64 count, float32 count, raw bytes) of a request's body."""
+    if header.kind == CONFIG:
         return 0, 0, header.config_bytes
     if header.kind == PULL:
         return sum(header.pull), 0, 0
     if header.kind == STEP:
         pushed_rows = sum(n * t.dim for n, t in zip(header.push, layout.tables))
-        return sum(header.push) + sum(header.pull), layout.dense_numel_on(pserver) + pushed_rows, 0
+        return sum(header.push) + sum(header.pull), pushed_rows, 0
     return 0, 0, 0
 
 
-def reply_sizes(request, layout, pserver):
-    pulled_rows = sum(n * t.dim for n, t in zip(request.pull, layout.tables))
-    if request.kind == PULL:
-        return 0, (layout.dense_numel_on(pserver) if request.want_dense else 0) + pulled_rows, 0
-    if request.kind == STEP:
-        return 0, layout.dense_numel_on(pserver) + pulled_rows, 0
+def reply_sizes(request, layout):
+    """The same for the reply to `request`."""
+    if request.kind in (PULL, STEP):
+        return 0, sum(n * t.dim for n, t in zip(request.pull, layout.tables)), 0
     return 0, 0, 0
+
+
+def carries_dense(header, reply):
+    """Whether a request (or the reply to it) is followed by the pserver's dense blocks."""
+    if reply:
+        return header.kind == STEP or (header.kind == PULL and bool(header.want_dense))
+    return header.kind in (CONFIG, STEP)
 
 
 def body_bytes(sizes):
@@ -167,6 +186,8 @@ def pack(ints=(), floats=(), raw=b""):
     parts += [t.reshape(-1).float().contiguous().view(torch.uint8) for t in floats]
     if raw:
         parts.append(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+    if len(parts) == 1:
+        return parts[0]            # a view: no copy of a large dense block
     return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
 
 
@@ -212,25 +233,28 @@ class Peer:
 
     def __init__(self, role, index, rank, timeout, host=None):
         self.role, self.index, self.rank, self.timeout, self.host = role, index, rank, timeout, host
+        # Received into buffers kept per peer and reused: a fresh multi-megabyte tensor a message
+        # would cost page faults every step. What is read from one is used up (applied, or copied
+        # into the model) before the next message from the same peer can arrive.
+        self.buffers = {}
 
     def lost(self, error):
         return PeerLost(self.role, self.index, describe_gloo_error(error, self.timeout), self.host)
 
-    def send(self, header, body=None, reply=False):
-        """Start sending; returns the works to wait on."""
-        tags = (REPLY_HEADER_TAG, REPLY_BODY_TAG) if reply else (HEADER_TAG, BODY_TAG)
-        try:
-            works = [dist.isend(header.tensor(), self.rank, tag=tags[0])]
-            if body is not None and body.numel():
-                works.append(dist.isend(body, self.rank, tag=tags[1]))
-            return works
-        except RuntimeError as e:
-            raise self.lost(e) from None
+    def scratch(self, key, nbytes):
+        if len(self.buffers.get(key, ())) < nbytes:
+            self.buffers[key] = torch.empty(nbytes, dtype=torch.uint8)
+        return self.buffers[key][:nbytes]
 
-    def send_body(self, body):
-        """A further body after the first (CONFIG's initial values)."""
+    def send(self, header, body=None, dense=(), reply=False):
+        """Start sending a message; returns the works to wait on."""
+        header_tag, body_tag, dense_tag = TAGS[reply]
         try:
-            return [dist.isend(body, self.rank, tag=BODY_TAG)] if body.numel() else []
+            works = [dist.isend(header.tensor(), self.rank, tag=header_tag)]
+            if body is not None and body.numel():
+                works.append(dist.isend(body, self.rank, tag=body_tag))
+            works += [dist.isend(block, self.rank, tag=dense_tag) for block in dense if block.numel()]
+            return works
         except RuntimeError as e:
             raise self.lost(e) from None
 
@@ -248,32 +272,31 @@ class Peer:
         """Start receiving a header: (buffer, works)."""
         buf = torch.empty(HEADER_LEN, dtype=torch.long)
         try:
-            return buf, [dist.irecv(buf, self.rank, tag=REPLY_HEADER_TAG if reply else HEADER_TAG)]
+            return buf, [dist.irecv(buf, self.rank, tag=TAGS[reply][0])]
         except RuntimeError as e:
             raise self.lost(e) from None
 
     def recv_header(self, reply=False):
-        buf = torch.empty(HEADER_LEN, dtype=torch.long)
-        try:
-            dist.recv(buf, self.rank, tag=REPLY_HEADER_TAG if reply else HEADER_TAG)
-        except RuntimeError as e:
-            raise self.lost(e) from None
+        buf, works = self.post_recv_header(reply)
+        self.wait(works)
         return Header.from_tensor(buf)
 
     def post_recv_body(self, nbytes, reply=False):
-        """Start receiving a body of nbytes: (buffer, works)."""
-        buf = torch.empty(nbytes, dtype=torch.uint8)
+        """Start receiving a body of nbytes into this peer's reused buffer: (buffer, works)."""
         if not nbytes:
-            return buf, []
+            return torch.empty(0, dtype=torch.uint8), []
+        buf = self.scratch(("body", reply), nbytes)
         try:
-            return buf, [dist.irecv(buf, self.rank, tag=REPLY_BODY_TAG if reply else BODY_TAG)]
+            return buf, [dist.irecv(buf, self.rank, tag=TAGS[reply][1])]
         except RuntimeError as e:
             raise self.lost(e) from None
 
-    def recv_body(self, nbytes, reply=False):
-        buf, works = self.post_recv_body(nbytes, reply)
-        self.wait(works)
-        return buf
+    def post_recv_dense(self, blocks, reply=False):
+        """Start receiving dense blocks, each straight into its view `blocks[i]`: works."""
+        try:
+            return [dist.irecv(block, self.rank, tag=TAGS[reply][2]) for block in blocks if block.numel()]
+        except RuntimeError as e:
+            raise self.lost(e) from None
 
 
 class JobAborted(Exception):

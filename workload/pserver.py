@@ -31,8 +31,9 @@ from workload import checkpoint
 from workload.config import UsageError, parse_pserver_args, run_main
 from workload.metrics import MetricsWriter
 from workload.optim import make_optimizer, new_state, update_rows
-from workload.ps_protocol import (ABORT, ABORTED, CONFIG, DONE, HELLO, PSERVER, PULL, REPLY, STEP, TRAINER,
-                                  Header, Layout, Peer, PeerLost, pack, request_sizes, split_sizes, unpack)
+from workload.ps_protocol import (ABORT, ABORTED, CONFIG, DONE, HELLO, PULL, REPLY, STEP, TRAINER, Header, Layout,
+                                  Peer, PeerLost, body_bytes, carries_dense, pack, request_sizes, split_sizes,
+                                  unpack)
 from workload.rendezvous import StartupFailed, join_job
 from workload.tables import init_rows
 
@@ -103,16 +104,17 @@ class ParameterServer:
         header = trainer0.recv_header()
         if header.kind != CONFIG:
             raise PeerLost(TRAINER, 0, f"sent message kind {header.kind} before CONFIG")
-        _, _, raw = unpack(trainer0.recv_body(header.config_bytes), request_sizes(header, None, self.id))
-        config = json.loads(raw)
+        body, works = trainer0.post_recv_body(header.config_bytes)
+        trainer0.wait(works)
+        config = json.loads(unpack(body, request_sizes(header, None))[2])
         self.config = config
         self.layout = Layout.from_json(config["layout"])
         self.optimizer = make_optimizer(config["optimizer"])
         self.sync = config["sgd"] == "sync"
         self.max_lag = self.args.async_lagged_grad_discard_ratio * self.num_trainers
-        # Initial values: dense from trainer 0, sparse rows from the deterministic row hash.
-        n_dense = self.layout.dense_numel_on(self.id)
-        self.dense = trainer0.recv_body(4 * n_dense).view(torch.float32).clone() if n_dense else torch.empty(0)
+        # Initial values: dense blocks from trainer 0, sparse rows from the deterministic row hash.
+        self.dense = torch.empty(self.layout.dense_numel_on(self.id))
+        trainer0.wait(trainer0.post_recv_dense(self.layout.local_blocks(self.dense, self.id)))
         self.dense_state = new_state(self.optimizer, self.dense)
         self.tables, self.table_state = {}, {}
         for spec in self.layout.tables:
@@ -199,19 +201,30 @@ class ParameterServer:
         except PeerLost:
             pass
 
+    def receive_body(self, peer, header):
+        """(ids, row values, dense gradient or None) that follow `header`."""
+        sizes = request_sizes(header, self.layout)
+        body, works = peer.post_recv_body(body_bytes(sizes))
+        dense = None
+        if carries_dense(header, reply=False) and len(self.dense):
+            dense = peer.scratch(("dense", False), 4 * len(self.dense)).view(torch.float32)
+            works += peer.post_recv_dense(self.layout.local_blocks(dense, self.id))
+        peer.wait(works)
+        ints, floats, _ = unpack(body, sizes)
+        return ints, floats, dense
+
     def answer_pull(self, peer, header):
-        ints, _, _ = unpack(peer.recv_body(8 * sum(header.pull)), request_sizes(header, self.layout, self.id))
+        ints, _, _ = self.receive_body(peer, header)
         pull_ids = split_sizes(ints, header.pull[:len(self.layout.tables)])
         with self.cond:
-            body = self.read(pull_ids, header.want_dense)
+            body, dense = self.read(pull_ids, header.want_dense)
             reply = Header(REPLY, version=self.version)
-        peer.wait(peer.send(reply, body, reply=True))
+        peer.wait(peer.send(reply, body, dense, reply=True))
 
     def answer_step(self, peer, header):
         t = header.trainer
-        sizes = request_sizes(header, self.layout, self.id)
-        ints, floats, _ = unpack(peer.recv_body(8 * sizes[0] + 4 * sizes[1]), sizes)
-        gradients, pull_ids = self.decode_step(header, ints, floats)
+        ints, floats, dense_grad = self.receive_body(peer, header)
+        gradients, pull_ids = self.decode_step(header, ints, floats, dense_grad)
         with self.cond:
             if self.failure is not None:
                 raise Aborted()
@@ -225,27 +238,31 @@ class ParameterServer:
                     raise Aborted()
             else:
                 self.apply_async(t, header, gradients)
-            body = self.read(pull_ids, want_dense=True)
+            body, dense = self.read(pull_ids, want_dense=True)
             reply = Header(REPLY, version=self.version, discarded=self.discarded[t])
-        peer.wait(peer.send(reply, body, reply=True))
+        peer.wait(peer.send(reply, body, dense, reply=True))
 
-    def decode_step(self, header, ints, floats):
-        """(gradients, pull ids) of a STEP body. gradients: (dense, [(rows, grad_rows) per table])."""
+    def decode_step(self, header, ints, floats, dense_grad):
+        """(gradients, pull ids) of a STEP. gradients: (dense gradient, [(rows, gradient rows) per table])."""
         n_tables = len(self.layout.tables)
         push, pull = header.push[:n_tables], header.pull[:n_tables]
         push_ids = split_sizes(ints[:sum(push)], push)
         pull_ids = split_sizes(ints[sum(push):], pull)
-        n_dense = self.layout.dense_numel_on(self.id)
         dims = [spec.dim for spec in self.layout.tables]
-        row_grads = split_sizes(floats[n_dense:], [n * d for n, d in zip(push, dims)])
+        row_grads = split_sizes(floats, [n * d for n, d in zip(push, dims)])
         rows = [(ids, g.view(len(ids), d)) for ids, g, d in zip(push_ids, row_grads, dims)]
-        return (floats[:n_dense], rows), pull_ids
+        return (dense_grad, rows), pull_ids
 
     def read(self, pull_ids, want_dense):
-        """The reply body: this pserver's dense block (if wanted) and the asked-for rows (copies)."""
-        floats = [self.dense] if want_dense and len(self.dense) else []
-        floats += [self.tables[spec.name].index_select(0, ids) for spec, ids in zip(self.layout.tables, pull_ids)]
-        return pack(floats=floats)
+        """The reply: (body of the asked-for rows, dense blocks to send or [])."""
+        body = pack(floats=[self.tables[spec.name].index_select(0, ids)
+                            for spec, ids in zip(self.layout.tables, pull_ids)])
+        if not want_dense or not len(self.dense):
+            return body, []
+        # Sync SGD may send the dense block itself: the next update needs every trainer's next
+        # STEP, which each sends only once its reply has arrived. Async updates at any time: copy.
+        dense = self.dense if self.sync else self.dense.clone()
+        return body, self.layout.local_blocks(dense, self.id)
 
     def finish(self, t):
         with self.cond:
@@ -279,8 +296,8 @@ class ParameterServer:
         """One optimiser step with the average of these trainers' gradients."""
         n = len(gradients)
         if len(self.dense):
-            dense = gradients[0][0] if n == 1 else torch.stack([g[0] for g in gradients]).sum(0)
-            self.optimizer.update(self.dense, dense / n, self.dense_state)
+            dense = gradients[0][0] if n == 1 else torch.stack([g[0] for g in gradients]).sum(0).div_(n)
+            self.optimizer.update(self.dense, dense, self.dense_state)
         for i, spec in enumerate(self.layout.tables):
             ids = torch.cat([g[1][i][0] for g in gradients])
             values = torch.cat([g[1][i][1] for g in gradients])
@@ -289,7 +306,8 @@ class ParameterServer:
             if n > 1:   # the same row from several trainers: add them up first
                 ids, where = torch.unique(ids, return_inverse=True)
                 values = torch.zeros(len(ids), spec.dim).index_add_(0, where, values)
-            update_rows(self.optimizer, self.tables[spec.name], self.table_state[spec.name], ids, values / n)
+                values.div_(n)
+            update_rows(self.optimizer, self.tables[spec.name], self.table_state[spec.name], ids, values)
 
     def updated(self):
         self.version += 1

@@ -20,7 +20,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 from workload.config import UsageError, parse_trainer_args, run_main
 from workload.data import BatchStream, derive_seed, eval_batches, list_shards, load_examples, load_word_dict, \
@@ -39,49 +39,64 @@ class Trainer:
         self.test_examples = test_examples
         self.stream = BatchStream(train_examples, args.batch_size, args.seed, args.trainer_id)
         self.tables = sparse_modules(model) if args.ports_num_for_sparse else {}
-        self.dense_params = dense_parameters(model, include_tables=not self.tables)
+        self._flatten_dense(dense_parameters(model, include_tables=not self.tables))
         all_steps = args.num_passes * self.stream.per_epoch
         self.last_step = min(args.steps, all_steps) if args.steps else all_steps
         self.step = 0
 
+    def _flatten_dense(self, params):
+        """Make the dense parameters and their gradients views of two flat vectors (as DDP's bucket
+        views): pservers' values are received straight into one and gradients sent straight from the
+        other, with no copy in between. On a GPU the vectors that travel are CPU copies."""
+        self.values = flatten(params).detach()
+        self.grads = torch.zeros_like(self.values)
+        offset = 0
+        for p in params:
+            p.data = self.values[offset:offset + p.numel()].view_as(p)
+            p.grad = self.grads[offset:offset + p.numel()].view_as(p)   # backward adds into it
+            offset += p.numel()
+        on_gpu = self.device.type == "cuda"
+        self.wire_values = self.values.cpu() if on_gpu else self.values
+        self.wire_grads = self.grads.cpu() if on_gpu else self.grads
+
     # -- moving values between the pservers and the model ------------------------
 
     def _ids(self, batch):
-        """Sorted unique ids of each sparse table that `batch` reads."""
+        """Sorted unique ids of each sparse table that `batch` reads (none when batch is None)."""
+        if batch is None:
+            return [torch.empty(0, dtype=torch.long) for _ in self.tables]
         wanted = self.model.table_inputs(batch)
         return [torch.unique(wanted[name]) for name in self.tables]
 
-    def _load(self, dense, ids, rows):
-        if dense is not None and self.dense_params:
-            vector_to_parameters(dense.to(self.device), self.dense_params)
+    def _load(self, ids, rows, dense_arrived=True):
+        if dense_arrived and self.wire_values is not self.values:
+            self.values.copy_(self.wire_values)
         for table, table_ids, table_rows in zip(self.tables.values(), ids, rows):
             table.load(table_ids, table_rows)
 
     def _batch(self, step):
         return self.model.make_batch(self.stream.rows(step), self.stream.generator(step))
 
-    def _pull(self, batch):
+    def _pull(self, batch, want_dense=True):
         ids = self._ids(batch)
-        dense, rows = self.client.pull(ids, want_dense=True)
-        self._load(dense, ids, rows)
+        self._load(ids, self.client.pull(ids, self.wire_values if want_dense else None), want_dense)
 
     # -- training ----------------------------------------------------------------
 
     def _run_batch(self, batch):
-        self.model.zero_grad(set_to_none=True)
+        self.grads.zero_()          # the sparse rows' gradients were reset when they were loaded
         loss = self.model(to_device(batch, self.device)).mean()
         loss.backward()
         return loss.item()
 
     def _push_and_pull(self, next_batch):
-        """Send this step's gradients; load the values for next_batch (None: dense values only)."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.dense_params]
-        dense_grad = flatten(grads).cpu()
+        """Send this step's gradients; load the new dense values and the rows of next_batch."""
+        if self.wire_grads is not self.grads:
+            self.wire_grads.copy_(self.grads)
         row_grads = [(t.ids.cpu(), t.rows.grad.cpu()) for t in self.tables.values()]
-        next_ids = self._ids(next_batch) if next_batch is not None else [torch.empty(0, dtype=torch.long)
-                                                                         for _ in self.tables]
-        dense, rows = self.client.step(self.step, dense_grad, row_grads, next_ids)
-        self._load(dense, next_ids, rows)
+        next_ids = self._ids(next_batch)
+        rows = self.client.step(self.step, self.wire_grads, row_grads, next_ids, self.wire_values)
+        self._load(next_ids, rows)
 
     def _run_epoch(self, epoch):
         end = min(self.last_step, (epoch + 1) * self.stream.per_epoch)
@@ -101,9 +116,7 @@ class Trainer:
         loss_sum, count = 0.0, 0
         for i, rows in eval_batches(self.test_examples, self.args.eval_batch_size):
             batch = self.model.make_batch(rows, torch.Generator().manual_seed(derive_seed(self.args.seed, 9, i)))
-            ids = self._ids(batch)
-            dense, table_rows = self.client.pull(ids, want_dense=i == 0)
-            self._load(dense, ids, table_rows)
+            self._pull(batch, want_dense=i == 0)    # dense values do not change in sync; once is enough
             loss_sum += self.model(to_device(batch, self.device)).sum().item()
             count += len(rows)
         self.log.evaluation(self.step, epoch, loss_sum, count)
@@ -156,22 +169,21 @@ def main():
     print(f"{me}: {args.model}, {len(train)} train / {len(test)} test examples from "
           f"{len(train_files)} file(s), vocabulary {vocab_size(word_dict)}, {args.sgd} SGD", flush=True)
 
-    dense = dense_parameters(model, include_tables=not sparse)
-    layout = Layout(len(args.pserver_hosts), args.ports_num, sum(p.numel() for p in dense),
+    layout = Layout(len(args.pserver_hosts), args.ports_num,
+                    sum(p.numel() for p in dense_parameters(model, include_tables=not sparse)),
                     tuple(model.table_specs) if sparse else ())
     P = len(args.pserver_hosts)
     join_job(args.pserver_hosts[0], args.port, P + args.trainer_id, P + T,
              lambda r: f"pserver {r}" if r < P else f"trainer {r - P}", args.startup_timeout, args.timeout)
     client = PServerClient(args.trainer_id, args.pserver_hosts, layout, args.timeout)
+    log = TrainingLog(MetricsWriter(args.metrics, "trainer", args.trainer_id), me, args.log_every,
+                      optimizer_config(args)["lr"])
+    trainer = Trainer(args, model, train, test, client, log, device)
     if args.trainer_id == 0:
         config = {"layout": layout.to_json(), "optimizer": optimizer_config(args), "sgd": args.sgd,
                   "num_pservers": P, "num_trainers": T, "ports_num": args.ports_num,
                   "ports_num_for_sparse": args.ports_num_for_sparse, "model": args.model}
-        client.send_config(config, flatten(dense).detach().cpu())
-
-    log = TrainingLog(MetricsWriter(args.metrics, "trainer", args.trainer_id), me, args.log_every,
-                      optimizer_config(args)["lr"])
-    trainer = Trainer(args, model, train, test, client, log, device)
+        client.send_config(config, trainer.wire_values)
     try:
         trainer.train()
     except PeerLost as lost:
