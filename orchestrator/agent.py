@@ -996,7 +996,8 @@ class Agent:
             return (acked and co.all_peers_settled()) or now - self.final_since > self.peer_timeout + self.grace + 5
         if acked:
             return True
-        limit = self.peer_timeout if (c and c.ever_connected) else 2 * self.interval
+        # Never reached the coordinator: keep trying a while, or it never learns how this node ended.
+        limit = self.peer_timeout if (c and c.ever_connected) else max(60.0, 10 * self.peer_timeout)
         return now - self.done_since > limit
 
     def finish(self) -> int:
