@@ -347,6 +347,15 @@ def test_collective_evaluation_counts_each_test_example_once(jobs, tmp_path):
         expected = sum(model(model.make_batch(examples[i:i + 2], torch.Generator().manual_seed(
             derive_seed(args.seed, 9, i // 2)))).sum().item() for i in range(0, 5, 2)) / 5
     assert evals[-1]["eval_loss"] == pytest.approx(expected, rel=1e-5)
+    # A restarted job resumes from rank 0's snapshot on every rank, and trains the third pass only.
+    more = start_ddp_job(jobs("more"), data, 2, [*flags, "--checkpoint_dir", str(tmp_path / "ck"),
+                                                  "--num_passes", "3"], free_port())
+    assert_all_exit(more, 0)
+    last_step = evals[-1]["step"]
+    for rank in range(2):
+        steps = [r["step"] for r in more.metrics(f"rank-{rank}") if "eval_loss" not in r]
+        assert steps == list(range(last_step + 1, last_step + 1 + len(steps))) and steps, (rank, steps)
+        assert f"at step {last_step}" in (more.workdir / f"rank-{rank}.out").read_text()
     # FSDP shards the parameters yet computes the same thing.
     fsdp_evals = [r for r in fsdp.metrics("rank-1") if "eval_loss" in r]
     assert fsdp_evals[-1]["eval_samples"] == 5

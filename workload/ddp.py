@@ -68,15 +68,16 @@ class Trainer:
         batches = list(eval_batches(self.test_examples, self.args.eval_batch_size))
         if self.args.fsdp:
             # FSDP gathers parameters collectively in every forward: every rank must run as many.
-            most = torch.tensor([len(batches)])
+            most = torch.tensor([len(batches)], device=self.device)
             dist.all_reduce(most, op=dist.ReduceOp.MAX)
             batches += [(i, self.test_examples[:0]) for i in range(len(batches), int(most))]
         forward = self.model if self.args.fsdp else self.module   # DDP's wrapper would sync buffers
-        total = torch.zeros(2, dtype=torch.float64)               # (loss sum, examples)
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)   # (loss sum, examples)
         for i, rows in batches:
             batch = self.module.make_batch(rows, torch.Generator().manual_seed(derive_seed(self.args.seed, 9, i)))
             total[0] += forward(to_device(batch, self.device)).sum().item()
             total[1] += len(rows)
+            self.log.heartbeat(self.step, epoch, evaluated=i + 1, of=len(batches))
         dist.all_reduce(total)
         self.log.evaluation(self.step, epoch, total[0].item(), int(total[1].item()))
 
@@ -86,12 +87,21 @@ class Trainer:
                                     "optimizer": self.optimizer.state_dict()}, self.snapshot)
 
     def _load_snapshot(self):
-        if self.snapshot and self.snapshot.is_file():
+        """Rank 0 reads the snapshot (other nodes may not have the file) and hands it to every rank."""
+        state = None
+        if dist.get_rank() == 0 and self.snapshot and self.snapshot.is_file():
             state = checkpoint.load(self.snapshot)
             self.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
-            self.step = state["step"]
-            print(f"rank {dist.get_rank()}: resumed from {self.snapshot} at step {self.step}", flush=True)
+        step = torch.tensor([state["step"] if state else -1], device=self.device)
+        dist.broadcast(step, 0)
+        if int(step) < 0:
+            return
+        with torch.no_grad():
+            for tensor in [*self.module.parameters(), *(t for s in self.optimizer.state for t in s.values())]:
+                dist.broadcast(tensor.data, 0)
+        self.step = int(step)
+        print(f"rank {dist.get_rank()}: resumed from rank 0's {self.snapshot} at step {self.step}", flush=True)
 
     def train(self):
         self._load_snapshot()
@@ -159,7 +169,7 @@ def main():
     test = load_examples(module, test_paths, word_dict, test_line_shard)
 
     # The same number of batches a pass on every rank: the smallest.
-    per_epoch = torch.tensor([-(-len(train) // args.batch_size)])
+    per_epoch = torch.tensor([-(-len(train) // args.batch_size)], device=device)
     dist.all_reduce(per_epoch, op=dist.ReduceOp.MIN)
     if int(per_epoch) == 0:
         raise UsageError(f"a rank has no {args.model} examples to train on")

@@ -84,6 +84,11 @@ class TrainingLog:
         self.loss_sum, self.steps, self.samples = 0.0, 0, 0
         self.since = time.monotonic()
 
+    def heartbeat(self, step, epoch, **extra):
+        """A record during long work that is not a training step (evaluation), so the job does not look hung."""
+        if self.writer.seconds_since_write() >= self.HEARTBEAT_S:
+            self.writer.write(step=step, epoch=epoch, loss=self.last_loss, samples_per_s=0.0, lr=self.lr, **extra)
+
     def evaluation(self, step, epoch, loss_sum, count, **extra):
         eval_loss = loss_sum / count if count else None
         self.writer.write(step=step, epoch=epoch, loss=self.last_loss, samples_per_s=0.0, lr=self.lr,

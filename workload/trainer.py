@@ -119,12 +119,17 @@ class Trainer:
             self._pull(batch, want_dense=i == 0)    # dense values do not change in sync; once is enough
             loss_sum += self.model(to_device(batch, self.device)).sum().item()
             count += len(rows)
+            self.log.heartbeat(self.step, epoch, evaluated=count, of=len(self.test_examples))
         self.log.evaluation(self.step, epoch, loss_sum, count)
 
     def train(self):
         self.step = self.client.hello()
-        if self.step:
-            print(f"trainer {self.args.trainer_id}: resuming at step {self.step}", flush=True)
+        me = f"trainer {self.args.trainer_id}"
+        if self.step >= self.last_step:
+            print(f"{me}: nothing left to do: the pservers' checkpoint already holds all {self.last_step} steps "
+                  "(remove the checkpoint dir to train afresh)", flush=True)
+        elif self.step:
+            print(f"{me}: resuming at step {self.step} of {self.last_step}", flush=True)
         while self.step < self.last_step:
             epoch, _ = self.stream.position(self.step)
             self._run_epoch(epoch)
