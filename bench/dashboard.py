@@ -58,9 +58,11 @@ def serve(args) -> None:
     from orchestrator.collector import Collector
     from orchestrator.session import get_session
 
+    from dashboard.serve import MAX_POINTS
+
     session = get_session(args.cluster)
     cls = StreamingCollector if args.collector == "streaming" else Collector
-    collector = cls(session, max_points=500)
+    collector = cls(session, max_points=MAX_POINTS)  # as fab dashboard
     app = create_app({"COLLECTOR": collector, "DASHBOARD_TOKEN": args.token,
                       "ALLOWED_HOSTS": [f"127.0.0.1:{args.port}"]})
     server = waitress.create_server(app, host="127.0.0.1", port=args.port, threads=8)

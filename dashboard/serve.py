@@ -10,6 +10,7 @@ import sys
 from orchestrator.errors import UserError
 
 DEFAULT_PORT = 8265
+MAX_POINTS = 300  # a chart series keeps 300-600 points over the whole run (stride doubling)
 TOKEN_ENV = "FABTRAIN_DASHBOARD_TOKEN"
 
 
@@ -89,7 +90,7 @@ def build(session, host: str = "127.0.0.1", port: int = DEFAULT_PORT, token: str
     from . import create_app
     from .streaming import StreamingCollector
 
-    collector = StreamingCollector(session, job_id=job_id, max_points=500)
+    collector = StreamingCollector(session, job_id=job_id, max_points=MAX_POINTS)
     app = create_app({
         "COLLECTOR": collector,
         "DASHBOARD_TOKEN": token or make_token(),
@@ -119,7 +120,8 @@ def serve(session, host: str = "127.0.0.1", port: int = DEFAULT_PORT, interval: 
               f"port {port} and has the token can kill the job. Prefer an SSH tunnel to 127.0.0.1.", file=out)
     print(f"fabtrain dashboard for cluster {session.cluster.name} ({len(session.cluster.nodes)} nodes), "
           f"polling every {interval:g} s", file=out)
-    print(f"    {url_for(host, port, token)}", file=out, flush=True)
+    print(f"    {url_for(host, port, token)}", file=out)
+    print("Ctrl+C stops the dashboard (the job goes on).", file=out, flush=True)
     try:
         server.run()
     except KeyboardInterrupt:

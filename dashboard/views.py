@@ -94,7 +94,7 @@ def guard():
                             f"use the URL that fab dashboard printed")
     if request.endpoint in ("static", "dashboard.plotly_js") or request.endpoint is None:
         return None
-    if request.method == "POST":
+    if request.method not in ("GET", "HEAD", "OPTIONS"):  # anything that may change state
         origin = request.headers.get("Origin")
         if origin is not None and origin.lower() != f"{request.scheme}://{host}":
             raise ApiError(403, f"cross-origin request from {origin!r} refused")
@@ -140,7 +140,8 @@ def _maybe_gzip(response: Response) -> Response:
     data = response.get_data()
     if len(data) < GZIP_MIN:
         return response
-    response.set_data(gzip.compress(data, compresslevel=5))
+    # Level 1 for the big ones (a page load's full metrics): 3x faster than 5, 1/4 bigger.
+    response.set_data(gzip.compress(data, compresslevel=1 if len(data) > 65536 else 5))
     response.headers["Content-Encoding"] = "gzip"
     response.headers["Vary"] = "Accept-Encoding"
     return response

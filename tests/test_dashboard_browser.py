@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from dashboard import create_app
+from dashboard.serve import MAX_POINTS
 from dashboard.streaming import StreamingCollector
 from dashboard.synthetic import SyntheticJob, gpu
 from orchestrator.cluster import load_cluster
@@ -81,7 +82,7 @@ def live(sshd, fab, tmp_path):
     agent.start()
 
     session = Session(cluster)
-    collector = StreamingCollector(session, max_points=500)  # what fab dashboard uses
+    collector = StreamingCollector(session, max_points=MAX_POINTS)  # as fab dashboard
     collector.start(0.5)
     port = free_port(["127.0.0.1"])
     app = create_app({"COLLECTOR": collector, "DASHBOARD_TOKEN": TOKEN, "REFRESH_MS": 500, "KILL_GRACE": 2.0,
