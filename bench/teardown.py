@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -99,6 +100,7 @@ class Bench:
         if live_marked(self.ws.values()):
             subprocess.run([FAB, "kill-all", "--grace", "1"], cwd=REPO, env=self.env, capture_output=True)
         self.sshd.close()
+        shutil.rmtree(self.root, ignore_errors=True)
 
     def jd(self, name: str) -> Path:
         return self.ws[name] / "jobs" / self.job_id
