@@ -10,7 +10,10 @@ shard per trainer, in one run, best of --repeat:
 Prints throughput (MB/s of shard data) and the ratio copy-data / plain rsync
 (target >= 0.8), and for the second copy the remote commands and bytes sent.
 
-    .venv/bin/python -m bench.copy [--size-mb 300] [--repeat 3]   # not `python bench/copy.py`: it would shadow the stdlib copy module
+    .venv/bin/python bench/copy_data.py [--size-mb 300] [--repeat 3]
+
+(Not bench/copy.py: a script of that name shadows the standard library's copy module
+for every script run from bench/.)
 """
 from __future__ import annotations
 
