@@ -124,13 +124,24 @@ def marked_pids(ws):
     return found
 
 
+_children = None  # ppid -> [pid], from one /proc scan; reset at the start of each op
+
+
 def children_of(pid):
-    kids = []
-    for p in all_pids():
-        st = proc_stat(p)
-        if st is not None and st[1] == pid:
-            kids.append(p)
-    return kids
+    global _children
+    if _children is None:
+        _children = {}
+        for p in all_pids():
+            st = proc_stat(p)
+            if st is not None:
+                _children.setdefault(st[1], []).append(p)
+    return list(_children.get(pid, ()))
+
+
+def fresh_scan():
+    """Forget the cached /proc scan: an op sees processes as they are now."""
+    global _children
+    _children = None
 
 
 def tail_lines(path, n, max_bytes=65536):
@@ -363,6 +374,7 @@ def op_start(payload):
 
 
 def op_status(payload):
+    fresh_scan()
     ws = workspace(payload)
     jd = job_dir(ws, payload.get("job_id"))
     if not jd or not os.path.isdir(jd):
@@ -437,6 +449,7 @@ def op_logs(payload):
 
 def op_kill(payload):
     """SIGTERM every job process group, grace, SIGKILL; then sweep by job marker."""
+    fresh_scan()
     ws = workspace(payload)
     grace = float(payload.get("grace", 5.0))
     jobs_root = os.path.join(ws, "jobs")
@@ -578,6 +591,7 @@ def op_collect(payload):
     lines are returned, so a record is never split; at most max_bytes per file
     per call, so a long run is caught up over several calls.
     """
+    fresh_scan()
     ws = workspace(payload)
     jd = job_dir(ws, payload.get("job_id"))
     reply = {"time": time.time(), "job_id": None}
