@@ -243,21 +243,29 @@ class Collector:
     # -- views --------------------------------------------------------------------------
 
     def job_state(self) -> str:
-        """starting, running, finished, failed or killed: from every node's processes."""
+        """starting, running, finished, failed or killed.
+
+        The agents' verdicts come first: they saw every exit as it happened,
+        and after a normal end they stop the pservers themselves (SIGTERM, so
+        exit 143), which by exit codes alone would read as a failure.
+        """
         with self.lock:
             procs = [p for v in self.nodes.values() for p in v.processes if p.get("name") != "agent"]
+            kinds = {e.get("kind") for e in self.events}
             if any(v.killed for v in self.nodes.values()):
                 return "killed"
             if not procs:
                 return "starting" if any(v.job_id for v in self.nodes.values()) else "no job"
-            if any(p["state"] == "exited" and p.get("exit_code") not in (0, None) for p in procs) or \
-                    any(p["state"] == "lost" for p in procs):
+            if "job_failed" in kinds:
                 return "failed"
-            if any(e.get("kind") in ("job_failed", "failed") for e in self.events):
-                return "failed"
+            if "finished" in kinds:
+                return "finished"
             trainers = [p for p in procs if p["name"].startswith("trainer")]
             if trainers and all(p["state"] == "exited" and p.get("exit_code") == 0 for p in trainers):
                 return "finished"
+            if any(p["state"] == "exited" and p.get("exit_code") not in (0, None) for p in procs) or \
+                    any(p["state"] == "lost" for p in procs):
+                return "failed"
             if any(p["state"] == "not started" for p in procs):
                 return "starting"
             return "running"
