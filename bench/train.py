@@ -10,8 +10,8 @@
     through a real pserver) against raw gloo send/recv of the same bytes.
 
 Every job is the real programs (python -m workload.pserver / trainer / ddp)
-on 127.0.0.1, one torch thread each. samples/s is the sum over the trainers,
-measured from their metrics files between a warm-up step and the last step.
+on 127.0.0.1, one torch thread each. samples/s is the sum over the trainers
+of each one's median step rate after a warm-up, read from its metrics file.
 Prints each figure and the ratios against the targets of docs/workload.md.
 """
 import os
@@ -56,13 +56,17 @@ def run_all(procs, timeout=240):
             raise SystemExit(f"bench: {name} exited {code}")
 
 
-def throughput(metrics_files, batch_size, warmup):
-    """Samples/s summed over the trainers, between step `warmup` and each trainer's last step."""
+def throughput(metrics_files, warmup):
+    """Samples/s summed over the trainers: each trainer's median over its steps after `warmup`.
+
+    Every step is a metrics record (--log_every 1) whose samples_per_s is that step's rate. The
+    median, not the mean, because other work on this machine stalls a few steps at random.
+    """
     total = 0.0
     for path in metrics_files:
-        steps = [r for r in read_metrics(path) if "eval_loss" not in r and r["step"] >= warmup]
-        first, last = steps[0], steps[-1]
-        total += (last["step"] - first["step"]) * batch_size / (last["ts"] - first["ts"])
+        rates = sorted(r["samples_per_s"] for r in read_metrics(path)
+                       if "eval_loss" not in r and "evaluated" not in r and r["step"] > warmup)
+        total += rates[len(rates) // 2]
     return total
 
 
@@ -81,7 +85,7 @@ def ps_job(workdir, data, flags, sgd, batch_size, warmup):
              "--batch_size", str(batch_size), "--metrics", str(files[-1]), "--log_every", "1"],
             cwd=REPO, env=env, stdout=log, stderr=log)
     run_all(procs)
-    return throughput(files, batch_size, warmup)
+    return throughput(files, warmup)
 
 
 def ddp_job(workdir, data, flags, batch_size, warmup):
@@ -94,7 +98,7 @@ def ddp_job(workdir, data, flags, batch_size, warmup):
             [sys.executable, "-m", "workload.ddp", "--data", str(data), *flags, "--batch_size", str(batch_size),
              "--metrics", str(files[-1]), "--log_every", "1"], cwd=REPO, env=env, stdout=log, stderr=log)
     run_all(procs)
-    return throughput(files, batch_size, warmup)
+    return throughput(files, warmup)
 
 
 # -- (c) bandwidth: two helper processes, started as `bench/train.py --role ...` -----------------

@@ -134,6 +134,11 @@ def start_ps_job(job, data, pservers=1, trainers=2, sgd="sync", host="127.0.0.1"
     return job
 
 
+def is_training_record(record):
+    """Not an evaluation result, nor a heartbeat written during evaluation."""
+    return "eval_loss" not in record and "evaluated" not in record
+
+
 def assert_all_exit(job, code=0, timeout=90):
     codes = job.wait(timeout)
     details = "\n".join(f"--- {n}: {c}\n{job.stderr(n)[-2000:]}" for n, c in codes.items() if c != code)
@@ -200,7 +205,7 @@ def test_sync_sgd_equals_one_process_on_the_concatenated_batches(jobs, corpus, t
         assert torch.allclose(dense, torch.cat([p.detach().flatten() for p in ref_dense]), atol=1e-6, rtol=1e-4)
 
     records = job.metrics("trainer-0")
-    assert [r["step"] for r in records if "eval_loss" not in r] == list(range(1, steps + 1))
+    assert [r["step"] for r in records if is_training_record(r)] == list(range(1, steps + 1))
     assert {"ts", "role", "rank", "step", "epoch", "loss", "samples_per_s", "lr"} <= set(records[0])
     assert records[-1]["eval_loss"] > 0 and records[-1]["eval_samples"] > 0
 
@@ -220,7 +225,7 @@ def test_async_sgd_discards_gradients_older_than_the_bound_and_counts_them(jobs,
     assert_all_exit(job, 0)
     pserver = job.metrics("pserver-0")[-1]
     trainers = [job.metrics(f"trainer-{t}") for t in range(2)]
-    discarded = [[r for r in m if "eval_loss" not in r][-1]["discarded_gradients"] for m in trainers]
+    discarded = [[r for r in m if is_training_record(r)][-1]["discarded_gradients"] for m in trainers]
     assert pserver["discarded_gradients"] == sum(discarded) > 0
     # every gradient was either applied (one update each) or discarded
     assert pserver["updates"] + pserver["discarded_gradients"] == 2 * 60
@@ -238,7 +243,7 @@ def test_interrupted_job_resumes_with_the_same_loss_curve(jobs, corpus, tmp_path
     _, expected = reference_run(corpus, flags, trainers=2, steps=steps)
 
     def losses(job):
-        return {r["step"]: r["loss"] for r in job.metrics("trainer-0") if "eval_loss" not in r}
+        return {r["step"]: r["loss"] for r in job.metrics("trainer-0") if is_training_record(r)}
 
     first = start_ps_job(jobs("first"), corpus, trainer_flags=flags, pserver_flags=ps_flags)
     first.wait_for_step("trainer-0", 30)
@@ -353,7 +358,7 @@ def test_collective_evaluation_counts_each_test_example_once(jobs, tmp_path):
     assert_all_exit(more, 0)
     last_step = evals[-1]["step"]
     for rank in range(2):
-        steps = [r["step"] for r in more.metrics(f"rank-{rank}") if "eval_loss" not in r]
+        steps = [r["step"] for r in more.metrics(f"rank-{rank}") if is_training_record(r)]
         assert steps == list(range(last_step + 1, last_step + 1 + len(steps))) and steps, (rank, steps)
         assert f"at step {last_step}" in (more.workdir / f"rank-{rank}.out").read_text()
     # FSDP shards the parameters yet computes the same thing.

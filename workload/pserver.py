@@ -296,7 +296,12 @@ class ParameterServer:
         """One optimiser step with the average of these trainers' gradients."""
         n = len(gradients)
         if len(self.dense):
-            dense = gradients[0][0] if n == 1 else torch.stack([g[0] for g in gradients]).sum(0).div_(n)
+            dense = gradients[0][0]
+            if n > 1:
+                dense = dense.clone()
+                for g in gradients[1:]:
+                    dense.add_(g[0])
+                dense.div_(n)
             self.optimizer.update(self.dense, dense, self.dense_state)
         for i, spec in enumerate(self.layout.tables):
             ids = torch.cat([g[1][i][0] for g in gradients])

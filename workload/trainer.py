@@ -116,7 +116,7 @@ class Trainer:
         loss_sum, count = 0.0, 0
         for i, rows in eval_batches(self.test_examples, self.args.eval_batch_size):
             batch = self.model.make_batch(rows, torch.Generator().manual_seed(derive_seed(self.args.seed, 9, i)))
-            self._pull(batch, want_dense=i == 0)    # dense values do not change in sync; once is enough
+            self._pull(batch, want_dense=i == 0)    # one snapshot of the dense values for the whole pass
             loss_sum += self.model(to_device(batch, self.device)).sum().item()
             count += len(rows)
             self.log.heartbeat(self.step, epoch, evaluated=count, of=len(self.test_examples))
