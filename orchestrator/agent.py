@@ -156,6 +156,7 @@ class Agent:
         nodes = [n["name"] for n in self.job.get("nodes", [])] or [self.node]
         self.coord_host = coord.get("host", "127.0.0.1")
         self.coord_port = int(coord.get("port", 7180))
+        self.coord_secret = coord.get("secret")
         self.is_coordinator = nodes[0] == self.node
         self.peer_timeout = max(5 * self.interval, 5.0)
         self.restarted = restarted
@@ -247,7 +248,7 @@ class Agent:
             self.coordinator = Coordinator(self.job_id, self.coord_host, self.coord_port,
                                            [n["name"] for n in self.job.get("nodes", [])], self.interval,
                                            self.peer_timeout, os.path.join(self.jd, "coordinator.json"),
-                                           on_event=self._coordinator_event)
+                                           on_event=self._coordinator_event, secret=self.coord_secret)
             self.coordinator.start()
         self.client = Client(self.coord_host, self.coord_port, self.interval, self._on_message)
         self.client.start()
@@ -954,7 +955,8 @@ class Agent:
         final = None
         if self.status["status"] in FINAL:
             final = dict(self.status)
-        beat = {"op": "beat", "job_id": self.job_id, "node": self.node, "ts": time.time(), "procs": procs,
+        beat = {"op": "beat", "job_id": self.job_id, "secret": self.coord_secret, "node": self.node,
+                "ts": time.time(), "procs": procs,
                 "done": done, "failure": self.local_failure, "final": final,
                 "trainers_expected": self.trainers_expected}
         key = json.dumps([procs, done, self.local_failure, final])

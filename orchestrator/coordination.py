@@ -4,7 +4,7 @@ The first node's agent (job.json ``nodes[0]``) hosts a `Coordinator` on
 ``watchdog.coordinator`` (host, port); every agent, that one included, keeps
 one TCP connection to it through a `Client`. The protocol is JSON lines:
 
-    agent -> coordinator   {"op": "beat", "job_id", "node", "seq", "ts", "procs": {name: {role, rank, state,
+    agent -> coordinator   {"op": "beat", "job_id", "secret", "node", "seq", "ts", "procs": {name: {role, rank, state,
                             exit_code}}, "done", "failure": {"reason"} | null,
                             "final": {"status", "reason", "node"} | null, "trainers_expected"}
     coordinator -> agent   {"op": "status", "job_id", "status": running|failed|finished, "reason", "node",
@@ -29,6 +29,7 @@ a few hundred lines of stdlib: selectors, sockets, json.
 """
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import selectors
@@ -57,9 +58,12 @@ class Coordinator(threading.Thread):
 
     def __init__(self, job_id: str, host: str, port: int, nodes: list[str], interval: float,
                  peer_timeout: float, state_path: str | None = None,
-                 on_event: Callable[..., None] | None = None):
+                 on_event: Callable[..., None] | None = None, secret: str | None = None):
         super().__init__(name="coordinator", daemon=True)
         self.job_id, self.host, self.port = job_id, host, port
+        # The job's secret (job.json, mode 0600 on the nodes): without it, anyone
+        # who can reach the port could fail the job or declare it finished.
+        self.secret = secret
         self.nodes = list(nodes)
         self.interval, self.peer_timeout = interval, peer_timeout
         self.state_path = state_path
@@ -154,6 +158,8 @@ class Coordinator(threading.Thread):
 
     def handle(self, msg: dict) -> tuple[dict | None, bool]:
         """(reply, broadcast?) for one message. Also used directly by the tests."""
+        if self.secret and not hmac.compare_digest(str(msg.get("secret") or "").encode(), self.secret.encode()):
+            return {"op": "error", "error": "wrong or missing job secret"}, False
         if msg.get("job_id") != self.job_id:
             if self.status["status"] in FINAL:
                 self.superseded = True

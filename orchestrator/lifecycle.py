@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shlex
 import subprocess
 import sys
@@ -185,7 +186,10 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
         raise UserError(f"--resume-from {resume_from!r}: not a job id (see `fab status` or <workspace>/jobs/)")
     if force:
         kill_all(session, grace=grace)
-    plan = make_plan(cluster, job_id, resume_from=resume_from)
+    # The agents' coordinator only listens to beats that carry the job's secret.
+    secret = previous.get("secret") if job_id == previous.get("job_id") else None
+    secret = secret or secrets.token_hex(16)
+    plan = make_plan(cluster, job_id, resume_from=resume_from, secret=secret)
     targets = [n for n in plan.nodes if any(p.role in roles for p in n.processes)]
 
     def one(t: Transport):
@@ -196,7 +200,8 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
 
     replies = session.map(one, [cluster.node(n.node) for n in targets])
     started_roles = sorted(set(previous.get("roles", [])) | set(roles)) if job_id == previous.get("job_id") else sorted(roles)
-    state.save(cluster.name, job_id=job_id, roles=started_roles, cluster=cluster.path, resume_from=resume_from)
+    state.save(cluster.name, job_id=job_id, roles=started_roles, cluster=cluster.path, resume_from=resume_from,
+               secret=secret)
     return StartResult(job_id, plan, replies)
 
 

@@ -31,9 +31,9 @@ def expand(value, ws):
     return value.replace("$WS", ws)
 
 
-def atomic_write(path, data):
+def atomic_write(path, data, mode=0o644):
     tmp = "%s.tmp.%d" % (path, os.getpid())
-    with open(tmp, "w") as f:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -336,7 +336,8 @@ def op_start(payload):
         if p["name"] in already:
             raise UserFacing("%s of job %s is already running here" % (p["name"], job["job_id"]))
 
-    atomic_write(os.path.join(jd, "job.json"), json.dumps(job, indent=1))
+    # 0600: it holds the coordinator's secret.
+    atomic_write(os.path.join(jd, "job.json"), json.dumps(job, indent=1), mode=0o600)
     tmp_link = os.path.join(ws, ".current.%d" % os.getpid())
     os.symlink(os.path.join("jobs", job["job_id"]), tmp_link)
     os.replace(tmp_link, os.path.join(ws, "current"))

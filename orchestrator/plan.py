@@ -85,7 +85,7 @@ class Plan:
             "python": n.python,
             "mode": self.mode,
             "sgd": self.sgd,
-            "nodes": [{"name": m.node, "address": m.address} for m in self.nodes],
+            "nodes": [{"name": m.node, "address": m.address, "roles": sorted(m.roles())} for m in self.nodes],
             "watchdog": self.watchdog,
             "processes": [asdict(p) | {"argv": list(p.argv), "launch": p.launch_argv()} for p in n.processes],
         }
@@ -119,7 +119,7 @@ def is_torchrun(command: str) -> bool:
     return len(argv) >= 3 and argv[1] == "-m" and argv[2] == "torch.distributed.run"
 
 
-def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None) -> Plan:
+def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, secret: str | None = None) -> Plan:
     job = cluster.job
     trainer_nodes = cluster.trainer_nodes
     per_node = job.trainer.per_node
@@ -195,6 +195,8 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None) -> 
         # The agents' shared view of the job lives with the first node's agent.
         "coordinator": {"host": cluster.nodes[0].address, "port": w.port},
     }
+    if secret:
+        watchdog["coordinator"]["secret"] = secret
     return Plan(job_id=job_id, cluster=cluster.name, mode=job.mode, sgd=job.sgd, nodes=tuple(node_plans),
                 watchdog=watchdog, pserver_endpoints=pserver_endpoints,
                 master=f"{master.address}:{job.master_port}")

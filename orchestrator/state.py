@@ -29,6 +29,9 @@ def save(cluster_name: str, **fields) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {**fields, "updated": time.time()}
     tmp = path.with_suffix(f".tmp.{os.getpid()}")
-    tmp.write_text(json.dumps(data))
+    # It holds the job's coordinator secret: readable by this user only.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(data))
     os.replace(tmp, path)
     return data
