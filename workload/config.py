@@ -111,14 +111,14 @@ def add_cluster_flags(p):
     add(p, "--pservers", str, "127.0.0.1", ["PADDLE_INIT_PSERVERS"],
         "comma list of pserver IPs, in pserver-rank order")
     add(p, "--sgd", str, "sync", ["FABTRAIN_SGD"], "sync or async SGD", choices=["sync", "async"])
-    add_timeout_flags(p)
-
-
-def add_timeout_flags(p):
-    add(p, "--timeout", positive_float, 60.0, ["FABTRAIN_PG_TIMEOUT"],
-        "seconds any one message or collective may take before the job fails")
+    add_timeout_flag(p)
     add(p, "--startup_timeout", positive_float, 300.0, ["FABTRAIN_STARTUP_TIMEOUT"],
         "seconds to wait for every process to join at start")
+
+
+def add_timeout_flag(p):
+    add(p, "--timeout", positive_float, 60.0, ["FABTRAIN_PG_TIMEOUT"],
+        "process-group timeout: seconds any one message or collective may take before the job fails")
 
 
 def add_training_flags(p):
@@ -221,7 +221,7 @@ def parse_pserver_args(argv=None):
 def parse_ddp_args(argv=None):
     p = OneLineParser(prog="workload.ddp", description="Collective (DDP / FSDP) trainer.")
     add_training_flags(p)
-    add_timeout_flags(p)
+    add_timeout_flag(p)
     add(p, "--sparse_embedding", bool, False, [], "nn.Embedding(sparse=True): all-reduce only the touched rows")
     add(p, "--fsdp", bool, False, [], "shard parameters with FSDP2 fully_shard instead of DDP")
     add(p, "--checkpoint_dir", str, None, ["FABTRAIN_CHECKPOINT_DIR"], "where to save and resume (none: no checkpoints)")
