@@ -52,6 +52,9 @@ def join_job(host, port, rank, world_size, describe, startup_timeout, timeout):
     """
     choose_gloo_interface(host)
     is_host = rank == 0
+    deadline = time.monotonic() + startup_timeout
+    if not is_host:
+        wait_until_listening(host, port, deadline, lambda: f"{describe(0)} at {host}:{port}", startup_timeout)
     try:
         store = dist.TCPStore(host, port, None, is_host, timeout=timedelta(seconds=startup_timeout),
                               wait_for_workers=False)
@@ -61,7 +64,6 @@ def join_job(host, port, rank, world_size, describe, startup_timeout, timeout):
         raise StartupFailed(f"cannot reach {describe(0)} at {host}:{port} within {startup_timeout:g} s") from None
     store.set(f"joined/{rank}", "1")
     joined = store.add("joined", 1)
-    deadline = time.monotonic() + startup_timeout
     while joined < world_size:
         if time.monotonic() > deadline:
             missing = [describe(r) for r in range(world_size) if not store.check([f"joined/{r}"])]
@@ -71,6 +73,19 @@ def join_job(host, port, rank, world_size, describe, startup_timeout, timeout):
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout))
     return store
+
+
+def wait_until_listening(host, port, deadline, what, startup_timeout):
+    """Wait for the store's port to accept connections. TCPStore would retry by itself, but it logs
+    every failed attempt with a C++ stack trace: a peer that starts later is normal, not an error."""
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=2).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise StartupFailed(f"cannot reach {what()} within {startup_timeout:g} s") from None
+            time.sleep(0.2)
 
 
 def first_line(error):
