@@ -31,9 +31,9 @@ from workload import checkpoint
 from workload.config import UsageError, parse_pserver_args, run_main
 from workload.metrics import MetricsWriter
 from workload.optim import make_optimizer, new_state, update_rows
-from workload.ps_protocol import (ABORT, ABORTED, CONFIG, DONE, HELLO, PULL, REPLY, STEP, TRAINER, Header, Layout,
-                                  Peer, PeerLost, body_bytes, carries_dense, pack, request_sizes, split_sizes,
-                                  unpack)
+from workload.ps_protocol import (ABORT, ABORTED, CONFIG, DONE, HELLO, KIND_NAMES, PULL, REPLY, STEP, TRAINER,
+                                  Header, Layout, Peer, PeerLost, body_bytes, carries_dense, pack, request_sizes,
+                                  split_sizes, unpack)
 from workload.rendezvous import StartupFailed, join_job
 from workload.tables import init_rows
 
@@ -103,7 +103,7 @@ class ParameterServer:
         trainer0 = self.trainers[0]
         header = trainer0.recv_header()
         if header.kind != CONFIG:
-            raise PeerLost(TRAINER, 0, f"sent message kind {header.kind} before CONFIG")
+            raise PeerLost(TRAINER, 0, f"sent {KIND_NAMES.get(header.kind, header.kind)} before CONFIG")
         body, works = trainer0.post_recv_body(header.config_bytes)
         trainer0.wait(works)
         config = json.loads(unpack(body, request_sizes(header, None))[2])
