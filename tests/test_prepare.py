@@ -476,6 +476,45 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, args, needles
     assert sorted(os.listdir(tmp_path)) == before      # no output dir, no temp dir
 
 
+def test_sigterm_mid_download_exits_130_and_leaves_nothing(tmp_path):
+    import signal
+    import socket
+    import threading
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    sent = threading.Event()
+
+    def stall():
+        conn, _ = srv.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 10000000\r\n\r\n" + b"x\n" * 5000)
+        sent.set()
+        threading.Event().wait(20)      # never finish the body
+        conn.close()
+
+    threading.Thread(target=stall, daemon=True).start()
+    proc = subprocess.Popen([sys.executable, PREPARE, "--input", f"http://127.0.0.1:{port}/c.txt",
+                             "--out", "o", "--split-count", "1"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert sent.wait(20)
+        deadline = 50
+        while not no_leftovers(tmp_path) and deadline:   # the download has begun
+            threading.Event().wait(0.1)
+            deadline -= 1
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        srv.close()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == ["prepare.py: interrupted (temporary files removed)"]
+    assert not (tmp_path / "o").exists() and not no_leftovers(tmp_path)
+
+
 def test_test_input_with_too_few_lines_leaves_no_train_shards(tmp_path):
     (tmp_path / "in.txt").write_bytes(corpus())
     (tmp_path / "t.txt").write_bytes(b"only one\n")

@@ -15,7 +15,6 @@ options is refused unless ``force``.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import shutil
