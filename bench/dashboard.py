@@ -26,7 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # Run as a script, bench/ would come first on sys.path, and a bench/<name>.py
-# would shadow a standard module of that name (bench/copy.py shadows copy).
+# would shadow a standard module of that name (a bench/copy.py would shadow copy).
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
 sys.path.insert(0, str(REPO))
 

@@ -17,7 +17,7 @@ Prints each figure and the ratios against the targets of docs/workload.md.
 import os
 import sys
 
-# Import from the repository root, not from bench/: a module there (bench/copy.py) would
+# Import from the repository root, not from bench/: a module there named like a stdlib one would
 # shadow the standard library's for every import that follows.
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
