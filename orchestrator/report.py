@@ -34,12 +34,14 @@ def plan_text(plan: Plan) -> str:
     return "\n".join(out)
 
 
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "?"
+def human_bytes(n: float | None, compact: bool = False) -> str:
+    """1536 -> "1.5 KiB" (compact: "1.5K"); None or not a number -> "?" ("-")."""
+    if not isinstance(n, (int, float)):
+        return "-" if compact else "?"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+            shown = unit[0] if compact else f" {unit}"
+            return f"{n:.0f}{shown}" if unit == "B" else f"{n:.1f}{shown}"
         n /= 1024
     return "?"
 

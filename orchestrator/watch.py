@@ -12,6 +12,7 @@ import time
 from typing import TextIO
 
 from .collector import Collector
+from .report import human_bytes
 from .session import Session
 
 EXIT_FINISHED, EXIT_FAILED, EXIT_KILLED, EXIT_TIMEOUT = 0, 1, 3, 124
@@ -23,13 +24,7 @@ def _pct(v) -> str:
 
 
 def _bytes(n) -> str:
-    if not isinstance(n, (int, float)):
-        return "-"
-    for unit in ("B", "K", "M", "G", "T"):
-        if abs(n) < 1024 or unit == "T":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n /= 1024
-    return "-"
+    return human_bytes(n, compact=True)
 
 
 def _age(ts, now) -> str:

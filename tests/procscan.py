@@ -2,6 +2,18 @@
 from __future__ import annotations
 
 import os
+import time
+
+
+def wait_for(predicate, timeout=10.0, interval=0.05):
+    """Poll until predicate() is truthy or the time is up; return its last value."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
 
 
 def stat(pid: int):

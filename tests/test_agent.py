@@ -16,7 +16,7 @@ import pytest
 from orchestrator import health
 from orchestrator.coordination import Client, Coordinator
 from tests.conftest import FAB, REPO
-from tests.procscan import live_marked
+from tests.procscan import live_marked, wait_for
 from tests.sshd import free_port, write_cluster
 
 pytestmark = pytest.mark.timeout(90)
@@ -24,14 +24,6 @@ pytestmark = pytest.mark.timeout(90)
 FAKE = "python tests/programs/fakejob.py"
 
 
-def wait_for(predicate, timeout=10.0, interval=0.05):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
 
 
 def beat(node, job="j1", procs=None, **kw):

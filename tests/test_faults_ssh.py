@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FAB, REPO
-from tests.procscan import live_marked
+from tests.procscan import live_marked, wait_for
 from tests.sshd import free_port, write_cluster
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(120)]
@@ -140,14 +140,6 @@ def ppid(pid: int) -> int | None:
         return None
 
 
-def wait_for(predicate, timeout=10.0, interval=0.05):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procscan import live_marked
+from tests.procscan import live_marked, wait_for
 from tests.sshd import write_cluster
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(240)]
@@ -15,14 +15,6 @@ pytestmark = [pytest.mark.ssh, pytest.mark.timeout(240)]
 TICKER = "python tests/programs/ticker.py --pservers={pservers} --id={trainer_id}"
 
 
-def wait_for(predicate, timeout=10.0, interval=0.05):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
 
 
 @pytest.fixture
