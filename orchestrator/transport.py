@@ -218,6 +218,9 @@ def describe_connect_error(node: Node, e: Exception) -> str:
         return f"{where}: unreachable: cannot resolve host name {node.host!r}"
     if isinstance(e, (OSError, EOFError)):
         return f"{where}: unreachable: {e.strerror if getattr(e, 'strerror', None) else e}"
+    if isinstance(e, paramiko.SSHException) and "No authentication methods available" in str(e):
+        return (f"{where}: authentication failed: no key, ssh-agent or password to offer; set ssh.key, "
+                f"load a key into ssh-agent, or use fab --prompt-for-login-password")
     if isinstance(e, paramiko.SSHException):
         return f"{where}: ssh error: {e}"
     if isinstance(e, invoke.UnexpectedExit):

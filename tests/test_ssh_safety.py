@@ -112,3 +112,31 @@ def test_a_wrong_user_key_fails_authentication_clearly(fab, tmp_path, sshd):
     path.write_text(path.read_text().replace(str(sshd.user_key), str(other)))
     out = fab("status", cluster=path)
     assert out.returncode == 1 and "authentication failed" in out.stdout
+
+
+def test_ssh_agent_authenticates_fabric_and_rsync_without_a_key_in_the_cluster_file(fab, tmp_path, sshd):
+    import os
+    import subprocess
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if sock.exists():
+                break
+            import time
+            time.sleep(0.05)
+        env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
+        subprocess.run(["ssh-add", "-q", str(sshd.user_key)], env=env, check=True, capture_output=True)
+        path = write_cluster(tmp_path / "c.yaml", sshd, ssh_nodes=[("node1", ["trainer"])], job=JOB)
+        path.write_text("\n".join(l for l in path.read_text().splitlines() if "key:" not in l) + "\n")
+        assert str(sshd.user_key) not in path.read_text()
+        home = tmp_path / "home"  # no ~/.ssh/id_* to fall back on: only the agent can log us in
+        home.mkdir()
+        out = fab("status", "deploy", cluster=path, env={"SSH_AUTH_SOCK": str(sock), "HOME": str(home)})
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "node1: code synced" in out.stdout
+        out = fab("status", cluster=path, env={"SSH_AUTH_SOCK": "", "HOME": str(home)})
+        assert out.returncode == 1 and "authentication failed: no key, ssh-agent or password" in out.stdout
+    finally:
+        agent.terminate()
+        agent.wait(5)
