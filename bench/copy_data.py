@@ -18,7 +18,6 @@ for every script run from bench/.)
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -87,10 +86,9 @@ def main() -> None:
             s = Session(cluster)
 
             def one(t: Transport):
-                extra, dest = t.rsync_destination(t.node.workspace + "/plain/")
+                extra, dest = t.rsync_destination(t.node.workspace + "/plain")
                 names = "\0".join(needed[t.node.name]).encode()
-                subprocess.run(["rsync", "-a", "--files-from=-", "--from0",
-                                f"--rsync-path=mkdir -p {t.node.workspace}/plain && rsync", *extra,
+                subprocess.run(["rsync", "-a", "--files-from=-", "--from0", *extra,
                                 f"{root / 'prepared'}/", dest], input=names, check=True)
             t0 = time.perf_counter()
             with ThreadPoolExecutor(len(sshd.nodes)) as pool:

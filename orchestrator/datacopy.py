@@ -115,15 +115,10 @@ def copy_data(session: Session, progress=None, bwlimit: int | None = None) -> li
 
 def _rsync_files(t: Transport, source_dir: Path, names: list[str], remote_dir: str, progress,
                  bwlimit: int | None = None) -> int:
-    transport_args, dest = t.rsync_destination(remote_dir.rstrip("/") + "/")
-    if t.node.is_local:
-        Path(dest).mkdir(parents=True, exist_ok=True)
-        mkdir = []
-    else:
-        from .transport import quote_path
-        mkdir = [f"--rsync-path=mkdir -p {quote_path(remote_dir)} && rsync"]
+    transport_args, dest = t.rsync_destination(remote_dir)
     argv = ["rsync", "-a", "--ignore-times", f"--partial-dir={PARTIAL_DIR}", "--files-from=-", "--from0",
-            "--info=progress2,stats1", "--no-inc-recursive", *([f"--bwlimit={bwlimit}"] if bwlimit else []), *mkdir, *transport_args, f"{source_dir}/", dest]
+            "--info=progress2,stats1", "--no-inc-recursive", *([f"--bwlimit={bwlimit}"] if bwlimit else []),
+            *transport_args, f"{source_dir}/", dest]
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     stderr_chunks: list[bytes] = []
     reader = threading.Thread(target=lambda: stderr_chunks.append(proc.stderr.read()), daemon=True)

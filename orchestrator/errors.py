@@ -14,8 +14,3 @@ class UserError(Exception):
     def __str__(self) -> str:  # keep it to one line whatever was passed in
         return " ".join(str(self.args[0]).split()) if self.args else "error"
 
-
-class NodeFailure(Exception):
-    """One or more nodes could not do what a task asked (exit code 1)."""
-
-    exit_code = 1

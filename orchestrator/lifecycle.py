@@ -5,10 +5,8 @@ node where it can) and returns per-node results; printing is `report`'s job.
 """
 from __future__ import annotations
 
-import os
 import re
 import secrets
-import shlex
 import subprocess
 import sys
 import time
@@ -19,7 +17,7 @@ from . import state
 from .errors import UserError
 from .plan import Plan, make_plan, new_job_id
 from .session import Session
-from .transport import NodeError, Reply, Transport, quote_path
+from .transport import NodeError, Reply, Transport
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEPLOY_EXCLUDES = (".git/", ".venv/", "venv/", "/data/", "__pycache__/", "*.pyc", ".fabtrain/",
@@ -124,13 +122,8 @@ def deploy(session: Session, source: Path = PROJECT_ROOT) -> list[Reply]:
 
 def _rsync(t: Transport, sources: list[str], remote_dir: str, extra: list[str] = (), timeout: float = 3600) -> dict:
     """One rsync to a directory on the node (made if missing), over the node's SSH settings."""
-    transport_args, dest = t.rsync_destination(remote_dir.rstrip("/") + "/")
-    if t.node.is_local:
-        os.makedirs(dest, exist_ok=True)
-        mkdir = []
-    else:
-        mkdir = [f"--rsync-path=mkdir -p {quote_path(remote_dir)} && rsync"]
-    argv = ["rsync", "-a", "--stats", *mkdir, *transport_args, *extra, *sources, dest]
+    transport_args, dest = t.rsync_destination(remote_dir)
+    argv = ["rsync", "-a", "--stats", *transport_args, *extra, *sources, dest]
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
@@ -220,7 +213,3 @@ def logs(session: Session, lines: int = 20, follow: bool = False, job_id: str | 
 
 def kill_all(session: Session, grace: float = 5.0) -> list[Reply]:
     return session.map(lambda t: t.call("kill", {"grace": grace}, timeout=grace + 60))
-
-
-def describe_argv(argv: list[str]) -> str:
-    return shlex.join(argv)

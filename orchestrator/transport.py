@@ -126,8 +126,12 @@ class Transport:
         except Exception as e:
             raise NodeError(describe_connect_error(self.node, e)) from None
 
-    def rsync_destination(self, remote_path: str) -> tuple[list[str], str]:
-        """(extra rsync args, destination) to copy into remote_path on this node."""
+    def rsync_destination(self, remote_dir: str) -> tuple[list[str], str]:
+        """(extra rsync args, destination) to copy into remote_dir on this node.
+
+        The directory is made if it is missing (here for a local node; by the
+        remote side's rsync-path for an SSH node), so no extra round trip.
+        """
         raise NotImplementedError
 
     def close(self) -> None:
@@ -139,9 +143,10 @@ class LocalTransport(Transport):
         self.node = node
         self.context = invoke.Context(config=config)
 
-    def rsync_destination(self, remote_path: str) -> tuple[list[str], str]:
-        import os
-        return [], os.path.expanduser(remote_path)
+    def rsync_destination(self, remote_dir: str) -> tuple[list[str], str]:
+        path = Path(remote_dir).expanduser()
+        path.mkdir(parents=True, exist_ok=True)
+        return [], f"{path}/"
 
 
 class SSHTransport(Transport):
@@ -189,10 +194,12 @@ class SSHTransport(Transport):
             cmd += ["-i", str(Path(ssh.key).expanduser())]
         return cmd
 
-    def rsync_destination(self, remote_path: str) -> tuple[list[str], str]:
+    def rsync_destination(self, remote_dir: str) -> tuple[list[str], str]:
+        remote_dir = remote_dir.rstrip("/")
         # rsync's remote paths are relative to the login's home, so ~/x -> x.
-        path = remote_path[2:] if remote_path.startswith("~/") else remote_path
-        return ["-e", shlex.join(self.ssh_command())], f"{self.node.host}:{path}"
+        path = remote_dir[2:] if remote_dir.startswith("~/") else remote_dir
+        return ["-e", shlex.join(self.ssh_command()),
+                f"--rsync-path=mkdir -p {quote_path(remote_dir)} && rsync"], f"{self.node.host}:{path}/"
 
     def close(self) -> None:
         self.context.close()

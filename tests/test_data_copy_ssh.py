@@ -98,7 +98,7 @@ def test_an_interrupted_copy_leaves_nothing_truncated_and_resumes(fab, data_clus
         assert not final.exists() or sha(final) == manifest["files"][final.name]["sha256"]
     partials = [p for n in ("node1", "node2", "node3") for p in (node_data(tmp, n) / ".rsync-partial").glob("*")
                 if (node_data(tmp, n) / ".rsync-partial").exists()]
-    out = fab("copy-data", cluster=path, check=True)
+    fab("copy-data", cluster=path, check=True)
     for i, node in enumerate(("node1", "node2", "node3")):
         final = node_data(tmp, node) / f"train.txt-{i:05d}"
         assert sha(final) == manifest["files"][final.name]["sha256"]

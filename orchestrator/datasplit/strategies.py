@@ -580,11 +580,7 @@ def _split_rr_parallel(stream: Stream, n: int, paths: list[str], names: list[str
                 progress.update(total)
             if c + p * nslots < len(chunks):
                 send(c + p * nslots)
-        results = []
-        for k in range(n):
-            os.fsync(fds[k])
-            results.append(ShardResult(names[k], kind, k, hashes[k].hexdigest(), nbytes[k], lines[k]))
-        return results
+        return _finish_shards(fds, names, kind, hashes, nbytes, lines)
     finally:
         for proc in procs:
             try:
@@ -606,6 +602,15 @@ def _split_rr_parallel(stream: Stream, n: int, paths: list[str], names: list[str
                 os.close(fd)
         for fd in fds:
             os.close(fd)
+
+
+def _finish_shards(fds, names, kind, hashes, nbytes, lines) -> list[ShardResult]:
+    """fsync every shard and describe it (the caller closes the fds)."""
+    results = []
+    for k, fd in enumerate(fds):
+        os.fsync(fd)
+        results.append(ShardResult(names[k], kind, k, hashes[k].hexdigest(), nbytes[k], lines[k]))
+    return results
 
 
 def _split_rr_serial(stream: Stream, n: int, paths: list[str], names: list[str], kind: str,
@@ -672,11 +677,7 @@ def _split_rr_serial(stream: Stream, n: int, paths: list[str], names: list[str],
     try:
         if failure:
             raise failure[0]
-        results = []
-        for k in range(n):
-            os.fsync(fds[k])
-            results.append(ShardResult(names[k], kind, k, hashes[k].hexdigest(), nbytes[k], lines[k]))
-        return results
+        return _finish_shards(fds, names, kind, hashes, nbytes, lines)
     finally:
         for fd in fds:
             os.close(fd)
