@@ -14,12 +14,25 @@ interleaved:
 Every run writes into a fresh directory next to the corpus (same file
 system); removing it is not timed.  The corpus stays in the page cache for
 every run (both tools read it warm).  prepare.py does more than split: it
-also reads every shard back for its sha256 and line count, fsyncs every
-file and writes MANIFEST.json.  For reference the table also shows GNU split
-followed by ``sync FILES`` (fsync of its outputs), which is not a target.
+also computes every shard's sha256 and line count, fsyncs every file and
+writes MANIFEST.json.  So the table also shows, as references measured in
+the same run:
 
-Targets: contiguous ratio (prepare / split) <= 1.0, round-robin <= 1.5.
-Everything is deleted at the end.
+* ``split+sync``: GNU split, then ``sync FILES`` (its outputs made durable);
+* ``split+sha+sync``: that plus the sha256 of every output, one
+  ``openssl dgst -sha256`` per file, all at once (OpenSSL uses the CPU's SHA
+  instructions; coreutils' sha256sum may not, and would flatter us) -- what
+  a user runs to get what prepare.py writes (shards, their checksums, on
+  disk), less the line counts;
+* two floors for the contiguous strategy: sha256 of the corpus in one
+  thread, and the kernel copy of the same byte ranges plus fsync with no
+  checksum at all.  Either one alone is longer than ``split -n l/N`` on a
+  small machine, which is why the issue's ratio <= 1.0 against bare split
+  cannot be met while the manifest holds checksums and files are durable.
+
+Targets: contiguous ratio (prepare / split) <= 1.0 (and, restated, <= 1.0
+against split+sha+sync), round-robin <= 1.5.  Everything is deleted at the
+end.
 """
 
 from __future__ import annotations
@@ -82,6 +95,48 @@ def timed(cmd, cwd) -> float:
     return dt
 
 
+def hash_all(files) -> float:
+    """sha256 of every file, one process per file, all at once."""
+    tool = ["openssl", "dgst", "-sha256"] if shutil.which("openssl") else ["sha256sum"]
+    t = time.perf_counter()
+    procs = [subprocess.Popen([*tool, f], stdout=subprocess.DEVNULL) for f in files]
+    if any(p.wait() for p in procs):
+        sys.exit(f"bench: {' '.join(tool)} failed")
+    return time.perf_counter() - t
+
+
+def copy_and_fsync(corpus: str, out: str, n: int) -> float:
+    """The floor of a durable contiguous split: the same byte ranges
+    (cut at line ends) copied by the kernel, in n threads, and fsynced --
+    no checksum, no line count."""
+    from concurrent.futures import ThreadPoolExecutor
+    size = os.path.getsize(corpus)
+    with open(corpus, "rb") as f:
+        cuts = [0]
+        for k in range(1, n):
+            f.seek(k * size // n)
+            f.readline()
+            cuts.append(f.tell())
+        cuts.append(size)
+
+    def one(k):
+        src = os.open(corpus, os.O_RDONLY)
+        dst = os.open(os.path.join(out, f"x{k}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            off, end = cuts[k], cuts[k + 1]
+            while off < end:
+                off += os.copy_file_range(src, dst, end - off, off)
+            os.fsync(dst)
+        finally:
+            os.close(src)
+            os.close(dst)
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(n) as pool:
+        list(pool.map(one, range(n)))
+    return time.perf_counter() - t
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mb", type=int, default=1024, help="corpus size in MiB (default 1024)")
@@ -104,10 +159,11 @@ def main(argv=None) -> int:
               f"made in {time.perf_counter() - t:.1f}s; N={args.n}, best of {args.repeat}; {version}; "
               f"python {sys.version.split()[0]}; {os.cpu_count()} CPUs")
         results = {}
+        tools = ("split", "prepare", "split+sync", "split+sha+sync")
         for strategy, mode in (("contiguous", "l"), ("round-robin", "r")):
-            best = {"split": float("inf"), "split+sync": float("inf"), "prepare": float("inf")}
+            best = {tool: float("inf") for tool in tools}
             for i in range(args.repeat):
-                for tool in ("split", "prepare", "split+sync"):
+                for tool in tools:
                     out = os.path.join(work, f"out-{tool}-{i}")
                     os.mkdir(out)
                     if tool == "prepare":
@@ -118,12 +174,20 @@ def main(argv=None) -> int:
                     else:
                         dt = timed([split_bin, "-n", f"{mode}/{args.n}", corpus,
                                     os.path.join(out, "x")], work)
-                        if tool == "split+sync":
-                            files = sorted(os.path.join(out, f) for f in os.listdir(out))
+                        files = sorted(os.path.join(out, f) for f in os.listdir(out))
+                        if tool == "split+sha+sync":
+                            dt += hash_all(files)
+                        if tool != "split":
                             dt += timed(["sync", *files], work)
                     best[tool] = min(best[tool], dt)
                     shutil.rmtree(out)
             results[strategy] = best
+        floor_copy = float("inf")
+        for i in range(args.repeat):
+            out = os.path.join(work, f"out-floor-{i}")
+            os.mkdir(out)
+            floor_copy = min(floor_copy, copy_and_fsync(corpus, out, args.n))
+            shutil.rmtree(out)
         # the floor of any tool that checksums every byte: sha256 of the corpus
         import hashlib
         sha_best = float("inf")
@@ -135,8 +199,8 @@ def main(argv=None) -> int:
                     h.update(block)
             sha_best = min(sha_best, time.perf_counter() - t)
         print()
-        print(f"{'strategy':<12} {'GNU split':>10} {'split+sync':>11} {'prepare.py':>11} "
-              f"{'ratio':>7} {'target':>7}  result")
+        print(f"{'strategy':<12} {'GNU split':>10} {'split+sync':>11} {'split+sha+sync':>15} "
+              f"{'prepare.py':>11} {'ratio':>7} {'target':>7}  result")
         ok = True
         for strategy, target in (("contiguous", 1.0), ("round-robin", 1.5)):
             b = results[strategy]
@@ -144,11 +208,16 @@ def main(argv=None) -> int:
             good = ratio <= target
             ok &= good
             print(f"{strategy:<12} {b['split']:>9.2f}s {b['split+sync']:>10.2f}s "
-                  f"{b['prepare']:>10.2f}s {ratio:>7.2f} {target:>7.2f}  "
-                  f"{'met' if good else 'MISSED'}")
-        print("\nratio = prepare.py / GNU split (lower is better); split+sync is for reference")
-        print(f"reference: sha256 of the whole corpus in one thread (python hashlib): "
-              f"{sha_best:.2f}s")
+                  f"{b['split+sha+sync']:>14.2f}s {b['prepare']:>10.2f}s {ratio:>7.2f} "
+                  f"{target:>7.2f}  {'met' if good else 'MISSED'}")
+        b = results["contiguous"]
+        like = b["prepare"] / b["split+sha+sync"]
+        print(f"{'contiguous, against split+sha+sync (restated target <= 1.00)':<62} "
+              f"{like:>5.2f}  {'met' if like <= 1.0 else 'MISSED'}")
+        print("\nratio = prepare.py / GNU split (lower is better)")
+        print(f"floors of the contiguous strategy, same run: sha256 of the whole corpus in one "
+              f"thread (python hashlib) {sha_best:.2f}s, over {os.cpu_count()} CPUs at best {sha_best / (os.cpu_count() or 1):.2f}s; kernel copy of the same ranges + fsync, "
+              f"no checksum {floor_copy:.2f}s; GNU split -n l/{args.n} {b['split']:.2f}s")
         print(f"load average at the end: {_load()} (other work on the machine slows both tools)")
         return 0 if ok else 1
     finally:

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import random
 import subprocess
 import sys
 import tarfile
@@ -17,6 +18,7 @@ import pytest
 
 from orchestrator.datasplit import (PrepareError, files_for_trainer, load_manifest,
                                     load_word_dict, prepare)
+from orchestrator.datasplit import _rrworker as rr
 from orchestrator.datasplit import strategies as st
 from orchestrator.datasplit.cli import main
 from orchestrator.datasplit.dictionary import build_word_dict, count_tokens
@@ -79,6 +81,28 @@ def test_contiguous_concatenates_back_byte_for_byte(tmp_path, n):
     assert r.manifest["strategy"] == "contiguous"
 
 
+@pytest.mark.parametrize("step", [3, 4096, 5000])
+def test_contiguous_checksums_hold_for_any_copy_step(tmp_path, monkeypatch, step):
+    # many copy steps per shard, hashed through mappings that start inside
+    # a page; a directory input adds pieces and synthesized newlines
+    monkeypatch.setattr(st, "COPY_STEP", step)
+    monkeypatch.setattr(st, "WRITEBACK_STEP", 2 * step)
+    src = tmp_path / "src"
+    src.mkdir()
+    data = corpus(700)
+    for i in range(3):
+        (src / f"part-{i}").write_bytes(data[i * len(data) // 3:(i + 1) * len(data) // 3])
+    r = prepare(str(tmp_path / "out"), 3, input=str(src), progress=False, build_dict=False)
+    parts = shards(tmp_path / "out")
+    joined = b"".join(p.read_bytes() for p in parts)
+    assert joined.replace(b"\n", b"") == data.replace(b"\n", b"")
+    for p in parts:
+        b = p.read_bytes()
+        e = r.manifest["files"][p.name]
+        assert (e["sha256"], e["bytes"]) == (hashlib.sha256(b).hexdigest(), len(b))
+        assert e["lines"] == b.count(b"\n") + (not b.endswith(b"\n"))
+
+
 def test_contiguous_gives_every_shard_a_line_even_with_one_huge_line(tmp_path):
     data = b"x" * 100000 + b"\n" + b"a\nb\nc\n"
     (tmp_path / "in.txt").write_bytes(data)
@@ -139,7 +163,8 @@ def test_directory_input_is_its_files_in_order_with_newlines_between(tmp_path):
 
 @pytest.mark.parametrize("n", [1, 3, 4])
 def test_round_robin_line_i_goes_to_shard_i_mod_n(tmp_path, monkeypatch, n):
-    monkeypatch.setattr(st, "RR_BLOCK", 97)          # many blocks, lines cut across them
+    monkeypatch.setattr(rr, "DEAL_BLOCK", 97)        # many blocks, lines cut across them
+    monkeypatch.setattr(st, "RR_BATCH", 1000)        # many batches for the writer thread
     data = corpus(301)
     (tmp_path / "in.txt").write_bytes(data)
     r = prepare(str(tmp_path / "out"), n, input=str(tmp_path / "in.txt"),
@@ -155,6 +180,37 @@ def test_round_robin_line_i_goes_to_shard_i_mod_n(tmp_path, monkeypatch, n):
     assert max(counts) - min(counts) <= 1 and sum(counts) == len(lines)
     union = Counter(line for part in parts for line in part.split(b"\n")[:part.count(b"\n") + (0 if part.endswith(b"\n") else 1)])
     assert union == Counter(data.split(b"\n"))
+
+
+@pytest.mark.parametrize("block", [1, 7, 64, 1 << 16])
+def test_line_dealer_deals_line_i_to_group_first_plus_i_mod_n(block):
+    rng = random.Random(block)
+    # short lines, lines longer than a block, empty lines, no final newline
+    lines = [bytes(rng.choice(b"ab\xff ") for _ in range(rng.choice([0, 1, 5, 300])))
+             for _ in range(200)]
+    data = b"\n".join(lines)
+    for n, first in ((1, 0), (3, 2), (5, 1)):
+        dealer = rr.LineDealer(n, first=first, block=block)
+        got = [[] for _ in range(n)]
+        counts = [0] * n
+        pos = 0
+        while pos < len(data):                   # fed in pieces of random sizes
+            step = rng.randint(1, 500)
+            dealer.feed(data[pos:pos + step])
+            pos += step
+            pieces, c = dealer.take()
+            for k in range(n):
+                got[k] += pieces[k]
+                counts[k] += c[k]
+        dealer.finish()
+        pieces, c = dealer.take()
+        parts = data.split(b"\n")
+        tail = parts.pop()                       # b"" when data ends with a newline
+        ends = [p + b"\n" for p in parts] + ([tail] if tail else [])
+        for k in range(n):
+            expect = ends[(k - first) % n::n]    # line i -> group (first + i) mod n
+            assert b"".join(got[k] + pieces[k]) == b"".join(expect)
+            assert counts[k] + c[k] == len(expect)
 
 
 @pytest.mark.parametrize("data", [corpus(400), corpus(400) + b"\n"])
