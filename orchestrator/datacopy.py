@@ -3,12 +3,20 @@
 split-data runs prepare.py's library on this machine for `job.data`, with
 one shard per trainer. copy-data then works node by node, in parallel:
 
-  1. verify   one remote command: sha256 of every file the node needs,
-              against MANIFEST.json (and the free disk)
+  1. verify   sha256 of every file the node needs, against MANIFEST.json
+              (and the free disk)
   2. rsync    only the files that are missing or differ, over the node's SSH
               settings; rsync writes each into a temp name and renames it when
               whole, and `--partial-dir` keeps an interrupted file for resuming
   3. verify   again, so what the trainers will read is known to be right
+
+Both verifies go through one node_ops process (an orchestrator.channel
+Channel), so the node's login shell and interpreter start once, not twice.
+Unless the last copy-data verified this very manifest on the node, rsync is
+started together with the first verify: its SSH connection and the node's
+login shell come up while the node hashes, and it reads the list of files
+to send only when the verify has answered (on a node with a `.bashrc` that
+runs `pyenv init` or `conda init`, each of those costs tenths of a second).
 
 A node that already has everything costs one remote command and sends
 nothing. A node with shared storage (`data.shared: true`) is only verified.
@@ -16,6 +24,7 @@ nothing. A node with shared storage (`data.shared: true`) is only verified.
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import state
+from .channel import Channel
 from .cluster import Cluster
 from .datasplit import MANIFEST_NAME, files_for_trainer, load_manifest, prepare
 from .datasplit.manifest import sha256_file
@@ -79,69 +90,124 @@ def copy_data(session: Session, progress=None, bwlimit: int | None = None) -> li
     manifest_sha = sha256_file(str(data_dir / MANIFEST_NAME))
     shared = cluster.job.data.shared
     remote_dir = cluster.job.data.dir if shared else "$WS/data"
+    # which manifest the last copy-data verified on each node (a hint, never trusted as proof)
+    held = state.data_on_nodes(cluster.name)
 
     def one(t: Transport) -> NodeCopy:
         names = needed[t.node.name]
         expected = {n: manifest["files"][n]["sha256"] for n in names if n in manifest["files"]}
         expected[MANIFEST_NAME] = manifest_sha
+        verify = {"dir": remote_dir, "files": expected}
         result = NodeCopy(t.node.name, files=len(names), shared=shared)
-        first = t.call("verify", {"dir": remote_dir, "files": expected}, timeout=3600)
-        stale = [n for n, state in first["files"].items() if state != "ok"]
-        if shared:
-            if stale:
-                raise NodeError(f"{t.node.name}: shared data at {remote_dir} does not match the manifest: "
-                                + ", ".join(f"{n} {first['files'][n]}" for n in stale[:5]))
+        push = None
+        if not shared and held.get(t.node.name) != manifest_sha:
+            push = RsyncPush(t, data_dir, t.node.workspace + "/data", bwlimit)  # likely needed
+        try:
+            channel = Channel(t, timeout=60)
+        except BaseException:
+            if push is not None:
+                push.cancel()
+            raise
+        try:
+            first = channel.request("verify", verify, timeout=3600)
+            stale = [n for n, state_ in first["files"].items() if state_ != "ok"]
+            if shared:
+                if stale:
+                    raise NodeError(f"{t.node.name}: shared data at {remote_dir} does not match the manifest: "
+                                    + ", ".join(f"{n} {first['files'][n]}" for n in stale[:5]))
+                result.verified = True
+                return result
+            if not stale:
+                result.verified = True
+                return result
+            need_bytes = sum(manifest["files"].get(n, {}).get("bytes", 0) for n in stale)
+            if need_bytes > first["disk_free"]:
+                raise NodeError(f"{t.node.name}: not enough disk for the data: {need_bytes >> 20} MiB to copy, "
+                                f"{first['disk_free'] >> 20} MiB free in {t.node.workspace}")
+            push = push or RsyncPush(t, data_dir, t.node.workspace + "/data", bwlimit)
+            result.bytes_sent = push.send(stale, progress)
+            result.sent = stale
+            second = channel.request("verify", verify, timeout=3600)
+            bad = [n for n, state_ in second["files"].items() if state_ != "ok"]
+            if bad:
+                raise NodeError(f"{t.node.name}: after copying, {', '.join(bad[:5])} still differ from the manifest")
             result.verified = True
             return result
-        to_send = stale
-        if not to_send:
-            result.verified = True
-            return result
-        need_bytes = sum(manifest["files"].get(n, {}).get("bytes", 0) for n in stale)
-        if need_bytes > first["disk_free"]:
-            raise NodeError(f"{t.node.name}: not enough disk for the data: {need_bytes >> 20} MiB to copy, "
-                            f"{first['disk_free'] >> 20} MiB free in {t.node.workspace}")
-        result.bytes_sent = _rsync_files(t, data_dir, to_send, t.node.workspace + "/data", progress, bwlimit)
-        result.sent = to_send
-        second = t.call("verify", {"dir": remote_dir, "files": expected}, timeout=3600)
-        bad = [n for n, state in second["files"].items() if state != "ok"]
-        if bad:
-            raise NodeError(f"{t.node.name}: after copying, {', '.join(bad[:5])} still differ from the manifest")
-        result.verified = True
-        return result
+        finally:
+            if push is not None:
+                push.cancel()
+            channel.close()
 
-    return session.map(one, [cluster.node(n) for n in needed])
+    replies = session.map(one, [cluster.node(n) for n in needed])
+    if not shared:
+        state.remember_data_on_nodes(cluster.name, {
+            r.node: manifest_sha if r.ok and r.value.verified else None for r in replies})
+    return replies
 
 
-def _rsync_files(t: Transport, source_dir: Path, names: list[str], remote_dir: str, progress,
-                 bwlimit: int | None = None) -> int:
-    transport_args, dest = t.rsync_destination(remote_dir)
-    argv = ["rsync", "-a", "--ignore-times", f"--partial-dir={PARTIAL_DIR}", "--files-from=-", "--from0",
-            "--info=progress2,stats1", "--no-inc-recursive", *([f"--bwlimit={bwlimit}"] if bwlimit else []),
-            *transport_args, f"{source_dir}/", dest]
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    stderr_chunks: list[bytes] = []
-    reader = threading.Thread(target=lambda: stderr_chunks.append(proc.stderr.read()), daemon=True)
-    reader.start()
-    proc.stdin.write(b"\0".join(n.encode() for n in names))
-    proc.stdin.close()
-    # Progress only for copies that take more than a second.
-    sent, last_report, buf = 0, time.time(), b""
-    while True:
-        chunk = proc.stdout.read1(4096) if hasattr(proc.stdout, "read1") else proc.stdout.read(4096)
-        if not chunk:
-            break
-        buf += chunk
-        *records, buf = re.split(rb"[\r\n]", buf)
-        for rec in records:
-            m = re.match(rb"\s*([\d,]+)\s+(\d+)%\s+(\S+)", rec)
-            if m:
-                sent = int(m.group(1).replace(b",", b""))
-                if progress and time.time() - last_report >= 1.0:
-                    last_report = time.time()
-                    progress(f"{t.node.name}: {m.group(2).decode()}% {sent >> 20} MiB {m.group(3).decode()}")
-    proc.wait()
-    reader.join()
-    if proc.returncode != 0:
-        raise NodeError(f"{t.node.name}: rsync failed: {rsync_reason(b''.join(stderr_chunks).decode(errors='replace'), proc.returncode)}")
-    return sent
+class RsyncPush:
+    """One rsync of some files of source_dir into remote_dir on one node.
+
+    It starts at once and reads the list of files on stdin (--files-from=-):
+    rsync opens its SSH connection and starts the node's side before it reads
+    the list, so that work overlaps whatever decides the list. send() gives
+    the list and waits; cancel() stops an rsync that is no longer wanted
+    (rsync ends its SSH child and the node's side on SIGTERM)."""
+
+    def __init__(self, t: Transport, source_dir: Path, remote_dir: str, bwlimit: int | None = None):
+        self.node = t.node.name
+        transport_args, dest = t.rsync_destination(remote_dir)
+        argv = ["rsync", "-a", "--ignore-times", f"--partial-dir={PARTIAL_DIR}", "--files-from=-", "--from0",
+                "--info=progress2,stats1", "--no-inc-recursive", *([f"--bwlimit={bwlimit}"] if bwlimit else []),
+                *transport_args, f"{source_dir}/", dest]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.stderr: list[bytes] = []
+        self.reader = threading.Thread(target=lambda: self.stderr.append(self.proc.stderr.read()), daemon=True)
+        self.reader.start()
+
+    def send(self, names: list[str], progress=None) -> int:
+        """Copy these files (relative to source_dir); the bytes sent."""
+        proc = self.proc
+        try:
+            proc.stdin.write(b"\0".join(n.encode() for n in names))
+            proc.stdin.close()
+        except BrokenPipeError:  # rsync already failed (say, the node refused it): reported below
+            pass
+        # Progress only for copies that take more than a second.
+        sent, last_report, buf = 0, time.time(), b""
+        while True:
+            chunk = proc.stdout.read1(4096) if hasattr(proc.stdout, "read1") else proc.stdout.read(4096)
+            if not chunk:
+                break
+            buf += chunk
+            *records, buf = re.split(rb"[\r\n]", buf)
+            for rec in records:
+                m = re.match(rb"\s*([\d,]+)\s+(\d+)%\s+(\S+)", rec)
+                if m:
+                    sent = int(m.group(1).replace(b",", b""))
+                    if progress and time.time() - last_report >= 1.0:
+                        last_report = time.time()
+                        progress(f"{self.node}: {m.group(2).decode()}% {sent >> 20} MiB {m.group(3).decode()}")
+        proc.wait()
+        self.reader.join()
+        if proc.returncode != 0:
+            reason = rsync_reason(b"".join(self.stderr).decode(errors="replace"), proc.returncode)
+            raise NodeError(f"{self.node}: rsync failed: {reason}")
+        return sent
+
+    def cancel(self) -> None:
+        """Stop it if it still runs (a no-op after send())."""
+        proc = self.proc
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for f in (proc.stdin, proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        self.reader.join(5)

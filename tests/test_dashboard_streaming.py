@@ -103,9 +103,9 @@ def test_a_lost_node_is_marked_down_and_reconnected(ssh_world):
 
 
 def test_the_node_side_loop_exits_when_idle_or_orphaned(tmp_path, monkeypatch):
-    import dashboard.streaming as streaming
+    import orchestrator.channel as channel
 
-    monkeypatch.setattr(streaming, "IDLE_EXIT", 1)
+    monkeypatch.setattr(channel, "IDLE_EXIT", 1)
     ws = tmp_path / "ws"
     (ws / "jobs").mkdir(parents=True)
     from orchestrator.cluster import parse_cluster

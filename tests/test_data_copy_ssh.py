@@ -10,6 +10,7 @@ import time
 import pytest
 
 from tests.conftest import FAB, REPO
+from tests.procscan import wait_for
 from tests.sshd import write_cluster
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(180)]
@@ -56,6 +57,37 @@ def test_each_node_gets_exactly_its_shards_and_a_second_copy_sends_nothing(fab, 
     assert out.stdout.count("already in place and verified, nothing sent") == 3, out.stdout
     after = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in before}
     assert after == before  # nothing rewritten
+
+
+def rsyncs_to(tmp):
+    out = subprocess.run(["pgrep", "-af", "rsync"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if str(tmp) in line]
+
+
+def test_copy_data_trusts_the_nodes_not_its_memory(fab, data_cluster, tmp_path):
+    """The controller remembers which manifest each node held after the last copy; that only
+    decides whether rsync starts early. Every node is verified either way."""
+    path, tmp = data_cluster
+    fab("split-data", "copy-data", cluster=path, check=True)
+    hint = json.loads(next((tmp_path / "controller-state").glob("*.data.json")).read_text())
+    assert sorted(hint["nodes"]) == ["node1", "node2", "node3"]
+    # remembered as holding the data, but it is gone: found missing and copied again
+    import shutil
+    shutil.rmtree(node_data(tmp, "node1"))
+    out = fab("copy-data", cluster=path, check=True)
+    assert re.search(r"^node1: 3 files verified, 3 sent", out.stdout, re.M), out.stdout
+    assert out.stdout.count("nothing sent") == 2
+    # not remembered (say, another controller copied it), but in place: the rsync started
+    # early is stopped, nothing is sent or rewritten, and no rsync is left running
+    for f in (tmp_path / "controller-state").glob("*.data.json"):
+        f.unlink()
+    before = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for n in ("node1", "node2", "node3")
+              for p in node_data(tmp, n).iterdir()}
+    out = fab("copy-data", cluster=path, check=True)
+    assert out.stdout.count("already in place and verified, nothing sent") == 3, out.stdout
+    assert {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in before} == before
+    # the node's side of the stopped rsync ends as soon as its sshd sees the connection close
+    assert wait_for(lambda: rsyncs_to(tmp) == [], timeout=10), rsyncs_to(tmp)
 
 
 def test_a_corrupted_shard_on_a_node_is_detected_and_repaired(fab, data_cluster):
