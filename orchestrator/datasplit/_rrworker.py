@@ -24,7 +24,6 @@ import sys
 # makes are still in the CPU cache when join() reads them, which halves the
 # cost per line against cutting megabytes at a time.
 DEAL_BLOCK = 64 << 10
-READ_BLOCK = 4 << 20
 
 
 class LineDealer:
@@ -44,27 +43,32 @@ class LineDealer:
         self.lines = [0] * n
         self.pieces = [[] for _ in range(n)]
 
-    def feed(self, data: bytes) -> None:
-        n, pieces, lines = self.n, self.pieces, self.lines
+    def feed(self, data) -> None:
+        """Deal the lines in data (bytes, bytearray or memoryview)."""
+        if isinstance(data, bytes) and len(data) <= self.block:
+            self._deal(data.split(b"\n"))
+            return
         view = memoryview(data)
         for off in range(0, len(view), self.block):
-            parts = bytes(view[off:off + self.block]).split(b"\n")
-            if len(parts) == 1:              # no line ends in this block
-                self.carry.append(parts[0])
-                continue
-            if self.carry:
-                self.carry.append(parts[0])
-                parts[0] = b"".join(self.carry)
-            last = parts.pop()
-            self.carry = [last] if last else []
-            first = self.next
-            for k in range(n):
-                sel = parts[(k - first) % n::n]
-                if sel:
-                    lines[k] += len(sel)
-                    sel.append(b"")          # join then ends with "\n", no extra copy
-                    pieces[k].append(b"\n".join(sel))
-            self.next = (first + len(parts)) % n
+            self._deal(bytes(view[off:off + self.block]).split(b"\n"))
+
+    def _deal(self, parts: list) -> None:
+        if len(parts) == 1:                  # no line ends in this block
+            self.carry.append(parts[0])
+            return
+        if self.carry:
+            self.carry.append(parts[0])
+            parts[0] = b"".join(self.carry)
+        last = parts.pop()
+        self.carry = [last] if last else []
+        n, pieces, lines, first = self.n, self.pieces, self.lines, self.next
+        for k in range(n):
+            sel = parts[(k - first) % n::n]
+            if sel:
+                lines[k] += len(sel)
+                sel.append(b"")                  # join then ends with "\n", no extra copy
+                pieces[k].append(b"\n".join(sel))
+        self.next = (first + len(parts)) % n
 
     def finish(self) -> None:
         if self.carry:
@@ -104,8 +108,6 @@ def main() -> int:
     n = hello["n"]
     slots = hello["slots"]
     fds = {}
-    buf = bytearray(READ_BLOCK)      # reused: no page faults for every read
-    view = memoryview(buf)
     for line in stdin:
         task = json.loads(line)
         dealer = LineDealer(n)
@@ -118,11 +120,12 @@ def main() -> int:
                 fd = fds[path] = os.open(path, os.O_RDONLY)
             end = off + length
             while off < end:
-                got = os.preadv(fd, [view[:min(end - off, READ_BLOCK)]], off)
-                if not got:
+                # read a block at a time straight into the bytes object split() cuts
+                data = os.pread(fd, min(end - off, dealer.block), off)
+                if not data:
                     raise SystemExit(f"{path}: input changed while it was read (shorter)")
-                dealer.feed(view[:got])
-                off += got
+                dealer.feed(data)
+                off += len(data)
         dealer.finish()
         groups, counts = dealer.take()
         sizes = [sum(len(p) for p in g) for g in groups]

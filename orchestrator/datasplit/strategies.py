@@ -50,6 +50,7 @@ STRATEGIES = ("contiguous", "round-robin", "files")
 READ_BLOCK = 8 << 20      # read-back / hashing block
 RR_BATCH = 8 << 20        # round-robin: input read, and handed to the writer, in these
 RR_CHUNK = 16 << 20       # round-robin chunk for a worker process
+RR_SLOTS = 2              # chunks in flight per worker
 RR_PARALLEL_MIN = 64 << 20  # inputs smaller than this are split in this process
 RR_WORKERS = None         # force a worker count (tests); None: by size and CPUs
 SCAN_BLOCK = 64 << 10     # looking for a line boundary
@@ -558,7 +559,7 @@ def _split_rr_parallel(stream: Stream, n: int, paths: list[str], names: list[str
 
     chunks = _rr_chunks(stream, RR_CHUNK)
     p = max(1, min(workers, len(chunks)))
-    nslots = 2
+    nslots = RR_SLOTS
     memfds = [[os.memfd_create(f"fabtrain-rr-{w}-{s}", getattr(os, "MFD_CLOEXEC", 1))
                for s in range(nslots)] for w in range(p)]
     maps: dict = {}
