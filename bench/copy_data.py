@@ -8,9 +8,16 @@ shard per trainer, in one run, best of --repeat:
   copy-data (again)   nothing changed: one verify command per node, no rsync, no bytes sent
 
 Prints throughput (MB/s of shard data) and the ratio copy-data / plain rsync
-(target >= 0.8), and for the second copy the remote commands and bytes sent.
+(target >= 0.8), the CPU time the whole machine spent on each (from
+/proc/stat: on one small machine that hosts the controller and every node,
+both are CPU-bound, and copy-data's extra work -- sha256 of every byte on
+the nodes, a second login shell per node for the verify loop -- shows up
+one for one), and for the second copy the remote commands and bytes sent.
+--bwlimit KB/s (per node, given to both) makes the copy network-bound
+instead, as on a real cluster: 40000 is about a 1 GbE link shared by three
+nodes.
 
-    .venv/bin/python bench/copy_data.py [--size-mb 300] [--repeat 3]
+    .venv/bin/python bench/copy_data.py [--size-mb 300] [--repeat 3] [--bwlimit KBPS]
 
 (Not bench/copy.py: a script of that name shadows the standard library's copy module
 for every script run from bench/.)
@@ -46,10 +53,19 @@ def make_corpus(path: Path, size_mb: int) -> None:
             f.write(block)
 
 
+def busy_cpu_seconds() -> float:
+    """CPU time the whole machine has spent busy (all CPUs), from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mb", type=int, default=300)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--bwlimit", type=int, default=None, help="KB/s per node, for both tools")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="copybench-"))
     os.environ["FABTRAIN_STATE_DIR"] = str(root / "state")  # copy-data's hints, wiped with the nodes
@@ -77,12 +93,12 @@ def main() -> None:
             wipe()
             s = Session(cluster)
             s.map(lambda t: t.context.open() if hasattr(t.context, "open") else None)
-            t0 = time.perf_counter()
-            replies = datacopy.copy_data(s)
-            elapsed = time.perf_counter() - t0
+            c0, t0 = busy_cpu_seconds(), time.perf_counter()
+            replies = datacopy.copy_data(s, bwlimit=args.bwlimit)
+            elapsed, cpu = time.perf_counter() - t0, busy_cpu_seconds() - c0
             assert all(r.ok for r in replies), [r.error for r in replies]
             s.close()
-            return elapsed
+            return elapsed, cpu
 
         def plain() -> float:
             wipe()
@@ -91,17 +107,19 @@ def main() -> None:
             def one(t: Transport):
                 extra, dest = t.rsync_destination(t.node.workspace + "/plain")
                 names = "\0".join(needed[t.node.name]).encode()
-                subprocess.run(["rsync", "-a", "--files-from=-", "--from0", *extra,
+                limit = [f"--bwlimit={args.bwlimit}"] if args.bwlimit else []
+                subprocess.run(["rsync", "-a", *limit, "--files-from=-", "--from0", *extra,
                                 f"{root / 'prepared'}/", dest], input=names, check=True)
-            t0 = time.perf_counter()
+            c0, t0 = busy_cpu_seconds(), time.perf_counter()
             with ThreadPoolExecutor(len(sshd.nodes)) as pool:
                 list(pool.map(one, [s.transport(n) for n in cluster.nodes]))
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0, busy_cpu_seconds() - c0
 
-        first = base = float("inf")
+        first = base = (float("inf"), 0.0)
         for _ in range(args.repeat):  # interleaved: a noisy machine slows both alike
             first = min(first, ours())
             base = min(base, plain())
+        (first, first_cpu), (base, base_cpu) = first, base
         # The second, unchanged copy: count what is started on the nodes and what crosses the wire.
         s = Session(cluster)
         datacopy.copy_data(s)
@@ -121,8 +139,10 @@ def main() -> None:
         datacopy.Channel.__init__, datacopy.RsyncPush.__init__ = originals
         sent = sum(r.value.bytes_sent for r in replies)
         print(f"shard data to 3 nodes: {mb:.0f} MB")
-        print(f"copy-data first: {first:.2f} s = {mb / first:.0f} MB/s")
-        print(f"plain rsync:     {base:.2f} s = {mb / base:.0f} MB/s")
+        print(f"bwlimit per node: {f'{args.bwlimit} KB/s' if args.bwlimit else 'none'}; "
+              f"{os.cpu_count()} CPUs; CPU = busy CPU-seconds of the whole machine during the run")
+        print(f"copy-data first: {first:.2f} s = {mb / first:.0f} MB/s, CPU {first_cpu:.1f} s")
+        print(f"plain rsync:     {base:.2f} s = {mb / base:.0f} MB/s, CPU {base_cpu:.1f} s")
         print(f"ratio copy-data/rsync throughput: {base / first:.2f} (target >= 0.8)")
         print(f"copy-data again: {again:.2f} s, remote commands {len(calls)} ({', '.join(sorted(set(calls)))}) "
               f"for {len(sshd.nodes)} nodes (one fan-out), bytes sent {sent}")
