@@ -18,16 +18,18 @@ Strategies
     pread/write), shards in parallel threads.
 ``round-robin``
     Line i goes to shard ``i mod N``; line counts differ by at most one.
-    Read in large blocks, split and joined with C-level bytes operations,
-    written by a second thread (which also hashes) in large writes.
+    Lines are dealt by ``_rrworker.LineDealer`` in small, cache-friendly
+    blocks: in worker processes for large inputs (the dealing holds the
+    GIL), else in this process with a writer thread that writes and hashes.
 ``files``
     File i of a directory input (sorted) goes to shard ``i mod N``, the
     shard being its files concatenated (as the PaddlePaddle cluster docs
     assign files by suffix).  Needs at least N files and no empty shard.
 
 Every shard is created under a temporary name by the caller, fsynced here,
-and described by a ShardResult (sha256, bytes, lines) that is computed by
-reading back what was written.
+and described by a ShardResult (sha256, bytes, lines) computed from the
+bytes as they are written (copied shards: through a read-only mapping of
+what was just copied).
 """
 
 from __future__ import annotations
