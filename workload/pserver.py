@@ -368,19 +368,24 @@ class ParameterServer:
         return self.exit(0)
 
     def check_silence(self):
-        """Declare a trainer lost when it has been silent for 0.9 x --timeout.
+        """Declare a trainer lost when it has been silent for --timeout less a
+        margin (a tenth of it, at least a second when the timeout allows).
 
         gloo's own timeout would fire at --timeout, but it closes every
         connection of the process, so the trainers waiting at the barrier
         could no longer be told which peer was lost. Acting a little earlier
-        keeps the connections up for that message.
+        keeps the connections up for that message; the margin is wide enough
+        that a busy machine delaying this 0.1 s check does not lose the race.
         """
-        limit = 0.9 * self.args.timeout
+        timeout = self.args.timeout
+        margin = max(0.1 * timeout, min(1.0, 0.5 * timeout))
+        limit = timeout - margin
         for t, since in list(self.receiving.items()):
             if time.monotonic() - since > limit:
                 with self.cond:
                     if self.failure is None:
-                        self.failure = PeerLost(TRAINER, t, f"no message within {limit:g} s (0.9 x --timeout)")
+                        self.failure = PeerLost(TRAINER, t, f"no message within {limit:g} s "
+                                                            f"({margin:g} s before --timeout)")
                     self.cond.notify_all()
 
     def _capture(self, fn):
