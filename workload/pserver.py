@@ -63,7 +63,10 @@ class ParameterServer:
         self.failure = None                              # the first PeerLost; ends the job
         self.last_saved = None
         self.stop_requested = False
-        self.receiving = {}         # trainer -> since when its thread has waited for its next message
+        # trainer -> since when its thread has been blocked on that trainer: receiving
+        # from it or sending to it (a stopped trainer blocks a large reply too), but
+        # not waiting at the barrier for the others
+        self.blocked_on = {}
 
     def log(self, text):
         print(f"pserver {self.id}: {text}", flush=True)
@@ -163,9 +166,8 @@ class ParameterServer:
         peer = self.trainers[t]
         try:
             while True:
-                self.receiving[t] = time.monotonic()
+                self.blocked_on[t] = time.monotonic()
                 header = peer.recv_header()
-                del self.receiving[t]
                 if self.failure is not None:
                     raise Aborted()
                 if header.kind == HELLO:
@@ -190,7 +192,10 @@ class ParameterServer:
                     self.failure = lost
                 self.cond.notify_all()
         except Aborted:
+            self.blocked_on.pop(t, None)   # abort() waits for this thread to tell its trainer
             self.tell_aborted(peer)
+        finally:
+            self.blocked_on.pop(t, None)
 
     def tell_aborted(self, peer):
         """Best effort: tell a waiting trainer which peer the job lost, so its message can name it."""
@@ -232,10 +237,12 @@ class ParameterServer:
                 # The barrier: the last trainer of the round applies it; the others wait for it.
                 self.pending[t] = (header.step, gradients)
                 this_round = self.version
+                self.blocked_on.pop(t, None)      # now trainer t waits for the others
                 self.apply_round_if_complete()
                 self.cond.wait_for(lambda: self.version > this_round or self.failure is not None)
                 if self.failure is not None:
                     raise Aborted()
+                self.blocked_on[t] = time.monotonic()  # sending the reply
             else:
                 self.apply_async(t, header, gradients)
             body, dense = self.read(pull_ids, want_dense=True)
@@ -368,8 +375,9 @@ class ParameterServer:
         return self.exit(0)
 
     def check_silence(self):
-        """Declare a trainer lost when it has been silent for --timeout less a
-        margin (a tenth of it, at least a second when the timeout allows).
+        """Declare a trainer lost when its thread has been blocked on it (a
+        message not coming, or a reply not taken) for --timeout less a margin
+        (a tenth of it, at least a second when the timeout allows).
 
         gloo's own timeout would fire at --timeout, but it closes every
         connection of the process, so the trainers waiting at the barrier
@@ -380,7 +388,7 @@ class ParameterServer:
         timeout = self.args.timeout
         margin = max(0.1 * timeout, min(1.0, 0.5 * timeout))
         limit = timeout - margin
-        for t, since in list(self.receiving.items()):
+        for t, since in list(self.blocked_on.items()):
             if time.monotonic() - since > limit:
                 with self.cond:
                     if self.failure is None:
@@ -408,10 +416,10 @@ class ParameterServer:
         with self.cond:
             self.save()      # updates are applied whole under the lock: this state is consistent
         # Let the trainers waiting for a reply hear which peer was lost (threads
-        # blocked on a receive will never finish: their trainers learn it on their own).
+        # blocked on their own trainer will never finish: those learn it on their own).
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline and any(
-                thread.is_alive() and t not in self.receiving for t, thread in enumerate(threads)):
+                thread.is_alive() and t not in self.blocked_on for t, thread in enumerate(threads)):
             time.sleep(0.05)
         return self.exit(1)
 
