@@ -184,6 +184,12 @@ def main():
     trainer = Trainer(args, model, module, optimizer, stream, test, log, device)
     try:
         trainer.train()
+        # Every rank has finished every collective before any tears its group down: a
+        # rank that closes its gloo connections while a peer still has work in flight
+        # can make that peer's gloo threads abort the process (SIGABRT, "terminate called
+        # without an active exception"); seen once in CI at the end of a sparse-gradient
+        # torchrun run. A barrier first is the usual remedy.
+        dist.barrier()
     except RuntimeError as e:     # a collective failed: a peer died or timed out
         print(f"{me}: error: a collective failed (a peer exited or hung): {str(e).splitlines()[0][:300]}",
               file=sys.stderr, flush=True)
