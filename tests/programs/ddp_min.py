@@ -32,4 +32,5 @@ weights = [p.detach().flatten().tolist() for p in model.parameters()]
 with open(os.path.join(sys.argv[1], f"rank-{rank}.json"), "w") as f:
     json.dump({"rank": rank, "world": world, "local_rank": int(os.environ.get("LOCAL_RANK", -1)),
                "weights": weights, "loss": loss.item()}, f)
+dist.barrier()  # every rank done with every collective before any tears gloo down
 dist.destroy_process_group()
