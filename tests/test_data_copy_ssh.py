@@ -139,6 +139,27 @@ def test_an_interrupted_copy_leaves_nothing_truncated_and_resumes(fab, data_clus
     assert partials  # the interrupted copy left partial data to resume from, not a truncated final file
 
 
+def test_an_unreachable_node_is_named_and_the_others_get_their_data(fab, data_cluster, sshd):
+    path, tmp = data_cluster
+    fab("split-data", cluster=path, check=True)
+    node = next(n for n in sshd.nodes if n.name == "node2")
+    sshd.stop(node)
+    try:
+        out = fab("copy-data", cluster=path)
+    finally:
+        sshd.start(node)
+    assert out.returncode == 1
+    assert re.search(r"^node2: FAILED: node2 \(root@127\.0\.0\.3:\d+\): unreachable: connection refused$",
+                     out.stdout, re.M), out.stdout
+    assert re.search(r"^node1: 3 files verified, 3 sent", out.stdout, re.M), out.stdout
+    assert re.search(r"^node3: 3 files verified, 3 sent", out.stdout, re.M), out.stdout
+    assert "Traceback" not in out.stdout + out.stderr
+    assert wait_for(lambda: rsyncs_to(tmp) == [], timeout=10), rsyncs_to(tmp)
+    out = fab("copy-data", cluster=path, check=True)      # back up: only node2 gets a copy
+    assert re.search(r"^node2: 3 files verified, 3 sent", out.stdout, re.M), out.stdout
+    assert out.stdout.count("nothing sent") == 2
+
+
 def test_a_full_disk_is_reported_by_node_name_and_the_others_finish(fab, data_cluster):
     path, tmp = data_cluster
     fab("split-data", cluster=path, check=True)
