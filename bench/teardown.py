@@ -41,21 +41,11 @@ import time
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.procscan import live_marked  # noqa: E402
+from tests.procscan import live_marked, stat  # noqa: E402
 from tests.sshd import SshdCluster, free_port, write_cluster  # noqa: E402
 
 FAB = str(Path(sys.executable).parent / "fab")
 FAKE = "python tests/programs/fakejob.py"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def stat(pid: int):
-    try:
-        data = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return None
-    rest = data[data.rindex(")") + 2:].split()
-    return rest[0], int(rest[1]), (int(rest[11]) + int(rest[12])) / CLK_TCK, int(rest[19])
 
 
 def rss(pid: int) -> int | None:

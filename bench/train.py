@@ -22,7 +22,6 @@ import sys
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import argparse  # noqa: E402
-import socket  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -30,17 +29,12 @@ from pathlib import Path  # noqa: E402
 
 REPO = Path(sys.path[0])
 
+from workload.ddp import free_port  # noqa: E402
 from workload.metrics import read_metrics  # noqa: E402
 from workload.sample import write_sample_corpus  # noqa: E402
 
 TRAINERS = 2
 ENV_PREFIXES = ("PADDLE_", "FABTRAIN_", "OMPI_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def base_env(**extra):

@@ -110,7 +110,7 @@ def copy_data(session: Session, progress=None, bwlimit: int | None = None) -> li
             raise
         try:
             first = channel.request("verify", verify, timeout=3600)
-            stale = [n for n, state_ in first["files"].items() if state_ != "ok"]
+            stale = [n for n, status in first["files"].items() if status != "ok"]
             if shared:
                 if stale:
                     raise NodeError(f"{t.node.name}: shared data at {remote_dir} does not match the manifest: "
@@ -129,7 +129,7 @@ def copy_data(session: Session, progress=None, bwlimit: int | None = None) -> li
             result.sent = stale
             # the files verify found right were not sent, so not touched: check what was sent
             second = channel.request("verify", {**verify, "files": {n: expected[n] for n in stale}}, timeout=3600)
-            bad = [n for n, state_ in second["files"].items() if state_ != "ok"]
+            bad = [n for n, status in second["files"].items() if status != "ok"]
             if bad:
                 raise NodeError(f"{t.node.name}: after copying, {', '.join(bad[:5])} still differ from the manifest")
             result.verified = True

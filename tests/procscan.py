@@ -16,13 +16,17 @@ def wait_for(predicate, timeout=10.0, interval=0.05):
     return predicate()
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
 def stat(pid: int):
+    """(state, ppid, CPU seconds used, start time in clock ticks) of a process, or None."""
     try:
         data = open(f"/proc/{pid}/stat").read()
     except OSError:
         return None
     rest = data[data.rindex(")") + 2:].split()
-    return rest[0], int(rest[1])
+    return rest[0], int(rest[1]), (int(rest[11]) + int(rest[12])) / CLK_TCK, int(rest[19])
 
 
 def live_marked(workspaces) -> list[tuple[int, str]]:

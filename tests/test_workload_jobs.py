@@ -6,7 +6,6 @@ resumes, and how it fails.
 """
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,17 +21,12 @@ from workload.data import (BatchStream, collective_sources, derive_seed, list_sh
 from workload.metrics import read_metrics
 from workload.models import build_model, optimizer_config
 from workload.optim import ModuleOptimizer, make_optimizer
+from workload.ddp import free_port
 from workload.ps_protocol import Layout
 from workload.sample import write_sample_corpus
 
 REPO = Path(__file__).resolve().parent.parent
 ENV_PREFIXES = ("PADDLE_", "FABTRAIN_", "OMPI_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "GLOO_")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_env(**extra):

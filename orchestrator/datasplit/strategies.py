@@ -239,7 +239,7 @@ def _write_all(fd: int, data) -> None:
         view = view[n:]
 
 
-def copy_range(src: int, dst: int, offset: int, count: int, path: str, progress=None) -> None:
+def copy_range(src: int, dst: int, offset: int, count: int, path: str) -> None:
     """Append src[offset:offset+count] to dst (at dst's file position)."""
     end = offset + count
     while offset < end:
@@ -262,14 +262,10 @@ def copy_range(src: int, dst: int, offset: int, count: int, path: str, progress=
         if n == 0:
             raise InputChanged(f"{path}: input changed while it was read (shorter)")
         offset += n
-        if progress is not None:
-            progress.update(n)
 
 
-def digest_fd(fd: int, size: int, progress=None, count: bool = True
-              ) -> tuple[str, int | None, bytes]:
-    """(sha256 hex, number of b"\\n" or None if not counted, last byte) of
-    the first size bytes of fd."""
+def digest_fd(fd: int, size: int) -> tuple[str, int, bytes]:
+    """(sha256 hex, number of b"\\n", last byte) of the first size bytes of fd."""
     h = hashlib.sha256()
     buf = bytearray(min(READ_BLOCK, max(size, 1)))
     view = memoryview(buf)
@@ -282,13 +278,10 @@ def digest_fd(fd: int, size: int, progress=None, count: bool = True
             raise PrepareError("output file shrank while it was checked")
         n = min(n, size - off)
         h.update(view[:n])
-        if count:
-            newlines += buf.count(b"\n", 0, n)
+        newlines += buf.count(b"\n", 0, n)
         last = bytes(buf[n - 1:n])
         off += n
-        if progress is not None:
-            progress.update(n)
-    return h.hexdigest(), (newlines if count else None), last
+    return h.hexdigest(), newlines, last
 
 
 def _lines(newlines: int, size: int, last: bytes) -> int:
