@@ -14,12 +14,13 @@ $(VENV)/.installed: requirements-test.txt pyproject.toml
 
 venv: $(VENV)/.installed
 
-# openssh-server, rsync and chromium for the SSH and browser tests, where missing.
+# openssh-server, rsync, procps (pkill) and chromium for the SSH and browser tests, where missing.
 system-deps:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
 	command -v rsync >/dev/null || missing="$$missing rsync"; \
 	command -v ssh >/dev/null || missing="$$missing openssh-client"; \
+	command -v pkill >/dev/null || missing="$$missing procps"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \

@@ -60,8 +60,17 @@ def test_each_node_gets_exactly_its_shards_and_a_second_copy_sends_nothing(fab, 
 
 
 def rsyncs_to(tmp):
-    out = subprocess.run(["pgrep", "-af", "rsync"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if str(tmp) in line]
+    """Command lines of live rsync processes (either end) that name a path under tmp."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        line = b" ".join(argv).decode(errors="replace")
+        if "rsync" in line and str(tmp) in line:
+            found.append(f"{pid} {line}")
+    return found
 
 
 def test_copy_data_trusts_the_nodes_not_its_memory(fab, data_cluster, tmp_path):
