@@ -6,7 +6,7 @@ MANIFEST.json of checksums.  See docs/data.md.
     python prepare.py --input simple-examples.tgz --out data/imikolov --split-count 4
     python prepare.py --sample --out data/sample --split-count 2
 
-The work is done by orchestrator.datasplit; ``main(argv) -> int`` is what
+The work is done by fabtrain.data; ``main(argv) -> int`` is what
 ``fab split-data`` calls in-process.
 """
 
@@ -17,7 +17,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from orchestrator.datasplit.cli import main  # noqa: E402
+from fabtrain.data.cli import main  # noqa: E402
 
 __all__ = ["main"]
 

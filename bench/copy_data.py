@@ -36,11 +36,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator import datacopy  # noqa: E402
-from orchestrator.cluster import load_cluster  # noqa: E402
-from orchestrator.datasplit import load_manifest  # noqa: E402
-from orchestrator.session import Session  # noqa: E402
-from orchestrator.transport import Transport  # noqa: E402
+from fabtrain.controller import datacopy  # noqa: E402
+from fabtrain.config.cluster import load_cluster  # noqa: E402
+from fabtrain.data import load_manifest  # noqa: E402
+from fabtrain.remote.session import Session  # noqa: E402
+from fabtrain.remote.transport import Transport  # noqa: E402
 from tests.sshd import SshdCluster, write_cluster  # noqa: E402
 
 

@@ -10,8 +10,8 @@ agent does) and each trainer logs a line a second. The dashboard (collector +
 app under waitress) runs in its own process, so its CPU is measured apart
 from this one's. Each collector is measured in the same run:
 
-  plain      orchestrator.collector.Collector: one node_ops command per node per poll
-  streaming  dashboard.streaming.StreamingCollector (what `fab dashboard` uses): one open loop per node
+  plain      fabtrain.controller.collector.Collector: one node_ops command per node per poll
+  streaming  fabtrain.controller.streaming.StreamingCollector (what `fab dashboard` uses): one open loop per node
 
 and for each: time to catch up on the whole history, CPU on the controller
 and on the nodes while nobody looks and while one page refreshes every
@@ -53,12 +53,12 @@ JOB_ID = "20261122-040000-bead"
 def serve(args) -> None:
     import waitress
 
-    from dashboard import create_app
-    from dashboard.streaming import StreamingCollector
-    from orchestrator.collector import Collector
-    from orchestrator.session import get_session
+    from fabtrain.dashboard import create_app
+    from fabtrain.controller.streaming import StreamingCollector
+    from fabtrain.controller.collector import Collector
+    from fabtrain.remote.session import get_session
 
-    from dashboard.serve import MAX_POINTS
+    from fabtrain.dashboard.serve import MAX_POINTS
 
     session = get_session(args.cluster)
     cls = StreamingCollector if args.collector == "streaming" else Collector
@@ -169,7 +169,7 @@ class Page:
 
 
 def build(root: Path, nodes: int, records: int, transport: str):
-    from dashboard.synthetic import SyntheticJob
+    from tests.synthetic import SyntheticJob
     from tests.sshd import SshdCluster, write_cluster
 
     sshd = None

@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator import lifecycle  # noqa: E402
-from orchestrator.cluster import load_cluster  # noqa: E402
-from orchestrator.session import Session  # noqa: E402
+from fabtrain.controller import lifecycle  # noqa: E402
+from fabtrain.config.cluster import load_cluster  # noqa: E402
+from fabtrain.remote.session import Session  # noqa: E402
 from tests.sshd import SshdCluster, write_cluster  # noqa: E402
 
 FAN_OUTS = 4  # deploy, start-pserver, start-trainers, kill-all: one remote command per node each

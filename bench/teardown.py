@@ -124,7 +124,7 @@ class Bench:
         """Every live job process (agents aside) -> its start time, found by the job marker."""
         pids = {}
         for pid, desc in live_marked(self.ws.values()):
-            if "orchestrator.agent" in desc or "fabtrain-keeper" in desc:
+            if "fabtrain.node.agent" in desc or "fabtrain-keeper" in desc:
                 continue
             st = stat(pid)
             if st:
@@ -146,7 +146,7 @@ class Bench:
         took = time.perf_counter() - t0
         if watched:
             raise SystemExit(f"still alive after {timeout} s: {sorted(watched)}")
-        left = [p for p in live_marked(self.ws.values()) if "orchestrator.agent" not in p[1] and "keeper" not in p[1]]
+        left = [p for p in live_marked(self.ws.values()) if "fabtrain.node.agent" not in p[1] and "keeper" not in p[1]]
         if left:
             raise SystemExit(f"job processes the pid watch missed: {left}")
         while live_marked(self.ws.values()) and time.perf_counter() - t0 < timeout + 30:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import health
-from orchestrator.coordination import Client, Coordinator
+from fabtrain.node import health
+from fabtrain.node.coordination import Client, Coordinator
 from tests.conftest import FAB, REPO
 from tests.procscan import live_marked, wait_for
 from tests.sshd import free_port, write_cluster
@@ -313,7 +313,7 @@ def test_the_agent_exits_at_once_for_an_empty_or_ended_job(tmp_path):
         "job_id": "j1", "node": "solo", "node_index": 0, "nodes": [{"name": "solo", "address": "127.0.0.1"}],
         "watchdog": {"interval": 0.2, "hang_timeout": 5, "grace": 1, "coordinator": {"host": "127.0.0.1", "port": port}},
         "processes": []}))
-    out = subprocess.run([sys.executable, "-m", "orchestrator.agent", str(jd)], cwd=REPO, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "fabtrain.node.agent", str(jd)], cwd=REPO, capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     kinds = [json.loads(x)["kind"] for x in (jd / "events.jsonl").read_text().splitlines()]
@@ -359,9 +359,9 @@ def test_gpus_through_nvml_when_a_driver_is_present(monkeypatch):
 def test_watch_redraws_in_place_on_a_terminal(local_job):
     import io
 
-    from orchestrator.session import Session
-    from orchestrator.cluster import load_cluster
-    from orchestrator.watch import EXIT_FINISHED, EXIT_TIMEOUT, watch
+    from fabtrain.remote.session import Session
+    from fabtrain.config.cluster import load_cluster
+    from fabtrain.controller.watch import EXIT_FINISHED, EXIT_TIMEOUT, watch
 
     port = free_port(["127.0.0.1"])
     job = local_job([("n0", ["pserver"]), ("n1", ["trainer"])], pserver={"port": 7530, "command": FAKE},

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.cluster import load_cluster, parse_cluster
-from orchestrator.errors import UserError
+from fabtrain.config.cluster import load_cluster, parse_cluster
+from fabtrain.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
 FAB = str(Path(sys.executable).parent / "fab")

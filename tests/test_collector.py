@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.collector import Collector, NodeView, Series
+from fabtrain.controller.collector import Collector, NodeView, Series
 
 
 def test_series_stays_bounded_evenly_spaced_and_keeps_the_latest_point():

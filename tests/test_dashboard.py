@@ -1,6 +1,6 @@
 """The dashboard's HTTP surface with Flask's test client, over a real Collector.
 
-The job is synthetic (dashboard.synthetic writes the node files, with live
+The job is synthetic (tests.synthetic writes the node files, with live
 `sleep` stand-ins for running processes) on three local nodes, plus one SSH
 node that refuses connections, so the collector, node_ops `collect` and the
 views are all real. The browser tests are in test_dashboard_browser.py.
@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboard import create_app
-from dashboard.serve import allowed_hosts, make_token, url_for
-from dashboard.synthetic import SyntheticJob, gpu
-from orchestrator.cluster import load_cluster
-from orchestrator.collector import Collector
-from orchestrator.session import Session
-from orchestrator.transport import Reply
+from fabtrain.dashboard import create_app
+from fabtrain.dashboard.serve import allowed_hosts, make_token, url_for
+from tests.synthetic import SyntheticJob, gpu
+from fabtrain.config.cluster import load_cluster
+from fabtrain.controller.collector import Collector
+from fabtrain.remote.session import Session
+from fabtrain.remote.transport import Reply
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -340,7 +340,7 @@ def test_a_process_that_dies_shows_its_exit_code_and_signal(world, client, kills
     assert 'state="failed"} 1' in get(client, "/metrics").get_data(as_text=True)
 
 
-# -- the kill's default: orchestrator.lifecycle.kill_all over the real nodes ---------------------
+# -- the kill's default: fabtrain.controller.lifecycle.kill_all over the real nodes ---------------------
 
 
 def test_default_kill_calls_kill_all_on_the_collectors_session(tmp_path):
@@ -428,8 +428,8 @@ def test_metrics_cursor_deltas_rebuild_the_full_series_through_resets():
     import random
     import threading
 
-    from dashboard.api import MetricsCursor
-    from orchestrator.collector import Series
+    from fabtrain.dashboard.api import MetricsCursor
+    from fabtrain.controller.collector import Series
 
     class Fake:
         lock = threading.RLock()

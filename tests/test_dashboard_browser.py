@@ -26,12 +26,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dashboard import create_app
-from dashboard.serve import MAX_POINTS
-from dashboard.streaming import StreamingCollector
-from dashboard.synthetic import SyntheticJob, gpu
-from orchestrator.cluster import load_cluster
-from orchestrator.session import Session
+from fabtrain.dashboard import create_app
+from fabtrain.dashboard.serve import MAX_POINTS
+from fabtrain.controller.streaming import StreamingCollector
+from tests.synthetic import SyntheticJob, gpu
+from fabtrain.config.cluster import load_cluster
+from fabtrain.remote.session import Session
 from tests.sshd import free_port, write_cluster
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""dashboard.streaming: one open collect loop per node, over local and real SSH nodes."""
+"""fabtrain.controller.streaming: one open collect loop per node, over local and real SSH nodes."""
 from __future__ import annotations
 
 import sys
@@ -7,11 +7,11 @@ import time
 import psutil
 import pytest
 
-from dashboard.streaming import StreamingCollector
-from dashboard.synthetic import SyntheticJob
-from orchestrator.cluster import load_cluster
-from orchestrator.collector import Collector
-from orchestrator.session import Session
+from fabtrain.controller.streaming import StreamingCollector
+from tests.synthetic import SyntheticJob
+from fabtrain.config.cluster import load_cluster
+from fabtrain.controller.collector import Collector
+from fabtrain.remote.session import Session
 from tests.sshd import write_cluster
 
 pytestmark = pytest.mark.timeout(90)
@@ -103,12 +103,12 @@ def test_a_lost_node_is_marked_down_and_reconnected(ssh_world):
 
 
 def test_the_node_side_loop_exits_when_idle_or_orphaned(tmp_path, monkeypatch):
-    import orchestrator.channel as channel
+    import fabtrain.remote.channel as channel
 
     monkeypatch.setattr(channel, "IDLE_EXIT", 1)
     ws = tmp_path / "ws"
     (ws / "jobs").mkdir(parents=True)
-    from orchestrator.cluster import parse_cluster
+    from fabtrain.config.cluster import parse_cluster
 
     cluster = parse_cluster({"cluster": {"name": "idle", "python": sys.executable},
                              "nodes": [{"name": "n0", "host": "local", "roles": ["trainer"], "workspace": str(ws)}],

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cluster import FIELDS
+from fabtrain.config.cluster import FIELDS
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cluster import parse_cluster
-from orchestrator.plan import make_plan
+from fabtrain.config.cluster import parse_cluster
+from fabtrain.plan.plan import make_plan
 
 import yaml
 

@@ -110,7 +110,7 @@ class Job:
 
     def leftovers(self, agents: bool = True) -> list:
         found = live_marked(self.ws.values())
-        return found if agents else [f for f in found if "orchestrator.agent" not in f[1] and "fabtrain-keeper" not in f[1]]
+        return found if agents else [f for f in found if "fabtrain.node.agent" not in f[1] and "fabtrain-keeper" not in f[1]]
 
     def wait_gone(self, since: float, timeout: float = 15.0) -> float:
         """Seconds from `since` until no job process (agents aside) is alive on any node; then the agents go too."""

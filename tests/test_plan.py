@@ -3,8 +3,8 @@ import subprocess
 
 import pytest
 
-from orchestrator.cluster import parse_cluster
-from orchestrator.plan import make_plan, render_shell, shell_word
+from fabtrain.config.cluster import parse_cluster
+from fabtrain.plan.plan import make_plan, render_shell, shell_word
 
 
 def cluster(job, nodes=None, **extra):

@@ -1,4 +1,4 @@
-"""prepare.py and orchestrator.datasplit: shards, dictionary, manifest, bad input.
+"""prepare.py and fabtrain.data: shards, dictionary, manifest, bad input.
 
 Small inputs only: the whole file runs in a few seconds.
 """
@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.datasplit import (PrepareError, files_for_trainer, load_manifest,
+from fabtrain.data import (PrepareError, files_for_trainer, load_manifest,
                                     load_word_dict, prepare)
-from orchestrator.datasplit import _rrworker as rr
-from orchestrator.datasplit import strategies as st
-from orchestrator.datasplit.cli import main
-from orchestrator.datasplit.dictionary import build_word_dict, count_tokens
-from orchestrator.datasplit.progress import Progress
+from fabtrain.data import _rrworker as rr
+from fabtrain.data import strategies as st
+from fabtrain.data.cli import main
+from fabtrain.data.dictionary import build_word_dict, count_tokens
+from fabtrain.data.progress import Progress
 
 REPO = Path(__file__).resolve().parent.parent
 PREPARE = str(REPO / "prepare.py")
@@ -585,10 +585,10 @@ def test_split_count_defaults_to_the_cluster_trainers(tmp_path, monkeypatch):
                        capture_output=True, text=True, timeout=60,
                        env={**os.environ, "FABTRAIN_CLUSTER": str(REPO / "cluster.yaml")})
     try:
-        from orchestrator.cluster import load_cluster
+        from fabtrain.config.cluster import load_cluster
         expected = load_cluster(str(REPO / "cluster.yaml")).trainer_count
     except ImportError:
-        pytest.skip("orchestrator.cluster is not there yet")
+        pytest.skip("fabtrain.config.cluster is not there yet")
     assert r.returncode == 0, r.stderr
     assert len(shards(tmp_path / "o")) == expected
     r = subprocess.run([sys.executable, PREPARE, "--input", "in.txt", "--out", "o2"], cwd=tmp_path,

@@ -3,9 +3,9 @@ import re
 
 import pytest
 
-from orchestrator.cluster import parse_cluster
-from orchestrator.hostkeys import AcceptNewPolicy, StrictPolicy
-from orchestrator.transport import SSHTransport
+from fabtrain.config.cluster import parse_cluster
+from fabtrain.remote.hostkeys import AcceptNewPolicy, StrictPolicy
+from fabtrain.remote.transport import SSHTransport
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(120)]
 

@@ -10,7 +10,7 @@ one shard per trainer. copy-data then works node by node, in parallel:
               whole, and `--partial-dir` keeps an interrupted file for resuming
   3. verify   again, so what the trainers will read is known to be right
 
-Both verifies go through one node_ops process (an orchestrator.channel
+Both verifies go through one node_ops process (a fabtrain.remote.channel
 Channel), so the node's login shell and interpreter start once, not twice.
 Unless the last copy-data verified this very manifest on the node, rsync is
 started together with the first verify: its SSH connection and the node's
@@ -32,15 +32,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import state
-from .channel import Channel
-from .cluster import Cluster
-from .datasplit import MANIFEST_NAME, files_for_trainer, load_manifest, prepare
-from .datasplit.manifest import sha256_file
-from .errors import UserError
-from .lifecycle import rsync_reason
-from .session import Session
-from .transport import NodeError, Transport
+from fabtrain.controller import state
+from fabtrain.remote.channel import Channel
+from fabtrain.config.cluster import Cluster
+from fabtrain.data import MANIFEST_NAME, files_for_trainer, load_manifest, prepare
+from fabtrain.data.manifest import sha256_file
+from fabtrain.errors import UserError
+from fabtrain.controller.lifecycle import rsync_reason
+from fabtrain.remote.session import Session
+from fabtrain.remote.transport import NodeError, Transport
 
 PARTIAL_DIR = ".rsync-partial"
 

@@ -2,7 +2,7 @@
 
 `create_app(config)` is the application factory (as in Flask's tutorial); the
 routes live in the `views` blueprint, the page in templates/ and static/.
-The app reads everything from a Collector (orchestrator.collector) or any
+The app reads everything from a Collector (fabtrain.controller.collector) or any
 object with the same interface, so tests can inject one over a real job or
 over fabricated node files. `serve` runs it under waitress for `fab dashboard`.
 """
@@ -31,15 +31,15 @@ def create_app(config: dict | None = None) -> Flask:
       COLLECTOR        the Collector (required)
       DASHBOARD_TOKEN  the secret token (required)
       ALLOWED_HOSTS    Host header values accepted, e.g. ("127.0.0.1:8265", "localhost:8265")
-      KILL             callable(grace) -> list of orchestrator.transport.Reply; default:
-                       orchestrator.lifecycle.kill_all on the collector's session
+      KILL             callable(grace) -> list of fabtrain.remote.transport.Reply; default:
+                       fabtrain.controller.lifecycle.kill_all on the collector's session
       REFRESH_MS, STALE_AFTER, EVENTS_LIMIT, KILL_GRACE, COOKIE_NAME: see DEFAULTS
     """
     app = Flask(__name__, static_folder="static", template_folder="templates")
     app.config.update(DEFAULTS)
     app.config.update(config or {})
     if app.config.get("COLLECTOR") is None:
-        raise ValueError("create_app: config['COLLECTOR'] is required (an orchestrator.collector.Collector)")
+        raise ValueError("create_app: config['COLLECTOR'] is required (an fabtrain.controller.collector.Collector)")
     token = app.config.get("DASHBOARD_TOKEN")
     if not token or not isinstance(token, str):
         raise ValueError("create_app: config['DASHBOARD_TOKEN'] must be a non-empty string")
@@ -62,7 +62,7 @@ def create_app(config: dict | None = None) -> Flask:
 
 def _default_kill(collector) -> Callable[[float], list]:
     def kill(grace: float):
-        from orchestrator.lifecycle import kill_all
+        from fabtrain.controller.lifecycle import kill_all
 
         return kill_all(collector.session, grace=grace)
     return kill

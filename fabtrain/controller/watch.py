@@ -11,9 +11,9 @@ import sys
 import time
 from typing import TextIO
 
-from .collector import Collector
-from .report import human_bytes
-from .session import Session
+from fabtrain.controller.collector import Collector
+from fabtrain.controller.report import human_bytes
+from fabtrain.remote.session import Session
 
 EXIT_FINISHED, EXIT_FAILED, EXIT_KILLED, EXIT_TIMEOUT = 0, 1, 3, 124
 LIVE = ("running", "sleeping", "stopped", "zombie")

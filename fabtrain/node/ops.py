@@ -352,7 +352,7 @@ def op_start(payload):
     warnings = []
     agent = payload.get("agent")
     if agent and "agent" not in already:
-        code = os.path.join(ws, "code", "orchestrator", "agent.py")
+        code = os.path.join(ws, "code", "fabtrain", "node", "agent.py")
         if os.path.exists(code):
             p, record = spawn(agent, ws, base_env)
             started.append(record)

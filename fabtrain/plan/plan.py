@@ -15,7 +15,7 @@ import string
 import time
 from dataclasses import asdict, dataclass, field
 
-from .cluster import Cluster, Node
+from fabtrain.config.cluster import Cluster, Node
 
 LAUNCH_WRAPPER = (
     # The sh wrapper is the session leader; the program is its child. It exists
@@ -97,7 +97,7 @@ class Plan:
         env = {"FABTRAIN_JOB_ID": self.job_id, "FABTRAIN_NODE": n.node, "FABTRAIN_ROLE": "agent",
                "FABTRAIN_RANK": str(n.node_index), "FABTRAIN_WORKSPACE": "$WS",
                "FABTRAIN_EXIT_FILE": f"{job_dir}/run/agent.exit", "PYTHONUNBUFFERED": "1"}
-        argv = [n.python, "-m", "orchestrator.agent", job_dir]
+        argv = [n.python, "-m", "fabtrain.node.agent", job_dir]
         return {"name": "agent", "role": "agent", "rank": n.node_index, "argv": argv,
                 "launch": [*LAUNCH_PREFIX, *argv], "env": env, "cwd": "$WS/code",
                 "log": f"{job_dir}/logs/agent.log", "run": f"{job_dir}/run/agent.json",

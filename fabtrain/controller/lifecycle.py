@@ -13,13 +13,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import state
-from .errors import UserError
-from .plan import Plan, make_plan, new_job_id
-from .session import Session
-from .transport import NodeError, Reply, Transport
+from fabtrain.controller import state
+from fabtrain.errors import UserError
+from fabtrain.plan.plan import Plan, make_plan, new_job_id
+from fabtrain.remote.session import Session
+from fabtrain.remote.transport import NodeError, Reply, Transport
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 DEPLOY_EXCLUDES = (".git/", ".venv/", "venv/", "/data/", "__pycache__/", "*.pyc", ".fabtrain/",
                    ".pytest_cache/", "/artifacts/", "*.egg-info/", ".ci/")
 MIN_DISK_FREE = 1 << 30

@@ -8,8 +8,8 @@ from __future__ import annotations
 import atexit
 from typing import Any, Callable, Iterable
 
-from .cluster import Cluster, Node, load_cluster
-from .transport import Reply, Transport, fan_out, make_transport
+from fabtrain.config.cluster import Cluster, Node, load_cluster
+from fabtrain.remote.transport import Reply, Transport, fan_out, make_transport
 
 _sessions: dict[str, "Session"] = {}
 

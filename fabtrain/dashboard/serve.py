@@ -7,7 +7,7 @@ import secrets
 import socket
 import sys
 
-from orchestrator.errors import UserError
+from fabtrain.errors import UserError
 
 DEFAULT_PORT = 8265
 MAX_POINTS = 300  # a chart series keeps 300-600 points over the whole run (stride doubling)
@@ -88,7 +88,7 @@ def build(session, host: str = "127.0.0.1", port: int = DEFAULT_PORT, token: str
           refresh_ms: int = 1000, job_id: str | None = None):
     """(app, collector) for a session; the collector is not started yet."""
     from . import create_app
-    from .streaming import StreamingCollector
+    from fabtrain.controller.streaming import StreamingCollector
 
     collector = StreamingCollector(session, job_id=job_id, max_points=MAX_POINTS)
     app = create_app({

@@ -26,7 +26,7 @@ import socket
 import subprocess
 import time
 
-from .transport import (_NODE_OPS_PACKED, SENTINEL, NodeError, SSHTransport, Transport,
+from fabtrain.remote.transport import (_NODE_OPS_PACKED, SENTINEL, NodeError, SSHTransport, Transport,
                         describe_connect_error, quote_path)
 
 IDLE_EXIT = 120  # seconds without a request before the node-side loop exits by itself

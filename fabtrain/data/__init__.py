@@ -1,6 +1,6 @@
 """Data preparation for distributed training (the library behind prepare.py).
 
-    from orchestrator.datasplit import prepare, load_manifest, files_for_trainer
+    from fabtrain.data import prepare, load_manifest, files_for_trainer
 
     prepare("data/imikolov", 4, input="simple-examples.tgz")
     m = load_manifest("data/imikolov")

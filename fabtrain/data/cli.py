@@ -60,12 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cluster_split_count() -> int:
     try:
-        from orchestrator.cluster import load_cluster
+        from fabtrain.config.cluster import load_cluster
     except ImportError as exc:
         raise PrepareError(f"--split-count not given and the cluster file cannot be read "
                            f"({exc}); give --split-count N") from None
     try:
-        from orchestrator.errors import UserError
+        from fabtrain.errors import UserError
     except ImportError:  # pragma: no cover
         UserError = PrepareError
     try:

@@ -1,4 +1,4 @@
-"""The node agent (watchdog): ``python -m orchestrator.agent <job_dir>``.
+"""The node agent (watchdog): ``python -m fabtrain.node.agent <job_dir>``.
 
 Started with the job on every node by ``node_ops start`` (one per node per
 job, cwd ``<workspace>/code``). Every ``watchdog.interval`` it writes
@@ -317,7 +317,7 @@ class Agent:
         atomic_write(os.path.join(self.jd, "run", "agent.json"), json.dumps({
             "name": "agent", "role": "agent", "rank": self.job.get("node_index", 0), "pid": me,
             "pgid": os.getpgid(me), "create_time": proc.create_time if proc else time.time(),
-            "argv": [sys.executable, "-m", "orchestrator.agent", self.jd], "started_at": time.time()}))
+            "argv": [sys.executable, "-m", "fabtrain.node.agent", self.jd], "started_at": time.time()}))
         self.write_exit_file = wrapper is None
 
     def _restart_argv(self) -> list[str]:
@@ -327,7 +327,7 @@ class Agent:
         else:
             prefix = ["sh", "-c", _WRAPPER, "fabtrain-run"]
         # The keeper is a session leader already (start_new_session): the wrapper it execs is one too.
-        return ["nohup", *prefix, sys.executable, "-m", "orchestrator.agent", self.jd, "--restarted"]
+        return ["nohup", *prefix, sys.executable, "-m", "fabtrain.node.agent", self.jd, "--restarted"]
 
     def _start_keeper(self) -> None:
         restarts = int(os.environ.get("FABTRAIN_AGENT_RESTARTS", "0") or 0)
@@ -1040,7 +1040,7 @@ class Agent:
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: python -m orchestrator.agent <job_dir> [--restarted]", file=sys.stderr)
+        print("usage: python -m fabtrain.node.agent <job_dir> [--restarted]", file=sys.stderr)
         return 2
     agent = None
     try:

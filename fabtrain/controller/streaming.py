@@ -5,7 +5,7 @@ The plain Collector starts a Python interpreter on every node for every poll
 `fab status`, but for a dashboard polling every second the interpreter's
 start-up and the script's compile cost the node far more than the reading
 itself (see docs/dashboard.md, "Performance"). `StreamingCollector` asks
-each node through one `orchestrator.channel.Channel`, so a poll costs the
+each node through one `fabtrain.remote.channel.Channel`, so a poll costs the
 node only op_collect's own work. Any failure closes the channel; the next
 poll opens a new one.
 """
@@ -14,9 +14,9 @@ from __future__ import annotations
 import threading
 import time
 
-from orchestrator.channel import Channel, ChannelClosed
-from orchestrator.collector import Collector
-from orchestrator.transport import NodeError, describe_connect_error
+from fabtrain.remote.channel import Channel, ChannelClosed
+from fabtrain.controller.collector import Collector
+from fabtrain.remote.transport import NodeError, describe_connect_error
 
 
 class StreamingCollector(Collector):

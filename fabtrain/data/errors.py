@@ -9,7 +9,7 @@ it, so ``fab split-data`` reports it like any other user error.
 """
 
 try:  # pragma: no cover - depends on what the rest of the repo provides
-    from orchestrator.errors import UserError as _Base
+    from fabtrain.errors import UserError as _Base
 except Exception:  # ImportError, or a half-written package while it is built
     _Base = Exception
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from .errors import UserError
+from fabtrain.errors import UserError
 
 DEFAULT_CLUSTER_FILE = "cluster.yaml"
 ROLES = ("pserver", "trainer")

@@ -16,8 +16,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from .session import Session
-from .transport import NodeError
+from fabtrain.remote.session import Session
+from fabtrain.remote.transport import NodeError
 
 
 class Series:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import time
 
-from .lifecycle import NodeCheck, StartResult
-from .plan import Plan, render_shell
-from .transport import Reply
+from fabtrain.controller.lifecycle import NodeCheck, StartResult
+from fabtrain.plan.plan import Plan, render_shell
+from fabtrain.remote.transport import Reply
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:

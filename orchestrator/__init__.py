@@ -1,5 +1,0 @@
-"""fabtrain's orchestration library: everything behind the `fab` tasks.
-
-Importable and testable without `fab`: the tasks in ../fabfile.py only parse
-flags and call into here.
-"""
