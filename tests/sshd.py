@@ -147,7 +147,8 @@ def write_cluster(path: Path, sshd: SshdCluster | None, *, ssh_nodes: list[tuple
         "cluster": {"name": name, "python": sys.executable,
                     "ssh": sshd.ssh_settings(policy) if sshd else {}},
         "nodes": nodes,
-        "job": job or {},
+        # The tests' programs (tests/programs, workload/) are this checkout's code.
+        "job": {"code": str(REPO), **(job or {})},
     }
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path

@@ -51,7 +51,7 @@ FIELDS: dict[str, set[str]] = {
     "cluster": {"name", "workspace", "python", "ssh"},
     "cluster.ssh": _SSH_FIELDS | {"parallel"},
     "nodes[]": {"name", "host", "roles", "workspace", "python", "address", "gpus"} | _SSH_FIELDS,
-    "job": {"name", "mode", "sgd", "master_port", "pserver", "trainer", "data", "watchdog", "env"},
+    "job": {"name", "mode", "sgd", "master_port", "code", "pserver", "trainer", "data", "watchdog", "env"},
     "job.pserver": {"port", "ports_num", "ports_num_for_sparse", "per_node", "command"},
     "job.trainer": {"per_node", "command", "use_gpu", "trainer_count"},
     "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq"},
@@ -128,6 +128,7 @@ class JobSpec:
     mode: str = "pserver"
     sgd: str = "sync"
     master_port: int = 29500  # torch / paddle collective rendezvous
+    code: str = "."  # what `fab deploy` ships, relative to the cluster file: the project's own code
     pserver: PserverSpec = field(default_factory=PserverSpec)
     trainer: TrainerSpec = field(default_factory=TrainerSpec)
     data: DataSpec = field(default_factory=DataSpec)
@@ -167,6 +168,11 @@ class Cluster:
             if n.name == name:
                 return n
         raise UserError(f"{self.path}: no node named {name!r} (nodes: {', '.join(n.name for n in self.nodes)})")
+
+    def code_dir(self) -> Path:
+        """job.code on this machine (relative to the cluster file, like job.data.dir)."""
+        d = Path(os.path.expanduser(self.job.code))
+        return (d if d.is_absolute() else Path(self.path).resolve().parent / d).resolve()
 
     def data_dir(self) -> Path:
         """job.data.dir on this machine (relative paths are relative to the cluster file)."""
@@ -455,7 +461,8 @@ class _Parser:
                 raise self.fail(f"job.env.{k}", f"must be a string or number, got {_kind(v)}")
             env.append((k, str(v).lower() if isinstance(v, bool) else str(v)))
 
-        return JobSpec(name=name, mode=mode, sgd=sgd, master_port=master_port, pserver=pserver,
+        code = self.path_value(d.get("code", JobSpec.code), "job.code")
+        return JobSpec(name=name, mode=mode, sgd=sgd, master_port=master_port, code=code, pserver=pserver,
                        trainer=trainer, data=data, watchdog=watchdog, env=tuple(env))
 
     def check_roles(self, cluster: Cluster) -> None:

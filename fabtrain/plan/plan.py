@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from fabtrain.config.cluster import Cluster, Node
+from fabtrain.plan.runtime import runtime_dir
 
 LAUNCH_WRAPPER = (
     # The sh wrapper is the session leader; the program is its child. It exists
@@ -99,7 +100,8 @@ class Plan:
                "FABTRAIN_EXIT_FILE": f"{job_dir}/run/agent.exit", "PYTHONUNBUFFERED": "1"}
         argv = [n.python, "-m", "fabtrain.node.agent", job_dir]
         return {"name": "agent", "role": "agent", "rank": n.node_index, "argv": argv,
-                "launch": [*LAUNCH_PREFIX, *argv], "env": env, "cwd": "$WS/code",
+                # The agent runs from fabtrain's own runtime, never from the user's code.
+                "launch": [*LAUNCH_PREFIX, *argv], "env": env, "cwd": runtime_dir(),
                 "log": f"{job_dir}/logs/agent.log", "run": f"{job_dir}/run/agent.json",
                 "exit": f"{job_dir}/run/agent.exit", "metrics": ""}
 
@@ -305,7 +307,7 @@ def _process(cluster: Cluster, node: Node, role: str, rank: int, command: str, v
         # `python` in a command means the cluster's interpreter (its venv's bin first).
         env["PATH"] = f"{os.path.dirname(node.python)}:$PATH"
     return ProcessPlan(name=name, role=role, rank=rank, argv=tuple(fill_placeholders(command, values)),
-                       env=env, cwd="$WS/code", **paths)
+                       env=env, cwd=f"$WS/jobs/{job_id}/code", **paths)
 
 
 def fill_placeholders(command: str, values: dict) -> list[str]:
