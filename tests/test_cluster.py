@@ -45,7 +45,8 @@ def test_good_file_parses_with_defaults():
     c = parse_cluster(doc(), "x.yaml")
     assert [n.name for n in c.nodes] == ["n0", "n1"]
     assert c.nodes[1].ssh.port == 2200 and c.nodes[0].ssh.port is None
-    assert c.nodes[1].workspace == "/data/fabtrain" and c.nodes[0].workspace == "~/.fabtrain/c1"
+    # A node's own workspace, else its own folder under the cluster's workspace.
+    assert c.nodes[1].workspace == "/data/fabtrain" and c.nodes[0].workspace == "~/.fabtrain/c1/n0"
     assert c.trainer_count == 2 and c.pserver_count == 1
     assert c.nodes[0].python == sys.executable  # a local node runs fab's own interpreter
     assert c.nodes[1].python == "python3" and c.nodes[1].address == "10.1.9.8"
@@ -111,7 +112,7 @@ BAD = [
     ({"nodes": []}, "nodes", "at least one node"),
     ({"nodes__1": "n1"}, "nodes[1]", "must be a mapping"),
     ({"job__mode": "collective"}, "nodes[0].roles", "collective"),
-    ({"nodes__1__host": "local", "nodes__1__workspace": "~/.fabtrain/c1"}, "nodes.n1.workspace", "own workspace"),
+    ({"nodes__1__host": "local", "nodes__1__workspace": "~/.fabtrain/c1/n0"}, "nodes.n1.workspace", "own workspace"),
 ]
 
 

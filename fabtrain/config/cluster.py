@@ -363,7 +363,9 @@ class _Parser:
                 if r not in ROLES:
                     raise self.fail(f"{where}.roles", f"unknown role {r!r}; roles are: {', '.join(ROLES)}")
             node_ssh = self.ssh(d, where, ssh)
-            ws = self.path_value(d["workspace"], f"{where}.workspace") if "workspace" in d else workspace
+            # A node's own workspace, else one folder per node under the cluster's: two
+            # nodes on one machine, or on servers sharing /home, never share one by default.
+            ws = self.path_value(d["workspace"], f"{where}.workspace") if "workspace" in d else f"{workspace}/{name}"
             py = self.path_value(d["python"], f"{where}.python") if "python" in d else python
             address = self.string(d["address"], f"{where}.address", HOST_RE, "address") if "address" in d else None
             gpus = self.integer(d["gpus"], f"{where}.gpus", 0, 1024) if "gpus" in d else None
@@ -386,7 +388,7 @@ class _Parser:
         for i, ip in enumerate(ips):
             host = self.string(ip, f"dist_ips[{i}]", HOST_RE, "host")
             roles = ("pserver", "trainer") if (i == 0 and job.mode == "pserver") else ("trainer",)
-            nodes.append(self.make_node(f"node{i}", host, roles, workspace, python, None, ssh, None))
+            nodes.append(self.make_node(f"node{i}", host, roles, f"{workspace}/node{i}", python, None, ssh, None))
         return tuple(nodes)
 
     def make_node(self, name, host, roles, workspace, python, address, ssh, gpus) -> Node:

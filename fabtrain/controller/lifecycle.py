@@ -50,7 +50,7 @@ def check(session: Session) -> list[NodeCheck]:
 
     def probe(t: Transport):
         t0 = time.time()
-        result = t.call("probe", {})
+        result = t.call("probe", {"cluster": cluster.name})
         return result, t0, time.time()
 
     checks = []
@@ -71,6 +71,8 @@ def check(session: Session) -> list[NodeCheck]:
             c.problems.append("torch not installed (the reference workload needs it)")
         if cluster.job.trainer.use_gpu and "trainer" in node.roles and not result["gpus"]:
             c.problems.append("use_gpu is set but torch sees no GPU")
+        if result.get("workspace_conflict"):
+            c.problems.append(result["workspace_conflict"])
         if result["disk_free"] < MIN_DISK_FREE:
             c.problems.append(f"only {result['disk_free'] >> 20} MiB free in the workspace")
         c.ok = not c.problems

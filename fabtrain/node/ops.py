@@ -161,6 +161,37 @@ def workspace(payload):
     return os.path.abspath(os.path.expanduser(payload["workspace"]))
 
 
+OWNER_FILE = ".fabtrain-owner.json"
+
+
+def claim_workspace(ws, cluster, node):
+    """Make the workspace this node's, or say whose it is.
+
+    Two nodes must never share one workspace (two nodes on one machine, or
+    servers that share /home over NFS): each would see, watch and kill the
+    other's processes as its own. The first node to use a workspace claims it
+    with a marker made with O_EXCL (atomic, on NFS too); any other node is
+    refused. Returns None, or the one-line refusal.
+    """
+    marker = os.path.join(ws, OWNER_FILE)
+    me = {"cluster": cluster, "node": node}
+    try:
+        os.makedirs(ws, mode=0o700, exist_ok=True)
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except OSError as e:
+        if not isinstance(e, FileExistsError):
+            return "cannot use workspace %s: %s" % (ws, e.strerror or e)
+        owner = read_json(marker, {})
+        if {k: owner.get(k) for k in me} == me:
+            return None
+        return ("workspace %s is already node %r of cluster %r (one machine, or storage shared between "
+                "servers): give node %r its own (nodes[].workspace, or leave it out for <cluster.workspace>/%s); "
+                "if that node is gone, remove %s" % (ws, owner.get("node"), owner.get("cluster"), node, node, marker))
+    with os.fdopen(fd, "w") as f:
+        json.dump(me, f)
+    return None
+
+
 def job_dir(ws, job_id=None):
     if job_id:
         return os.path.join(ws, "jobs", job_id)
@@ -207,6 +238,7 @@ def process_state(jd, name):
 def op_probe(payload):
     ws = workspace(payload)
     probe = {
+        "workspace_conflict": claim_workspace(ws, payload["cluster"], payload["node"]),
         "hostname": platform.node(),
         "python": platform.python_version(),
         "python_path": sys.executable,
@@ -338,6 +370,9 @@ def snapshot_code(ws, jd):
 def op_start(payload):
     job = payload["job"]
     ws = workspace(job)
+    refusal = claim_workspace(ws, job["cluster"], job["node"])
+    if refusal:
+        raise UserFacing(refusal)
     jd = os.path.join(ws, "jobs", job["job_id"])
     for sub in ("logs", "run", "metrics"):
         os.makedirs(os.path.join(jd, sub), exist_ok=True)
