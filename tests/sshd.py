@@ -86,7 +86,7 @@ class SshdCluster:
 ListenAddress {address}:{self.port}
 HostKey {host_key}
 PidFile {self.root}/sshd_{name}.pid
-AuthorizedKeysFile {self.authorized_keys}
+AuthorizedKeysFile {self.authorized_keys} .ssh/authorized_keys
 PermitRootLogin prohibit-password
 PubkeyAuthentication yes
 PasswordAuthentication no

@@ -66,7 +66,8 @@ def check(session: Session) -> list[NodeCheck]:
             c.problems.append(f"missing {', '.join(missing)} (coreutils/util-linux)")
         if not result["tools"]["rsync"] and not node.is_local:
             c.problems.append("rsync not installed (needed by deploy and copy-data)")
-        uses_workload = any("workload." in cmd for cmd in (cluster.job.trainer.command, cluster.job.pserver.command))
+        commands = [cluster.job.trainer.command] + ([cluster.job.pserver.command] if cluster.job.mode == "pserver" else [])
+        uses_workload = any("workload." in cmd for cmd in commands)
         if uses_workload and not result["torch"]:
             c.problems.append("torch not installed (the reference workload needs it)")
         if cluster.job.trainer.use_gpu and "trainer" in node.roles and not result["gpus"]:
