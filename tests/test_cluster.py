@@ -173,3 +173,63 @@ def test_fab_prints_one_line_and_exits_2_without_traceback(tmp_path, content, wo
     assert len(lines) == 1, out.stderr
     assert str(p) in lines[0] and words in lines[0]
     assert "Traceback" not in out.stderr + out.stdout
+
+
+# -- hostile files: each ends in one line through the real `fab plan`, never a traceback ---------
+
+GOOD_TEXT = "cluster: {name: x}\nnodes: [{name: a, host: local, roles: [pserver, trainer]}]\njob: {mode: pserver}\n"
+
+
+def _laughs(levels=9):
+    """A few hundred bytes that alias into 10**levels list items (the "billion laughs")."""
+    v = "&a0 [1,1,1,1,1,1,1,1,1,1]"
+    for i in range(1, levels):
+        v = f"&a{i} [{v}" + f", *a{i - 1}" * 9 + "]"
+    return v
+
+
+HOSTILE = [
+    ("cluster: " + "[" * 5000 + "]" * 5000 + "\n", "line 1, column 73: nested more than 64 levels deep"),
+    ("cluster: {name: x}\nnodes: [{name: a, host: local, roles: [pserver, trainer]}]\n"
+     "job:\n  pserver:\n    port: " + "9" * 5000 + "\n", "line 5, column 11: port: a number 5000 characters long"),
+    (GOOD_TEXT.replace("job: {mode: pserver}", "job: {pserver: {port: 0x" + "f" * 99 + "}}"), "port: a number 101 characters long"),
+    ("cluster: {name: x}\njob: {mode: pserver}\ndist_ips: " + _laughs() + "\n", "dist_ips: must be a string"),
+    (GOOD_TEXT.replace("job: {mode: pserver}", "job: {mode: " + _laughs() + "}"), "job.mode: must be one of pserver, collective, got a list"),
+    (GOOD_TEXT + "cluster: {name: y}\n", "line 4, column 1: duplicate key 'cluster' (first given on line 1)"),
+]
+
+
+@pytest.mark.parametrize("content,words", HOSTILE, ids=["deep", "long-port", "hex-port", "laughs-dist-ips", "laughs-choice",
+                                                        "duplicate-top"])
+def test_hostile_cluster_file_is_one_line_from_fab_plan(tmp_path, content, words):
+    p = tmp_path / "c.yaml"
+    p.write_text(content)
+    out = subprocess.run([FAB, "plan"], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "FABTRAIN_CLUSTER": str(p)})
+    assert "Traceback" not in out.stderr + out.stdout, out.stderr[-2000:]
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and len(lines[0]) < 400, out.stderr[-2000:]
+    assert lines[0].startswith(f"fab plan: {p}: ") and words in lines[0], lines[0]
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(GOOD_TEXT.replace("cluster: {name: x}", "cluster:\n  name: x\n  ssh:\n"
+                                   "    host_key_policy: strict\n    host_key_policy: accept-new"))
+    with pytest.raises(UserError) as e:
+        load_cluster(p)
+    assert str(e.value) == f"{p}: line 5, column 5: duplicate key 'host_key_policy' (first given on line 4)"
+
+
+def test_a_merge_key_may_be_overridden_and_equal_keys_in_other_mappings_are_fine(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("cluster: {name: x}\n"
+                 "nodes:\n"
+                 "  - &base {name: a, host: local, roles: [pserver, trainer], workspace: /w/a}\n"
+                 "  - <<: *base\n"
+                 "    name: b\n"
+                 "    workspace: /w/b\n"
+                 "job: {mode: pserver}\n")
+    c = load_cluster(p)
+    assert [(n.name, n.workspace) for n in c.nodes] == [("a", "/w/a"), ("b", "/w/b")]
