@@ -107,6 +107,8 @@ BAD = [
     ({"job__watchdog": {"interval": 0}}, "job.watchdog.interval", "between"),
     ({"job__env": {"BAD-NAME": "1"}}, "job.env.BAD-NAME", "not a valid environment variable"),
     ({"job__data": {"dir": "data; rm -rf ~"}}, "job.data.dir", "not a valid path"),
+    ({"job__data": {"max_extract_mb": 0}}, "job.data.max_extract_mb", "between 1 and"),
+    ({"job__data": {"max_expansion": 0.5}}, "job.data.max_expansion", "between 1 and"),
     ({"nodes": "n0,n1"}, "nodes", "must be a list"),
     ({"nodes": []}, "nodes", "at least one node"),
     ({"nodes__1": "n1"}, "nodes[1]", "must be a mapping"),

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from fabtrain.config.yamlfile import YAMLFileError, load_yaml
+from fabtrain.data.archive import DEFAULT_MAX_EXPANSION, DEFAULT_MAX_EXTRACT_MB
 from fabtrain.errors import UserError
 
 DEFAULT_CLUSTER_FILE = "cluster.yaml"
@@ -55,7 +56,7 @@ FIELDS: dict[str, set[str]] = {
     "job": {"name", "mode", "sgd", "master_port", "pserver", "trainer", "data", "watchdog", "env"},
     "job.pserver": {"port", "ports_num", "ports_num_for_sparse", "per_node", "command"},
     "job.trainer": {"per_node", "command", "use_gpu", "trainer_count"},
-    "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq"},
+    "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq", "max_extract_mb", "max_expansion"},
     "job.watchdog": {"enabled", "interval", "hang_timeout", "grace", "on_failure", "port"},
 }
 
@@ -111,6 +112,8 @@ class DataSpec:
     test: str | None = None  # a test-set file (a tarball brings its own)
     strategy: str = "contiguous"  # contiguous | round-robin | files
     min_freq: int = 1  # dictionary cut-off
+    max_extract_mb: int = DEFAULT_MAX_EXTRACT_MB  # a tarball input may extract to this much
+    max_expansion: float = DEFAULT_MAX_EXPANSION  # ... and to this many times its own size
 
 
 @dataclass(frozen=True)
@@ -433,6 +436,8 @@ class _Parser:
             test=self.string(dd["test"], "job.data.test", ONE_LINE_RE, "path (one line)") if dd.get("test") is not None else None,
             strategy=self.choice(dd.get("strategy", DataSpec.strategy), "job.data.strategy", ("contiguous", "round-robin", "files")),
             min_freq=self.integer(dd.get("min_freq", 1), "job.data.min_freq", 1, 1 << 30),
+            max_extract_mb=self.integer(dd.get("max_extract_mb", DataSpec.max_extract_mb), "job.data.max_extract_mb", 1, 1 << 40),
+            max_expansion=self.number(dd.get("max_expansion", DataSpec.max_expansion), "job.data.max_expansion", 1, 1e9),
         )
 
         w = self.mapping(d.get("watchdog"), "job.watchdog", FIELDS["job.watchdog"])
