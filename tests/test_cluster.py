@@ -1,4 +1,5 @@
 """cluster.yaml: every mistake ends in one line naming file, field and problem; exit 2."""
+import json
 import os
 import subprocess
 import sys
@@ -235,3 +236,46 @@ def test_a_merge_key_may_be_overridden_and_equal_keys_in_other_mappings_are_fine
                  "job: {mode: pserver}\n")
     c = load_cluster(p)
     assert [(n.name, n.workspace) for n in c.nodes] == [("a", "/w/a"), ("b", "/w/b")]
+
+
+# A value that starts with "-" would be an option to ssh, rsync or python (-oProxyCommand=...).
+DASHED = [
+    ("cluster:\n  name: x\n  workspace: -oProxyCommand=x", "cluster.workspace: '-oProxyCommand=x' must not start with '-'"),
+    ("cluster:\n  name: x\n  python: -c", "cluster.python: '-c' must not start with '-'"),
+    ("cluster:\n  name: x\n  ssh: {known_hosts: -oProxyCommand=x}", "cluster.ssh.known_hosts: '-oProxyCommand=x' must not start"),
+    ("cluster:\n  name: x\n  ssh: {key: -oProxyCommand=x}", "cluster.ssh.key: '-oProxyCommand=x' must not start"),
+    ("cluster:\n  name: x\n  ssh: {user: -oProxyCommand=x}", "cluster.ssh.user: '-oProxyCommand=x' is not a valid user name"),
+    ("cluster: {name: -x}", "cluster.name: '-x' is not a valid name"),
+    ("cluster: {name: x}\ndist_ips: '-oProxyCommand=x'", "dist_ips[0]: '-oProxyCommand=x' is not a valid host"),
+]
+NODE_DASHED = [
+    ("workspace", "nodes[0].workspace: '-oProxyCommand=x' must not start with '-'"),
+    ("python", "nodes[0].python: '-oProxyCommand=x' must not start with '-'"),
+    ("host", "nodes[0].host: '-oProxyCommand=x' is not a valid host"),
+    ("address", "nodes[0].address: '-oProxyCommand=x' is not a valid address"),
+    ("user", "nodes[0].user: '-oProxyCommand=x' is not a valid user name"),
+]
+
+
+@pytest.mark.parametrize("text,words", DASHED + [
+    ("cluster: {name: x}\nnodes: " + json.dumps([{"name": "a", "host": "local", "roles": ["pserver", "trainer"],
+                                                   field: "-oProxyCommand=x"}]), words)
+    for field, words in NODE_DASHED] + [
+    ("cluster: {name: x}\nnodes: [{name: a, host: local, roles: [pserver, trainer]}]\njob: {data: {dir: -oProxyCommand=x}}",
+     "job.data.dir: '-oProxyCommand=x' must not start with '-'")],
+    ids=[w.split(":")[0] for _, w in DASHED] + [w.split(":")[0] for _, w in NODE_DASHED] + ["job.data.dir"])
+def test_a_leading_dash_is_refused_wherever_a_value_reaches_a_command_line(tmp_path, text, words):
+    p = tmp_path / "c.yaml"
+    if "nodes" not in text and "dist_ips" not in text:
+        text += "\nnodes: [{name: a, host: local, roles: [pserver, trainer]}]"
+    p.write_text(text + ("\njob: {mode: pserver}\n" if "job:" not in text else "\n"))
+    out = subprocess.run([FAB, "plan"], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "FABTRAIN_CLUSTER": str(p)})
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"fab plan: {p}: {words}"), out.stderr
+
+
+def test_a_dash_inside_a_path_is_fine():
+    c = parse_cluster(doc(cluster__workspace="./-ws", nodes__1__workspace="/data/-x/ws"), "x.yaml")
+    assert c.nodes[0].workspace == "./-ws" and c.nodes[1].workspace == "/data/-x/ws"

@@ -272,6 +272,10 @@ class _Parser:
 
     def path_value(self, value: Any, where: str) -> str:
         p = self.string(value, where, PATH_RE, "path")
+        if p.startswith("-"):
+            # ssh, rsync and python would read it as an option (-oProxyCommand=...).
+            raise self.fail(where, f"{_shown(p)} must not start with '-' (ssh, rsync or python would read it as an option; "
+                                   f"put ./ before a relative path)")
         if "~" in p[1:]:
             raise self.fail(where, f"{p!r}: '~' is only allowed at the start of a path")
         return p
