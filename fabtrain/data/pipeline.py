@@ -186,9 +186,7 @@ def prepare(out: str, split_count: int, *, input: str | None = None, sample: boo
             strategy: str = "contiguous", test: str | None = None, build_dict: bool = True,
             min_freq: int = 1, force: bool = False, progress: bool = True,
             limits: ExtractLimits | None = None) -> Result:
-    """Prepare the data directory `out`.  Raises PrepareError for bad input.
-
-    `limits` bounds what a tarball input may expand to (archive.py)."""
+    """Prepare the data directory `out` (`limits`: what a tarball may expand to). PrepareError for bad input."""
     if strategy not in st.STRATEGIES:
         raise PrepareError(f"--strategy {strategy}: unknown (use one of {', '.join(st.STRATEGIES)})")
     if isinstance(split_count, bool) or not isinstance(split_count, int) \
