@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fabtrain.controller import state
+from fabtrain.controller import preflight, state
 from fabtrain.errors import UserError
 from fabtrain.plan.runtime import PACKAGE_ROOT, runtime_files, runtime_version
-from fabtrain.plan.plan import Plan, make_plan, new_job_id
+from fabtrain.plan.plan import Network, Plan, configured_ports, make_plan, needed_ports, new_job_id
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import NodeError, Reply, Transport
 
@@ -243,7 +243,8 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
     # The agents' coordinator only listens to beats that carry the job's secret.
     secret = previous.get("secret") if job_id == previous.get("job_id") else None
     secret = secret or secrets.token_hex(16)
-    plan = make_plan(cluster, job_id, resume_from=resume_from, secret=secret)
+    network = _start_network(session, job_id, previous)
+    plan = make_plan(cluster, job_id, resume_from=resume_from, secret=secret, network=network)
     targets = [n for n in plan.nodes if any(p.role in roles for p in n.processes)]
 
     def one(t: Transport):
@@ -255,8 +256,22 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
     replies = session.map(one, [cluster.node(n.node) for n in targets])
     started_roles = sorted(set(previous.get("roles", [])) | set(roles)) if job_id == previous.get("job_id") else sorted(roles)
     state.save(cluster.name, job_id=job_id, roles=started_roles, cluster=cluster.path, resume_from=resume_from,
-               secret=secret)
+               secret=secret, network=network.to_dict())
     return StartResult(job_id, plan, replies)
+
+
+def _start_network(session: Session, job_id: str, previous: dict) -> Network:
+    """The job's ports and interfaces. A new job: one probe fan-out, which refuses a
+    taken fixed port before anything starts and chooses the `auto` ones. Trainers
+    joining a job's pservers take what it started with: job.json must not change."""
+    if job_id != previous.get("job_id"):
+        return preflight.prepare_start(session, job_id)
+    if isinstance(previous.get("network"), dict):
+        return Network.from_dict(previous["network"])
+    if any(configured_ports(session.cluster)[k] is None for k in needed_ports(session.cluster)):
+        raise UserError(f"job {job_id}: its auto ports are not in this controller's state: "
+                        "fab kill-all, then start the job again")
+    return preflight.prepare_start(session, job_id)
 
 
 # -- status, logs, kill-all -----------------------------------------------------------------

@@ -689,12 +689,30 @@ def op_collect(payload):
     return reply
 
 
+def op_netcheck(payload):
+    """The job's network from this node: interfaces, routes, who holds its ports, and
+    (with "serve") listeners the other nodes connect to while it connects to theirs."""
+    return node_module("netcheck").run(payload)
+
+
+def op_bandwidth(payload):
+    """One rank of `fab check --bandwidth`'s all-reduce (imports torch, in this process)."""
+    return node_module("bandwidth").run(payload)
+
+
+def node_module(name):
+    """fabtrain.node.<name>, sent to the node with this file (imported only by the op that needs it)."""
+    import importlib
+    return importlib.import_module("fabtrain.node." + name)
+
+
 class UserFacing(Exception):
     """A refusal to report as one line, not a crash."""
 
 
 OPS = {"probe": op_probe, "provision": op_provision, "start": op_start, "status": op_status,
-       "logs": op_logs, "kill": op_kill, "verify": op_verify, "collect": op_collect}
+       "logs": op_logs, "kill": op_kill, "verify": op_verify, "collect": op_collect,
+       "netcheck": op_netcheck, "bandwidth": op_bandwidth}
 
 
 def main(argv):

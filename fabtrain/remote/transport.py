@@ -26,9 +26,27 @@ from fabtrain.remote import hostkeys
 from fabtrain.config.cluster import Node
 
 NODE_OPS_SOURCE = (Path(__file__).parent.parent / "node" / "ops.py").read_text()
+# Node modules that ops imports by name (importlib, when an op needs one) travel with
+# it: a finder over their sources, compiled only when imported. (The rpc protocol,
+# which sends all of fabtrain.node, makes this unnecessary.)
+_SENT_MODULES = {f"fabtrain.node.{m}": (Path(__file__).parent.parent / "node" / f"{m}.py").read_text()
+                 for m in ("netcheck", "bandwidth")}
+_SENT_FINDER = f"""import importlib.abc as _a, importlib.util as _u, sys as _s
+class _Sent(_a.MetaPathFinder, _a.Loader):
+    src = {_SENT_MODULES!r}
+    def find_spec(self, name, path=None, target=None):
+        if name in ("fabtrain", "fabtrain.node") or name in self.src:
+            return _u.spec_from_loader(name, self, is_package=name not in self.src)
+    def create_module(self, spec):
+        return None
+    def exec_module(self, m):
+        m.__file__ = "<sent>/" + m.__name__.replace(".", "/") + ".py"
+        exec(compile(self.src.get(m.__name__, ""), m.__file__, "exec"), m.__dict__)
+_s.meta_path.insert(0, _Sent())
+"""
 SENTINEL = "@@fabtrain-reply@@"
 _BOOTSTRAP = "import base64,sys,zlib;exec(zlib.decompress(base64.b64decode(sys.argv.pop(1))))"
-_NODE_OPS_PACKED = base64.b64encode(zlib.compress(NODE_OPS_SOURCE.encode(), 9)).decode()
+_NODE_OPS_PACKED = base64.b64encode(zlib.compress((_SENT_FINDER + NODE_OPS_SOURCE).encode(), 9)).decode()
 
 
 class NodeError(Exception):
