@@ -52,7 +52,10 @@ def replies_text(replies, ok_text):
 def plan(c, offline=False):
     """Print the exact commands each node would run (a dry run); asks the nodes their interfaces and free ports unless --offline."""
     s = session(c)
-    network, notes = (None, ["--offline: interfaces and auto ports are found at start"]) if offline else preflight.plan_network(s)
+    if offline:  # no node asked: auto ports picked blind, interfaces shown as what start will find
+        network, notes = preflight.choose_ports(s.cluster, {}), ["--offline: interfaces and auto ports are found at start"]
+    else:
+        network, notes = preflight.plan_network(s)
     print(report.plan_text(make_plan(s.cluster, new_job_id(), network=network), notes))
 
 

@@ -270,7 +270,8 @@ def prepare_start(session: Session, job_id: str) -> Network:
     choose the `auto` ports; find each node's interface."""
     network, found = probe(session, job_id)
     if found.problems:
-        raise UserError("\n".join(found.problems) + "\nnothing was started (fab check shows the whole network)")
+        more = f" (and {len(found.problems) - 1} more)" if len(found.problems) > 1 else ""
+        raise UserError(f"{found.problems[0]}{more}; nothing was started (fab check shows every port)")
     return network
 
 

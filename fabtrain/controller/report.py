@@ -88,7 +88,7 @@ def network_text(check: NetworkCheck, cluster) -> str:
 
 def bandwidth_text(bw: Bandwidth) -> str:
     """fab check --bandwidth: bus bandwidth, the slowest node, and what the links promise."""
-    out = [f"bandwidth: all-reduce of {human_bytes(bw.bytes)} over {bw.world_size} nodes ({bw.backend}): "
+    out = [f"bandwidth: all-reduce of {human_bytes(bw.bytes)} over {len(bw.nodes)} nodes ({bw.backend}): "
            f"bus {bw.bus_gbps:.2f} Gb/s ({bw.bus_gbps / 8:.2f} GB/s), {bw.seconds * 1000:.1f} ms each"]
     if bw.slowest:
         node, gbps = bw.slowest

@@ -13,6 +13,8 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+from fabtrain.controller.preflight import recorded_ports
+
 TERMINAL_STATES = ("finished", "failed", "killed")
 
 
@@ -219,6 +221,7 @@ def job_view(collector, stale_after: float, ended: dict, now: float | None = Non
         "started_at": started_at, "ended_at": ended_at, "elapsed": short(elapsed, 7),
         "processes": counts, "trainers": trainers, "stale_after": stale_after,
         "stale": [t["name"] for t in trainers if t["stale"]], "unreachable": unreachable,
+        "ports": recorded_ports(cluster.name, job_id),  # the ports it started with, `auto` ones chosen
     }
 
 
