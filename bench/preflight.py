@@ -7,7 +7,7 @@ best of --repeat (and the median):
             empty workspace): the interpreter on each node, the op, the reply
   check     `fab check`'s network section with fixed ports: ONE fan-out in
             which every node listens on its ports and connects to the others'
-  check+    the same with `auto` ports: a probe fan-out first, then the check
+  check+    the same with `auto` ports, picked blind (a second fan-out only if one was taken)
   start     the probe a start runs before anything starts (one fan-out, binds only)
   shell     one fan-out of `true` (no interpreter): the floor under everything
 

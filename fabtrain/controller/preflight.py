@@ -7,7 +7,7 @@ fan-out each, every node at once:
   each port it will hold for the job and connects to every such port of the
   others; a table says what listened, what was reached, through which
   interface, and one line per problem says which node, which port and what
-  to do. With `auto` ports, one fan-out before it finds free ones.
+  to do. `auto` ports are picked blind for it (a start picks again).
 - the start tasks (`prepare_start`): is every fixed port free on its node
   (bound, or claimed by another fabtrain job there that has not bound it
   yet)? If not, refuse before anything starts. Choose the `auto` ports among
@@ -240,19 +240,31 @@ def assess(cluster: Cluster, network: Network, replies: dict[str, Reply], starti
 
 
 def network_check(session: Session) -> NetworkCheck:
-    """`fab check`'s network section: one fan-out (two with `auto` ports: find free ones first)."""
+    """`fab check`'s network section: one fan-out.
+
+    `auto` ports are picked blind for it (a start picks again, among the free
+    ones): the fan-out's reply says what is busy, and only when a blind pick
+    turns out taken (rare, in a window of 12,768) does a second one run.
+    """
     cluster, token = session.cluster, secrets.token_hex(8)
-    configured = configured_ports(cluster)
-    if any(configured[k] is None for k in needed_ports(cluster)):
-        network = choose_ports(cluster, _fan_out(session, _payloads(cluster, port_uses(cluster, configured),
-                                                                    False, None, token)))
-    else:
-        network = Network(ports=configured)
-    uses = port_uses(cluster, network.ports)
-    replies = _fan_out(session, _payloads(cluster, uses, True, None, token))
+    network = choose_ports(cluster, {})
+
+    def exchange(network: Network) -> dict[str, Reply]:
+        return _fan_out(session, _payloads(cluster, port_uses(cluster, network.ports), True, None, token))
+
+    replies = exchange(network)
+    if _auto_collides(network, replies):
+        network = choose_ports(cluster, replies)
+        replies = exchange(network)
     found = {n: r.value["iface"] for n, r in replies.items() if r.ok and r.value.get("iface")}
-    network = Network(ports=network.ports, auto=network.auto, ifaces=found)
-    return assess(cluster, network, replies)
+    return assess(cluster, Network(ports=network.ports, auto=network.auto, ifaces=found), replies)
+
+
+def _auto_collides(network: Network, replies: dict[str, Reply]) -> bool:
+    """Whether an `auto` port picked blind was taken, or claimed by another job, on its node."""
+    busy = _busy(replies)
+    return any(e["setting"] in network.auto and (e["state"] != "ok" or e["port"] in busy.get(name, set()))
+               for name, r in replies.items() if r.ok for e in r.value["listen"])
 
 
 def probe(session: Session, job_id: str | None) -> tuple[Network, NetworkCheck]:
