@@ -97,7 +97,24 @@ def test_a_taken_port_is_named_by_check_refused_by_start_and_auto_starts_anyway(
         kill_all(cluster)
 
 
-def test_two_jobs_on_the_same_nodes_with_auto_ports_run_and_stop_apart(fab, tmp_path, sshd):
+def api_job(cluster: Path, state_dir: Path, monkeypatch) -> dict:
+    """/api/job of a dashboard over a real collector of that cluster (the controller's state: the fab runs')."""
+    from fabtrain.config.cluster import load_cluster
+    from fabtrain.controller.collector import Collector
+    from fabtrain.dashboard import create_app
+    from fabtrain.remote.session import Session
+    monkeypatch.setenv("FABTRAIN_STATE_DIR", str(state_dir))
+    session = Session(load_cluster(cluster))
+    try:
+        collector = Collector(session)
+        collector.poll()
+        app = create_app({"COLLECTOR": collector, "DASHBOARD_TOKEN": "t" * 32, "ALLOWED_HOSTS": ["h:1"], "TESTING": True})
+        return app.test_client().get("/api/job", headers={"Host": "h:1", "Authorization": "Bearer " + "t" * 32}).get_json()
+    finally:
+        session.close()
+
+
+def test_two_jobs_on_the_same_nodes_with_auto_ports_run_and_stop_apart(fab, tmp_path, sshd, monkeypatch):
     auto = {"mode": "pserver", "master_port": "auto", "pserver": {"port": "auto", "command": TICKER},
             "watchdog": {"port": "auto", "interval": 0.5}}
     a, a_ws = make_cluster(tmp_path / "alice", sshd, auto, name="alice")
@@ -118,6 +135,9 @@ def test_two_jobs_on_the_same_nodes_with_auto_ports_run_and_stop_apart(fab, tmp_
         assert len(live_marked(b_ws)) >= 6  # bob's pserver, 3 trainers and 3 agents live on
         out = fab("status", cluster=b, check=True)
         assert out.stdout.count("running") >= 4
+        assert f"pserver_port {ports_b['pserver_port']} (auto)" in out.stdout
+        job = api_job(b, tmp_path / "controller-state", monkeypatch)
+        assert job["ports"] == ports_b and job["state"] == "running", job
     finally:
         kill_all(a)
         kill_all(b)
