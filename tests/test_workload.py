@@ -271,6 +271,57 @@ def test_sparse_and_dense_gradients_give_the_same_update(corpus, rule):
 
 # -- checkpoints and metrics --------------------------------------------------------------
 
+def _sync_server(num_trainers, spec, dense_numel):
+    """A ParameterServer's update state only (no processes, no gloo): what a sync round changes."""
+    import threading
+    from types import SimpleNamespace
+
+    from workload.optim import new_state
+    from workload.pserver import ParameterServer
+
+    ps = ParameterServer.__new__(ParameterServer)
+    ps.args = SimpleNamespace(checkpoint_dir=None, checkpoint_every=1000)
+    ps.cond, ps.version, ps.pending = threading.Condition(), 0, {}
+    ps.trainer_steps, ps.active = [0] * num_trainers, set(range(num_trainers))
+    ps.layout, ps.optimizer, ps.sync = Layout(1, 1, dense_numel, (spec,)), AdaGrad(0.05), True
+    ps.dense = torch.linspace(-1, 1, dense_numel)
+    ps.dense_state = new_state(ps.optimizer, ps.dense)
+    ps.tables = {spec.name: init_rows(spec, torch.arange(spec.num_rows))}
+    ps.table_state = {spec.name: new_state(ps.optimizer, ps.tables[spec.name])}
+    return ps
+
+
+def test_sync_rounds_give_the_same_bits_whatever_order_the_gradients_arrive_in():
+    """The pserver adds a round's gradients in trainer order, not arrival order: float addition is
+    not associative, so with 3 trainers arrival order would change the bits (checked below)."""
+    import itertools
+
+    g = torch.Generator().manual_seed(3)
+    spec, dense_numel, trainers, rounds = TableSpec("emb", 40, 4), 64, 3, 3
+
+    def gradient():
+        scale = 10.0 ** torch.randint(-3, 3, (1,), generator=g).item()   # magnitudes that round differently
+        ids = torch.unique(torch.randint(0, spec.num_rows, (12,), generator=g))   # rows shared by trainers
+        return (torch.randn(dense_numel, generator=g) * scale,
+                [(ids, torch.randn(len(ids), spec.dim, generator=g) * scale)])
+    grads = [[gradient() for _ in range(trainers)] for _ in range(rounds)]
+    a, b, c = (grads[0][t][0] for t in range(3))
+    assert not torch.equal((a + b) + c, (c + b) + a), "these gradients must be order-sensitive for the test to mean anything"
+
+    results = []
+    for arrival in itertools.permutations(range(trainers)):
+        ps = _sync_server(trainers, spec, dense_numel)
+        for r in range(rounds):
+            for t in arrival:
+                with ps.cond:
+                    ps.pending[t] = (r, grads[r][t])
+                    ps.apply_round_if_complete()
+        assert ps.version == rounds and ps.trainer_steps == [rounds] * trainers
+        results.append([ps.dense, ps.dense_state["sum"], ps.tables["emb"], ps.table_state["emb"]["sum"]])
+    for other in results[1:]:
+        assert all(torch.equal(x, y) for x, y in zip(results[0], other))
+
+
 def test_checkpoints_are_atomic_and_pruned(tmp_path):
     for version in (10, 20, 30, 40):
         checkpoint.save_atomic({"version": version}, checkpoint.pserver_path(tmp_path, 1, version))
