@@ -157,3 +157,47 @@ def write_cluster(path: Path, sshd: SshdCluster | None, *, ssh_nodes: list[tuple
     }
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+class SilentListener:
+    """A TCP listener on `address` that never accepts: a host that does not answer, on this machine.
+
+    full=True: its accept queue is filled first, so the kernel drops every further SYN (as a firewall
+    that drops packets, or a machine that is off, would): a connect times out. full=False: the kernel
+    still completes connections into the queue, but nothing ever speaks (a hung sshd): no SSH banner.
+    """
+
+    def __init__(self, address: str, port: int, full: bool = True):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((address, port))
+        self.sock.listen(0 if full else 64)
+        self.address, self.port, self.fillers = address, port, []
+        if full:
+            for _ in range(8):
+                s = socket.socket()
+                s.settimeout(0.5)
+                try:
+                    s.connect((address, port))
+                except OSError:           # the queue is full: that SYN was dropped
+                    s.close()
+                    break
+                self.fillers.append(s)
+            with socket.socket() as probe:
+                probe.settimeout(0.5)
+                try:
+                    probe.connect((address, port))
+                    raise RuntimeError(f"{address}:{port} still answers with its queue full")
+                except (socket.timeout, TimeoutError):
+                    pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        for s in self.fillers:
+            s.close()
+        self.sock.close()
