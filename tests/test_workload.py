@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -329,6 +330,85 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path):
     assert checkpoint.pserver_versions(tmp_path, 1) == [20, 30, 40]
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"pserver-1-v{v:09d}.pt" for v in (20, 30, 40)]
     assert checkpoint.load(checkpoint.pserver_path(tmp_path, 1, 30)) == {"version": 30}
+
+
+SLOW_SAVE = """
+import builtins, sys, time, torch
+from workload import checkpoint
+
+
+class SlowFile:
+    # A file whose writes trickle out in 64 KiB pieces, so that the test can kill the save midway.
+    def __init__(self, f):
+        self.f = f
+
+    def write(self, data):
+        view = memoryview(data).cast("B")
+        for i in range(0, len(view), 1 << 16):
+            self.f.write(view[i:i + (1 << 16)])
+            self.f.flush()
+            time.sleep(0.005)
+        return len(view)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+checkpoint.open = lambda path, mode: SlowFile(builtins.open(path, mode))
+checkpoint.save_atomic({"version": int(sys.argv[2]), "dense": torch.ones(8 << 20)}, sys.argv[1])   # 32 MiB
+print("saved", flush=True)
+"""
+
+
+@pytest.mark.parametrize("target", ["a new version", "the same name"])
+def test_a_save_killed_midway_leaves_the_previous_checkpoint_whole(tmp_path, target):
+    previous = {"version": 1, "dense": torch.arange(1000, dtype=torch.float32)}
+    checkpoint.save_atomic(previous, checkpoint.pserver_path(tmp_path, 0, 1))
+    final = checkpoint.pserver_path(tmp_path, 0, 2 if target == "a new version" else 1)
+    script = tmp_path / "slow_save.py"
+    script.write_text(SLOW_SAVE)
+    child = subprocess.Popen([sys.executable, str(script), str(final), "2"], cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
+    try:
+        temp = final.with_name(f".{final.name}.tmp{child.pid}")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (not temp.exists() or temp.stat().st_size < 4 << 20):
+            assert child.poll() is None, "the save ended before it could be interrupted"
+            time.sleep(0.01)
+        child.kill()                      # SIGKILL while the temp file is being written
+        child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert "saved" not in child.stdout.read()
+    assert 4 << 20 <= temp.stat().st_size < 32 << 20      # it was killed midway through the data
+    # Nothing half-written under a checkpoint's name: the previous one loads whole, and is the newest.
+    assert checkpoint.pserver_versions(tmp_path, 0) == [1]
+    loaded = checkpoint.load(checkpoint.pserver_path(tmp_path, 0, 1))
+    assert loaded["version"] == 1 and torch.equal(loaded["dense"], previous["dense"])
+
+
+def test_a_save_whose_write_fails_leaves_the_previous_checkpoint_and_no_temp_file(tmp_path, monkeypatch):
+    path = checkpoint.pserver_path(tmp_path, 0, 5)
+    checkpoint.save_atomic({"version": 5}, path)
+
+    def disk_full(obj, f):
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(checkpoint.torch, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save_atomic({"version": 6}, path)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save_atomic({"version": 6}, checkpoint.pserver_path(tmp_path, 0, 6))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    assert checkpoint.load(path) == {"version": 5}
 
 
 def test_resume_uses_the_newest_version_every_pserver_has():
