@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import secrets
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -16,8 +15,9 @@ from pathlib import Path
 from fabtrain.controller import state
 from fabtrain.errors import UserError
 from fabtrain.plan.plan import Plan, make_plan, new_job_id
+from fabtrain.remote.rsync import rsync
 from fabtrain.remote.session import Session
-from fabtrain.remote.transport import NodeError, Reply, Transport
+from fabtrain.remote.transport import Reply, Transport
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 DEPLOY_EXCLUDES = (".git/", ".venv/", "venv/", "/data/", "__pycache__/", "*.pyc", ".fabtrain/",
@@ -90,7 +90,7 @@ def provision(session: Session, venv: bool = False, wheelhouse: str | None = Non
 
     def one(t: Transport):
         if wheelhouse:
-            _rsync(t, [str(Path(wheelhouse).expanduser()) + "/"], t.node.workspace + "/wheelhouse")
+            rsync(t, [str(Path(wheelhouse).expanduser()) + "/"], t.node.workspace + "/wheelhouse")
         return t.call("provision", {"venv": venv, "wheelhouse": bool(wheelhouse), "requirements": reqs})
 
     return session.map(one)
@@ -116,38 +116,8 @@ def deploy(session: Session, source: Path = PROJECT_ROOT) -> list[Reply]:
     """rsync the project to <workspace>/code on every node; fast when nothing changed."""
     def one(t: Transport):
         excludes = [f"--exclude={e}" for e in DEPLOY_EXCLUDES]
-        return _rsync(t, [f"{source}/"], t.node.workspace + "/code", ["--delete", *excludes])
+        return rsync(t, [f"{source}/"], t.node.workspace + "/code", ["--delete", *excludes])
     return session.map(one)
-
-
-def _rsync(t: Transport, sources: list[str], remote_dir: str, extra: list[str] = (), timeout: float = 3600) -> dict:
-    """One rsync to a directory on the node (made if missing), over the node's SSH settings."""
-    transport_args, dest = t.rsync_destination(remote_dir)
-    argv = ["rsync", "-a", "--stats", *transport_args, *extra, *sources, dest]
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        raise NodeError(f"{t.node.name}: rsync is not installed on this machine") from None
-    except subprocess.TimeoutExpired:
-        raise NodeError(f"{t.node.name}: rsync timed out after {timeout:g} s") from None
-    if out.returncode != 0:
-        raise NodeError(f"{t.node.name}: rsync failed: {rsync_reason(out.stderr, out.returncode)}")
-    stats = {}
-    for line in out.stdout.splitlines():
-        if line.startswith("Number of regular files transferred:"):
-            stats["files"] = int(line.split(":")[1].strip().replace(",", ""))
-        elif line.startswith("Total transferred file size:"):
-            stats["bytes"] = int(line.split(":")[1].split()[0].replace(",", ""))
-    return stats
-
-
-def rsync_reason(stderr: str, code: int) -> str:
-    """The one line of rsync/ssh's stderr that says what went wrong."""
-    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in stderr:
-        return "HOST KEY CHANGED: ssh refused to connect (if the server was reinstalled: ssh-keygen -R)"
-    lines = [l.strip() for l in stderr.splitlines() if l.strip() and not l.startswith("@")]
-    useful = [l for l in lines if not l.startswith(("rsync: connection unexpectedly closed", "rsync error:"))]
-    return (useful or lines or [f"exit code {code}"])[0]
 
 
 # -- start ---------------------------------------------------------------------------
