@@ -8,13 +8,19 @@ import json
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 import zlib
 
 import pytest
+import yaml
 
+from fabtrain.config.cluster import load_cluster
+from fabtrain.controller import lifecycle, report
 from fabtrain.remote import rpc
+from fabtrain.remote.session import Session
+from fabtrain.remote.transport import NO_REPLY, UNREACHABLE
 from tests.conftest import FAB, REPO
 from tests.procscan import live_marked, wait_for
 from tests.sshd import free_port, write_cluster
@@ -122,3 +128,35 @@ def test_the_jobs_secret_never_appears_in_any_command_line(tmp_path, sshd):
     assert sum("fabtrain.node.agent" in c for c in seen) >= 3, "the sampler missed the agents"
     assert any(str(tmp_path) in c and "rsync" in c for c in seen), "the sampler missed deploy's rsync"
     assert sampler.launched == {"ssh", "local"}, "the sampler missed the node-side calls"
+
+
+def test_a_node_that_connects_but_answers_slowly_is_slow_not_unreachable(tmp_path, sshd):
+    """Issue 12: under heavy load `fab status` called healthy nodes UNREACHABLE after its timeout.
+    Here a node's python sleeps before it starts (an sshd node and a local one), next to a node
+    with no sshd at all: only that one is unreachable."""
+    slow = tmp_path / "slow-python"
+    slow.write_text(f"#!/bin/sh\nsleep 8\nexec {sys.executable} \"$@\"\n")
+    slow.chmod(0o755)
+    path = write_cluster(tmp_path / "c.yaml", sshd, ssh_nodes=[("node1", ["trainer"]), ("node2", ["trainer"])],
+                         local_nodes=[("local0", ["trainer"])], job={"mode": "collective"},
+                         extra_node_fields={"node1": {"python": str(slow)}, "local0": {"python": str(slow)}})
+    doc = yaml.safe_load(path.read_text())
+    doc["nodes"].append({"name": "gone", "host": "127.0.0.9", "roles": ["trainer"], "workspace": str(tmp_path / "ws-gone")})
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    session = Session(load_cluster(path))
+    try:
+        replies = {r.node: r for r in lifecycle.status(session, timeout=4)}
+        for name in ("node1", "local0"):
+            assert not replies[name].ok and replies[name].kind == NO_REPLY, replies[name]
+            assert replies[name].error.startswith(f"{name}: connected, no reply within 4 s (status"), replies[name].error
+        assert replies["node2"].ok
+        assert replies["gone"].kind == UNREACHABLE and "unreachable: connection refused" in replies["gone"].error
+        text, failed = report.status_text(list(replies.values()))
+        assert failed
+        assert re.search(r"^node1\s+-\s+NO REPLY", text, re.M) and re.search(r"^local0\s+-\s+NO REPLY", text, re.M), text
+        assert re.search(r"^gone\s+-\s+UNREACHABLE", text, re.M) and re.search(r"^node2\s+-\s+no job", text, re.M), text
+        # Given the time, the slow nodes answer.
+        replies = {r.node: r for r in lifecycle.status(session, timeout=30)}
+        assert replies["node1"].ok and replies["local0"].ok, replies
+    finally:
+        session.close()

@@ -171,8 +171,8 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
 # -- status, logs, kill-all -----------------------------------------------------------------
 
 
-def status(session: Session, job_id: str | None = None, health: bool = False) -> list[Reply]:
-    return session.map(lambda t: t.call("status", {"job_id": job_id, "health": health}, timeout=60))
+def status(session: Session, job_id: str | None = None, health: bool = False, timeout: float = 60) -> list[Reply]:
+    return session.map(lambda t: t.call("status", {"job_id": job_id, "health": health}, timeout=timeout))
 
 
 def logs(session: Session, lines: int = 20, follow: bool = False, job_id: str | None = None, out=None) -> list[Reply]:
