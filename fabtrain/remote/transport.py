@@ -86,7 +86,10 @@ class ProcessStream:
         fd, view = self.proc.stdin.fileno(), memoryview(data)
         while view:
             if select.select([], [fd], [], _left(deadline))[1]:
-                view = view[os.write(fd, view):]
+                try:
+                    view = view[os.write(fd, view):]
+                except BlockingIOError:  # the pipe filled up again meanwhile
+                    pass
 
     def recv(self, timeout: float | None) -> bytes | None:
         """Some bytes; b"" at the end of the stream; None if nothing came within timeout."""
@@ -133,9 +136,12 @@ class SSHStream:
         while sent < len(data):
             self.chan.settimeout(_left(deadline))
             try:
-                sent += self.chan.send(data[sent:sent + (1 << 16)])
+                n = self.chan.send(data[sent:sent + (1 << 16)])
             except socket.timeout:  # the node's side did not take it in time (its window stayed full)
                 raise TimeoutError from None
+            if n == 0:
+                raise OSError("the channel is closed")
+            sent += n
 
     def recv(self, timeout: float | None) -> bytes | None:
         self.chan.settimeout(timeout)
