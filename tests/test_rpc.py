@@ -130,7 +130,8 @@ def test_node_code_in_subpackages_is_imported_from_what_was_sent(tmp_path, monke
 
         def op_echo(payload):
             import fabtrain.node.ops as me
-            return {"rule": RULE, "twice": helper.twice(payload["n"]), "file": me.__spec__.origin}
+            return {"rule": RULE, "twice": helper.twice(payload["n"]), "file": me.__file__,
+                    "source": me.__source__ == open(payload["path"]).read()}
 
 
         OPS = {"echo": op_echo}
@@ -139,8 +140,8 @@ def test_node_code_in_subpackages_is_imported_from_what_was_sent(tmp_path, monke
     rpc.node_modules.cache_clear()
     rpc.code_frame.cache_clear()
     try:
-        assert local_node(tmp_path).call("echo", {"n": 21}) == {"rule": "agent package policy", "twice": 42,
-                                                                 "file": None}
+        assert local_node(tmp_path).call("echo", {"n": 21, "path": str(root / "ops.py")}) == {
+            "rule": "agent package policy", "twice": 42, "file": "<sent>/fabtrain/node/ops.py", "source": True}
     finally:
         rpc.node_modules.cache_clear()
         rpc.code_frame.cache_clear()

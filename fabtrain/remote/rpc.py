@@ -78,7 +78,10 @@ class SentModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module):
         is_package, source = self.modules[module.__name__]
         path = module.__name__.replace(".", "/") + ("/__init__.py" if is_package else ".py")
-        exec(compile(source, "<sent>/" + path, "exec"), module.__dict__)
+        # No file on the node: __file__ says so, __source__ holds the text (for code that writes itself out).
+        module.__file__ = "<sent>/" + path
+        module.__source__ = source
+        exec(compile(source, module.__file__, "exec"), module.__dict__)
 
 
 data = read_until(b"", lambda d: b"\\n" in d)
