@@ -5,7 +5,7 @@ import time
 
 from fabtrain.controller.lifecycle import NodeCheck, StartResult
 from fabtrain.plan.plan import Plan, render_shell
-from fabtrain.remote.transport import Reply
+from fabtrain.remote.transport import FAILED, NO_REPLY, Reply
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -137,7 +137,9 @@ def status_text(replies: list[Reply]) -> tuple[str, bool]:
     job_views: dict[tuple, list[str]] = {}
     for r in replies:
         if not r.ok:
-            rows.append([r.node, "-", "UNREACHABLE", "", "", "", ""])
+            # A node that connected but was slow to answer (a busy machine) is not a lost one.
+            label = {NO_REPLY: "NO REPLY", FAILED: "ERROR"}.get(r.kind, "UNREACHABLE")
+            rows.append([r.node, "-", label, "", "", "", ""])
             notes.append(r.error)
             failed = True
             continue

@@ -1,11 +1,11 @@
 """A collector that keeps one `collect` loop open per node.
 
 The plain Collector starts a Python interpreter on every node for every poll
-(node_ops `collect`, sent on the command line): simple, and right for
-`fab status`, but for a dashboard polling every second the interpreter's
-start-up and the script's compile cost the node far more than the reading
-itself (see docs/dashboard.md, "Performance"). `StreamingCollector` asks
-each node through one `fabtrain.remote.channel.Channel`, so a poll costs the
+(a one-shot `collect` call): simple, and right for `fab status`, but for
+a dashboard polling every second the interpreter's start-up and the node
+code's compile cost the node far more than the reading itself (see
+docs/dashboard.md, "Performance"). `StreamingCollector` asks
+each node through one `fabtrain.remote.rpc.Channel`, so a poll costs the
 node only op_collect's own work. Any failure closes the channel; the next
 poll opens a new one.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 
-from fabtrain.remote.channel import Channel, ChannelClosed
+from fabtrain.remote.rpc import Channel, ChannelClosed
 from fabtrain.controller.collector import Collector
 from fabtrain.remote.transport import NodeError, describe_connect_error
 

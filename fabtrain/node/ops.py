@@ -1,15 +1,13 @@
 """What fabtrain does ON a node: probe, provision, start, status, logs, kill, verify.
 
-This file is sent to the node and run by the node's own interpreter each time
-(``python3 -c <bootstrap> <op> <base64 json>``), so it needs no deployed code,
-only the Python standard library (3.8+). That is what lets ``fab kill-all``
-work on a node whose code directory is gone, and ``fab check`` before anything
-was deployed. One invocation = one remote command per node per task.
-
-The reply is one JSON object printed after the SENTINEL line, so that noise a
-login shell prints (a .bashrc that echoes) cannot corrupt it.
+The controller sends this package to the node with every call
+(fabtrain.remote.rpc) and fabtrain.node.serve runs the op the request
+names, so it needs no deployed code, only the Python standard library
+(3.8+). That is what lets ``fab kill-all`` work on a node whose code
+directory is gone, and ``fab check`` before anything was deployed. An op
+takes the request's payload and returns what goes back as the reply; it
+raises UserFacing for a refusal the user should read as one line.
 """
-import base64
 import hashlib
 import json
 import os
@@ -20,7 +18,6 @@ import subprocess
 import sys
 import time
 
-SENTINEL = "@@fabtrain-reply@@"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -695,20 +692,3 @@ class UserFacing(Exception):
 
 OPS = {"probe": op_probe, "provision": op_provision, "start": op_start, "status": op_status,
        "logs": op_logs, "kill": op_kill, "verify": op_verify, "collect": op_collect}
-
-
-def main(argv):
-    op, payload = argv[0], json.loads(base64.b64decode(argv[1]).decode())
-    try:
-        reply = {"ok": True, "result": OPS[op](payload)}
-    except UserFacing as e:
-        reply = {"ok": False, "error": str(e)}
-    except Exception as e:  # report on the controller, with the node's name, as one line
-        reply = {"ok": False, "error": "%s: %s" % (type(e).__name__, e)}
-    sys.stdout.write("\n%s\n%s\n" % (SENTINEL, json.dumps(reply)))
-    sys.stdout.flush()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
