@@ -1,9 +1,9 @@
 """The controller's view: series thinning and the job's state."""
-from types import SimpleNamespace
-
 import pytest
 
-from fabtrain.controller.collector import Collector, NodeView, Series
+from fabtrain.controller.jobstate import NodeObservation, job_verdict
+from fabtrain.controller.series import Series
+from fabtrain.node.states import ProcessState, process_state
 
 
 def test_series_stays_bounded_evenly_spaced_and_keeps_the_latest_point():
@@ -24,13 +24,8 @@ def test_a_short_series_is_kept_whole():
     assert s.export() == [(i, i) for i in range(50)]
 
 
-def collector_with(processes, events=(), killed=False):
-    session = SimpleNamespace(cluster=SimpleNamespace(nodes=[SimpleNamespace(name="n0")]))
-    c = Collector(session)
-    c.nodes["n0"] = NodeView("n0", up=True, job_id="J", processes=processes, killed=killed)
-    for e in events:
-        c.events.appendleft(e)
-    return c
+def observe(processes, events=(), killed=False, agent=None):
+    return [NodeObservation("n0", True, "J", tuple(processes), killed, agent, 0.5 if agent else None, tuple(events))]
 
 
 def p(name, state, code=None):
@@ -46,6 +41,44 @@ def p(name, state, code=None):
     ([p("pserver-0", "exited", 143), p("trainer-0", "exited", 1)], [{"kind": "job_failed"}], False, "failed"),
     ([p("pserver-0", "running"), p("trainer-0", "exited", 137)], [], False, "failed"),
     ([p("pserver-0", "killed"), p("trainer-0", "killed")], [{"kind": "killed"}], True, "killed"),
+    ([p("pserver-0", "running"), p("trainer-0", "lost")], [], False, "failed"),
+    ([], [], False, "starting"),
 ])
 def test_job_state(procs, events, killed, expected):
-    assert collector_with(procs, events, killed).job_state() == expected
+    assert job_verdict(observe(procs, events, killed)).state == expected
+
+
+def test_exit_code_137_is_killed_by_sigkill_not_an_exit():
+    v = job_verdict(observe([p("pserver-0", "running"), p("trainer-0", "exited", 137)]))
+    trainer = v.process("n0", "trainer-0")
+    assert (trainer.state, trainer.signal, trainer.exit_code, trainer.label) == ("killed", "SIGKILL", 137, "killed (SIGKILL)")
+    assert v.reason == "trainer-0 on n0 killed by SIGKILL" and not v.ended  # pserver-0 still runs
+    assert process_state(False, None, 137, None) == process_state(False, "killed", None, 9) == ProcessState.KILLED
+    assert process_state(False, None, 3, None) == ProcessState.EXITED
+    assert process_state(False, None, None, None) == ProcessState.LOST
+    assert process_state(True, "T", None, None) == ProcessState.STOPPED
+
+
+def test_a_process_whose_launcher_is_gone_runs_while_its_agent_sees_it():
+    agent = {"ts": 1.0, "job_id": "J", "interval": 1.0, "processes": [{"name": "trainer-0", "state": "running"}],
+             "job": {"status": "running"}}
+    v = job_verdict(observe([p("pserver-0", "running"), p("trainer-0", "lost")], agent=agent))
+    assert v.state == "running" and v.process("n0", "trainer-0").label == "running (launcher gone)"
+    assert v.notes == ("trainer-0 on n0: its launcher is gone; its agent still sees it running",)
+    # An agent silent for long is not believed: lost is lost.
+    stale = [NodeObservation("n0", True, "J", (p("pserver-0", "running"), p("trainer-0", "lost")), False, agent, 60.0)]
+    assert job_verdict(stale).state == "failed"
+
+
+def test_the_agents_word_on_the_job_comes_before_exit_codes():
+    failed = {"ts": 1.0, "job_id": "J", "job": {"status": "failed", "reason": "trainer-1 on n1 hung",
+                                                 "on_failure": "keep", "kept": True}}
+    v = job_verdict(observe([p("pserver-0", "running"), p("trainer-0", "running")], agent=failed))
+    assert (v.state, v.reason, v.kept, v.ended, v.said_by) == ("failed", "trainer-1 on n1 hung", True, True, ("n0",))
+    assert "on_failure keep: survivors left running" in v.summary()
+
+
+def test_nothing_reachable_is_unknown_and_no_job_is_no_job():
+    assert job_verdict([NodeObservation("n0", False, error="refused")]).state == "unknown"
+    assert job_verdict([NodeObservation("n0", None)]).state == "unknown"
+    assert job_verdict([NodeObservation("n0", True)]).state == "no job"

@@ -1,8 +1,8 @@
 """A collector that keeps one `collect` loop open per node.
 
 The plain Collector starts a Python interpreter on every node for every poll
-(node_ops `collect`, sent on the command line): simple, and right for
-`fab status`, but for a dashboard polling every second the interpreter's
+(node ops `collect`, sent on the command line): simple, and right for
+`fab watch`, but for a dashboard polling every second the interpreter's
 start-up and the script's compile cost the node far more than the reading
 itself (see docs/dashboard.md, "Performance"). `StreamingCollector` asks
 each node through one `fabtrain.remote.channel.Channel`, so a poll costs the
@@ -46,8 +46,7 @@ class StreamingCollector(Collector):
                 with self._channel_lock:
                     self._channels[name] = channel
             reply = channel.request("collect", payload, timeout)
-            files = reply.get("files", {}).values()
-            self._behind[name] = any(f.get("size", 0) - f.get("offset", 0) > self.CATCH_UP_BYTES for f in files)
+            self._behind[name] = self._is_behind(reply)
             return reply
         except Exception as e:
             if channel is not None:
@@ -58,6 +57,14 @@ class StreamingCollector(Collector):
             if isinstance(e, NodeError):
                 raise
             raise NodeError(describe_connect_error(transport.node, e)) from None
+
+    def _is_behind(self, reply) -> bool:
+        """More than CATCH_UP_BYTES left unread in a file (the reply is checked later, in _apply)."""
+        files = reply.get("files") if isinstance(reply, dict) else None
+        if not isinstance(files, dict):
+            return False
+        return any(isinstance(f, dict) and isinstance(f.get("size"), int) and isinstance(f.get("offset"), int)
+                   and f["size"] - f["offset"] > self.CATCH_UP_BYTES for f in files.values())
 
     def _loop(self, name: str, interval: float) -> None:
         while not self._stop.is_set():

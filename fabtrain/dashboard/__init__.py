@@ -8,7 +8,6 @@ over fabricated node files. `serve` runs it under waitress for `fab dashboard`.
 """
 from __future__ import annotations
 
-import secrets
 from typing import Any, Callable
 
 from flask import Flask
@@ -53,7 +52,7 @@ def create_app(config: dict | None = None) -> Flask:
     from . import views
     from .api import MetricsCursor
 
-    app.extensions["fabtrain_cursor"] = MetricsCursor(secrets.token_hex(3))
+    app.extensions["fabtrain_cursor"] = MetricsCursor()
     app.extensions["fabtrain_ended"] = {}
     app.register_blueprint(views.bp)
     views.register_error_handlers(app)
