@@ -1,11 +1,12 @@
 """A synthetic job: the on-node files of a job, written directly.
 
-For the dashboard's tests, its benchmark and screenshots. Writes exactly what
-node_ops `start` and the node agent would (docs/architecture.md, "On each
-node"): job.json, run/<name>.json, run/<name>.exit, logs/, metrics/,
-health.json, events.jsonl and the `current` link. A "running" process is a
+For the dashboard's and the collector's tests, the dashboard's benchmark and
+screenshots. Writes exactly what node ops `start` (fabtrain/node/ops.py) and
+the node agent would (docs/architecture.md, "On each node"): job.json,
+run/<name>.json, run/<name>.exit, logs/, metrics/, health.json, events.jsonl
+and the `current` link. A "running" process is a
 real `sleep` in its own session carrying the job marker in its environment,
-so node_ops sees it alive and `kill-all` can stop it like a real one.
+so node ops sees it alive and `kill-all` can stop it like a real one.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The job is synthetic (tests.synthetic writes the node files, with live
 `sleep` stand-ins for running processes) on three local nodes, plus one SSH
-node that refuses connections, so the collector, node_ops `collect` and the
+node that refuses connections, so the collector, node ops `collect` and the
 views are all real. The browser tests are in test_dashboard_browser.py.
 """
 from __future__ import annotations

@@ -71,7 +71,7 @@ class StreamingCollector(Collector):
             began = time.time()
             self.poll_node(name)
             with self.lock:
-                # Catching up on a long run (node_ops sends at most 1 MiB a file a poll): go on at once.
+                # Catching up on a long run (node ops sends at most MAX_BYTES of a file a poll): go on at once.
                 behind = bool(self.nodes[name].up) and self._behind.pop(name, False)
             self._stop.wait(0 if behind else max(0.0, interval - (time.time() - began)))
         with self._channel_lock:

@@ -2,8 +2,9 @@
 
 `create_app(config)` is the application factory (as in Flask's tutorial); the
 routes live in the `views` blueprint, the page in templates/ and static/.
-The app reads everything from a Collector (fabtrain.controller.collector) or any
-object with the same interface, so tests can inject one over a real job or
+The app reads a Collector (fabtrain.controller.collector) only through
+`snapshot()`, `series_since(cursor)` and `follow_log(node, process)` (and its
+`session` for the default kill), so tests can inject one over a real job or
 over fabricated node files. `serve` runs it under waitress for `fab dashboard`.
 """
 from __future__ import annotations
