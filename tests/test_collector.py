@@ -220,3 +220,16 @@ def test_a_line_longer_than_a_poll_reads_is_skipped_not_asked_for_forever(plante
     assert snap.events[0]["reason"] == "after a 3 MiB line"
     assert snap.dropped["node1"]["count"] == before + 1
     assert snap.dropped["node1"]["last"] == f"events.jsonl: a line over {Collector.MAX_BYTES} bytes"
+
+
+def test_a_bad_health_json_is_counted_once_not_at_every_poll(planted):
+    job, collector = planted["job"], planted["collector"]
+    (job.job_dir("node0") / "health.json").write_text('{"ts": NaN, "job_id": "%s"}' % JOB)
+    for _ in range(3):
+        collector.poll_node("node0")
+    snap = collector.snapshot()
+    assert snap.dropped["node0"] == {"count": 1, "sources": {"health.json": 1},
+                                     "last": "health.json: field 'ts' is not a finite number"}
+    assert snap.node("node0").health is None
+    node0 = next(n for n in strict_json(api(planted["client"], "/api/cluster"))["nodes"] if n["name"] == "node0")
+    assert node0["health"] is None and node0["up"] is True

@@ -49,6 +49,7 @@ class NodeView:
     killed: bool = False
     milestones: list[dict] = field(default_factory=list)  # the job-level events (job_failed, finished, kept)
     offsets: dict[str, int] = field(default_factory=dict)
+    bad: set = field(default_factory=set)  # what was wrong in the last reply's snapshots (counted once)
 
     def observation(self) -> NodeObservation:
         agent = self.health if self.health and self.health.get("job_id") == self.job_id else None
@@ -228,19 +229,22 @@ class Collector:
             self._forget_job(name)
         view.job_id = job_id
         view.killed = reply.get("killed") is True
-        view.processes = []
+        view.processes, bad = [], set()
         procs = reply.get("processes")
         for p in procs if isinstance(procs, list) else []:
             try:
                 view.processes.append(records.process(p))
             except records.Malformed as e:
-                self._drop(name, "processes", str(e))
+                bad.add(("processes", str(e)))
         view.health, view.agent_age = None, None
         if reply.get("health") is not None:
             try:
                 view.health = records.health(reply["health"])
             except records.Malformed as e:
-                self._drop(name, "health.json", str(e))
+                bad.add(("health.json", str(e)))
+        for source, why in sorted(bad - view.bad):  # sent again every poll: counted when it first goes wrong
+            self._drop(name, source, why)
+        view.bad = bad
         if view.health is not None and records.finite(reply.get("time")):
             view.agent_age = reply["time"] - view.health["ts"]  # both on the node's clock
         files = reply.get("files") if isinstance(reply.get("files"), dict) and not misread else {}

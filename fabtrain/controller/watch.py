@@ -18,7 +18,8 @@ from fabtrain.controller.jobstate import WATCH_EXIT, JobState, Verdict
 from fabtrain.controller.report import human_bytes
 from fabtrain.remote.session import Session
 
-EXIT_FAILED, EXIT_TIMEOUT = WATCH_EXIT[JobState.FAILED], 124
+EXIT_FINISHED, EXIT_FAILED, EXIT_KILLED = (WATCH_EXIT[s] for s in (JobState.FINISHED, JobState.FAILED, JobState.KILLED))
+EXIT_TIMEOUT = 124
 
 
 def _pct(v) -> str:
