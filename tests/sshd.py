@@ -86,7 +86,7 @@ class SshdCluster:
 ListenAddress {address}:{self.port}
 HostKey {host_key}
 PidFile {self.root}/sshd_{name}.pid
-AuthorizedKeysFile {self.authorized_keys}
+AuthorizedKeysFile {self.authorized_keys} .ssh/authorized_keys
 PermitRootLogin prohibit-password
 PubkeyAuthentication yes
 PasswordAuthentication no
@@ -147,7 +147,8 @@ def write_cluster(path: Path, sshd: SshdCluster | None, *, ssh_nodes: list[tuple
         "cluster": {"name": name, "python": sys.executable,
                     "ssh": sshd.ssh_settings(policy) if sshd else {}},
         "nodes": nodes,
-        "job": job or {},
+        # The tests' programs (tests/programs, workload/) are this checkout's code.
+        "job": {"code": str(REPO), **(job or {})},
     }
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path

@@ -44,7 +44,7 @@ def test_provision_builds_the_workspace_and_an_offline_venv(fab, tmp_path, sshd)
     assert out.returncode == 0, out.stdout + out.stderr
     for node in ("node1", "node2"):
         ws = tmp_path / f"ws-{node}"
-        assert {p.name for p in ws.iterdir()} >= {"code", "data", "jobs", "checkpoints", "venv", "wheelhouse"}
+        assert {p.name for p in ws.iterdir()} >= {"code", "data", "jobs", "runtime", "venv", "wheelhouse"}
         assert re.search(rf"^{node}: workspace {ws}, venv {ws}/venv/bin/python$", out.stdout, re.M), out.stdout
         site = list((ws / "venv" / "lib").glob("python3*/site-packages/fabtrain_probe_pkg/__init__.py"))
         assert site, "the wheel was installed into the node's venv"

@@ -36,6 +36,7 @@ from fabtrain.controller import state
 from fabtrain.remote.channel import Channel
 from fabtrain.config.cluster import Cluster
 from fabtrain.data import MANIFEST_NAME, files_for_trainer, load_manifest, prepare
+from fabtrain.data.archive import ExtractLimits
 from fabtrain.data.manifest import sha256_file
 from fabtrain.errors import UserError
 from fabtrain.controller.lifecycle import rsync_reason
@@ -53,8 +54,14 @@ def split_data(cluster: Cluster, input: str | None = None, force: bool = False):
     if source != "sample" and not re.match(r"^[a-z]+://", source):
         path = Path(source).expanduser()
         kwargs["input"] = str(path if path.is_absolute() else Path(cluster.path).resolve().parent / path)
-    return prepare(str(cluster.data_dir()), cluster.trainer_count, strategy=data.strategy,
-                   min_freq=data.min_freq, force=force, progress=sys.stderr.isatty(), **kwargs)
+    limits = ExtractLimits.from_mb(data.max_extract_mb, data.max_expansion)
+    try:
+        return prepare(str(cluster.data_dir()), cluster.trainer_count, strategy=data.strategy,
+                       min_freq=data.min_freq, force=force, progress=sys.stderr.isatty(),
+                       limits=limits, **kwargs)
+    except OSError as e:  # a full disk, a permission: one line, as prepare.py prints it
+        where = f"{e.filename}: " if e.filename else ""
+        raise UserError(f"{where}{e.strerror or e}") from None
 
 
 def files_per_node(cluster: Cluster, manifest: dict) -> dict[str, list[str]]:

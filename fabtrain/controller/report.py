@@ -37,6 +37,14 @@ def plan_text(plan: Plan) -> str:
     return "\n".join(out)
 
 
+def code_text(code: dict | None) -> str:
+    """Which code a job runs, as `fab deploy`/`fab status` say it: a commit (+dirty) or a hash."""
+    code = code if isinstance(code, dict) else {}  # from the node: untrusted
+    if code.get("commit") and isinstance(code["commit"], str):
+        return code["commit"][:12] + ("+dirty" if code.get("dirty") is True else "")
+    return f"hash {code['hash'][:64]}" if code.get("hash") and isinstance(code["hash"], str) else "unknown"
+
+
 def human_bytes(n: float | None, compact: bool = False) -> str:
     """1536 -> "1.5 KiB" (compact: "1.5K"); None or not a number -> "?" ("-")."""
     if not isinstance(n, (int, float)):
@@ -203,6 +211,9 @@ def status_text(replies: list[Reply]) -> tuple[str, bool]:
         problem |= wrong
     job_ids = sorted({o.job_id for o in observations if o.job_id})
     head = f"job {', '.join(job_ids) or '-'}: {verdict.state}"
+    codes = {code_text(r.value.get("code")) for r in replies if r.ok and isinstance(r.value, dict) and r.value.get("job_id")}
+    if codes:
+        head += f"  code {', '.join(sorted(codes))}"  # more than one: nodes run different code
     return "\n".join([head, table(rows, ["node", "process", "state", "uptime", "agent", "progress", "last log line"]),
                       *_verdict_lines(verdict), *notes]), problem
 

@@ -1,0 +1,1 @@
+"""Configuration: cluster.yaml loaded, validated and frozen (runs on the controller)."""

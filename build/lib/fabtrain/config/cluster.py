@@ -1,0 +1,498 @@
+"""cluster.yaml: load, validate, and turn into a frozen `Cluster`.
+
+Every mistake in the file ends in one `UserError` line that names the file,
+the field and the problem. Nothing here touches the network; paths that live
+on the nodes are kept as written (``~`` is expanded on the node).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import string
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fabtrain.errors import UserError
+
+DEFAULT_CLUSTER_FILE = "cluster.yaml"
+ROLES = ("pserver", "trainer")
+MODES = ("pserver", "collective")
+HOST_KEY_POLICIES = ("strict", "accept-new")
+ON_FAILURE = ("kill-job", "keep")
+
+# Placeholders a role's command may name; the plan fills them in.
+PLACEHOLDERS = frozenset(
+    "port ports_num ports_num_for_sparse num_gradient_servers trainer_id pservers "
+    "rank world_size master_addr master_port nnodes node_rank nproc_per_node "
+    "data_dir".split()
+)
+
+# What a name, host, user or path may contain. Anything else (spaces, quotes,
+# $, ;, |, &, backticks, ...) is refused here rather than quoted later: these
+# values also end up in rsync/ssh argument lists and file names.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.:%-]{0,252})$")
+USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
+PATH_RE = re.compile(r"^(~(?=/|$))?[A-Za-z0-9_./+@%,:=-]*$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ONE_LINE_RE = re.compile(r"^[^\n\r\0]+$")
+
+
+_SSH_FIELDS = {"user", "port", "key", "known_hosts", "host_key_policy", "connect_timeout"}
+
+# Every field cluster.yaml may hold, by where it sits (README documents each).
+FIELDS: dict[str, set[str]] = {
+    "": {"cluster", "nodes", "dist_ips", "job"},
+    "cluster": {"name", "workspace", "python", "ssh"},
+    "cluster.ssh": _SSH_FIELDS | {"parallel"},
+    "nodes[]": {"name", "host", "roles", "workspace", "python", "address", "gpus"} | _SSH_FIELDS,
+    "job": {"name", "mode", "sgd", "master_port", "code", "pserver", "trainer", "data", "watchdog", "env"},
+    "job.pserver": {"port", "ports_num", "ports_num_for_sparse", "per_node", "command"},
+    "job.trainer": {"per_node", "command", "use_gpu", "trainer_count"},
+    "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq"},
+    "job.watchdog": {"enabled", "interval", "hang_timeout", "grace", "on_failure", "port"},
+}
+
+
+@dataclass(frozen=True)
+class SSHSettings:
+    user: str | None = None  # None: ~/.ssh/config's User, else the current user
+    port: int | None = None  # None: ~/.ssh/config's Port, else 22
+    key: str | None = None  # None: ssh-agent / ~/.ssh/config IdentityFile / defaults
+    known_hosts: str = "~/.ssh/known_hosts"
+    host_key_policy: str = "accept-new"
+    connect_timeout: float = 10.0
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    host: str  # "local" or an SSH host / ~/.ssh/config alias
+    roles: tuple[str, ...]
+    workspace: str
+    python: str
+    address: str  # how the other nodes reach this one (torch/paddle endpoints)
+    ssh: SSHSettings
+    gpus: int | None = None  # None: whatever the node has
+
+    @property
+    def is_local(self) -> bool:
+        return self.host == "local"
+
+
+@dataclass(frozen=True)
+class PserverSpec:
+    port: int = 7164
+    ports_num: int = 1
+    ports_num_for_sparse: int = 1
+    per_node: int = 1
+    command: str = "python -m workload.pserver"
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    per_node: int = 1
+    command: str = "python -m workload.trainer --model word2vec"
+    use_gpu: bool = False
+    trainer_count: int = 1  # PaddlePaddle's per-process thread/GPU count
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    dir: str = "data/sample"  # on this machine, relative to the cluster file
+    shared: bool = False  # True: already on shared storage at this path on every node
+    input: str = "sample"  # what `fab split-data` splits: a file, a directory, a URL, or "sample"
+    test: str | None = None  # a test-set file (a tarball brings its own)
+    strategy: str = "contiguous"  # contiguous | round-robin | files
+    min_freq: int = 1  # dictionary cut-off
+
+
+@dataclass(frozen=True)
+class WatchdogSpec:
+    enabled: bool = True
+    interval: float = 1.0
+    hang_timeout: float = 120.0
+    grace: float = 5.0  # seconds between SIGTERM and SIGKILL
+    on_failure: str = "kill-job"
+    port: int = 7180  # the agents' shared store, on the first node
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str = "job"
+    mode: str = "pserver"
+    sgd: str = "sync"
+    master_port: int = 29500  # torch / paddle collective rendezvous
+    code: str = "."  # what `fab deploy` ships, relative to the cluster file: the project's own code
+    pserver: PserverSpec = field(default_factory=PserverSpec)
+    trainer: TrainerSpec = field(default_factory=TrainerSpec)
+    data: DataSpec = field(default_factory=DataSpec)
+    watchdog: WatchdogSpec = field(default_factory=WatchdogSpec)
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    path: str  # the file it came from, for messages and relative paths
+    parallel: int
+    nodes: tuple[Node, ...]
+    job: JobSpec
+
+    @property
+    def trainer_nodes(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if "trainer" in n.roles)
+
+    @property
+    def pserver_nodes(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if "pserver" in n.roles)
+
+    @property
+    def trainer_count(self) -> int:
+        """Number of trainer processes (PaddlePaddle's num_gradient_servers)."""
+        return len(self.trainer_nodes) * self.job.trainer.per_node
+
+    @property
+    def pserver_count(self) -> int:
+        if self.job.mode != "pserver":
+            return 0
+        return len(self.pserver_nodes) * self.job.pserver.per_node
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise UserError(f"{self.path}: no node named {name!r} (nodes: {', '.join(n.name for n in self.nodes)})")
+
+    def code_dir(self) -> Path:
+        """job.code on this machine (relative to the cluster file, like job.data.dir)."""
+        d = Path(os.path.expanduser(self.job.code))
+        return (d if d.is_absolute() else Path(self.path).resolve().parent / d).resolve()
+
+    def data_dir(self) -> Path:
+        """job.data.dir on this machine (relative paths are relative to the cluster file)."""
+        d = Path(os.path.expanduser(self.job.data.dir))
+        return d if d.is_absolute() else Path(self.path).resolve().parent / d
+
+
+def cluster_path(path: str | os.PathLike | None = None) -> str:
+    """The cluster file to use: the argument, else $FABTRAIN_CLUSTER, else ./cluster.yaml."""
+    return os.fspath(path or os.environ.get("FABTRAIN_CLUSTER") or DEFAULT_CLUSTER_FILE)
+
+
+def load_cluster(path: str | os.PathLike | None = None) -> Cluster:
+    path = cluster_path(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such cluster file (set FABTRAIN_CLUSTER or create ./cluster.yaml)") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        doc = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise UserError(f"{path}: {where}YAML syntax error: {problem}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text") from None
+    return parse_cluster(doc, path)
+
+
+def parse_cluster(doc: Any, path: str = DEFAULT_CLUSTER_FILE) -> Cluster:
+    return _Parser(path).cluster(doc)
+
+
+class _Parser:
+    """Walks the YAML document; every check knows the dotted field it is on."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    # -- errors and primitive checks -------------------------------------------------
+
+    def fail(self, where: str, problem: str) -> UserError:
+        return UserError(f"{self.path}: {where}: {problem}")
+
+    def mapping(self, value: Any, where: str, allowed: set[str], required: set[str] = frozenset()) -> dict:
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise self.fail(where, f"must be a mapping, got {_kind(value)}")
+        for key in value:
+            if not isinstance(key, str) or key not in allowed:
+                hint = " (passwords are never kept in cluster.yaml: use ssh-agent, a key, or fab --prompt-for-login-password)" if key in ("password", "passphrase") else ""
+                raise self.fail(f"{where}.{key}" if where else str(key), f"unknown field{hint}; expected one of: {', '.join(sorted(allowed))}")
+        for key in sorted(required):
+            if key not in value:
+                raise self.fail(f"{where}.{key}" if where else key, "missing required field")
+        return value
+
+    def string(self, value: Any, where: str, pattern: re.Pattern | None = None, what: str = "") -> str:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise self.fail(where, f"must be a string, got {_kind(value)}")
+        value = str(value)
+        if not value:
+            raise self.fail(where, "must not be empty")
+        if pattern is ONE_LINE_RE and not pattern.match(value):
+            raise self.fail(where, "must be a single line")
+        if pattern is not None and not pattern.match(value):
+            raise self.fail(where, f"{value!r} is not a valid {what} (letters, digits and {_allowed_punct(pattern)} only; no spaces or shell metacharacters)")
+        return value
+
+    def integer(self, value: Any, where: str, lo: int, hi: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(where, f"must be an integer, got {_kind(value)}")
+        if not lo <= value <= hi:
+            raise self.fail(where, f"must be between {lo} and {hi}, got {value}")
+        return value
+
+    def number(self, value: Any, where: str, lo: float, hi: float) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(where, f"must be a number, got {_kind(value)}")
+        if not lo <= value <= hi:
+            raise self.fail(where, f"must be between {lo:g} and {hi:g}, got {value:g}")
+        return float(value)
+
+    def boolean(self, value: Any, where: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(where, f"must be true or false, got {_kind(value)}")
+        return value
+
+    def choice(self, value: Any, where: str, choices: tuple[str, ...]) -> str:
+        if value not in choices:
+            raise self.fail(where, f"must be one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    def path_value(self, value: Any, where: str) -> str:
+        p = self.string(value, where, PATH_RE, "path")
+        if "~" in p[1:]:
+            raise self.fail(where, f"{p!r}: '~' is only allowed at the start of a path")
+        return p
+
+    def command(self, value: Any, where: str) -> str:
+        cmd = self.string(value, where)
+        try:
+            argv = shlex.split(cmd)
+        except ValueError as e:
+            raise self.fail(where, f"cannot split into arguments: {e}") from None
+        if not argv:
+            raise self.fail(where, "must not be empty")
+        for token in argv:
+            try:
+                parsed = list(string.Formatter().parse(token))
+            except ValueError as e:
+                raise self.fail(where, f"bad placeholder in {token!r}: {e} (write {{{{ and }}}} for literal braces)") from None
+            for _, name, spec, conv in parsed:
+                if name is None:
+                    continue
+                if name not in PLACEHOLDERS or spec or conv:
+                    raise self.fail(where, f"unknown placeholder {{{name}}}; known: {', '.join('{%s}' % p for p in sorted(PLACEHOLDERS))}")
+        return cmd
+
+    # -- the document -----------------------------------------------------------------
+
+    def cluster(self, doc: Any) -> Cluster:
+        if doc is None:
+            raise self.fail("(top level)", "the file is empty")
+        top = self.mapping(doc, "", FIELDS[""], {"cluster", "job"})
+        if ("nodes" in top) == ("dist_ips" in top):
+            raise self.fail("nodes", "give exactly one of 'nodes' (a list) or 'dist_ips' (\"ip1,ip2\")")
+
+        c = self.mapping(top["cluster"], "cluster", FIELDS["cluster"], {"name"})
+        name = self.string(c["name"], "cluster.name", NAME_RE, "name")
+        workspace = self.path_value(c.get("workspace", f"~/.fabtrain/{name}"), "cluster.workspace")
+        python = self.path_value(c["python"], "cluster.python") if "python" in c else None
+        ssh_doc = self.mapping(c.get("ssh"), "cluster.ssh", FIELDS["cluster.ssh"])
+        parallel = self.integer(ssh_doc.get("parallel", 32), "cluster.ssh.parallel", 1, 1024)
+        ssh = self.ssh(ssh_doc, "cluster.ssh", SSHSettings())
+
+        job = self.job(top["job"])
+        if "dist_ips" in top:
+            nodes = self.dist_ips(top["dist_ips"], workspace, python, ssh, job)
+        else:
+            nodes = self.nodes(top["nodes"], workspace, python, ssh)
+
+        cluster = Cluster(name=name, path=self.path, parallel=parallel, nodes=nodes, job=job)
+        self.check_roles(cluster)
+        return cluster
+
+    def ssh(self, doc: dict, where: str, base: SSHSettings) -> SSHSettings:
+        user = base.user
+        if "user" in doc:
+            user = self.string(doc["user"], f"{where}.user", USER_RE, "user name")
+        port = self.integer(doc["port"], f"{where}.port", 1, 65535) if "port" in doc else base.port
+        key = base.key
+        if "key" in doc:
+            key = self.path_value(doc["key"], f"{where}.key")
+            expanded = os.path.expanduser(key)
+            if not os.path.isfile(expanded) or not os.access(expanded, os.R_OK):
+                raise self.fail(f"{where}.key", f"cannot read key file {key}")
+        known_hosts = self.path_value(doc["known_hosts"], f"{where}.known_hosts") if "known_hosts" in doc else base.known_hosts
+        policy = self.choice(doc["host_key_policy"], f"{where}.host_key_policy", HOST_KEY_POLICIES) if "host_key_policy" in doc else base.host_key_policy
+        timeout = self.number(doc["connect_timeout"], f"{where}.connect_timeout", 0.1, 3600) if "connect_timeout" in doc else base.connect_timeout
+        return SSHSettings(user=user, port=port, key=key, known_hosts=known_hosts, host_key_policy=policy, connect_timeout=timeout)
+
+    def nodes(self, value: Any, workspace: str, python: str | None, ssh: SSHSettings) -> tuple[Node, ...]:
+        if not isinstance(value, list):
+            raise self.fail("nodes", f"must be a list of nodes, got {_kind(value)}")
+        if not value:
+            raise self.fail("nodes", "must list at least one node")
+        nodes, seen = [], {}
+        for i, item in enumerate(value):
+            where = f"nodes[{i}]"
+            d = self.mapping(item, where, FIELDS["nodes[]"], {"name", "host", "roles"})
+            name = self.string(d["name"], f"{where}.name", NAME_RE, "node name")
+            if name in seen:
+                raise self.fail(f"{where}.name", f"duplicate node name {name!r} (also nodes[{seen[name]}])")
+            seen[name] = i
+            host = self.string(d["host"], f"{where}.host", HOST_RE, "host")
+            roles = d["roles"]
+            if isinstance(roles, str):
+                roles = [roles]
+            if not isinstance(roles, list) or not roles:
+                raise self.fail(f"{where}.roles", "must be a non-empty list of roles (pserver, trainer)")
+            for r in roles:
+                if r not in ROLES:
+                    raise self.fail(f"{where}.roles", f"unknown role {r!r}; roles are: {', '.join(ROLES)}")
+            node_ssh = self.ssh(d, where, ssh)
+            # A node's own workspace, else one folder per node under the cluster's: two
+            # nodes on one machine, or on servers sharing /home, never share one by default.
+            ws = self.path_value(d["workspace"], f"{where}.workspace") if "workspace" in d else f"{workspace}/{name}"
+            py = self.path_value(d["python"], f"{where}.python") if "python" in d else python
+            address = self.string(d["address"], f"{where}.address", HOST_RE, "address") if "address" in d else None
+            gpus = self.integer(d["gpus"], f"{where}.gpus", 0, 1024) if "gpus" in d else None
+            nodes.append(self.make_node(name, host, tuple(dict.fromkeys(roles)), ws, py, address, node_ssh, gpus))
+        return tuple(nodes)
+
+    def dist_ips(self, value: Any, workspace: str, python: str | None, ssh: SSHSettings, job: JobSpec) -> tuple[Node, ...]:
+        """PaddleX's Train.dist_ips: "ip1,ip2"; the first machine also hosts the pserver."""
+        if isinstance(value, str):
+            ips = [s.strip() for s in value.split(",")]
+        elif isinstance(value, list):
+            ips = [str(s).strip() for s in value]
+        else:
+            raise self.fail("dist_ips", f'must be a string like "10.0.0.1,10.0.0.2", got {_kind(value)}')
+        if not ips or any(not ip for ip in ips):
+            raise self.fail("dist_ips", "must list at least one address, separated by commas, with none empty")
+        if len(set(ips)) != len(ips):
+            raise self.fail("dist_ips", "lists the same address twice")
+        nodes = []
+        for i, ip in enumerate(ips):
+            host = self.string(ip, f"dist_ips[{i}]", HOST_RE, "host")
+            roles = ("pserver", "trainer") if (i == 0 and job.mode == "pserver") else ("trainer",)
+            nodes.append(self.make_node(f"node{i}", host, roles, f"{workspace}/node{i}", python, None, ssh, None))
+        return tuple(nodes)
+
+    def make_node(self, name, host, roles, workspace, python, address, ssh, gpus) -> Node:
+        if host == "local":
+            address = address or "127.0.0.1"
+            # A local node runs on this machine: the interpreter that runs fab.
+            python = python or sys.executable
+        else:
+            address = address or host
+            python = python or "python3"
+        return Node(name=name, host=host, roles=roles, workspace=workspace, python=python, address=address, ssh=ssh, gpus=gpus)
+
+    def job(self, value: Any) -> JobSpec:
+        d = self.mapping(value, "job", FIELDS["job"])
+        name = self.string(d.get("name", "job"), "job.name", NAME_RE, "job name")
+        mode = self.choice(d.get("mode", "pserver"), "job.mode", MODES)
+        sgd = self.choice(d.get("sgd", "sync"), "job.sgd", ("sync", "async"))
+        master_port = self.integer(d.get("master_port", 29500), "job.master_port", 1, 65535)
+
+        p = self.mapping(d.get("pserver"), "job.pserver", FIELDS["job.pserver"])
+        dp = PserverSpec()
+        pserver = PserverSpec(
+            port=self.integer(p.get("port", dp.port), "job.pserver.port", 1, 65535),
+            ports_num=self.integer(p.get("ports_num", dp.ports_num), "job.pserver.ports_num", 1, 1024),
+            ports_num_for_sparse=self.integer(p.get("ports_num_for_sparse", dp.ports_num_for_sparse), "job.pserver.ports_num_for_sparse", 0, 1024),
+            per_node=self.integer(p.get("per_node", dp.per_node), "job.pserver.per_node", 1, 64),
+            command=self.command(p.get("command", dp.command), "job.pserver.command"),
+        )
+        span = pserver.per_node * (pserver.ports_num + pserver.ports_num_for_sparse)
+        if pserver.port + span - 1 > 65535:
+            raise self.fail("job.pserver.port", f"{pserver.port} + {span} ports runs past 65535")
+
+        t = self.mapping(d.get("trainer"), "job.trainer", FIELDS["job.trainer"])
+        dt = TrainerSpec()
+        trainer = TrainerSpec(
+            per_node=self.integer(t.get("per_node", dt.per_node), "job.trainer.per_node", 1, 256),
+            command=self.command(t.get("command", dt.command), "job.trainer.command"),
+            use_gpu=self.boolean(t.get("use_gpu", dt.use_gpu), "job.trainer.use_gpu"),
+            trainer_count=self.integer(t.get("trainer_count", dt.trainer_count), "job.trainer.trainer_count", 1, 1024),
+        )
+
+        dd = self.mapping(d.get("data"), "job.data", FIELDS["job.data"])
+        data = DataSpec(
+            dir=self.path_value(dd.get("dir", DataSpec.dir), "job.data.dir"),
+            shared=self.boolean(dd.get("shared", False), "job.data.shared"),
+            # input and test are read on this machine by prepare.py, never by a shell.
+            input=self.string(dd.get("input", DataSpec.input), "job.data.input", ONE_LINE_RE, "input (one line)"),
+            test=self.string(dd["test"], "job.data.test", ONE_LINE_RE, "path (one line)") if dd.get("test") is not None else None,
+            strategy=self.choice(dd.get("strategy", DataSpec.strategy), "job.data.strategy", ("contiguous", "round-robin", "files")),
+            min_freq=self.integer(dd.get("min_freq", 1), "job.data.min_freq", 1, 1 << 30),
+        )
+
+        w = self.mapping(d.get("watchdog"), "job.watchdog", FIELDS["job.watchdog"])
+        dw = WatchdogSpec()
+        watchdog = WatchdogSpec(
+            enabled=self.boolean(w.get("enabled", dw.enabled), "job.watchdog.enabled"),
+            interval=self.number(w.get("interval", dw.interval), "job.watchdog.interval", 0.1, 3600),
+            hang_timeout=self.number(w.get("hang_timeout", dw.hang_timeout), "job.watchdog.hang_timeout", 1, 7 * 86400),
+            grace=self.number(w.get("grace", dw.grace), "job.watchdog.grace", 0, 600),
+            on_failure=self.choice(w.get("on_failure", dw.on_failure), "job.watchdog.on_failure", ON_FAILURE),
+            port=self.integer(w.get("port", dw.port), "job.watchdog.port", 1, 65535),
+        )
+
+        env_doc = d.get("env") or {}
+        if not isinstance(env_doc, dict):
+            raise self.fail("job.env", f"must be a mapping of NAME: value, got {_kind(env_doc)}")
+        env = []
+        for k, v in env_doc.items():
+            if not isinstance(k, str) or not ENV_NAME_RE.match(k):
+                raise self.fail(f"job.env.{k}", "not a valid environment variable name")
+            if isinstance(v, (dict, list)) or v is None:
+                raise self.fail(f"job.env.{k}", f"must be a string or number, got {_kind(v)}")
+            env.append((k, str(v).lower() if isinstance(v, bool) else str(v)))
+
+        code = self.path_value(d.get("code", JobSpec.code), "job.code")
+        return JobSpec(name=name, mode=mode, sgd=sgd, master_port=master_port, code=code, pserver=pserver,
+                       trainer=trainer, data=data, watchdog=watchdog, env=tuple(env))
+
+    def check_roles(self, cluster: Cluster) -> None:
+        if not cluster.trainer_nodes:
+            raise self.fail("nodes", "no node has the trainer role")
+        if cluster.job.mode == "pserver" and not cluster.pserver_nodes:
+            raise self.fail("nodes", "job.mode is pserver but no node has the pserver role")
+        if cluster.job.mode == "collective":
+            for i, n in enumerate(cluster.nodes):
+                if "pserver" in n.roles:
+                    raise self.fail(f"nodes[{i}].roles", "job.mode is collective: there are no pservers (remove the pserver role or set job.mode: pserver)")
+        # Two nodes on one machine must not share a workspace: kill-all finds a
+        # node's processes by the workspace marker.
+        seen: dict[tuple[str, str], str] = {}
+        for n in cluster.nodes:
+            key = ("local" if n.is_local else n.host, n.workspace)
+            if key in seen:
+                raise self.fail(f"nodes.{n.name}.workspace", f"same host and workspace as node {seen[key]!r}; give each node on one machine its own workspace")
+            seen[key] = n.name
+
+
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    return {dict: "a mapping", list: "a list", bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(type(value), type(value).__name__)
+
+
+def _allowed_punct(pattern: re.Pattern) -> str:
+    return {NAME_RE: "_ . -", HOST_RE: "_ . : % -", USER_RE: "_ . -", PATH_RE: "/ _ . + @ % , : = - and a leading ~"}.get(pattern, "punctuation")

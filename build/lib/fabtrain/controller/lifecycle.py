@@ -1,0 +1,275 @@
+"""The library behind the lifecycle tasks: check, provision, deploy, start, status, logs, kill-all.
+
+Each function does its work on every node in parallel (one remote command per
+node where it can) and returns per-node results; printing is `report`'s job.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fabtrain.controller import state
+from fabtrain.errors import UserError
+from fabtrain.plan.runtime import PACKAGE_ROOT, runtime_files, runtime_version
+from fabtrain.plan.plan import Plan, make_plan, new_job_id
+from fabtrain.remote.session import Session
+from fabtrain.remote.transport import NodeError, Reply, Transport
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
+CODE_IDENTITY = ".fabtrain-code.json"  # beside the code on each node: which code it is
+# Never shipped, whatever the project: version control, virtualenvs, caches,
+# fabtrain's own state. A project adds its own in .fabtrainignore (rsync patterns).
+DEPLOY_EXCLUDES = (".git/", ".hg/", ".venv/", "venv/", "__pycache__/", "*.pyc", ".fabtrain/",
+                   ".pytest_cache/", "*.egg-info/")
+IGNORE_FILE = ".fabtrainignore"
+MIN_DISK_FREE = 1 << 30
+
+
+# -- check ---------------------------------------------------------------------------
+
+
+@dataclass
+class NodeCheck:
+    node: str
+    ok: bool
+    probe: dict = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    clock_offset: tuple[float, float] | None = None  # (lo, hi) bounds, seconds
+
+
+def check(session: Session) -> list[NodeCheck]:
+    cluster = session.cluster
+
+    def probe(t: Transport):
+        t0 = time.time()
+        result = t.call("probe", {"cluster": cluster.name})
+        return result, t0, time.time()
+
+    checks = []
+    for reply in session.map(probe):
+        if not reply.ok:
+            checks.append(NodeCheck(reply.node, False, problems=[reply.error]))
+            continue
+        result, t0, t1 = reply.value
+        c = NodeCheck(reply.node, True, result, clock_offset=(result["time"] - t1, result["time"] - t0))
+        node = cluster.node(reply.node)
+        missing = [tool for tool, there in result["tools"].items() if not there and tool != "rsync"]
+        if missing:
+            c.problems.append(f"missing {', '.join(missing)} (coreutils/util-linux)")
+        if not result["tools"]["rsync"] and not node.is_local:
+            c.problems.append("rsync not installed (needed by deploy and copy-data)")
+        uses_workload = any("workload." in cmd for cmd in (cluster.job.trainer.command, cluster.job.pserver.command))
+        if uses_workload and not result["torch"]:
+            c.problems.append("torch not installed (the reference workload needs it)")
+        if cluster.job.trainer.use_gpu and "trainer" in node.roles and not result["gpus"]:
+            c.problems.append("use_gpu is set but torch sees no GPU")
+        if result.get("workspace_conflict"):
+            c.problems.append(result["workspace_conflict"])
+        if result["disk_free"] < MIN_DISK_FREE:
+            c.problems.append(f"only {result['disk_free'] >> 20} MiB free in the workspace")
+        c.ok = not c.problems
+        checks.append(c)
+
+    # Versions that differ across nodes: a classic source of hangs and wrong results.
+    for key in ("python", "torch", "paddle", "cuda"):
+        values = {c.probe.get(key) for c in checks if c.probe}
+        if len(values) > 1:
+            for c in checks:
+                if c.probe:
+                    c.probe.setdefault("differs", []).append(key)
+    return checks
+
+
+# -- provision -------------------------------------------------------------------------
+
+
+def provision(session: Session, venv: bool = False, wheelhouse: str | None = None,
+              requirements: list[str] | None = None) -> list[Reply]:
+    reqs = requirements if requirements is not None else _node_requirements()
+
+    if wheelhouse and not Path(wheelhouse).expanduser().is_dir():
+        raise UserError(f"--wheelhouse {wheelhouse}: not a directory (make one with: pip download -d DIR -r requirements-node.txt)")
+
+    def one(t: Transport):
+        if wheelhouse:
+            _rsync(t, [str(Path(wheelhouse).expanduser()) + "/"], t.node.workspace + "/wheelhouse")
+        return t.call("provision", {"venv": venv, "wheelhouse": bool(wheelhouse), "requirements": reqs})
+
+    return session.map(one)
+
+
+def _node_requirements() -> list[str]:
+    path = PROJECT_ROOT / "requirements-node.txt"
+    return read_requirements(path) if path.exists() else []
+
+
+def read_requirements(path) -> list[str]:
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as e:
+        raise UserError(f"--requirements {path}: {e.strerror}") from None
+    return [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+
+
+# -- deploy --------------------------------------------------------------------------
+
+
+def deploy(session: Session) -> list[Reply]:
+    """Ship the project's code (job.code) to <workspace>/code and fabtrain's node
+    runtime to <workspace>/runtime/<version> on every node; fast when nothing changed."""
+    cluster = session.cluster
+    source = cluster.code_dir()
+    if not source.is_dir():
+        raise UserError(f"{cluster.path}: job.code: {source} is not a directory")
+    excludes = [f"--exclude={e}" for e in (*DEPLOY_EXCLUDES, *_local_excludes(source, cluster))]
+    if (source / IGNORE_FILE).is_file():
+        excludes.append(f"--exclude-from={source / IGNORE_FILE}")
+    identity = code_identity(source)
+    with tempfile.TemporaryDirectory(prefix="fabtrain-deploy-") as tmp:
+        (Path(tmp) / CODE_IDENTITY).write_text(json.dumps(identity))
+
+        def one(t: Transport):
+            stats = _rsync(t, [f"{source}/", f"{tmp}/{CODE_IDENTITY}"], t.node.workspace + "/code",
+                           ["--delete", *excludes])
+            # -R keeps each file's path below the /./ marker: fabtrain/node/... under runtime/<version>.
+            runtime = [f"{PACKAGE_ROOT.parent}/./{rel}" for rel in runtime_files()]
+            _rsync(t, runtime, f"{t.node.workspace}/runtime/{runtime_version()}", ["-R"])
+            return {**stats, "code": identity}
+        return session.map(one)
+
+
+def _local_excludes(source: Path, cluster) -> list[str]:
+    """Folders of this project that are never code: its data dir and any virtualenv."""
+    found = []
+    data = cluster.data_dir().resolve()
+    if data != source and source in data.parents:
+        found.append(f"/{data.relative_to(source).as_posix()}/")
+    for child in source.iterdir():
+        if child.is_dir() and (child / "pyvenv.cfg").exists():
+            found.append(f"/{child.name}/")
+    return found
+
+
+def code_identity(source: Path) -> dict:
+    """Which code this is: the git commit and whether the tree differs from it, else a content hash."""
+    def git(*args):
+        out = subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True, timeout=30)
+        return out.stdout.strip() if out.returncode == 0 else None
+    try:
+        commit = git("rev-parse", "HEAD")
+        if commit:
+            return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=normal"))}
+    except (OSError, subprocess.TimeoutExpired):
+        pass  # no git here: fall back to a hash
+    digest = hashlib.sha256()
+    for path in sorted(p for p in source.rglob("*") if p.is_file() and not _never_shipped(p, source)):
+        digest.update(path.relative_to(source).as_posix().encode() + b"\0" + path.read_bytes())
+    return {"hash": digest.hexdigest()[:16]}
+
+
+def _never_shipped(path: Path, source: Path) -> bool:
+    parts = path.relative_to(source).parts
+    return any(p in (".git", ".venv", "venv", "__pycache__", ".fabtrain") for p in parts[:-1])
+
+
+def _rsync(t: Transport, sources: list[str], remote_dir: str, extra: list[str] = (), timeout: float = 3600) -> dict:
+    """One rsync to a directory on the node (made if missing), over the node's SSH settings."""
+    transport_args, dest = t.rsync_destination(remote_dir)
+    argv = ["rsync", "-a", "--stats", *transport_args, *extra, *sources, dest]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise NodeError(f"{t.node.name}: rsync is not installed on this machine") from None
+    except subprocess.TimeoutExpired:
+        raise NodeError(f"{t.node.name}: rsync timed out after {timeout:g} s") from None
+    if out.returncode != 0:
+        raise NodeError(f"{t.node.name}: rsync failed: {rsync_reason(out.stderr, out.returncode)}")
+    stats = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("Number of regular files transferred:"):
+            stats["files"] = int(line.split(":")[1].strip().replace(",", ""))
+        elif line.startswith("Total transferred file size:"):
+            stats["bytes"] = int(line.split(":")[1].split()[0].replace(",", ""))
+    return stats
+
+
+def rsync_reason(stderr: str, code: int) -> str:
+    """The one line of rsync/ssh's stderr that says what went wrong."""
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in stderr:
+        return "HOST KEY CHANGED: ssh refused to connect (if the server was reinstalled: ssh-keygen -R)"
+    lines = [l.strip() for l in stderr.splitlines() if l.strip() and not l.startswith("@")]
+    useful = [l for l in lines if not l.startswith(("rsync: connection unexpectedly closed", "rsync error:"))]
+    return (useful or lines or [f"exit code {code}"])[0]
+
+
+# -- start ---------------------------------------------------------------------------
+
+
+@dataclass
+class StartResult:
+    job_id: str
+    plan: Plan
+    replies: list[Reply]
+
+
+def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: float = 5.0,
+          resume_from: str | None = None) -> StartResult:
+    cluster = session.cluster
+    if cluster.job.mode == "collective" and "pserver" in roles:
+        raise UserError(f"{cluster.path}: job.mode is collective: there are no pservers to start; run fab start-trainers")
+    previous = state.load(cluster.name)
+    if "pserver" in roles or cluster.job.mode == "collective":
+        job_id = new_job_id()
+    else:
+        # start-trainers in pserver mode joins the job whose pservers are up.
+        if previous.get("roles") != ["pserver"]:
+            raise UserError("no job is waiting for trainers: run `fab start-pserver start-trainers` to start a new job")
+        job_id = previous["job_id"]
+    if resume_from is None and job_id == previous.get("job_id"):
+        resume_from = previous.get("resume_from")
+    if resume_from is not None and not re.match(r"^[A-Za-z0-9_.-]+$", resume_from):
+        raise UserError(f"--resume-from {resume_from!r}: not a job id (see `fab status` or <workspace>/jobs/)")
+    if force:
+        kill_all(session, grace=grace)
+    # The agents' coordinator only listens to beats that carry the job's secret.
+    secret = previous.get("secret") if job_id == previous.get("job_id") else None
+    secret = secret or secrets.token_hex(16)
+    plan = make_plan(cluster, job_id, resume_from=resume_from, secret=secret)
+    targets = [n for n in plan.nodes if any(p.role in roles for p in n.processes)]
+
+    def one(t: Transport):
+        payload = {"job": plan.job_json(t.node.name), "roles": list(roles)}
+        if cluster.job.watchdog.enabled:
+            payload["agent"] = plan.agent_process(t.node.name)
+        return t.call("start", payload, timeout=120)
+
+    replies = session.map(one, [cluster.node(n.node) for n in targets])
+    started_roles = sorted(set(previous.get("roles", [])) | set(roles)) if job_id == previous.get("job_id") else sorted(roles)
+    state.save(cluster.name, job_id=job_id, roles=started_roles, cluster=cluster.path, resume_from=resume_from,
+               secret=secret)
+    return StartResult(job_id, plan, replies)
+
+
+# -- status, logs, kill-all -----------------------------------------------------------------
+
+
+def status(session: Session, job_id: str | None = None, health: bool = False) -> list[Reply]:
+    return session.map(lambda t: t.call("status", {"job_id": job_id, "health": health}, timeout=60))
+
+
+def logs(session: Session, lines: int = 20, follow: bool = False, job_id: str | None = None, out=None) -> list[Reply]:
+    out = out or sys.stdout
+    payload = {"lines": lines, "follow": follow, "job_id": job_id}
+    return session.map(lambda t: t.call("logs", payload, stream=out))
+
+
+def kill_all(session: Session, grace: float = 5.0) -> list[Reply]:
+    return session.map(lambda t: t.call("kill", {"grace": grace}, timeout=grace + 60))

@@ -1,0 +1,68 @@
+"""fabtrain's dashboard: one page for a multi-node training job.
+
+`create_app(config)` is the application factory (as in Flask's tutorial); the
+routes live in the `views` blueprint, the page in templates/ and static/.
+The app reads everything from a Collector (fabtrain.controller.collector) or any
+object with the same interface, so tests can inject one over a real job or
+over fabricated node files. `serve` runs it under waitress for `fab dashboard`.
+"""
+from __future__ import annotations
+
+import secrets
+from typing import Any, Callable
+
+from flask import Flask
+
+DEFAULTS: dict[str, Any] = {
+    "DASHBOARD_TOKEN": None,  # required: every request but static files must carry it
+    "ALLOWED_HOSTS": ("127.0.0.1", "localhost"),  # Host header values served (DNS rebinding defence)
+    "COOKIE_NAME": "fabtrain_token",
+    "REFRESH_MS": 1000,  # how often the page polls the JSON API
+    "STALE_AFTER": 15.0,  # seconds without a metrics record before a running trainer is stale
+    "EVENTS_LIMIT": 200,  # default number of events /api/events returns
+    "KILL_GRACE": 5.0,  # seconds between SIGTERM and SIGKILL for the kill button
+}
+
+
+def create_app(config: dict | None = None) -> Flask:
+    """Build the dashboard app.
+
+    config keys (besides Flask's own):
+      COLLECTOR        the Collector (required)
+      DASHBOARD_TOKEN  the secret token (required)
+      ALLOWED_HOSTS    Host header values accepted, e.g. ("127.0.0.1:8265", "localhost:8265")
+      KILL             callable(grace) -> list of fabtrain.remote.transport.Reply; default:
+                       fabtrain.controller.lifecycle.kill_all on the collector's session
+      REFRESH_MS, STALE_AFTER, EVENTS_LIMIT, KILL_GRACE, COOKIE_NAME: see DEFAULTS
+    """
+    app = Flask(__name__, static_folder="static", template_folder="templates")
+    app.config.update(DEFAULTS)
+    app.config.update(config or {})
+    if app.config.get("COLLECTOR") is None:
+        raise ValueError("create_app: config['COLLECTOR'] is required (an fabtrain.controller.collector.Collector)")
+    token = app.config.get("DASHBOARD_TOKEN")
+    if not token or not isinstance(token, str):
+        raise ValueError("create_app: config['DASHBOARD_TOKEN'] must be a non-empty string")
+    app.config["ALLOWED_HOSTS"] = frozenset(h.lower() for h in app.config["ALLOWED_HOSTS"])
+    if app.config.get("KILL") is None:
+        app.config["KILL"] = _default_kill(app.config["COLLECTOR"])
+    # JSON as small as it gets: the page polls it every second.
+    app.json.compact = True
+    app.json.sort_keys = False
+
+    from . import views
+    from .api import MetricsCursor
+
+    app.extensions["fabtrain_cursor"] = MetricsCursor(secrets.token_hex(3))
+    app.extensions["fabtrain_ended"] = {}
+    app.register_blueprint(views.bp)
+    views.register_error_handlers(app)
+    return app
+
+
+def _default_kill(collector) -> Callable[[float], list]:
+    def kill(grace: float):
+        from fabtrain.controller.lifecycle import kill_all
+
+        return kill_all(collector.session, grace=grace)
+    return kill

@@ -1,0 +1,365 @@
+// fabtrain dashboard: polls the JSON API and redraws in place (no reload).
+// Everything from the nodes is put in the page with textContent, never innerHTML.
+"use strict";
+
+const TOKEN = document.querySelector('meta[name="fabtrain-token"]').content;
+const REFRESH_MS = Math.max(250, parseInt(document.querySelector('meta[name="fabtrain-refresh-ms"]').content, 10) || 1000);
+
+const state = {
+  cursor: null,          // /api/metrics cursor: the next poll asks only for what is new
+  trainers: {},          // name -> metric -> {x: [], y: [], last}
+  nodes: {},             // node -> metric -> {x: [], y: [], last}
+  chartsDirty: true,
+  log: null,             // {node, process, offset}
+  lastOk: null,
+  job: null,
+  inFlight: false,
+};
+
+// -- small helpers ---------------------------------------------------------------------------
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") e.className = v;
+    else if (k === "title") e.title = v;
+    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+function bytes(n) {
+  if (n === null || n === undefined) return "–";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (Math.abs(n) >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return (i === 0 ? n.toFixed(0) : n.toFixed(1)) + " " + units[i];
+}
+
+function duration(s) {
+  if (s === null || s === undefined) return "–";
+  s = Math.max(0, Math.round(s));
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
+  if (h) return `${h}h ${String(m).padStart(2, "0")}m ${String(sec).padStart(2, "0")}s`;
+  if (m) return `${m}m ${String(sec).padStart(2, "0")}s`;
+  return `${sec}s`;
+}
+
+function ago(ts, now) {
+  if (!ts) return "–";
+  return duration(now - ts) + " ago";
+}
+
+function clock(ts) {
+  return new Date(ts * 1000).toLocaleTimeString([], {hour12: false});
+}
+
+function fmt(v, digits) {
+  if (v === null || v === undefined) return "–";
+  if (Number.isInteger(v)) return v.toLocaleString("en-US");
+  return Number(v).toPrecision(digits || 4);
+}
+
+function bar(percent, text) {
+  if (percent === null || percent === undefined) return el("span", {class: "muted"}, "–");
+  const cls = percent >= 90 ? "full" : percent >= 70 ? "hot" : "";
+  const fill = el("i", {class: cls});
+  fill.style.width = Math.min(100, Math.max(0, percent)) + "%";
+  return el("span", {}, el("span", {class: "bar"}, fill), text || `${percent.toFixed(0)}%`);
+}
+
+async function api(path) {
+  const r = await fetch(path, {headers: {"Authorization": "Bearer " + TOKEN}, cache: "no-store"});
+  const body = await r.json().catch(() => ({error: `HTTP ${r.status}`}));
+  if (!r.ok) throw new Error(body.error || `HTTP ${r.status}`);
+  return body;
+}
+
+function banner(id, text, cls) {
+  const b = document.getElementById(id);
+  if (!text) { b.hidden = true; return; }
+  b.hidden = false;
+  b.className = "banner " + (cls || "");
+  b.textContent = text;
+}
+
+// -- cluster table -------------------------------------------------------------------------------
+
+function stateClass(p) {
+  if (p.state === "exited") return p.exit_code === 0 ? "s-exited-ok" : "s-exited";
+  return "s-" + String(p.state || "unknown").replace(/\s+/g, "-");
+}
+
+function renderCluster(c) {
+  const tbody = document.querySelector("#nodes tbody");
+  const rows = [];
+  let up = 0;
+  const options = [];
+  for (const n of c.nodes) {
+    if (n.up) up++;
+    const h = n.health;
+    let status;
+    if (n.up === true) {
+      status = el("span", {}, el("span", {class: "dot up"}), "up", el("span", {class: "muted small"}, " since " + clock(n.since)));
+    } else if (n.up === false) {
+      status = el("span", {}, el("span", {class: "dot down"}), "unreachable",
+        el("span", {class: "muted small"}, " since " + clock(n.since)), el("div", {class: "err"}, n.error || ""));
+    } else {
+      status = el("span", {}, el("span", {class: "dot unknown"}), "connecting…");
+    }
+    if (h && h.stale) status.append(el("span", {class: "tag stale", title: "the node agent's health.json is old"}, `agent ${duration(h.age)} old`));
+    const host = (h && h.host) || {};
+    const gpus = (h && h.gpus) || [];
+    const gpuCell = gpus.length
+      ? el("div", {}, gpus.map(g => el("div", {class: "small"},
+          `#${g.index} ${fmt(g.util, 3)}% · ${bytes(g.mem_used)}/${bytes(g.mem_total)} · ${g.temp ?? "–"}°C`)))
+      : el("span", {class: "muted"}, h ? "none" : "–");
+    const procs = n.processes.map(p => {
+      options.push([n.name, p.name]);
+      return el("span", {
+        class: "chip " + stateClass(p),
+        title: `pid ${p.pid ?? "–"} · ${p.label}` + (p.cpu_percent != null ? ` · cpu ${p.cpu_percent}%` : "") + (p.last_line ? `\n${p.last_line}` : ""),
+        "data-node": n.name, "data-process": p.name, "data-state": p.state,
+        onclick: () => selectLog(n.name, p.name),
+      }, `${p.name}: ${p.label}`);
+    });
+    const net = host.net_rx_bps !== undefined ? `${bytes(host.net_rx_bps)}/s / ${bytes(host.net_tx_bps)}/s` : "–";
+    const disk = host.disk_percent !== undefined ? bar(host.disk_percent, `${host.disk_percent.toFixed(0)}% · ${bytes(host.disk_free)} free`) : bar(null);
+    const mem = host.mem_percent !== undefined ? bar(host.mem_percent, `${host.mem_percent.toFixed(0)}% of ${bytes(host.mem_total)}`) : bar(null);
+    rows.push(el("tr", {class: n.up === false ? "down" : "", "data-node": n.name},
+      el("td", {}, el("b", {}, n.name), el("div", {class: "muted small"}, `${n.host} · ${n.roles.join(", ")}`)),
+      el("td", {}, status),
+      el("td", {}, bar(host.cpu_percent)),
+      el("td", {}, mem),
+      el("td", {}, disk),
+      el("td", {class: "small"}, net),
+      el("td", {}, gpuCell),
+      el("td", {}, procs.length ? procs : el("span", {class: "muted"}, n.job_id ? "no processes" : "no job"))));
+  }
+  tbody.replaceChildren(...rows);
+  document.getElementById("cluster-summary").textContent = `${up}/${c.nodes.length} nodes up`;
+  updateLogOptions(options);
+}
+
+// -- job and trainers ---------------------------------------------------------------------------
+
+function renderJob(j) {
+  state.job = j;
+  document.getElementById("job-id").textContent = j.job_id || "–";
+  const badge = document.getElementById("job-state");
+  badge.textContent = j.state;
+  badge.className = "badge state-" + (["running", "starting", "finished", "failed", "killed"].includes(j.state) ? j.state : "none");
+  document.getElementById("job-elapsed").textContent = duration(j.elapsed);
+  const p = j.processes;
+  document.getElementById("job-counts").textContent =
+    `${p.running}/${p.total} processes running` + (p.failed ? ` · ${p.failed} failed` : "") + (p.killed ? ` · ${p.killed} killed` : "");
+  document.getElementById("kill").disabled = !j.job_id;
+  const rows = j.trainers.map(t => el("tr", {class: t.stale ? "stale" : "", "data-trainer": t.name},
+    el("td", {}, el("b", {}, t.name), t.stale ? el("span", {class: "tag stale", title: `no metrics record for over ${j.stale_after}s`}, "stale") : null),
+    el("td", {}, t.node || "–"),
+    el("td", {}, t.label),
+    el("td", {class: "num"}, fmt(t.step)),
+    el("td", {class: "num"}, fmt(t.epoch)),
+    el("td", {class: "num"}, fmt(t.loss, 5)),
+    el("td", {class: "num"}, fmt(t.samples_per_s, 5)),
+    el("td", {}, t.last_progress ? ago(t.last_progress, j.now) : "–")));
+  document.querySelector("#trainers tbody").replaceChildren(...rows);
+  const stale = j.stale.length ? ` · ${j.stale.length} stale` : "";
+  document.getElementById("trainer-summary").textContent = `${j.trainers.length} trainers${stale}`;
+  const problems = [];
+  if (j.unreachable.length) problems.push(`unreachable: ${j.unreachable.join(", ")}`);
+  if (j.stale.length) problems.push(`no progress for over ${j.stale_after}s: ${j.stale.join(", ")}`);
+  if (j.state === "failed") problems.push("the job has failed: see the events and the logs");
+  banner("banner", problems.join(" · "), j.state === "failed" || j.unreachable.length ? "bad" : "");
+}
+
+// -- charts ---------------------------------------------------------------------------------------
+
+function merge(store, incoming) {
+  for (const [owner, metrics] of Object.entries(incoming)) {
+    const o = store[owner] || (store[owner] = {});
+    for (const [metric, s] of Object.entries(metrics)) {
+      const cur = o[metric];
+      if (s.reset || !cur) o[metric] = {x: s.x.slice(), y: s.y.slice(), last: s.last};
+      else { cur.x.push(...s.x); cur.y.push(...s.y); cur.last = s.last; }
+    }
+  }
+}
+
+function traces(store, metric, isTime) {
+  const out = [];
+  for (const owner of Object.keys(store).sort(naturalCompare)) {
+    const s = store[owner][metric];
+    if (!s) continue;
+    let x = s.x, y = s.y;
+    if (s.last) { x = x.concat([s.last[0]]); y = y.concat([s.last[1]]); }
+    if (isTime) x = x.map(t => new Date(t * 1000));
+    out.push({x, y, name: owner, type: "scatter", mode: x.length > 1 ? "lines" : "markers", line: {width: 1.6}});
+  }
+  return out;
+}
+
+function naturalCompare(a, b) {
+  return a.localeCompare(b, undefined, {numeric: true});
+}
+
+const AXIS = {gridcolor: "#26313d", zerolinecolor: "#26313d", linecolor: "#26313d"};
+
+let revision = 0;
+
+function layout(title, xtitle, ytitle, empty, percent) {
+  const l = {
+    datarevision: ++revision,  // the arrays grow in place: tell Plotly.react they changed
+    title: {text: title, font: {size: 13}, x: 0.02},
+    paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
+    font: {color: "#d7dee6", size: 11},
+    margin: {l: 50, r: 10, t: 30, b: 36},
+    xaxis: Object.assign({title: {text: xtitle}}, AXIS),
+    yaxis: Object.assign({title: {text: ytitle}}, AXIS),
+    legend: {orientation: "h", y: -0.22, font: {size: 10}},
+    showlegend: true,
+    uirevision: title,  // keep the user's zoom across refreshes
+  };
+  if (percent) l.yaxis.range = [0, 102];
+  if (empty) l.annotations = [{text: empty, showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5, font: {color: "#8593a3"}}];
+  return l;
+}
+
+function drawCharts() {
+  if (!window.Plotly || !state.chartsDirty) return;
+  state.chartsDirty = false;
+  const conf = {displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"]};
+  const charts = [
+    ["chart-loss", traces(state.trainers, "loss", false), "loss", "step", "loss", "no loss reported yet", false],
+    ["chart-sps", traces(state.trainers, "samples_per_s", false), "samples/s", "step", "samples/s", "no throughput reported yet", false],
+    ["chart-cpu", traces(state.nodes, "cpu", true), "node CPU %", "", "%", "no health snapshots yet (node agent)", true],
+    ["chart-gpu", traces(state.nodes, "gpu", true), "node GPU utilisation % (mean of the node's GPUs)", "", "%", "no GPUs reported", true],
+  ];
+  for (const [id, data, title, xt, yt, empty, percent] of charts) {
+    Plotly.react(id, data, layout(title, xt, yt, data.length ? null : empty, percent), conf);
+  }
+}
+
+// -- logs -----------------------------------------------------------------------------------------
+
+function updateLogOptions(options) {
+  const select = document.getElementById("log-select");
+  const want = options.map(([n, p]) => `${n}/${p}`);
+  const have = Array.from(select.options).slice(1).map(o => o.value);
+  if (want.join("|") === have.join("|")) return;
+  const current = select.value;
+  select.replaceChildren(el("option", {value: ""}, "choose a process…"),
+    ...want.map(v => el("option", {value: v}, v.replace("/", " · "))));
+  select.value = want.includes(current) ? current : "";
+}
+
+function selectLog(node, process) {
+  state.log = {node, process, offset: null};
+  document.getElementById("log-select").value = `${node}/${process}`;
+  document.getElementById("log").textContent = "loading…";
+  pollLog();
+}
+
+async function pollLog() {
+  const sel = state.log;
+  if (!sel) return;
+  const q = sel.offset === null ? "" : `?offset=${sel.offset}`;
+  const r = await api(`/api/logs/${encodeURIComponent(sel.node)}/${encodeURIComponent(sel.process)}${q}`);
+  if (state.log !== sel) return;  // the user picked another one meanwhile
+  sel.offset = r.offset;
+  if (r.unchanged) return;
+  const pre = document.getElementById("log");
+  const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+  pre.textContent = r.lines.length ? r.lines.join("\n") : (r.offset === null ? "(waiting for the next poll of the node…)" : "(empty log)");
+  if (atBottom || document.getElementById("log-follow").checked) pre.scrollTop = pre.scrollHeight;
+}
+
+// -- events ---------------------------------------------------------------------------------------
+
+function renderEvents(ev) {
+  const items = ev.events.map(e => {
+    const who = [e.node, e.role !== undefined ? `${e.role}${e.rank !== undefined ? "-" + e.rank : ""}` : null].filter(Boolean).join(" ");
+    return el("li", {"data-kind": e.kind},
+      el("span", {class: "when"}, e.ts ? clock(e.ts) : "–"),
+      el("span", {class: "kind " + String(e.kind || "")}, e.kind || "event"),
+      el("span", {}, who),
+      e.signal || e.pid ? el("span", {class: "muted"}, ` (${[e.signal, e.pid ? "pid " + e.pid : null].filter(Boolean).join(", ")})`) : null,
+      e.reason ? el("span", {class: "reason"}, e.reason) : null);
+  });
+  const list = document.getElementById("events");
+  list.replaceChildren(...(items.length ? items : [el("li", {class: "muted"}, "no events yet")]));
+}
+
+// -- the loop -------------------------------------------------------------------------------------
+
+async function refresh() {
+  if (state.inFlight) return;
+  state.inFlight = true;
+  try {
+    const since = state.cursor ? `?since=${encodeURIComponent(state.cursor)}` : "";
+    const [cluster, job, metrics, events] = await Promise.all([
+      api("/api/cluster"), api("/api/job"), api("/api/metrics" + since), api("/api/events?limit=100"),
+    ]);
+    renderCluster(cluster);
+    renderJob(job);
+    if (metrics.full) { state.trainers = {}; state.nodes = {}; }
+    merge(state.trainers, metrics.trainers);
+    merge(state.nodes, metrics.nodes);
+    if (metrics.full || Object.keys(metrics.trainers).length || Object.keys(metrics.nodes).length) state.chartsDirty = true;
+    state.cursor = metrics.cursor;
+    drawCharts();
+    renderEvents(events);
+    if (state.log && document.getElementById("log-follow").checked) await pollLog().catch(e => {
+      document.getElementById("log").textContent = "cannot read the log: " + e.message;
+    });
+    state.lastOk = Date.now();
+    document.getElementById("updated").textContent = "live · updated " + new Date().toLocaleTimeString([], {hour12: false});
+  } catch (e) {
+    const since = state.lastOk ? ` (last update ${Math.round((Date.now() - state.lastOk) / 1000)}s ago)` : "";
+    document.getElementById("updated").textContent = "dashboard unreachable" + since;
+    banner("banner", "cannot reach the dashboard: " + e.message + since, "bad");
+  } finally {
+    state.inFlight = false;
+  }
+}
+
+async function kill() {
+  const job = state.job && state.job.job_id;
+  if (!confirm(`Kill job ${job || ""} on every node? Every fabtrain process gets SIGTERM, then SIGKILL.`)) return;
+  const button = document.getElementById("kill");
+  button.disabled = true;
+  banner("kill-result", "killing the job…", "");
+  try {
+    const r = await fetch("/api/kill", {method: "POST", headers: {"Authorization": "Bearer " + TOKEN}});
+    const body = await r.json().catch(() => ({error: `HTTP ${r.status}`}));
+    if (!r.ok) throw new Error(body.error || `HTTP ${r.status}`);
+    // kill-all also lists the children it killed with their process group: count processes once
+    const killed = body.nodes.reduce((n, x) => n + (x.killed ? x.killed.filter(k => !k.child).length : 0), 0);
+    const failed = body.nodes.filter(x => !x.ok).map(x => `${x.node}: ${x.error}`);
+    const left = body.nodes.filter(x => x.left && x.left.length).map(x => `${x.node}: pids ${x.left.join(", ")} still alive`);
+    banner("kill-result", `kill: ${killed} processes stopped on ${body.nodes.length} nodes in ${body.seconds}s` +
+      (failed.length || left.length ? " · " + failed.concat(left).join(" · ") : ""), body.ok ? "ok" : "bad");
+  } catch (e) {
+    banner("kill-result", "kill refused: " + e.message, "bad");
+  } finally {
+    button.disabled = false;
+    refresh();
+  }
+}
+
+document.getElementById("kill").addEventListener("click", kill);
+document.getElementById("log-select").addEventListener("change", e => {
+  const v = e.target.value;
+  if (!v) { state.log = null; return; }
+  const [node, process] = v.split("/");
+  selectLog(node, process);
+});
+window.addEventListener("load", () => { state.chartsDirty = true; drawCharts(); });
+refresh();
+setInterval(refresh, REFRESH_MS);

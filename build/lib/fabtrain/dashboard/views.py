@@ -1,0 +1,336 @@
+"""The dashboard's routes: the page, the JSON API, /metrics, and their guards.
+
+Guards, in order, on every request:
+1. Host: the Host header must be one this dashboard serves (ALLOWED_HOSTS),
+   else 403 — a DNS-rebinding page cannot talk to it under another name.
+2. Token (all but /static/): `Authorization: Bearer <token>`, the HttpOnly
+   SameSite=Strict cookie set by opening `/?token=<token>` once, or
+   `?token=<token>`; compared in constant time (hmac.compare_digest).
+3. POST /api/kill accepts the token ONLY as the Authorization header: a
+   cross-site form or fetch cannot set it (the CSRF defence), and a cookie
+   alone is never enough to change state. GET never changes state.
+"""
+from __future__ import annotations
+
+import gzip
+import hmac
+import re
+import time
+from functools import lru_cache
+from pathlib import Path
+
+from flask import (Blueprint, Response, current_app, jsonify, make_response, redirect, render_template,
+                   request, send_file)
+from werkzeug.exceptions import HTTPException
+
+from . import api, prometheus
+
+bp = Blueprint("dashboard", __name__)
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+GZIP_MIN = 1400  # bytes; smaller replies are not worth compressing
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _wants_json() -> bool:
+    return request.path.startswith("/api/") or request.path == "/metrics"
+
+
+def _error(status: int, message: str):
+    if _wants_json():
+        response = jsonify(error=message, status=status)
+    else:
+        response = make_response(render_template("error.html", status=status, message=message), status)
+    response.status_code = status
+    return response
+
+
+def register_error_handlers(app) -> None:
+    @app.errorhandler(ApiError)
+    def api_error(e: ApiError):
+        return _error(e.status, e.message)
+
+    @app.errorhandler(HTTPException)
+    def http_error(e: HTTPException):
+        message = {404: f"no such endpoint: {request.method} {request.path}",
+                   405: f"{request.method} is not allowed on {request.path}"}.get(e.code, e.description)
+        response = _error(e.code or 500, message)
+        if e.code == 405 and getattr(e, "valid_methods", None):
+            response.headers["Allow"] = ", ".join(e.valid_methods)
+        return response
+
+    @app.errorhandler(Exception)
+    def crash(e: Exception):  # never a traceback in a reply
+        current_app.logger.exception("dashboard error on %s", request.path)
+        return _error(500, f"internal error: {type(e).__name__}")
+
+
+# -- guards -------------------------------------------------------------------------------
+
+
+def _token_matches(candidate: str | None) -> bool:
+    if not candidate:
+        return False
+    expected = current_app.config["DASHBOARD_TOKEN"]
+    return hmac.compare_digest(candidate.encode("utf-8", "replace"), expected.encode("utf-8"))
+
+
+def _bearer() -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+@bp.before_app_request
+def guard():
+    host = (request.headers.get("Host") or "").lower()
+    if host not in current_app.config["ALLOWED_HOSTS"]:
+        raise ApiError(403, f"Host {host!r} is not served here (DNS rebinding protection); "
+                            f"use the URL that fab dashboard printed")
+    if request.endpoint in ("static", "dashboard.plotly_js") or request.endpoint is None:
+        return None
+    if request.method not in ("GET", "HEAD", "OPTIONS"):  # anything that may change state
+        origin = request.headers.get("Origin")
+        if origin is not None and origin.lower() != f"{request.scheme}://{host}":
+            raise ApiError(403, f"cross-origin request from {origin!r} refused")
+        bearer = _bearer()
+        if bearer is None:
+            raise ApiError(401, "this request changes state: send the token as the header 'Authorization: Bearer <token>'")
+        if not _token_matches(bearer):
+            raise ApiError(403, "wrong token")
+        return None
+    # An explicit token (header or ?token=) must be right; else the cookie must be.
+    explicit = [t for t in (_bearer(), request.args.get("token")) if t is not None]
+    cookie = request.cookies.get(current_app.config["COOKIE_NAME"])
+    if explicit:
+        if not all(_token_matches(t) for t in explicit):
+            raise ApiError(403, "wrong token")
+    elif cookie is None:
+        raise ApiError(401, "token required: open the URL that fab dashboard printed (…/?token=…), "
+                            "or send 'Authorization: Bearer <token>'")
+    elif not _token_matches(cookie):
+        raise ApiError(403, "wrong token (a cookie from an earlier dashboard?): open the URL that fab dashboard printed")
+    return None
+
+
+@bp.after_app_request
+def headers(response: Response) -> Response:
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "no-referrer")
+    response.headers.setdefault("X-Frame-Options", "DENY")  # no clickjacking of the kill button
+    response.headers.setdefault(
+        "Content-Security-Policy",
+        "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
+    if request.path.startswith("/api/") or request.path in ("/", "/metrics"):
+        response.headers["Cache-Control"] = "no-store"
+    return _maybe_gzip(response)
+
+
+def _maybe_gzip(response: Response) -> Response:
+    if (response.direct_passthrough or response.status_code != 200 or "Content-Encoding" in response.headers
+            or "gzip" not in request.headers.get("Accept-Encoding", "").lower()
+            or not (response.mimetype.startswith("application/json") or response.mimetype.startswith("text/"))):
+        return response
+    data = response.get_data()
+    if len(data) < GZIP_MIN:
+        return response
+    # Level 1 for the big ones (a page load's full metrics): 3x faster than 5, 1/4 bigger.
+    response.set_data(gzip.compress(data, compresslevel=1 if len(data) > 65536 else 5))
+    response.headers["Content-Encoding"] = "gzip"
+    response.headers["Vary"] = "Accept-Encoding"
+    return response
+
+
+# -- parameters ---------------------------------------------------------------------------
+
+
+def _int_arg(name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.args.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, f"parameter {name!r} must be an integer, got {raw[:40]!r}") from None
+    if not lo <= value <= hi:
+        raise ApiError(400, f"parameter {name!r} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _float_arg(name: str) -> float | None:
+    raw = request.args.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ApiError(400, f"parameter {name!r} must be a number, got {raw[:40]!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ApiError(400, f"parameter {name!r} must be a finite number")
+    return value
+
+
+def _no_unknown_args(*known: str) -> None:
+    unknown = sorted(set(request.args) - set(known) - {"token"})
+    if unknown:
+        raise ApiError(400, f"unknown parameter {unknown[0]!r}; this endpoint takes: {', '.join(known) or 'none'}")
+
+
+def _collector():
+    return current_app.config["COLLECTOR"]
+
+
+# -- the page and its assets ------------------------------------------------------------------
+
+
+@bp.get("/")
+def index():
+    token = request.args.get("token")
+    if token is not None:
+        # Trade the token in the URL for a cookie, and drop it from the address bar and history.
+        response = redirect("/", code=303)
+        response.set_cookie(current_app.config["COOKIE_NAME"], token, httponly=True, samesite="Strict",
+                            secure=request.is_secure, path="/")
+        return response
+    cluster = _collector().session.cluster
+    return render_template("index.html", cluster=cluster.name, token=current_app.config["DASHBOARD_TOKEN"],
+                           refresh_ms=int(current_app.config["REFRESH_MS"]))
+
+
+@lru_cache(maxsize=1)
+def _plotly_path() -> Path:
+    import plotly
+
+    path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    if not path.is_file():
+        raise FileNotFoundError(path)
+    return path
+
+
+@lru_cache(maxsize=1)
+def _plotly_gzip() -> bytes:
+    return gzip.compress(_plotly_path().read_bytes(), compresslevel=6)
+
+
+@bp.get("/static/plotly.min.js")
+def plotly_js():
+    """plotly.js from the installed plotly package: never a CDN (clusters are often offline)."""
+    try:
+        path = _plotly_path()
+    except (ImportError, FileNotFoundError):
+        raise ApiError(404, "plotly.min.js not found: pip install plotly") from None
+    if "gzip" in request.headers.get("Accept-Encoding", "").lower():
+        response = make_response(_plotly_gzip())
+        response.headers["Content-Encoding"] = "gzip"
+        response.headers["Vary"] = "Accept-Encoding"
+        response.mimetype = "text/javascript"
+    else:
+        response = send_file(path, mimetype="text/javascript", conditional=True)
+    response.headers["Cache-Control"] = "public, max-age=86400"
+    return response
+
+
+# -- JSON API ---------------------------------------------------------------------------------
+
+
+@bp.get("/api/cluster")
+def api_cluster():
+    _no_unknown_args()
+    return jsonify(api.cluster_view(_collector()))
+
+
+@bp.get("/api/job")
+def api_job():
+    _no_unknown_args()
+    cfg = current_app.config
+    return jsonify(api.job_view(_collector(), float(cfg["STALE_AFTER"]), current_app.extensions["fabtrain_ended"]))
+
+
+@bp.get("/api/metrics")
+def api_metrics():
+    _no_unknown_args("since")
+    since = request.args.get("since")
+    if since is not None and not re.fullmatch(r"[0-9a-f]{1,16}-[0-9]{1,12}", since):
+        raise ApiError(400, "parameter 'since' must be the 'cursor' of a previous /api/metrics reply")
+    text = current_app.extensions["fabtrain_cursor"].export_json(_collector(), since)
+    return Response(text, mimetype="application/json")
+
+
+@bp.get("/api/events")
+def api_events():
+    _no_unknown_args("limit", "since")
+    limit = _int_arg("limit", int(current_app.config["EVENTS_LIMIT"]), 1, 10000)
+    return jsonify(api.events_view(_collector(), limit, _float_arg("since")))
+
+
+@bp.get("/api/logs/<node>/<process>")
+def api_logs(node: str, process: str):
+    _no_unknown_args("offset")
+    collector = _collector()
+    if node not in collector.nodes:
+        raise ApiError(404, f"unknown node {node!r}; nodes: {', '.join(collector.nodes)}")
+    if not NAME_RE.match(process):
+        raise ApiError(400, f"bad process name {process!r}")
+    with collector.lock:
+        known = [p.get("name") for p in collector.nodes[node].processes]
+    if process not in known:
+        raise ApiError(404, f"no process {process!r} on node {node!r}"
+                            + (f"; processes: {', '.join(known)}" if known else " (no job seen there yet)"))
+    since = _int_arg("offset", -1, -1, 1 << 62)
+    lines = collector.follow_log(node, process)
+    with collector.lock:
+        offset = collector.nodes[node].offsets.get(f"logs/{process}.log")
+    unchanged = offset is not None and since == offset
+    return jsonify(node=node, process=process, offset=offset, unchanged=unchanged,
+                   lines=[] if unchanged else lines)
+
+
+@bp.post("/api/kill")
+def api_kill():
+    _no_unknown_args()
+    grace = float(current_app.config["KILL_GRACE"])
+    if request.content_length:
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body must be a JSON object, e.g. {\"grace\": 5}")
+        unknown = sorted(set(body) - {"grace"})
+        if unknown:
+            raise ApiError(400, f"unknown field {unknown[0]!r}; the body takes: grace")
+        if "grace" in body:
+            g = body["grace"]
+            if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g <= 600:
+                raise ApiError(400, "'grace' must be a number of seconds between 0 and 600")
+            grace = float(g)
+    started = time.time()
+    current_app.logger.warning("kill requested from %s (grace %.1f s)", request.remote_addr, grace)
+    replies = current_app.config["KILL"](grace)
+    nodes, clean = [], True
+    for r in replies:
+        if not r.ok:
+            clean = False
+            nodes.append({"node": r.node, "ok": False, "error": r.error})
+            continue
+        value = r.value or {}
+        left = value.get("left", [])
+        clean &= not left
+        nodes.append({"node": r.node, "ok": True, "left": left,
+                      "killed": [{k: v for k, v in item.items() if k in ("name", "pid", "signal", "orphan", "child", "job_id")}
+                                 for item in value.get("killed", [])]})
+    return jsonify(ok=clean, seconds=round(time.time() - started, 2), nodes=nodes)
+
+
+# -- Prometheus ---------------------------------------------------------------------------------
+
+
+@bp.get("/metrics")
+def metrics():
+    _no_unknown_args()
+    collector = _collector()
+    text = prometheus.render(collector, collector.session.cluster.name, time.time())
+    return Response(text, mimetype="text/plain", content_type="text/plain; version=0.0.4; charset=utf-8")

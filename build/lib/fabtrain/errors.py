@@ -1,0 +1,16 @@
+"""Errors a user can cause, and how they reach the terminal."""
+
+
+class UserError(Exception):
+    """A mistake in something the user gave us: a file, a flag, a value.
+
+    Caught at the edge (the fab task, the CLI) and printed as ONE line,
+    with exit code 2 and no traceback. The message names what is wrong and
+    where, e.g. ``cluster.yaml: nodes[1].port: must be 1..65535, got 70000``.
+    """
+
+    exit_code = 2
+
+    def __str__(self) -> str:  # keep it to one line whatever was passed in
+        return " ".join(str(self.args[0]).split()) if self.args else "error"
+

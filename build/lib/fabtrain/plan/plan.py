@@ -1,0 +1,355 @@
+"""The plan: a pure function from a Cluster to what runs where.
+
+No I/O here. `make_plan` decides, for every node, each process's role, rank,
+argv (placeholders filled in), environment and paths; `fab plan` prints it and
+`node_ops start` executes it. Paths are written relative to the node's
+workspace root ``$WS`` and resolved on the node, where ``~`` means something.
+"""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shlex
+import string
+import time
+from dataclasses import asdict, dataclass, field
+
+from fabtrain.config.cluster import Cluster, Node
+from fabtrain.plan.runtime import runtime_dir
+
+LAUNCH_WRAPPER = (
+    # The sh wrapper is the session leader; the program is its child. It exists
+    # so the exit code survives the SSH session that started the job (nobody
+    # else can wait() for it), written atomically when the program ends.
+    'stdbuf -oL -eL "$@"; rc=$?; '
+    'echo $rc > "$FABTRAIN_EXIT_FILE.tmp" && mv -f "$FABTRAIN_EXIT_FILE.tmp" "$FABTRAIN_EXIT_FILE"; '
+    "exit $rc"
+)
+LAUNCH_PREFIX = ("setsid", "nohup", "sh", "-c", LAUNCH_WRAPPER, "fabtrain-run")
+
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    name: str  # "<role>-<rank>": file names under logs/, run/, metrics/
+    role: str
+    rank: int
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str  # relative to the workspace root
+    log: str
+    run: str
+    exit: str
+    metrics: str
+
+    def launch_argv(self) -> list[str]:
+        return [*LAUNCH_PREFIX, *self.argv]
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    node: str
+    node_index: int
+    host: str
+    address: str
+    workspace: str  # as written in cluster.yaml; "~" is expanded on the node
+    python: str
+    processes: tuple[ProcessPlan, ...]
+
+    def roles(self) -> set[str]:
+        return {p.role for p in self.processes}
+
+
+@dataclass(frozen=True)
+class Plan:
+    job_id: str
+    cluster: str
+    mode: str
+    sgd: str
+    nodes: tuple[NodePlan, ...]
+    watchdog: dict = field(default_factory=dict)
+    pserver_endpoints: tuple[str, ...] = ()
+    master: str = ""
+
+    def node(self, name: str) -> NodePlan:
+        return next(n for n in self.nodes if n.node == name)
+
+    def job_json(self, node: str) -> dict:
+        """What `node_ops start` writes to jobs/<job_id>/job.json on that node."""
+        n = self.node(node)
+        return {
+            "job_id": self.job_id,
+            "cluster": self.cluster,
+            "node": n.node,
+            "node_index": n.node_index,
+            "workspace": n.workspace,
+            "python": n.python,
+            "mode": self.mode,
+            "sgd": self.sgd,
+            "nodes": [{"name": m.node, "address": m.address, "roles": sorted(m.roles())} for m in self.nodes],
+            "watchdog": self.watchdog,
+            "processes": [asdict(p) | {"argv": list(p.argv), "launch": p.launch_argv()} for p in n.processes],
+        }
+
+    def agent_process(self, node: str) -> dict:
+        """The node agent (watchdog) of this job on that node, in job.json's process shape."""
+        n = self.node(node)
+        job_dir = f"$WS/jobs/{self.job_id}"
+        env = {"FABTRAIN_JOB_ID": self.job_id, "FABTRAIN_NODE": n.node, "FABTRAIN_ROLE": "agent",
+               "FABTRAIN_RANK": str(n.node_index), "FABTRAIN_WORKSPACE": "$WS",
+               "FABTRAIN_EXIT_FILE": f"{job_dir}/run/agent.exit", "PYTHONUNBUFFERED": "1"}
+        argv = [n.python, "-m", "fabtrain.node.agent", job_dir]
+        return {"name": "agent", "role": "agent", "rank": n.node_index, "argv": argv,
+                # The agent runs from fabtrain's own runtime, never from the user's code.
+                "launch": [*LAUNCH_PREFIX, *argv], "env": env, "cwd": runtime_dir(),
+                "log": f"{job_dir}/logs/agent.log", "run": f"{job_dir}/run/agent.json",
+                "exit": f"{job_dir}/run/agent.exit", "metrics": ""}
+
+
+def new_job_id(now: float | None = None) -> str:
+    """Sortable, unique enough for one cluster: 20261122-014600-3fa9."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now if now is not None else time.time()))
+    return f"{stamp}-{secrets.token_hex(2)}"
+
+
+def is_torchrun(command: str) -> bool:
+    argv = shlex.split(command)
+    if not argv:
+        return False
+    if os.path.basename(argv[0]) == "torchrun":
+        return True
+    return len(argv) >= 3 and argv[1] == "-m" and argv[2] == "torch.distributed.run"
+
+
+class _PortsByAddress:
+    """Hands out 0, 1, 2, ... per address: the slot of the next endpoint on that address."""
+
+    def __init__(self) -> None:
+        self._used: dict[str, int] = {}
+
+    def next(self, address: str) -> int:
+        slot = self._used.get(address, 0)
+        self._used[address] = slot + 1
+        return slot
+
+
+def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, secret: str | None = None) -> Plan:
+    job = cluster.job
+    trainer_nodes = cluster.trainer_nodes
+    per_node = job.trainer.per_node
+    world_size = cluster.trainer_count
+    master = trainer_nodes[0]  # trainer 0 is the first trainer of the first node (PaddleX)
+
+    # Pserver endpoints: pservers that share an address (one node, or several
+    # nodes on one machine) take consecutive port ranges, so no two collide.
+    span = job.pserver.ports_num + job.pserver.ports_num_for_sparse
+    pservers: list[tuple[Node, int, int]] = []  # (node, pserver rank, port)
+    if job.mode == "pserver":
+        taken = _PortsByAddress()
+        for node in cluster.pserver_nodes:
+            for _ in range(job.pserver.per_node):
+                pservers.append((node, len(pservers), job.pserver.port + taken.next(node.address) * span))
+    pserver_ips = ",".join(n.address for n, _, _ in pservers)
+    pserver_endpoints = tuple(f"{n.address}:{port}" for n, _, port in pservers)
+
+    torchrun = job.mode == "collective" and is_torchrun(job.trainer.command)
+    common = {
+        "num_gradient_servers": world_size,
+        "pservers": pserver_ips,
+        "ports_num": job.pserver.ports_num,
+        "ports_num_for_sparse": job.pserver.ports_num_for_sparse,
+        "world_size": world_size,
+        "master_addr": master.address,
+        "master_port": job.master_port,
+        "nnodes": len(trainer_nodes),
+        "nproc_per_node": per_node,
+    }
+    # One endpoint per trainer; trainers that share an address differ in port.
+    endpoint_slot = _PortsByAddress()
+    paddle_endpoints = ",".join(
+        f"{n.address}:{job.master_port + 1 + endpoint_slot.next(n.address)}"
+        for n in trainer_nodes for _ in range(per_node)
+    )
+
+    node_plans = []
+    for index, node in enumerate(cluster.nodes):
+        procs: list[ProcessPlan] = []
+        for pnode, prank, port in pservers:
+            if pnode is not node:
+                continue
+            values = common | {"port": port, "rank": prank, "trainer_id": "", "node_rank": index,
+                               "data_dir": _data_dir(cluster)}
+            env = _paddle_v2_env(cluster, values) | {
+                "TRAINING_ROLE": "PSERVER",
+                "PADDLE_PORT": str(port),
+                "POD_IP": node.address,
+                "PADDLE_TRAINERS_NUM": str(world_size),
+                "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(pserver_endpoints),
+            }
+            procs.append(_process(cluster, node, "pserver", prank, job.pserver.command, values, env, job_id, resume_from))
+
+        if node in trainer_nodes:
+            node_rank = trainer_nodes.index(node)
+            if torchrun:
+                values = common | {"rank": node_rank, "trainer_id": node_rank * per_node, "node_rank": node_rank,
+                                   "port": job.master_port, "data_dir": _data_dir(cluster)}
+                env = {"NODE_RANK": str(node_rank), "MASTER_ADDR": master.address, "MASTER_PORT": str(job.master_port)}
+                command = _with_torchrun_flags(job.trainer.command)
+                procs.append(_process(cluster, node, "trainer", node_rank, command, values, env, job_id, resume_from))
+            else:
+                for local in range(per_node):
+                    rank = node_rank * per_node + local
+                    values = common | {"rank": rank, "trainer_id": rank, "node_rank": node_rank,
+                                       "port": pservers[0][2] if pservers else job.master_port,
+                                       "data_dir": _data_dir(cluster)}
+                    env = _trainer_env(cluster, node, values, local, pserver_endpoints, paddle_endpoints)
+                    procs.append(_process(cluster, node, "trainer", rank, job.trainer.command, values, env, job_id, resume_from))
+        node_plans.append(NodePlan(node=node.name, node_index=index, host=node.host, address=node.address,
+                                   workspace=node.workspace, python=node.python, processes=tuple(procs)))
+
+    w = job.watchdog
+    watchdog = {
+        "enabled": w.enabled, "interval": w.interval, "hang_timeout": w.hang_timeout, "grace": w.grace,
+        "on_failure": w.on_failure,
+        # The agents' shared view of the job lives with the first node's agent.
+        "coordinator": {"host": cluster.nodes[0].address, "port": w.port},
+    }
+    if secret:
+        watchdog["coordinator"]["secret"] = secret
+    return Plan(job_id=job_id, cluster=cluster.name, mode=job.mode, sgd=job.sgd, nodes=tuple(node_plans),
+                watchdog=watchdog, pserver_endpoints=pserver_endpoints,
+                master=f"{master.address}:{job.master_port}")
+
+
+def _data_dir(cluster: Cluster) -> str:
+    # Shared storage: the same path on every node. Otherwise copy-data put the
+    # node's shards under <workspace>/data.
+    return cluster.job.data.dir if cluster.job.data.shared else "$WS/data"
+
+
+def _paddle_v2_env(cluster: Cluster, v: dict) -> dict[str, str]:
+    job = cluster.job
+    env = {
+        "PADDLE_INIT_PORT": str(v["port"]),
+        "PADDLE_INIT_PORTS_NUM": str(job.pserver.ports_num),
+        "PADDLE_INIT_PORTS_NUM_FOR_SPARSE": str(job.pserver.ports_num_for_sparse),
+        "PADDLE_INIT_NUM_GRADIENT_SERVERS": str(v["num_gradient_servers"]),
+        "PADDLE_INIT_PSERVERS": v["pservers"],
+        "PADDLE_INIT_USE_GPU": "1" if job.trainer.use_gpu else "0",
+        "PADDLE_INIT_TRAINER_COUNT": str(job.trainer.trainer_count),
+    }
+    if v["trainer_id"] != "":
+        env["PADDLE_INIT_TRAINER_ID"] = str(v["trainer_id"])
+    return env
+
+
+def _trainer_env(cluster, node, v, local_rank, pserver_endpoints, paddle_endpoints) -> dict[str, str]:
+    job = cluster.job
+    rank, world = v["rank"], v["world_size"]
+    env = {
+        # torch.distributed (init_process_group from env)
+        "MASTER_ADDR": v["master_addr"], "MASTER_PORT": str(v["master_port"]),
+        "RANK": str(rank), "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(job.trainer.per_node),
+        "NODE_RANK": str(v["node_rank"]),
+    }
+    if job.mode == "pserver":
+        env |= _paddle_v2_env(cluster, v) | {
+            "TRAINING_ROLE": "TRAINER",
+            "PADDLE_TRAINER_ID": str(rank), "PADDLE_TRAINERS_NUM": str(world),
+            "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(pserver_endpoints),
+            "POD_IP": node.address,
+        }
+    else:
+        endpoints = paddle_endpoints.split(",")
+        env |= {
+            # paddle.distributed.init_parallel_env()
+            "PADDLE_TRAINER_ID": str(rank), "PADDLE_TRAINERS_NUM": str(world),
+            "PADDLE_TRAINER_ENDPOINTS": paddle_endpoints,
+            "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
+            "PADDLE_MASTER": f"{v['master_addr']}:{v['master_port']}",
+        }
+        if not job.trainer.use_gpu:
+            env["PADDLE_DISTRI_BACKEND"] = "gloo"
+    if job.trainer.use_gpu and node.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = str(local_rank % node.gpus)
+    return env
+
+
+def _process(cluster: Cluster, node: Node, role: str, rank: int, command: str, values: dict,
+             role_env: dict[str, str], job_id: str, resume_from: str | None = None) -> ProcessPlan:
+    name = f"{role}-{rank}"
+    job_dir = f"$WS/jobs/{job_id}"
+    paths = {
+        "log": f"{job_dir}/logs/{name}.log",
+        "run": f"{job_dir}/run/{name}.json",
+        "exit": f"{job_dir}/run/{name}.exit",
+        "metrics": f"{job_dir}/metrics/{name}.jsonl",
+    }
+    env = {
+        "FABTRAIN_JOB_ID": job_id,
+        "FABTRAIN_NODE": node.name,
+        "FABTRAIN_ROLE": role,
+        "FABTRAIN_RANK": str(rank),
+        "FABTRAIN_METRICS": paths["metrics"],
+        "FABTRAIN_WORKSPACE": "$WS",
+        "FABTRAIN_EXIT_FILE": paths["exit"],
+        "FABTRAIN_DATA_DIR": values["data_dir"],
+        # A new job starts fresh; `start-pserver --resume-from=JOB` points at that job's checkpoints.
+        "FABTRAIN_CHECKPOINT_DIR": f"$WS/jobs/{resume_from or job_id}/checkpoints",
+        "FABTRAIN_SGD": cluster.job.sgd,  # job.sgd: the reference workload's --sgd
+        # Python ignores stdbuf: without this a trainer's log lags by 8 KiB.
+        "PYTHONUNBUFFERED": "1",
+        **role_env,
+        **dict(cluster.job.env),
+    }
+    if os.path.isabs(node.python) or node.python.startswith("~/"):
+        # `python` in a command means the cluster's interpreter (its venv's bin first).
+        env["PATH"] = f"{os.path.dirname(node.python)}:$PATH"
+    return ProcessPlan(name=name, role=role, rank=rank, argv=tuple(fill_placeholders(command, values)),
+                       env=env, cwd=f"$WS/jobs/{job_id}/code", **paths)
+
+
+def fill_placeholders(command: str, values: dict) -> list[str]:
+    """Split the command into argv and fill {placeholders} token by token.
+
+    Filling after splitting means a value can never add or split arguments:
+    the program gets exactly the argv the user wrote, whatever the value holds.
+    """
+    formatter = string.Formatter()
+    return [formatter.vformat(token, (), {k: str(v) for k, v in values.items()}) for token in shlex.split(command)]
+
+
+def _with_torchrun_flags(command: str) -> str:
+    """Add torchrun's multi-node flags where the command does not give them."""
+    argv = shlex.split(command)
+    at = 1 if os.path.basename(argv[0]) == "torchrun" else 3
+    given = {a.split("=")[0].replace("_", "-") for a in argv}
+    extra = [f"{flag}={{{key}}}" for flag, key in (
+        ("--nnodes", "nnodes"), ("--node-rank", "node_rank"), ("--nproc-per-node", "nproc_per_node"),
+        ("--master-addr", "master_addr"), ("--master-port", "master_port"),
+    ) if flag not in given]
+    return shlex.join(argv[:at] + extra + argv[at:]) if extra else command
+
+
+def render_shell(process: ProcessPlan) -> str:
+    """The process's start as one shell line: what `fab plan` prints.
+
+    `node_ops start` does the same with execve (no shell in between); the line
+    is the copy-paste-able equivalent, to be run after ``WS=<workspace>``.
+    """
+    env = " ".join(f"{k}={shell_word(v)}" for k, v in process.env.items())
+    cmd = " ".join(shell_word(a) for a in process.launch_argv())
+    return (f"cd {shell_word(process.cwd)} && env {env} {cmd}"
+            f" >> {shell_word(process.log)} 2>&1 < /dev/null &")
+
+
+def shell_word(value: str) -> str:
+    """Quote for sh, leaving $WS and $PATH (expanded on the node) to the shell."""
+    out = []
+    for i, part in enumerate(re.split(r"(\$WS|\$PATH)", value)):
+        if i % 2:
+            out.append(f'"{part}"')
+        elif part:
+            out.append(shlex.quote(part))
+    return "".join(out) or "''"

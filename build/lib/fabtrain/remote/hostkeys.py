@@ -1,0 +1,81 @@
+"""Host-key checking that mirrors OpenSSH, for paramiko (and so Fabric).
+
+Fabric's Connection accepts any host key (paramiko's AutoAddPolicy); fabtrain
+never does. `strict` refuses a host that is not in known_hosts; `accept-new`
+records an unknown host's key (appending under a lock, as two parallel
+connections may learn keys at once). Under both, a key that differs from the
+recorded one is refused: paramiko raises BadHostKeyException before any
+policy is asked, as long as the recorded keys are loaded into the client.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+
+import paramiko
+
+
+class UnknownHostKey(paramiko.SSHException):
+    def __init__(self, hostname: str, key: paramiko.PKey, known_hosts: str):
+        self.hostname, self.key, self.known_hosts = hostname, key, known_hosts
+        super().__init__(
+            f"unknown host key for {hostname} ({key.get_name()} {key.fingerprint}) and host_key_policy is strict; "
+            f"add it to {known_hosts} (ssh-keyscan, after checking the fingerprint) or use host_key_policy: accept-new"
+        )
+
+
+class StrictPolicy(paramiko.MissingHostKeyPolicy):
+    def __init__(self, known_hosts: str):
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client, hostname, key):
+        raise UnknownHostKey(hostname, key, self.known_hosts)
+
+
+class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """Trust on first use: write the new key to known_hosts, under a lock."""
+
+    def __init__(self, known_hosts: str):
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client, hostname, key):
+        os.makedirs(os.path.dirname(self.known_hosts) or ".", mode=0o700, exist_ok=True)
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+        with open(self.known_hosts, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                # Another connection may have written it while we waited for the lock.
+                f.seek(0)
+                recorded = paramiko.HostKeys()
+                for entry_line in f.read().splitlines():
+                    entry = paramiko.hostkeys.HostKeyEntry.from_line(entry_line)
+                    if entry is not None:
+                        for name in entry.hostnames:
+                            recorded.add(name, entry.key.get_name(), entry.key)
+                known = recorded.lookup(hostname)
+                if known and key.get_name() in known:
+                    if known[key.get_name()] != key:
+                        raise paramiko.BadHostKeyException(hostname, key, known[key.get_name()])
+                else:
+                    f.seek(0, os.SEEK_END)
+                    f.write(line)
+                    f.flush()
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def apply_policy(client: paramiko.SSHClient, known_hosts: str, policy: str) -> None:
+    """Load the recorded keys into the client and set the policy for unknown ones."""
+    known_hosts = os.path.expanduser(known_hosts)
+    if os.path.exists(known_hosts):
+        client.load_host_keys(known_hosts)
+    client.set_missing_host_key_policy(StrictPolicy(known_hosts) if policy == "strict" else AcceptNewPolicy(known_hosts))
+
+
+def openssh_options(known_hosts: str, policy: str) -> list[str]:
+    """The same policy for the OpenSSH client rsync runs."""
+    return [
+        "-o", f"UserKnownHostsFile={os.path.expanduser(known_hosts)}",
+        "-o", f"StrictHostKeyChecking={'yes' if policy == 'strict' else 'accept-new'}",
+    ]

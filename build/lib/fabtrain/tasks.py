@@ -1,0 +1,164 @@
+"""fabtrain's tasks. Each parses what was typed and calls the library (fabtrain/).
+
+    fab check deploy start-pserver start-trainers     # start a job
+    fab status | fab logs --follow | fab kill-all     # watch it, stop it
+
+The cluster file is ./cluster.yaml, or $FABTRAIN_CLUSTER.
+"""
+import functools
+import sys
+
+from invoke import Exit, task
+
+from fabtrain.controller import lifecycle; from fabtrain.controller import report
+from fabtrain.errors import UserError
+from fabtrain.plan.plan import make_plan, new_job_id
+from fabtrain.remote.session import get_session
+
+
+# What a project's `from fabtrain.tasks import *` brings into its fabfile: the tasks only.
+__all__ = ["plan", "provision", "check", "deploy", "split_data", "copy_data", "start_pserver",
+           "start_trainers", "status", "watch", "logs", "kill_all", "dashboard"]
+
+
+def fabtask(fn):
+    """A task whose user errors end in one line and exit code 2, never a traceback."""
+    @functools.wraps(fn)
+    def wrapper(c, *args, **kwargs):
+        try:
+            return fn(c, *args, **kwargs)
+        except UserError as e:
+            raise Exit(f"fab {fn.__name__.replace('_', '-')}: {e}", code=2) from None
+        except KeyboardInterrupt:
+            raise Exit("interrupted", code=130) from None
+    return task(wrapper)
+
+
+def session(c):
+    return get_session(config=c.config)
+
+
+def fail_if(failed, message, code=1):
+    if failed:
+        raise Exit(message, code=code)
+
+
+def replies_text(replies, ok_text):
+    lines = [f"{r.node}: {ok_text(r.value)}" if r.ok else f"{r.node}: FAILED: {r.error}" for r in replies]
+    return "\n".join(lines), any(not r.ok for r in replies)
+
+
+@fabtask
+def plan(c):
+    """Print the exact commands each node would run (a dry run)."""
+    s = session(c)
+    print(report.plan_text(make_plan(s.cluster, new_job_id())))
+
+
+@fabtask
+def provision(c, venv=False, wheelhouse=None, requirements=None):
+    """Make the workspace on every node; --venv builds a venv (--requirements FILE), --wheelhouse=DIR installs offline."""
+    reqs = lifecycle.read_requirements(requirements) if requirements else None
+    replies = lifecycle.provision(session(c), venv=venv, wheelhouse=wheelhouse, requirements=reqs)
+    text, failed = replies_text(replies, lambda v: f"workspace {v['workspace']}" + (f", venv {v['venv']}" if v["venv"] else ""))
+    print(text)
+    fail_if(failed, "provision failed on some nodes")
+
+
+@fabtask
+def check(c):
+    """Check every node can run the job: python, torch/CUDA, paddle, tools, disk, clock."""
+    checks = lifecycle.check(session(c))
+    print(report.check_text(checks))
+    fail_if(not all(ch.ok for ch in checks), "check: some nodes cannot run the job")
+
+
+@fabtask
+def deploy(c):
+    """Ship this project's code (job.code) and fabtrain's node runtime to every node (rsync)."""
+    replies = lifecycle.deploy(session(c))
+    text, failed = replies_text(replies, lambda v: f"code {report.code_text(v['code'])} synced ({v.get('files', 0)} files sent)")
+    print(text)
+    fail_if(failed, "deploy failed on some nodes")
+
+
+@fabtask
+def split_data(c, input=None, force=False):
+    """Split job.data.input into one shard per trainer under job.data.dir (prepare.py)."""
+    from fabtrain.controller import datacopy
+    print(datacopy.split_data(session(c).cluster, input=input, force=force).summary())
+
+
+@fabtask
+def copy_data(c, bwlimit=None):
+    """Copy each trainer's shards to its node (rsync), verify sha256, skip what matches; --bwlimit=KBPS."""
+    from fabtrain.controller import datacopy
+    replies = datacopy.copy_data(session(c), progress=lambda line: print(line, flush=True),
+                                 bwlimit=int(bwlimit) if bwlimit else None)
+    text, failed = replies_text(replies, lambda v: (
+        "shared data verified" if v.shared else
+        f"{v.files} files verified, {len(v.sent)} sent ({v.bytes_sent} bytes)" if v.sent else
+        f"{v.files} files already in place and verified, nothing sent"))
+    print(text)
+    fail_if(failed, "copy-data failed on some nodes")
+
+
+def _start(c, roles, force, resume_from=None):
+    result = lifecycle.start(session(c), roles, force=force, resume_from=resume_from)
+    print(report.start_text(result, roles))
+    failed = any(not r.ok or r.value["failed"] for r in result.replies)
+    fail_if(failed, f"job {result.job_id}: could not start everything; see `fab status` and `fab logs`")
+
+
+@fabtask
+def start_pserver(c, force=False, resume_from=None):
+    """Start the pservers of a new job (--force kills a running job; --resume-from=JOB resumes its checkpoints)."""
+    _start(c, ("pserver",), force, resume_from)
+
+
+@fabtask
+def start_trainers(c, force=False):
+    """Start the trainers (of the job whose pservers are up, or a new collective job)."""
+    _start(c, ("trainer",), force)
+
+
+@fabtask
+def status(c, job=None):
+    """Show every process of the job on every node; exit 1 if one failed."""
+    text, failed = report.status_text(lifecycle.status(session(c), job_id=job, health=True))
+    print(text)
+    fail_if(failed, "status: the job has failed processes or unreachable nodes")
+
+
+@fabtask
+def watch(c, interval=1.0, timeout=None, job=None):
+    """Follow the job until it ends: node health, trainer progress, watchdog events; exit 0 finished, 1 failed, 3 killed."""
+    from fabtrain.controller.watch import watch as follow
+    code = follow(session(c), interval=float(interval), timeout=float(timeout) if timeout else None, job_id=job)
+    if code:
+        raise Exit(code=code)
+
+
+@fabtask
+def logs(c, lines=20, follow=False, job=None):
+    """Print the last --lines of every process's log, prefixed [node role-rank]; --follow streams."""
+    replies = lifecycle.logs(session(c), lines=int(lines), follow=follow, job_id=job)
+    for r in replies:
+        if not r.ok:
+            print(f"{r.node}: FAILED: {r.error}", file=sys.stderr)
+    fail_if(any(not r.ok for r in replies), "logs: some nodes could not be read")
+
+
+@fabtask
+def kill_all(c, grace=5.0):
+    """Stop every fabtrain process on every node: SIGTERM, --grace seconds, SIGKILL, sweep."""
+    text, clean = report.kill_text(lifecycle.kill_all(session(c), grace=float(grace)))
+    print(text)
+    fail_if(not clean, "kill-all: some processes may still be alive (see above)")
+
+
+@fabtask
+def dashboard(c, port=8265, host="127.0.0.1", interval=1.0, job=None):
+    """Serve the web dashboard on --host (127.0.0.1) --port (8265); prints its URL with the token."""
+    from fabtrain.dashboard.serve import serve
+    serve(session(c), host=host, port=port, interval=interval, job_id=job)
