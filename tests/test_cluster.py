@@ -279,4 +279,4 @@ def test_a_leading_dash_is_refused_wherever_a_value_reaches_a_command_line(tmp_p
 
 def test_a_dash_inside_a_path_is_fine():
     c = parse_cluster(doc(cluster__workspace="./-ws", nodes__1__workspace="/data/-x/ws"), "x.yaml")
-    assert c.nodes[0].workspace == "./-ws" and c.nodes[1].workspace == "/data/-x/ws"
+    assert c.nodes[0].workspace == "./-ws/n0" and c.nodes[1].workspace == "/data/-x/ws"
