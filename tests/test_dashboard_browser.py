@@ -228,11 +228,11 @@ def test_the_page_shows_a_live_job_follows_a_fault_and_kills_with_the_token(live
     assert alive(workspaces, job_id) == ["pserver-0", "trainer-0", "trainer-1", "trainer-2"]
     assert page.inner_text("#job-state").lower() == "running"
 
-    # A fault: kill -9 of trainer-1's program. Its wrapper records 137.
+    # A fault: kill -9 of trainer-1's program. Its wrapper records 137: killed by SIGKILL.
     os.kill(program_pid(workspaces["node2"], job_id, "trainer-1"), signal.SIGKILL)
     chip = page.locator('.chip[data-node="node2"][data-process="trainer-1"]')
-    page.wait_for_selector('.chip[data-node="node2"][data-process="trainer-1"][data-state="exited"]')
-    assert chip.inner_text() == "trainer-1: exited 137 (SIGKILL)"
+    page.wait_for_selector('.chip[data-node="node2"][data-process="trainer-1"][data-state="killed"]')
+    assert chip.inner_text() == "trainer-1: killed (SIGKILL)"
     page.wait_for_function("() => document.getElementById('job-state').textContent === 'failed'")
     assert "the job has failed" in page.inner_text("#banner")
 

@@ -12,6 +12,7 @@ from tests.synthetic import SyntheticJob
 from fabtrain.config.cluster import load_cluster
 from fabtrain.controller.collector import Collector
 from fabtrain.remote import rpc
+from fabtrain.controller.series import TRAINERS
 from fabtrain.remote.session import Session
 from tests.sshd import write_cluster
 
@@ -70,9 +71,10 @@ def test_it_sees_what_the_plain_collector_sees_and_catches_up_fast(ssh_world):
             assert [p["state"] for v in stream.nodes.values() for p in v.processes] == ["running"] * 3
             assert stream.nodes["node2"].health["host"]["cpu_percent"] == 20.0
             assert [e["kind"] for e in stream.events] == ["hang"]
-            assert {k: s.export() for k, s in stream.series.items()} == {k: s.export() for k, s in plain.series.items()}
-        assert stream.follow_log("node1", "trainer-1") == []
-        assert wait_until(lambda: stream.follow_log("node1", "trainer-1")[-1:] == ["line 49"], timeout=12)
+            assert stream.series.export(TRAINERS) == plain.series.export(TRAINERS)
+            assert len(stream.series.export(TRAINERS)[("trainer-1", "loss")]) > 10
+        assert stream.follow_log("node1", "trainer-1").lines == []
+        assert wait_until(lambda: stream.follow_log("node1", "trainer-1").lines[-1:] == ["line 49"], timeout=12)
     finally:
         stream.stop()
     # The node-side loops see their stdin close and exit: nothing left behind.
