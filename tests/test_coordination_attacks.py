@@ -147,3 +147,151 @@ def test_a_huge_line_is_cut_off_without_being_buffered(job):
     assert closed_by_peer(s)
     assert "longer than 1024" in job.co.last_refusal
     job.assert_survived()
+
+
+# -- 2. nobody without the secret is heard; nobody is told the secret -----------------------------
+
+
+def test_a_beat_with_a_wrong_mac_and_a_forged_finished_are_refused(job):
+    s = job.raw()  # the old protocol: a beat in the clear, with a secret field
+    s.sendall(protocol.line(dict(beat("b", final={"status": "finished", "reason": "forged"}), secret="guess")))
+    assert closed_by_peer(s)
+    s, wrong = job.handshake(secret="not the job's secret")
+    s.sendall(wrong.seal({"op": "auth"}))
+    s.sendall(wrong.seal(beat("b", final={"status": "finished", "reason": "forged"})))
+    assert closed_by_peer(s)
+    assert "bad MAC" in job.co.last_refusal
+    s, right = job.handshake()
+    s.sendall(right.seal({"op": "auth"}))
+    forged = right.seal(beat("b", failure={"reason": "forged"}))
+    s.sendall(b"0" * 64 + forged[64:])  # the genuine body under a forged MAC
+    assert closed_by_peer(s)
+    job.assert_survived()
+    assert "b" not in job.co.peers  # none of them counted as a beat from b
+
+
+def test_a_replayed_beat_is_refused(job):
+    # Record a genuine agent's whole conversation through a relay, as an eavesdropper would.
+    listener = socket.create_server(("127.0.0.1", 0))
+    sent = []
+
+    def relay():
+        down, _ = listener.accept()
+        up = socket.create_connection(("127.0.0.1", job.port))
+        threading.Thread(target=lambda: [down.sendall(d) for d in iter(lambda: up.recv(65536), b"")],
+                         daemon=True).start()
+        for data in iter(lambda: down.recv(65536), b""):
+            sent.append(data)
+            up.sendall(data)
+    threading.Thread(target=relay, daemon=True).start()
+    b = Client("127.0.0.1", listener.getsockname()[1], 0.1, lambda m: None, secret=SECRET, job_id="j1", node="b")
+    b.start()
+    b.update(beat("b", done=True))
+    assert wait_for(lambda: b.acked_seq >= 1, timeout=5)
+    b.stop()
+    b.join(3)
+    recording = b"".join(sent)
+    assert recording.count(b"\n") == 3 and SECRET.encode() not in recording  # hello, auth, beat
+    seen_b = job.co.peers["b"].ts
+    s = job.raw()  # replayed on a new connection: a new challenge, so the old MACs are worthless
+    s.sendall(recording)
+    assert closed_by_peer(s)
+    assert "bad MAC" in job.co.last_refusal
+    s, channel = job.handshake()  # and within one connection: the same frame twice
+    s.sendall(channel.seal({"op": "auth"}))
+    frame = channel.seal(beat("b", done=True))
+    s.sendall(frame + frame)
+    assert closed_by_peer(s)
+    assert "out of order" in job.co.last_refusal
+    assert job.co.peers["b"].ts > seen_b  # the genuine first one counted...
+    job.assert_survived()
+
+
+def test_a_squatter_on_the_port_gets_no_secret_and_is_refused():
+    port = free_port(["127.0.0.1"])
+    squatter = socket.create_server(("127.0.0.1", port))
+    heard = []
+
+    def answer():  # what took the job down before: a "failed" status to every beat
+        while True:
+            try:
+                conn, _ = squatter.accept()
+            except OSError:
+                return
+            data = conn.recv(65536)
+            heard.append(data)
+            nonce = protocol.new_nonce()
+            conn.sendall(protocol.line({"op": "challenge", "v": 1, "job_id": "j1", "nonce": nonce, "proof": "0" * 64}))
+            conn.sendall(protocol.line({"op": "status", "job_id": "j1", "status": "finished", "reason": "forged"}))
+            conn.close()
+    threading.Thread(target=answer, daemon=True).start()
+    events, seen = [], []
+    co = Coordinator("j1", "127.0.0.1", port, ["a"], 0.1, 1.0, secret=SECRET, bind_wait=0.5,
+                     on_event=lambda kind, **kw: events.append((kind, kw["reason"])))
+    co.start()
+    assert not co.wait_listening(5)
+    assert events[0][0] == "coordinator_error" and "Address already in use" in events[0][1]
+    client = Client("127.0.0.1", port, 0.1, seen.append, secret=SECRET, job_id="j1", node="a",
+                    on_event=lambda kind, **kw: events.append((kind, kw["reason"])))
+    client.update(beat("a"))
+    client.start()
+    try:
+        assert wait_for(lambda: len(heard) >= 3, timeout=5)
+        assert seen == [] and not client.ever_connected  # the forged finished never reached the agent
+        assert "did not prove it knows the job's secret" in client.error
+        assert [k for k, _ in events].count("coordinator_refused") == 1
+        assert all(SECRET.encode() not in h and b'"op":"hello"' in h and b"beat" not in h for h in heard)
+    finally:
+        client.stop()
+        squatter.close()
+
+
+# -- the same against real agents ------------------------------------------------------------------
+
+
+def secret_of(job, node):
+    return json.loads((job.jd(node) / "job.json").read_text())["watchdog"]["coordinator"]["secret"]
+
+
+def test_a_squatter_on_the_port_fails_the_start_and_the_agents_refuse_it(local_job):
+    """nodes[0] (n0) hosts the coordinator and runs the trainer; n1's pserver and agent start first."""
+    port = free_port(["127.0.0.1"])
+    squatter = socket.create_server(("127.0.0.1", port))
+    heard = []
+
+    def answer():  # what took the job down before: a "failed" status to every beat
+        while True:
+            try:
+                conn, _ = squatter.accept()
+            except OSError:
+                return
+            conn.settimeout(2)
+            try:
+                heard.append(conn.recv(65536))
+                conn.sendall(protocol.line({"op": "status", "job_id": "x", "status": "failed", "reason": "forged"}))
+            except OSError:
+                pass
+            conn.close()
+    threading.Thread(target=answer, daemon=True).start()
+    job = local_job([("n0", ["trainer"]), ("n1", ["pserver"])], pserver={"port": 7540, "command": FAKE},
+                    trainer={"command": FAKE}, watchdog={"interval": 0.5, "hang_timeout": 30, "grace": 1, "port": port})
+    try:
+        job.fab("deploy", "start-pserver", check=True)
+        assert wait_for(lambda: "coordinator_refused" in [e["kind"] for e in job.events("n1")], timeout=15)
+        coordinator = lambda: (job.health("n1") or {}).get("coordinator") or {}  # noqa: E731
+        assert wait_for(lambda: "refused the coordinator at" in (coordinator().get("error") or ""), timeout=5)
+        assert not coordinator()["connected"]
+        out = job.fab("start-trainers", check=False)
+        assert out.returncode != 0
+        line = next(x for x in out.stdout.splitlines() if x.startswith("n0: FAILED"))
+        assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in line, out.stdout
+        assert "nothing of job" in line and "Traceback" not in out.stdout + out.stderr
+        assert not (job.jd("n0") / "run" / "trainer-0.json").exists()  # the start failed before the trainer
+        assert wait_for(lambda: (job.jd("n0") / "run" / "agent.exit").exists(), timeout=5)
+        assert (job.jd("n0") / "run" / "agent.exit").read_text().strip() == "1"
+        assert "coordinator_error" in [e["kind"] for e in job.events("n0")]
+        time.sleep(1)
+        assert not {"job_failed", "teardown"} & {e["kind"] for e in job.events("n1")}, job.events("n1")
+        assert heard and all(secret_of(job, "n1").encode() not in h and b"beat" not in h for h in heard)
+    finally:
+        squatter.close()
