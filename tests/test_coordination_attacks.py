@@ -246,6 +246,33 @@ def test_a_squatter_on_the_port_gets_no_secret_and_is_refused():
         squatter.close()
 
 
+# -- 3. a flood of idle connections --------------------------------------------------------------
+
+
+def test_1100_idle_connections_do_not_use_up_the_coordinators_descriptors(job):
+    most, done = [0], threading.Event()
+
+    def sample():  # the coordinator's open connections, as the flood goes on
+        while not done.wait(0.002):
+            most[0] = max(most[0], len(job.co.connections.all))
+    threading.Thread(target=sample, daemon=True).start()
+    idle = []
+    try:
+        for _ in range(1100):
+            idle.append(job.raw())
+        assert wait_for(lambda: job.co.refused >= 1100 - 64 - 1, timeout=5)  # all accepted, the oldest evicted
+        assert job.beat_gets_through()  # node a's connection is authenticated: never evicted
+        done.set()
+        assert most[0] <= 64 + 1, most[0]  # handshakes in all (16 per address) + node a
+        time.sleep(HANDSHAKE_TIMEOUT + 0.5)  # the idle ones left are dropped too
+        assert len(job.co.connections.pending) == 0
+        job.assert_survived()
+    finally:
+        done.set()
+        for s in idle:
+            s.close()
+
+
 # -- the same against real agents ------------------------------------------------------------------
 
 
@@ -295,3 +322,50 @@ def test_a_squatter_on_the_port_fails_the_start_and_the_agents_refuse_it(local_j
         assert heard and all(secret_of(job, "n1").encode() not in h and b"beat" not in h for h in heard)
     finally:
         squatter.close()
+
+
+FLOOD = r"""
+import resource, socket, sys, time
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+addr = ("127.0.0.1", int(sys.argv[1]))
+for line in (b"[" * 200000 + b"\n", b"x" * (5 << 20),
+             b'{"op":"beat","job_id":"%s","node":"n1","secret":"guess","final":{"status":"finished"}}\n' % sys.argv[2].encode()):
+    s = socket.create_connection(addr)
+    try:
+        s.sendall(line)
+    except OSError:
+        pass
+    s.close()
+idle = [socket.create_connection(addr) for _ in range(1100)]
+print("flooded", flush=True)
+time.sleep(4)
+"""
+
+
+def test_a_running_job_survives_a_bomb_a_huge_line_a_forged_finished_and_1100_idle_connections(local_job):
+    port = free_port(["127.0.0.1"])
+    job = local_job([("n0", ["pserver"]), ("n1", ["trainer"])], pserver={"port": 7550, "command": FAKE},
+                    trainer={"command": f"{FAKE} --period 0.1"},
+                    watchdog={"interval": 0.5, "hang_timeout": 30, "grace": 1, "port": port})
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))  # where 1,100 crashed the agent
+    try:
+        job.fab("deploy", "start-pserver", "start-trainers", check=True)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert wait_for(lambda: (job.health("n1") or {}).get("peers", {}).keys() >= {"n0", "n1"}, timeout=15)
+    agent = job.health("n0")["agent"]["pid"]
+    flood = subprocess.run([sys.executable, "-c", FLOOD, str(port), job.job_id], capture_output=True, text=True,
+                           timeout=60)
+    assert "flooded" in flood.stdout, flood.stderr
+    time.sleep(5.5)  # peer_timeout (5 s): a dead coordinator would have lost every node by now
+    for node in ("n0", "n1"):
+        kinds = [e["kind"] for e in job.events(node)]
+        assert not {"peer_lost", "job_failed", "teardown", "agent_error", "finished"} & set(kinds), (node, kinds)
+        h = job.health(node)
+        assert time.time() - h["ts"] < 3 and h["job"]["status"] == "running"
+        assert h["coordinator"]["connected"] and time.time() - h["coordinator"]["last_contact"] < 3
+    assert job.health("n0")["agent"]["pid"] == agent  # the same agent: it did not crash and restart
+    assert "coordinator_refused" in [e["kind"] for e in job.events("n0")]
+    assert job.health("n1")["processes"][0]["state"] in ("running", "sleeping")
