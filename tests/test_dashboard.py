@@ -109,35 +109,44 @@ ENDPOINTS = ["/api/cluster", "/api/job", "/api/metrics", "/api/events", "/api/lo
 # -- the token, CSRF and Host guards ------------------------------------------------------------
 
 
-def test_page_trades_the_token_for_a_strict_httponly_cookie(client):
-    r = get(client, "/", headers=None)
-    assert r.status_code == 401 and b"fab dashboard printed" in r.data
-    assert get(client, "/?token=wrong", headers=None).status_code == 403
-
-    r = get(client, f"/?token={TOKEN}", headers=None)
-    assert r.status_code == 303 and r.headers["Location"] == "/"  # the token leaves the address bar
-    cookie = r.headers["Set-Cookie"]
-    assert cookie.startswith(f"fabtrain_token={TOKEN}") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
-
-    r = get(client, "/", headers=None)  # the test client kept the cookie
-    assert r.status_code == 200
+def test_the_page_is_code_without_data_and_a_token_in_its_url_must_be_right(client):
+    r = get(client, "/", headers=None)  # a reload: the page takes its token from sessionStorage
+    assert r.status_code == 200 and "Set-Cookie" not in r.headers
     page = r.get_data(as_text=True)
+    assert TOKEN not in page and "testdash" not in page and "node1" not in page  # no secret, no data
     assert '<script src="/static/plotly.min.js"' in page and "cdn" not in page.lower()
     assert r.headers["X-Frame-Options"] == "DENY" and "frame-ancestors 'none'" in r.headers["Content-Security-Policy"]
+    assert r.headers["Referrer-Policy"] == "no-referrer"  # the ?token= URL never leaves as a Referer
+
+    r = get(client, f"/?token={TOKEN}", headers=None)  # the URL fab dashboard prints
+    assert r.status_code == 200 and "Set-Cookie" not in r.headers and TOKEN not in r.get_data(as_text=True)
+    r = get(client, "/?token=wrong", headers=None)
+    assert r.status_code == 403 and b"wrong token" in r.data
 
 
 @pytest.mark.parametrize("path", ENDPOINTS)
-def test_every_read_endpoint_needs_the_token(client, path):
+def test_every_read_endpoint_needs_the_token_in_a_header(client, path):
     r = get(client, path, headers=None)
     assert r.status_code == 401 and "token required" in r.get_json()["error"]
     r = get(client, path, headers={"Authorization": "Bearer nope"})
     assert r.status_code == 403 and r.get_json()["error"] == "wrong token"
+    assert get(client, path, headers={"X-Fabtrain-Token": "nope"}).status_code == 403
     assert get(client, path).status_code == 200  # Authorization: Bearer
-    assert get(client, f"{path}?token={TOKEN}", headers=None).status_code == 200  # ?token=
+    assert get(client, path, headers={"X-Fabtrain-Token": TOKEN}).status_code == 200
+    # The URL's token is for the first page load only, and no cookie is read: cookies ignore
+    # ports, so a cookie for 127.0.0.1 would reach every other web app on this machine.
+    assert get(client, f"{path}?token={TOKEN}", headers=None).status_code == 401
     client.set_cookie("fabtrain_token", TOKEN, domain="127.0.0.1")
-    assert get(client, path, headers=None).status_code == 200  # the cookie
-    client.set_cookie("fabtrain_token", "stale", domain="127.0.0.1")
-    assert get(client, path, headers=None).status_code == 403
+    assert get(client, path, headers=None).status_code == 401
+
+
+def test_a_big_body_is_refused_and_without_the_token_it_is_401_first(client, kills):
+    big = b"x" * (64 << 10)
+    r = post(client, "/api/kill", headers=None, data=big)
+    assert r.status_code == 401
+    r = post(client, "/api/kill", data=big)
+    assert r.status_code == 413 and "at most 16384" in r.get_json()["error"]
+    assert kills == []
 
 
 def test_static_files_need_no_token_and_plotly_comes_from_the_package(client):
@@ -163,7 +172,7 @@ def test_kill_needs_a_post_with_the_bearer_header(client, kills):
     # GET never changes state.
     r = get(client, "/api/kill")
     assert r.status_code == 405 and r.get_json()["error"] == "GET is not allowed on /api/kill" and kills == []
-    # The cookie (what a cross-site form would carry) is not enough, nor ?token=.
+    # Neither a cookie (what a cross-site form would carry) nor ?token= will do.
     client.set_cookie("fabtrain_token", TOKEN, domain="127.0.0.1")
     r = post(client, "/api/kill", headers=None)
     assert r.status_code == 401 and "Authorization: Bearer" in r.get_json()["error"]

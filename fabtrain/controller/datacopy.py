@@ -36,6 +36,7 @@ from fabtrain.controller import state
 from fabtrain.remote.channel import Channel
 from fabtrain.config.cluster import Cluster
 from fabtrain.data import MANIFEST_NAME, files_for_trainer, load_manifest, prepare
+from fabtrain.data.archive import ExtractLimits
 from fabtrain.data.manifest import sha256_file
 from fabtrain.errors import UserError
 from fabtrain.controller.lifecycle import rsync_reason
@@ -53,8 +54,14 @@ def split_data(cluster: Cluster, input: str | None = None, force: bool = False):
     if source != "sample" and not re.match(r"^[a-z]+://", source):
         path = Path(source).expanduser()
         kwargs["input"] = str(path if path.is_absolute() else Path(cluster.path).resolve().parent / path)
-    return prepare(str(cluster.data_dir()), cluster.trainer_count, strategy=data.strategy,
-                   min_freq=data.min_freq, force=force, progress=sys.stderr.isatty(), **kwargs)
+    limits = ExtractLimits.from_mb(data.max_extract_mb, data.max_expansion)
+    try:
+        return prepare(str(cluster.data_dir()), cluster.trainer_count, strategy=data.strategy,
+                       min_freq=data.min_freq, force=force, progress=sys.stderr.isatty(),
+                       limits=limits, **kwargs)
+    except OSError as e:  # a full disk, a permission: one line, as prepare.py prints it
+        where = f"{e.filename}: " if e.filename else ""
+        raise UserError(f"{where}{e.strerror or e}") from None
 
 
 def files_per_node(cluster: Cluster, manifest: dict) -> dict[str, list[str]]:
@@ -74,7 +81,8 @@ class NodeCopy:
     node: str
     files: int = 0
     sent: list[str] = field(default_factory=list)
-    bytes_sent: int = 0
+    bytes_sent: int = 0      # the size of what was sent (rsync's progress: whole files, resumed parts too)
+    wire_bytes: int = 0      # what rsync really sent over the connection (its stats): less when it resumed
     verified: bool = False
     shared: bool = False
 
@@ -126,6 +134,7 @@ def copy_data(session: Session, progress=None, bwlimit: int | None = None) -> li
                                 f"{first['disk_free'] >> 20} MiB free in {t.node.workspace}")
             push = push or RsyncPush(t, data_dir, t.node.workspace + "/data", bwlimit)
             result.bytes_sent = push.send(stale, progress)
+            result.wire_bytes = push.wire_bytes
             result.sent = stale
             # the files verify found right were not sent, so not touched: check what was sent
             second = channel.request("verify", {**verify, "files": {n: expected[n] for n in stale}}, timeout=3600)
@@ -163,6 +172,7 @@ class RsyncPush:
                 *transport_args, f"{source_dir}/", dest]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.stderr: list[bytes] = []
+        self.wire_bytes = 0
         self.reader = threading.Thread(target=lambda: self.stderr.append(self.proc.stderr.read()), daemon=True)
         self.reader.start()
 
@@ -183,6 +193,9 @@ class RsyncPush:
             buf += chunk
             *records, buf = re.split(rb"[\r\n]", buf)
             for rec in records:
+                stats = re.match(rb"\s*sent ([\d,]+) bytes\s+received", rec)   # --info=stats1's summary
+                if stats:
+                    self.wire_bytes = int(stats.group(1).replace(b",", b""))
                 m = re.match(rb"\s*([\d,]+)\s+(\d+)%\s+(\S+)", rec)
                 if m:
                     sent = int(m.group(1).replace(b",", b""))

@@ -34,6 +34,14 @@ def plan_text(plan: Plan) -> str:
     return "\n".join(out)
 
 
+def code_text(code: dict | None) -> str:
+    """Which code a job runs, as `fab deploy`/`fab status` say it: a commit (+dirty) or a hash."""
+    code = code or {}
+    if code.get("commit"):
+        return code["commit"][:12] + ("+dirty" if code.get("dirty") else "")
+    return f"hash {code['hash']}" if code.get("hash") else "unknown"
+
+
 def human_bytes(n: float | None, compact: bool = False) -> str:
     """1536 -> "1.5 KiB" (compact: "1.5K"); None or not a number -> "?" ("-")."""
     if not isinstance(n, (int, float)):
@@ -198,6 +206,9 @@ def status_text(replies: list[Reply]) -> tuple[str, bool]:
             notes.insert(0, f"watchdog: job finished: {reason}  [{', '.join(nodes)}]")
     job_ids = {r.value["job_id"] for r in replies if r.ok and r.value["job_id"]}
     head = f"job {', '.join(sorted(job_ids)) or '-'}"
+    codes = {code_text(r.value.get("code")) for r in replies if r.ok and r.value["job_id"]}
+    if codes:
+        head += f"  code {', '.join(sorted(codes))}"  # more than one: nodes run different code
     return "\n".join([head, table(rows, ["node", "process", "state", "uptime", "agent", "progress", "last log line"]),
                       *notes]), failed
 

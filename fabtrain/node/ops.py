@@ -161,6 +161,37 @@ def workspace(payload):
     return os.path.abspath(os.path.expanduser(payload["workspace"]))
 
 
+OWNER_FILE = ".fabtrain-owner.json"
+
+
+def claim_workspace(ws, cluster, node):
+    """Make the workspace this node's, or say whose it is.
+
+    Two nodes must never share one workspace (two nodes on one machine, or
+    servers that share /home over NFS): each would see, watch and kill the
+    other's processes as its own. The first node to use a workspace claims it
+    with a marker made with O_EXCL (atomic, on NFS too); any other node is
+    refused. Returns None, or the one-line refusal.
+    """
+    marker = os.path.join(ws, OWNER_FILE)
+    me = {"cluster": cluster, "node": node}
+    try:
+        os.makedirs(ws, mode=0o700, exist_ok=True)
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except OSError as e:
+        if not isinstance(e, FileExistsError):
+            return "cannot use workspace %s: %s" % (ws, e.strerror or e)
+        owner = read_json(marker, {})
+        if {k: owner.get(k) for k in me} == me:
+            return None
+        return ("workspace %s is already node %r of cluster %r (one machine, or storage shared between "
+                "servers): give node %r its own (nodes[].workspace, or leave it out for <cluster.workspace>/%s); "
+                "if that node is gone, remove %s" % (ws, owner.get("node"), owner.get("cluster"), node, node, marker))
+    with os.fdopen(fd, "w") as f:
+        json.dump(me, f)
+    return None
+
+
 def job_dir(ws, job_id=None):
     if job_id:
         return os.path.join(ws, "jobs", job_id)
@@ -207,6 +238,7 @@ def process_state(jd, name):
 def op_probe(payload):
     ws = workspace(payload)
     probe = {
+        "workspace_conflict": claim_workspace(ws, payload["cluster"], payload["node"]),
         "hostname": platform.node(),
         "python": platform.python_version(),
         "python_path": sys.executable,
@@ -257,7 +289,7 @@ def op_probe(payload):
 
 def op_provision(payload):
     ws = workspace(payload)
-    for sub in ("code", "data", "jobs", "checkpoints"):
+    for sub in ("code", "data", "jobs", "runtime"):
         os.makedirs(os.path.join(ws, sub), exist_ok=True)
     result = {"workspace": ws, "venv": None}
     if payload.get("venv"):
@@ -314,6 +346,27 @@ def spawn(proc, ws, base_env):
     return p, record
 
 
+CODE_IDENTITY = ".fabtrain-code.json"  # written by `fab deploy`: which code this is
+
+
+def snapshot_code(ws, jd):
+    """The job's own copy of <ws>/code, made once, at its first start: jobs/<id>/code.
+
+    Hard links, so unchanged files cost nothing; `fab deploy` (rsync) replaces a
+    file by renaming a new one over it, never writing into it, so a deploy while
+    the job runs leaves the job's code as it was. Returns which code it is.
+    """
+    src, dst = os.path.join(ws, "code"), os.path.join(jd, "code")
+    if not os.path.isdir(dst):
+        tmp = dst + ".tmp.%d" % os.getpid()
+        if os.path.isdir(src):
+            shutil.copytree(src, tmp, symlinks=True, copy_function=os.link)
+        else:
+            os.makedirs(tmp)  # nothing deployed: commands that need no shipped code still run
+        os.replace(tmp, dst)
+    return read_json(os.path.join(dst, CODE_IDENTITY), {})
+
+
 def start_agent(agent, job, jd, ws, base_env, warnings):
     """Start the agent; on the node that hosts the coordinator, first, and only once it holds the port.
 
@@ -355,6 +408,9 @@ def start_agent(agent, job, jd, ws, base_env, warnings):
 def op_start(payload):
     job = payload["job"]
     ws = workspace(job)
+    refusal = claim_workspace(ws, job["cluster"], job["node"])
+    if refusal:
+        raise UserFacing(refusal)
     jd = os.path.join(ws, "jobs", job["job_id"])
     for sub in ("logs", "run", "metrics"):
         os.makedirs(os.path.join(jd, sub), exist_ok=True)
@@ -374,6 +430,7 @@ def op_start(payload):
         if p["name"] in already:
             raise UserFacing("%s of job %s is already running here" % (p["name"], job["job_id"]))
 
+    job["code"] = snapshot_code(ws, jd)
     # 0600: it holds the coordinator's secret.
     atomic_write(os.path.join(jd, "job.json"), json.dumps(job, indent=1), mode=0o600)
     tmp_link = os.path.join(ws, ".current.%d" % os.getpid())
@@ -384,11 +441,12 @@ def op_start(payload):
     warnings, agent_record = [], None
     agent = payload.get("agent")
     if agent and "agent" not in already:
-        code = os.path.join(ws, "code", "fabtrain", "node", "agent.py")
-        if os.path.exists(code):
+        runtime = os.path.join(expand(agent["cwd"], ws), "fabtrain", "node")
+        if os.path.isdir(runtime):
             agent_record = start_agent(agent, job, jd, ws, base_env, warnings)
         else:
-            warnings.append("watchdog not started: %s missing (run `fab deploy` first)" % code)
+            warnings.append("watchdog not started: fabtrain's node runtime %s is missing (run `fab deploy` first)"
+                            % runtime)
     started, popen = [], []
     for proc in wanted:
         p, record = spawn(proc, ws, base_env)
@@ -438,6 +496,7 @@ def op_status(payload):
     events = tail_lines(os.path.join(jd, "events.jsonl"), 1)
     return {
         "job_id": os.path.basename(jd),
+        "code": job.get("code"),
         "processes": procs,
         "killed": os.path.exists(os.path.join(jd, "killed")),
         "health_ts": health.get("ts") if isinstance(health, dict) else None,

@@ -9,6 +9,7 @@ another node's result.
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import shlex
 import socket
@@ -218,13 +219,20 @@ def describe_connect_error(node: Node, e: Exception) -> str:
     if isinstance(e, paramiko.AuthenticationException):
         return f"{where}: authentication failed ({e}); check the key, ssh-agent, or use fab --prompt-for-login-password"
     if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
-        return f"{where}: unreachable: connection refused"
-    if isinstance(e, (socket.timeout, TimeoutError)):
-        return f"{where}: unreachable: no answer within connect_timeout {ssh.connect_timeout:g} s"
+        # paramiko gathers refused and no-route failures of every address the name resolved to
+        reasons = list(dict.fromkeys(_socket_failure(err, ssh.connect_timeout) for err in e.errors.values()))
+        return f"{where}: unreachable: {'; '.join(reasons) if reasons else 'connection refused'}"
     if isinstance(e, socket.gaierror):
-        return f"{where}: unreachable: cannot resolve host name {node.host!r}"
+        return f"{where}: unreachable: cannot resolve host name {node.host!r} ({_resolve_failure(e)})"
+    if isinstance(e, (OSError, EOFError)) and _socket_failure(e, ssh.connect_timeout, None):
+        return f"{where}: unreachable: {_socket_failure(e, ssh.connect_timeout)}"
     if isinstance(e, (OSError, EOFError)):
         return f"{where}: unreachable: {e.strerror if getattr(e, 'strerror', None) else e}"
+    if isinstance(e, paramiko.SSHException) and ("protocol banner" in str(e) or str(e) == "No existing session"):
+        # paramiko's words when the TCP connection was made but the SSH handshake never finished
+        # (it stops waiting for it after connect_timeout and then has no session to log in on)
+        return (f"{where}: unreachable: the connection was accepted but the SSH handshake did not finish within "
+                f"connect_timeout {ssh.connect_timeout:g} s (a hung or overloaded sshd, or no SSH server on that port)")
     if isinstance(e, paramiko.SSHException) and "No authentication methods available" in str(e):
         return (f"{where}: authentication failed: no key, ssh-agent or password to offer; set ssh.key, "
                 f"load a key into ssh-agent, or use fab --prompt-for-login-password")
@@ -233,6 +241,34 @@ def describe_connect_error(node: Node, e: Exception) -> str:
     if isinstance(e, invoke.UnexpectedExit):
         return f"{where}: command failed with exit code {e.result.exited}"
     return f"{where}: {type(e).__name__}: {e}"
+
+
+_CONNECT_ERRNOS = {
+    errno.ECONNREFUSED: "connection refused",
+    errno.EHOSTUNREACH: "no route to host",
+    errno.ENETUNREACH: "network is unreachable",
+    errno.ECONNRESET: "connection reset by the node",
+}
+
+
+def _socket_failure(e: BaseException, connect_timeout: float, default: str | None = "") -> str | None:
+    """What one failed connect really was: refused, no answer (timed out), no route, ..."""
+    if isinstance(e, (socket.timeout, TimeoutError)) or getattr(e, "errno", None) == errno.ETIMEDOUT:
+        return f"no answer within connect_timeout {connect_timeout:g} s"
+    code = getattr(e, "errno", None)
+    if code in _CONNECT_ERRNOS:
+        return _CONNECT_ERRNOS[code]
+    if default == "":
+        return (getattr(e, "strerror", None) or str(e) or type(e).__name__).lower()
+    return default
+
+
+def _resolve_failure(e: socket.gaierror) -> str:
+    if e.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+        return "name not known"
+    if e.errno == socket.EAI_AGAIN:
+        return "temporary failure in name resolution: is DNS reachable?"
+    return e.strerror or str(e)
 
 
 def make_transport(node: Node, config=None) -> Transport:
