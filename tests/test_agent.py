@@ -385,12 +385,3 @@ def test_watch_redraws_in_place_on_a_terminal(local_job):
     finally:
         session.close()
 
-
-def test_a_beat_without_the_jobs_secret_cannot_fail_the_job():
-    co = Coordinator("j1", "127.0.0.1", 0, ["n0", "n1"], 1.0, 5.0, secret="s3cret")
-    reply, changed = co.handle(beat("n1", failure={"reason": "forged"}))
-    assert reply["op"] == "error" and "secret" in reply["error"] and not changed
-    reply, changed = co.handle(dict(beat("n1", failure={"reason": "forged"}), secret="wrong"))
-    assert reply["op"] == "error" and co.status["status"] == "running"
-    reply, changed = co.handle(dict(beat("n1", failure={"reason": "trainer-1 exited 3"}), secret="s3cret"))
-    assert changed and reply["status"] == "failed"
