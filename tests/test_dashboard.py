@@ -332,9 +332,10 @@ def test_a_process_that_dies_shows_its_exit_code_and_signal(world, client, kills
     world["collector"].poll_node("node2")
     nodes = {n["name"]: n for n in get(client, "/api/cluster").get_json()["nodes"]}
     (p,) = nodes["node2"]["processes"]
-    assert (p["state"], p["exit_code"], p["signal"], p["label"]) == ("exited", 137, "SIGKILL", "exited 137 (SIGKILL)")
+    # 137 means killed by SIGKILL everywhere (fabtrain/node/states.py).
+    assert (p["state"], p["exit_code"], p["signal"], p["label"]) == ("killed", 137, "SIGKILL", "killed 137 (SIGKILL)")
     j = get(client, "/api/job").get_json()
-    assert j["state"] == "failed" and j["processes"]["failed"] == 1
+    assert j["state"] == "failed" and j["processes"]["killed"] == 1
     assert not next(t for t in j["trainers"] if t["name"] == "trainer-1")["stale"]  # dead, not stale
     assert get(client, "/api/events").get_json()["events"][0]["kind"] == "killed"
     assert 'state="failed"} 1' in get(client, "/metrics").get_data(as_text=True)

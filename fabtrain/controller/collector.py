@@ -263,8 +263,9 @@ class Collector:
             trainers = [p for p in procs if p["name"].startswith("trainer")]
             if trainers and all(p["state"] == "exited" and p.get("exit_code") == 0 for p in trainers):
                 return "finished"
+            # Killed by a signal (137) or with its launcher: a failure unless kill-all did it (above).
             if any(p["state"] == "exited" and p.get("exit_code") not in (0, None) for p in procs) or \
-                    any(p["state"] == "lost" for p in procs):
+                    any(p["state"] in ("killed", "lost") for p in procs):
                 return "failed"
             if any(p["state"] == "not started" for p in procs):
                 return "starting"

@@ -96,8 +96,10 @@ def process_state_text(p: dict) -> str:
     return p["state"]
 
 
-def process_failed(p: dict) -> bool:
-    return (p["state"] == "exited" and p.get("exit_code") != 0) or p["state"] in ("lost",)
+def process_failed(p: dict, killed_by_fab: bool = False) -> bool:
+    """Ended badly: a non-zero exit, or killed (137, or with its launcher) other than by `fab kill-all`."""
+    return (p["state"] == "exited" and p.get("exit_code") != 0) or p["state"] == "lost" or \
+        (p["state"] == "killed" and not killed_by_fab)
 
 
 ROUTINE_EVENTS = ("agent_started", "agent_exit", "agent_stopped")
@@ -157,7 +159,7 @@ def status_text(replies: list[Reply]) -> tuple[str, bool]:
                          p.get("last_line", "")[:70]])
             # Stopped by its agent because the job finished (pservers): not a failure.
             if not (finished and a.get("killed_by_agent")):
-                failed |= process_failed(p)
+                failed |= process_failed(p, bool(v.get("killed")))
         if v.get("killed"):
             notes.append(f"{r.node}: job {v['job_id']} was stopped by kill-all")
         agent = next((p for p in v["processes"] if p["name"] == "agent"), None)

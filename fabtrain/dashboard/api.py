@@ -52,12 +52,12 @@ def signal_name(code: int | None) -> str | None:
 
 
 def process_label(p: dict) -> str:
-    """running, stopped, zombie, exited 0, exited 137 (SIGKILL), killed, lost, not started."""
+    """running, stopped, zombie, exited 0, killed 137 (SIGKILL), killed, lost, not started."""
     state = p.get("state") or "?"
-    if state == "exited":
+    if state == "exited" or (state == "killed" and p.get("exit_code") is not None):
         code = p.get("exit_code")
         sig = signal_name(code)
-        return f"exited {code}" + (f" ({sig})" if sig else "")
+        return f"{state} {code}" + (f" ({sig})" if sig else "")
     if p.get("zombies"):
         return f"{state} +{p['zombies']} zombie"
     return state

@@ -22,10 +22,12 @@ from typing import Any, Callable, Iterable
 import invoke
 import paramiko
 
+from fabtrain.node import bundle
 from fabtrain.remote import hostkeys
 from fabtrain.config.cluster import Node
 
-NODE_OPS_SOURCE = (Path(__file__).parent.parent / "node" / "ops.py").read_text()
+# node ops and the node modules they import, as one program text (fabtrain/node/bundle.py)
+NODE_OPS_SOURCE = bundle.source()
 SENTINEL = "@@fabtrain-reply@@"
 _BOOTSTRAP = "import base64,sys,zlib;exec(zlib.decompress(base64.b64decode(sys.argv.pop(1))))"
 _NODE_OPS_PACKED = base64.b64encode(zlib.compress(NODE_OPS_SOURCE.encode(), 9)).decode()
