@@ -75,11 +75,10 @@ class Job:
         return json.loads((self.jd(node) / "run" / f"{name}.json").read_text())
 
     def program(self, node: str, name: str) -> int:
-        """The real program: the child of the sh wrapper recorded in run/<name>.json."""
-        wrapper = self.run(node, name)["pid"]
-        kids = [pid for pid in pids() if ppid(pid) == wrapper]
-        assert kids, f"{name} on {node} has no program under wrapper {wrapper}"
-        return kids[0]
+        """The pid fabtrain shows: the program its launcher started (run/<name>.json's program_pid)."""
+        pid = wait_for(lambda: self.run(node, name).get("program_pid"), timeout=5)
+        assert pid and ppid(pid) == self.run(node, name)["pid"], f"{name} on {node}: no program under its launcher"
+        return pid
 
     def agent(self, node: str) -> int:
         return self.program(node, "agent")
