@@ -66,7 +66,7 @@ def measure(path: Path, repeat: int) -> dict[str, list[float]]:
             found = preflight.network_check(auto)
             assert found.ok, found.problems
         runs["check+"].append(timed(check_auto))
-        runs["start"].append(timed(lambda: preflight.prepare_start(s, "bench")))
+        runs["start"].append(timed(lambda: preflight.prepare_start(s, "bench", ("pserver",))))
     s.close()
     auto.close()
     return runs

@@ -60,7 +60,7 @@ FIELDS: dict[str, set[str]] = {
     "job.pserver": {"port", "ports_num", "ports_num_for_sparse", "per_node", "command"},
     "job.trainer": {"per_node", "command", "use_gpu", "trainer_count"},
     "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq", "max_extract_mb", "max_expansion"},
-    "job.watchdog": {"enabled", "interval", "hang_timeout", "grace", "on_failure", "port"},
+    "job.watchdog": {"enabled", "interval", "hang_timeout", "startup_timeout", "grace", "on_failure", "port"},
 }
 
 
@@ -129,6 +129,8 @@ class WatchdogSpec:
     enabled: bool = True
     interval: float = 1.0
     hang_timeout: float = 120.0
+    # Before its first metrics record a process may take this long to start, and every node must join.
+    startup_timeout: float = 600.0
     grace: float = 5.0  # seconds between SIGTERM and SIGKILL
     on_failure: str = "kill-job"
     port: int | None = 7180  # the agents' shared store, on the first node
@@ -476,6 +478,8 @@ class _Parser:
             enabled=self.boolean(w.get("enabled", dw.enabled), "job.watchdog.enabled"),
             interval=self.number(w.get("interval", dw.interval), "job.watchdog.interval", 0.1, 3600),
             hang_timeout=self.number(w.get("hang_timeout", dw.hang_timeout), "job.watchdog.hang_timeout", 1, 7 * 86400),
+            startup_timeout=self.number(w.get("startup_timeout", dw.startup_timeout), "job.watchdog.startup_timeout",
+                                        1, 7 * 86400),
             grace=self.number(w.get("grace", dw.grace), "job.watchdog.grace", 0, 600),
             on_failure=self.choice(w.get("on_failure", dw.on_failure), "job.watchdog.on_failure", ON_FAILURE),
             port=self.port(w.get("port", dw.port), "job.watchdog.port"),

@@ -20,8 +20,9 @@ from fabtrain.controller import preflight, state
 from fabtrain.errors import UserError
 from fabtrain.plan.runtime import PACKAGE_ROOT, runtime_files, runtime_version
 from fabtrain.plan.plan import Network, Plan, configured_ports, make_plan, needed_ports, new_job_id
+from fabtrain.remote.rsync import rsync
 from fabtrain.remote.session import Session
-from fabtrain.remote.transport import NodeError, Reply, Transport
+from fabtrain.remote.transport import Reply, Transport
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 CODE_IDENTITY = ".fabtrain-code.json"  # beside the code on each node: which code it is
@@ -101,7 +102,7 @@ def provision(session: Session, venv: bool = False, wheelhouse: str | None = Non
 
     def one(t: Transport):
         if wheelhouse:
-            _rsync(t, [str(Path(wheelhouse).expanduser()) + "/"], t.node.workspace + "/wheelhouse")
+            rsync(t, [str(Path(wheelhouse).expanduser()) + "/"], t.node.workspace + "/wheelhouse")
         return t.call("provision", {"venv": venv, "wheelhouse": bool(wheelhouse), "requirements": reqs})
 
     return session.map(one)
@@ -138,11 +139,11 @@ def deploy(session: Session) -> list[Reply]:
         (Path(tmp) / CODE_IDENTITY).write_text(json.dumps(identity))
 
         def one(t: Transport):
-            stats = _rsync(t, [f"{source}/", f"{tmp}/{CODE_IDENTITY}"], t.node.workspace + "/code",
+            stats = rsync(t, [f"{source}/", f"{tmp}/{CODE_IDENTITY}"], t.node.workspace + "/code",
                            ["--delete", *excludes])
             # -R keeps each file's path below the /./ marker: fabtrain/node/... under runtime/<version>.
             runtime = [f"{PACKAGE_ROOT.parent}/./{rel}" for rel in runtime_files()]
-            _rsync(t, runtime, f"{t.node.workspace}/runtime/{runtime_version()}", ["-R"])
+            rsync(t, runtime, f"{t.node.workspace}/runtime/{runtime_version()}", ["-R"])
             return {**stats, "code": identity}
         return session.map(one)
 
@@ -181,36 +182,6 @@ def _never_shipped(path: Path, source: Path) -> bool:
     return any(p in (".git", ".venv", "venv", "__pycache__", ".fabtrain") for p in parts[:-1])
 
 
-def _rsync(t: Transport, sources: list[str], remote_dir: str, extra: list[str] = (), timeout: float = 3600) -> dict:
-    """One rsync to a directory on the node (made if missing), over the node's SSH settings."""
-    transport_args, dest = t.rsync_destination(remote_dir)
-    argv = ["rsync", "-a", "--stats", *transport_args, *extra, *sources, dest]
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        raise NodeError(f"{t.node.name}: rsync is not installed on this machine") from None
-    except subprocess.TimeoutExpired:
-        raise NodeError(f"{t.node.name}: rsync timed out after {timeout:g} s") from None
-    if out.returncode != 0:
-        raise NodeError(f"{t.node.name}: rsync failed: {rsync_reason(out.stderr, out.returncode)}")
-    stats = {}
-    for line in out.stdout.splitlines():
-        if line.startswith("Number of regular files transferred:"):
-            stats["files"] = int(line.split(":")[1].strip().replace(",", ""))
-        elif line.startswith("Total transferred file size:"):
-            stats["bytes"] = int(line.split(":")[1].split()[0].replace(",", ""))
-    return stats
-
-
-def rsync_reason(stderr: str, code: int) -> str:
-    """The one line of rsync/ssh's stderr that says what went wrong."""
-    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in stderr:
-        return "HOST KEY CHANGED: ssh refused to connect (if the server was reinstalled: ssh-keygen -R)"
-    lines = [l.strip() for l in stderr.splitlines() if l.strip() and not l.startswith("@")]
-    useful = [l for l in lines if not l.startswith(("rsync: connection unexpectedly closed", "rsync error:"))]
-    return (useful or lines or [f"exit code {code}"])[0]
-
-
 # -- start ---------------------------------------------------------------------------
 
 
@@ -243,7 +214,7 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
     # The agents' coordinator only listens to beats that carry the job's secret.
     secret = previous.get("secret") if job_id == previous.get("job_id") else None
     secret = secret or secrets.token_hex(16)
-    network = _start_network(session, job_id, previous)
+    network = _start_network(session, job_id, previous, roles)
     plan = make_plan(cluster, job_id, resume_from=resume_from, secret=secret, network=network)
     targets = [n for n in plan.nodes if any(p.role in roles for p in n.processes)]
 
@@ -260,25 +231,25 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
     return StartResult(job_id, plan, replies)
 
 
-def _start_network(session: Session, job_id: str, previous: dict) -> Network:
+def _start_network(session: Session, job_id: str, previous: dict, roles: tuple[str, ...]) -> Network:
     """The job's ports and interfaces. A new job: one probe fan-out, which refuses a
     taken fixed port before anything starts and chooses the `auto` ones. Trainers
     joining a job's pservers take what it started with: job.json must not change."""
     if job_id != previous.get("job_id"):
-        return preflight.prepare_start(session, job_id)
+        return preflight.prepare_start(session, job_id, roles)
     if isinstance(previous.get("network"), dict):
         return Network.from_dict(previous["network"])
     if any(configured_ports(session.cluster)[k] is None for k in needed_ports(session.cluster)):
         raise UserError(f"job {job_id}: its auto ports are not in this controller's state: "
                         "fab kill-all, then start the job again")
-    return preflight.prepare_start(session, job_id)
+    return preflight.prepare_start(session, job_id, roles)
 
 
 # -- status, logs, kill-all -----------------------------------------------------------------
 
 
-def status(session: Session, job_id: str | None = None, health: bool = False) -> list[Reply]:
-    return session.map(lambda t: t.call("status", {"job_id": job_id, "health": health}, timeout=60))
+def status(session: Session, job_id: str | None = None, health: bool = False, timeout: float = 60) -> list[Reply]:
+    return session.map(lambda t: t.call("status", {"job_id": job_id, "health": health}, timeout=timeout))
 
 
 def logs(session: Session, lines: int = 20, follow: bool = False, job_id: str | None = None, out=None) -> list[Reply]:

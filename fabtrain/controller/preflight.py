@@ -226,8 +226,13 @@ def _node_findings(cluster: Cluster, replies: dict[str, Reply], starting: bool) 
     return problems, notes
 
 
-def assess(cluster: Cluster, network: Network, replies: dict[str, Reply], starting: bool = False) -> NetworkCheck:
+def assess(cluster: Cluster, network: Network, replies: dict[str, Reply], starting: bool = False,
+           hosts: set[str] | None = None) -> NetworkCheck:
+    """The verdict on a netcheck fan-out; `hosts`: judge only the ports these nodes hold."""
     uses = port_uses(cluster, network.ports)
+    if hosts is not None:
+        replies = {n: r if n in hosts or not r.ok else Reply(n, True, {**r.value, "listen": []})
+                   for n, r in replies.items()}
     problems, notes = _node_findings(cluster, replies, starting)
     listen_problems, listen_notes, closed = _listen_findings(cluster, uses, replies, starting)
     problems += clashes(uses) + listen_problems
@@ -267,20 +272,26 @@ def _auto_collides(network: Network, replies: dict[str, Reply]) -> bool:
                for name, r in replies.items() if r.ok for e in r.value["listen"])
 
 
-def probe(session: Session, job_id: str | None) -> tuple[Network, NetworkCheck]:
-    """One fan-out, nothing listened on for long: the Network of a job about to start, and what was found."""
+def probe(session: Session, job_id: str | None, hosts: set[str] | None = None) -> tuple[Network, NetworkCheck]:
+    """One fan-out, nothing listened on for long: the Network of a job about to start, and what was found
+    (about the ports that `hosts` hold; all when None)."""
     cluster = session.cluster
     configured = configured_ports(cluster)
     replies = _fan_out(session, _payloads(cluster, port_uses(cluster, configured), False, job_id,
                                           secrets.token_hex(8)))
     network = choose_ports(cluster, replies)
-    return network, assess(cluster, network, replies, starting=True)
+    return network, assess(cluster, network, replies, starting=True, hosts=hosts)
 
 
-def prepare_start(session: Session, job_id: str) -> Network:
-    """Before a start: refuse (one line per node and port) when a fixed port is taken;
-    choose the `auto` ports; find each node's interface."""
-    network, found = probe(session, job_id)
+def prepare_start(session: Session, job_id: str, roles: tuple[str, ...]) -> Network:
+    """Before a start: refuse (one line naming node and port) when a fixed port that this
+    step's nodes will hold is taken; choose the `auto` ports; find each node's interface.
+
+    Only this step's nodes: the watchdog's port on a first node that runs only
+    trainers is bound by start-trainers, and checked there by its agent (the
+    coordinator refuses a port someone holds, in one line)."""
+    hosts = {n.name for n in session.cluster.nodes if set(n.roles) & set(roles)}
+    network, found = probe(session, job_id, hosts)
     if found.problems:
         more = f" (and {len(found.problems) - 1} more)" if len(found.problems) > 1 else ""
         raise UserError(f"{found.problems[0]}{more}; nothing was started (fab check shows every port)")
@@ -311,6 +322,7 @@ def recorded_ports(cluster_name: str, job_id: str | None) -> dict | None:
 class Bandwidth:
     """A short all-reduce across the nodes: what the bus carried, and the slowest link."""
     nodes: list[str]
+    rendezvous: str = ""  # rank 0's address:port, where the ranks met
     backend: str = ""
     bytes: int = 0
     seconds: float = 0.0  # one all-reduce, the slowest rank's
@@ -344,6 +356,7 @@ def bandwidth(session: Session, check: NetworkCheck, probes: dict[str, dict], si
     backend = "nccl" if all((probes.get(n.name) or {}).get("gpus") for n in up) else "gloo"
     port = _free_port(_busy(check.replies).get(up[0].name, set()), {p for u in check.uses for p in u.ports})
     env = dict(cluster.job.env)
+    result.rendezvous = f"{up[0].address}:{port}"
 
     def one(t):
         rank = [n.name for n in up].index(t.node.name)

@@ -28,6 +28,8 @@ import socket
 import struct
 import time
 
+from fabtrain.node import procfs
+
 SIOCGIFCONF = 0x8912
 SIOCGIFNETMASK = 0x891B
 TCP_TIME_WAIT = "06"
@@ -178,17 +180,9 @@ def busy_ports(lo, hi, sockets=None):
                    if lo <= port <= hi and state != TCP_TIME_WAIT})
 
 
-def _read(path, limit=1 << 16):
-    try:
-        with open(path, "rb") as f:
-            return f.read(limit)
-    except OSError:
-        return b""
-
-
 def process_marker(pid):
     """(workspace, job id) of a fabtrain job process, from its environment, else (None, None)."""
-    env = dict(kv.split(b"=", 1) for kv in _read("/proc/%d/environ" % pid, 1 << 20).split(b"\0") if b"=" in kv)
+    env = procfs.environ(pid)
     ws, job = env.get(b"FABTRAIN_WORKSPACE"), env.get(b"FABTRAIN_JOB_ID")
     return (ws.decode("utf-8", "replace") if ws else None), (job.decode("utf-8", "replace") if job else None)
 
@@ -200,10 +194,8 @@ def port_owner(port):
     if not inodes:
         return {}
     wanted = {"socket:[%s]" % i for i in inodes}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        fd_dir = "/proc/%s/fd" % name
+    for pid in procfs.pids():
+        fd_dir = "/proc/%d/fd" % pid
         try:
             fds = os.listdir(fd_dir)
         except OSError:
@@ -211,14 +203,14 @@ def port_owner(port):
         for fd in fds:
             try:
                 if os.readlink(os.path.join(fd_dir, fd)) in wanted:
-                    return _describe(int(name))
+                    return _describe(pid)
             except OSError:
                 continue
     return {}
 
 
 def _describe(pid):
-    command = _read("/proc/%d/cmdline" % pid).replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    command = " ".join(procfs.cmdline(pid))
     ws, job = process_marker(pid)
     return {"pid": pid, "command": command[:160], "workspace": ws, "job_id": job}
 
@@ -231,9 +223,9 @@ def claimed_ports(own_workspace, own_job):
     everyone's for root). [{"port", "count", "what", "workspace", "job_id"}].
     """
     jobs = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != os.getpid():
-            ws, job = process_marker(int(name))
+    for pid in procfs.pids():
+        if pid != os.getpid():
+            ws, job = process_marker(pid)
             if ws and job and (ws, job) != (own_workspace, own_job):
                 jobs.add((ws, job))
     claims = []

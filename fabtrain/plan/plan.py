@@ -17,16 +17,13 @@ from dataclasses import asdict, dataclass, field
 
 from fabtrain.config.cluster import Cluster, Node
 from fabtrain.plan.runtime import runtime_dir
+from fabtrain.node import launch
 
-LAUNCH_WRAPPER = (
-    # The sh wrapper is the session leader; the program is its child. It exists
-    # so the exit code survives the SSH session that started the job (nobody
-    # else can wait() for it), written atomically when the program ends.
-    'stdbuf -oL -eL "$@"; rc=$?; '
-    'echo $rc > "$FABTRAIN_EXIT_FILE.tmp" && mv -f "$FABTRAIN_EXIT_FILE.tmp" "$FABTRAIN_EXIT_FILE"; '
-    "exit $rc"
-)
-LAUNCH_PREFIX = ("setsid", "nohup", "sh", "-c", LAUNCH_WRAPPER, "fabtrain-run")
+
+
+def launch_argv(python: str, job_id: str, exit_path: str, argv, subreaper: bool = True) -> list[str]:
+    """A process's start: the launcher (fabtrain/node/launch.py, written into the job directory) and its argv."""
+    return launch.command(python, f"$WS/jobs/{job_id}", exit_path, argv, subreaper=subreaper)
 
 
 @dataclass(frozen=True)
@@ -41,9 +38,10 @@ class ProcessPlan:
     run: str
     exit: str
     metrics: str
+    launch: tuple[str, ...] = ()  # the launcher's argv, then `argv`
 
     def launch_argv(self) -> list[str]:
-        return [*LAUNCH_PREFIX, *self.argv]
+        return list(self.launch)
 
 
 @dataclass(frozen=True)
@@ -94,7 +92,10 @@ class Plan:
             # Which ports the job holds, so a later start (any cluster on this machine) leaves them alone.
             "ports": {**self.ports, "auto": list(self.auto_ports)},
             "listens": [[u.port, u.count, u.what, u.address] for u in self.listens if u.node == n.node],
-            "processes": [asdict(p) | {"argv": list(p.argv), "launch": p.launch_argv()} for p in n.processes],
+            # What the agent must know, so it guesses nothing from PADDLE_* or WORLD_SIZE.
+            "trainers": sum(1 for m in self.nodes for p in m.processes if p.role == "trainer"),
+            "agent": self.agent_process(node),
+            "processes": [asdict(p) | {"argv": list(p.argv), "launch": list(p.launch)} for p in n.processes],
         }
 
     def agent_process(self, node: str) -> dict:
@@ -105,9 +106,11 @@ class Plan:
                "FABTRAIN_RANK": str(n.node_index), "FABTRAIN_WORKSPACE": "$WS",
                "FABTRAIN_EXIT_FILE": f"{job_dir}/run/agent.exit", "PYTHONUNBUFFERED": "1"}
         argv = [n.python, "-m", "fabtrain.node.agent", job_dir]
+        # No subreaper: the agent's keeper must outlive the agent, not be held by its launcher.
+        start = launch_argv(n.python, self.job_id, f"{job_dir}/run/agent.exit", argv, subreaper=False)
         return {"name": "agent", "role": "agent", "rank": n.node_index, "argv": argv,
                 # The agent runs from fabtrain's own runtime, never from the user's code.
-                "launch": [*LAUNCH_PREFIX, *argv], "env": env, "cwd": runtime_dir(),
+                "launch": start, "env": env, "cwd": runtime_dir(),
                 "log": f"{job_dir}/logs/agent.log", "run": f"{job_dir}/run/agent.json",
                 "exit": f"{job_dir}/run/agent.exit", "metrics": ""}
 
@@ -321,19 +324,23 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
         node_plans.append(NodePlan(node=node.name, node_index=index, host=node.host, address=node.address,
                                    workspace=node.workspace, python=node.python, processes=tuple(procs)))
 
-    w = job.watchdog
+    return Plan(job_id=job_id, cluster=cluster.name, mode=job.mode, sgd=job.sgd, nodes=tuple(node_plans),
+                watchdog=_watchdog(cluster, secret, ports["watchdog_port"]), pserver_endpoints=pserver_endpoints,
+                master=f"{master.address}:{master_port}",
+                ports=ports, auto_ports=network.auto if network else (), listens=tuple(port_uses(cluster, ports)))
+
+
+def _watchdog(cluster: Cluster, secret: str | None, port: int | None) -> dict:
+    w = cluster.job.watchdog
     watchdog = {
         "enabled": w.enabled, "interval": w.interval, "hang_timeout": w.hang_timeout, "grace": w.grace,
-        "on_failure": w.on_failure,
+        "startup_timeout": w.startup_timeout, "on_failure": w.on_failure,
         # The agents' shared view of the job lives with the first node's agent.
-        "coordinator": {"host": cluster.nodes[0].address, "port": ports["watchdog_port"]},
+        "coordinator": {"host": cluster.nodes[0].address, "port": port},
     }
     if secret:
         watchdog["coordinator"]["secret"] = secret
-    return Plan(job_id=job_id, cluster=cluster.name, mode=job.mode, sgd=job.sgd, nodes=tuple(node_plans),
-                watchdog=watchdog, pserver_endpoints=pserver_endpoints,
-                master=f"{master.address}:{master_port}",
-                ports=ports, auto_ports=network.auto if network else (), listens=tuple(port_uses(cluster, ports)))
+    return watchdog
 
 
 def _data_dir(cluster: Cluster) -> str:
@@ -421,8 +428,9 @@ def _process(cluster: Cluster, node: Node, role: str, rank: int, command: str, v
     if os.path.isabs(node.python) or node.python.startswith("~/"):
         # `python` in a command means the cluster's interpreter (its venv's bin first).
         env["PATH"] = f"{os.path.dirname(node.python)}:$PATH"
-    return ProcessPlan(name=name, role=role, rank=rank, argv=tuple(fill_placeholders(command, values)),
-                       env=env, cwd=f"$WS/jobs/{job_id}/code", **paths)
+    argv = tuple(fill_placeholders(command, values))
+    return ProcessPlan(name=name, role=role, rank=rank, argv=argv, env=env, cwd=f"$WS/jobs/{job_id}/code", **paths,
+                       launch=tuple(launch_argv(node.python, job_id, paths["exit"], argv)))
 
 
 def fill_placeholders(command: str, values: dict) -> list[str]:
