@@ -649,5 +649,8 @@ class UserFacing(Exception):
     """A refusal to report as one line, not a crash."""
 
 
+from fabtrain.node import history  # noqa: E402  (it reads jobs with the helpers above)
+
 OPS = {"probe": op_probe, "provision": op_provision, "start": op_start, "status": op_status,
-       "logs": op_logs, "kill": op_kill, "verify": op_verify, "collect": op_collect}
+       "logs": op_logs, "kill": op_kill, "verify": op_verify, "collect": op_collect,
+       "jobs": history.op_jobs, "job": history.op_job}
