@@ -60,7 +60,7 @@ def _trainer_last(entries: dict[str, dict]) -> dict[str, dict]:
     out = {}
     for entry in entries.values():
         for name, rec in (entry.get("last_metrics") or {}).items():
-            if isinstance(rec, dict) and isinstance(name, str):
+            if isinstance(rec, dict) and isinstance(name, str) and name.startswith("trainer"):
                 out[name] = {k: rec[k] for k in SERIES_KEYS if records.finite(rec.get(k))}
     return out
 
