@@ -229,13 +229,11 @@ def parse_cluster(doc: Any, path: str = DEFAULT_CLUSTER_FILE) -> Cluster:
     return _Parser(path).cluster(doc)
 
 
-class _Parser:
-    """Walks the YAML document; every check knows the dotted field it is on."""
+class _Checks:
+    """The errors and the primitive checks of one value; each knows the dotted field it is on."""
 
     def __init__(self, path: str):
         self.path = path
-
-    # -- errors and primitive checks -------------------------------------------------
 
     def fail(self, where: str, problem: str) -> UserError:
         return UserError(f"{self.path}: {where}: {problem}")
@@ -320,7 +318,9 @@ class _Parser:
                     raise self.fail(where, f"unknown placeholder {{{name}}}; known: {', '.join('{%s}' % p for p in sorted(PLACEHOLDERS))}")
         return cmd
 
-    # -- the document -----------------------------------------------------------------
+
+class _Parser(_Checks):
+    """Walks the YAML document; every check knows the dotted field it is on."""
 
     def cluster(self, doc: Any) -> Cluster:
         if doc is None:
