@@ -84,7 +84,10 @@ def start_text(result: StartResult, roles: tuple[str, ...]) -> str:
             out.append(f"{r.node}: {f['name']} exited at once with code {f['exit_code']}: {' | '.join(f['log'])}")
         for w in r.value["warnings"]:
             out.append(f"{r.node}: warning: {w}")
-    out.append(f"job {result.job_id}: {' and '.join(roles)} started")
+    if result.complete:
+        out.append(f"job {result.job_id}: {' and '.join(roles)} started")
+    else:
+        out.append(f"job {result.job_id}: {' and '.join(roles)} NOT started on every node (see above)")
     return "\n".join(out)
 
 
