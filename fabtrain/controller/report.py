@@ -94,6 +94,8 @@ def start_text(result: StartResult, roles: tuple[str, ...]) -> str:
 def process_state_text(p: dict) -> str:
     if p["state"] == "exited":
         return f"exited ({p.get('exit_code')})"
+    if p["state"] == "killed" and p.get("signal"):
+        return f"killed ({p['signal']})"
     if p.get("zombies"):
         return f"{p['state']} +{p['zombies']} zombie"
     return p["state"]
@@ -220,6 +222,8 @@ def kill_text(replies: list[Reply]) -> tuple[str, bool]:
             out.append(f"{r.node}: killed {what}")
         else:
             out.append(f"{r.node}: nothing running")
+        for record in r.value.get("untrusted") or []:
+            out.append(f"{r.node}: ignored run record {record}: not a process of this workspace's jobs")
         if r.value["left"]:
             out.append(f"{r.node}: STILL ALIVE: pids {', '.join(map(str, r.value['left']))}")
             clean = False

@@ -22,7 +22,7 @@ import sys
 import time
 
 from fabtrain.node import atomic, launch, procfs
-from fabtrain.node.agent.supervisor import family, send, stop_all
+from fabtrain.node.agent.supervisor import family, send, stop_all, trusted
 from fabtrain.node.states import ProcessState, decide, signame, signal_of
 
 SENTINEL = "@@fabtrain-reply@@"
@@ -51,6 +51,41 @@ def tail_lines(path, n, max_bytes=65536):
 
 def workspace(payload):
     return os.path.abspath(os.path.expanduser(payload["workspace"]))
+
+
+def check_workspace(ws):
+    """Refuse a workspace another user could tamper with (sshd's StrictModes, for fabtrain's records).
+
+    The workspace and every directory above it must belong to this user or
+    root, and none may be writable by group or others -- unless it is a
+    root-owned sticky directory such as /tmp, where nobody can replace our entries.
+    """
+    me = os.getuid()
+    path = ws
+    while True:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None:
+            if st.st_uid not in (me, 0):
+                raise UserFacing("workspace %s: %s belongs to uid %d, not to this user (uid %d) or root"
+                                 % (ws, path, st.st_uid, me))
+            sticky_root = st.st_uid == 0 and st.st_mode & 0o1000 and path != ws
+            if st.st_mode & 0o022 and not sticky_root:
+                raise UserFacing("workspace %s: %s is writable by group or others (chmod go-w %s)" % (ws, path, path))
+        parent = os.path.dirname(path)
+        if parent == path:
+            return
+        path = parent
+
+
+def make_private_dirs(*paths):
+    """Directories only this user can enter (0700), made if missing, tightened if not."""
+    for path in paths:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        if os.stat(path).st_mode & 0o077:
+            os.chmod(path, 0o700)
 
 
 def job_dir(ws, job_id=None):
@@ -171,7 +206,10 @@ def op_probe(payload):
 
 def op_provision(payload):
     ws = workspace(payload)
-    for sub in ("code", "data", "jobs", "checkpoints"):
+    os.umask(0o077)
+    check_workspace(ws)
+    make_private_dirs(ws, os.path.join(ws, "jobs"))
+    for sub in ("code", "data", "checkpoints"):
         os.makedirs(os.path.join(ws, sub), exist_ok=True)
     result = {"workspace": ws, "venv": None}
     if payload.get("venv"):
@@ -247,8 +285,10 @@ def op_start(payload):
     job = payload["job"]
     ws = workspace(job)
     jd = os.path.join(ws, "jobs", job["job_id"])
-    for sub in ("logs", "run", "metrics"):
-        os.makedirs(os.path.join(jd, sub), exist_ok=True)
+    # Logs, metrics, events, health and run records: this user's only (the programs inherit the umask).
+    os.umask(0o077)
+    check_workspace(ws)
+    make_private_dirs(ws, os.path.join(ws, "jobs"), jd, *(os.path.join(jd, sub) for sub in ("logs", "run", "metrics")))
 
     # Refuse to start over a running job unless told (`--force` kills it first on the controller side).
     procs = procfs.scan()
@@ -380,15 +420,6 @@ def op_logs(payload):
         time.sleep(0.2)
 
 
-def trusted(record, procs, ws):
-    """A run record may be signalled: its pid is alive, started when the record says, leads its own
-    process group, and carries this workspace's job marker (a planted or stale record names none of ours)."""
-    pid = record.get("pid")
-    p = procs.get(pid) if isinstance(pid, int) else None
-    return (p is not None and not p.dead and p.is_(record.get("create_time")) and p.pgid == record.get("pgid") == pid
-            and procfs.carries(procfs.environ_raw(pid), procfs.marker(ws)))
-
-
 def kill_targets(ws, records, skip):
     """Everything of the workspace's jobs alive now: {pid: what it is}; launchers apart (they go by themselves)."""
     procs = procfs.scan()
@@ -427,8 +458,9 @@ def op_kill(payload):
         for name, record in run_records(os.path.join(jobs_root, job_id)):
             if trusted(record, procs, ws):
                 records.append((job_id, record))
-            elif procfs.alive(record["pid"], None, procs) and record["pid"] not in skip:
-                untrusted.append("%s/%s (pid %d)" % (job_id, name, record["pid"]))
+            elif procfs.alive(record["pid"], record.get("create_time"), procs) and record["pid"] not in skip:
+                # A live process that is not ours (no job marker, or not leading its group): never signalled.
+                untrusted.append("jobs/%s/run/%s.json (pid %d)" % (job_id, name, record["pid"]))
     described = {}
 
     def find():
