@@ -75,9 +75,9 @@ def check(c):
 
 @fabtask
 def deploy(c):
-    """Sync this project's code to <workspace>/code on every node (rsync)."""
+    """Ship this project's code (job.code) and fabtrain's node runtime to every node (rsync)."""
     replies = lifecycle.deploy(session(c))
-    text, failed = replies_text(replies, lambda v: f"code synced ({v.get('files', 0)} files sent)")
+    text, failed = replies_text(replies, lambda v: f"code {report.code_text(v['code'])} synced ({v.get('files', 0)} files sent)")
     print(text)
     fail_if(failed, "deploy failed on some nodes")
 
@@ -97,7 +97,7 @@ def copy_data(c, bwlimit=None):
                                  bwlimit=int(bwlimit) if bwlimit else None)
     text, failed = replies_text(replies, lambda v: (
         "shared data verified" if v.shared else
-        f"{v.files} files verified, {len(v.sent)} sent ({v.bytes_sent} bytes)" if v.sent else
+        f"{v.files} files verified, {len(v.sent)} sent ({v.bytes_sent} bytes, {v.wire_bytes} over the wire)" if v.sent else
         f"{v.files} files already in place and verified, nothing sent"))
     print(text)
     fail_if(failed, "copy-data failed on some nodes")

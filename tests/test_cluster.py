@@ -1,4 +1,5 @@
 """cluster.yaml: every mistake ends in one line naming file, field and problem; exit 2."""
+import json
 import os
 import subprocess
 import sys
@@ -45,7 +46,8 @@ def test_good_file_parses_with_defaults():
     c = parse_cluster(doc(), "x.yaml")
     assert [n.name for n in c.nodes] == ["n0", "n1"]
     assert c.nodes[1].ssh.port == 2200 and c.nodes[0].ssh.port is None
-    assert c.nodes[1].workspace == "/data/fabtrain" and c.nodes[0].workspace == "~/.fabtrain/c1"
+    # A node's own workspace, else its own folder under the cluster's workspace.
+    assert c.nodes[1].workspace == "/data/fabtrain" and c.nodes[0].workspace == "~/.fabtrain/c1/n0"
     assert c.trainer_count == 2 and c.pserver_count == 1
     assert c.nodes[0].python == sys.executable  # a local node runs fab's own interpreter
     assert c.nodes[1].python == "python3" and c.nodes[1].address == "10.1.9.8"
@@ -107,11 +109,13 @@ BAD = [
     ({"job__watchdog": {"interval": 0}}, "job.watchdog.interval", "between"),
     ({"job__env": {"BAD-NAME": "1"}}, "job.env.BAD-NAME", "not a valid environment variable"),
     ({"job__data": {"dir": "data; rm -rf ~"}}, "job.data.dir", "not a valid path"),
+    ({"job__data": {"max_extract_mb": 0}}, "job.data.max_extract_mb", "between 1 and"),
+    ({"job__data": {"max_expansion": 0.5}}, "job.data.max_expansion", "between 1 and"),
     ({"nodes": "n0,n1"}, "nodes", "must be a list"),
     ({"nodes": []}, "nodes", "at least one node"),
     ({"nodes__1": "n1"}, "nodes[1]", "must be a mapping"),
     ({"job__mode": "collective"}, "nodes[0].roles", "collective"),
-    ({"nodes__1__host": "local", "nodes__1__workspace": "~/.fabtrain/c1"}, "nodes.n1.workspace", "own workspace"),
+    ({"nodes__1__host": "local", "nodes__1__workspace": "~/.fabtrain/c1/n0"}, "nodes.n1.workspace", "own workspace"),
 ]
 
 
@@ -173,3 +177,106 @@ def test_fab_prints_one_line_and_exits_2_without_traceback(tmp_path, content, wo
     assert len(lines) == 1, out.stderr
     assert str(p) in lines[0] and words in lines[0]
     assert "Traceback" not in out.stderr + out.stdout
+
+
+# -- hostile files: each ends in one line through the real `fab plan`, never a traceback ---------
+
+GOOD_TEXT = "cluster: {name: x}\nnodes: [{name: a, host: local, roles: [pserver, trainer]}]\njob: {mode: pserver}\n"
+
+
+def _laughs(levels=9):
+    """A few hundred bytes that alias into 10**levels list items (the "billion laughs")."""
+    v = "&a0 [1,1,1,1,1,1,1,1,1,1]"
+    for i in range(1, levels):
+        v = f"&a{i} [{v}" + f", *a{i - 1}" * 9 + "]"
+    return v
+
+
+HOSTILE = [
+    ("cluster: " + "[" * 5000 + "]" * 5000 + "\n", "line 1, column 73: nested more than 64 levels deep"),
+    ("cluster: {name: x}\nnodes: [{name: a, host: local, roles: [pserver, trainer]}]\n"
+     "job:\n  pserver:\n    port: " + "9" * 5000 + "\n", "line 5, column 11: port: a number 5000 characters long"),
+    (GOOD_TEXT.replace("job: {mode: pserver}", "job: {pserver: {port: 0x" + "f" * 99 + "}}"), "port: a number 101 characters long"),
+    ("cluster: {name: x}\njob: {mode: pserver}\ndist_ips: " + _laughs() + "\n", "dist_ips: must be a string"),
+    (GOOD_TEXT.replace("job: {mode: pserver}", "job: {mode: " + _laughs() + "}"), "job.mode: must be one of pserver, collective, got a list"),
+    (GOOD_TEXT + "cluster: {name: y}\n", "line 4, column 1: duplicate key 'cluster' (first given on line 1)"),
+]
+
+
+@pytest.mark.parametrize("content,words", HOSTILE, ids=["deep", "long-port", "hex-port", "laughs-dist-ips", "laughs-choice",
+                                                        "duplicate-top"])
+def test_hostile_cluster_file_is_one_line_from_fab_plan(tmp_path, content, words):
+    p = tmp_path / "c.yaml"
+    p.write_text(content)
+    out = subprocess.run([FAB, "plan"], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "FABTRAIN_CLUSTER": str(p)})
+    assert "Traceback" not in out.stderr + out.stdout, out.stderr[-2000:]
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and len(lines[0]) < 400, out.stderr[-2000:]
+    assert lines[0].startswith(f"fab plan: {p}: ") and words in lines[0], lines[0]
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(GOOD_TEXT.replace("cluster: {name: x}", "cluster:\n  name: x\n  ssh:\n"
+                                   "    host_key_policy: strict\n    host_key_policy: accept-new"))
+    with pytest.raises(UserError) as e:
+        load_cluster(p)
+    assert str(e.value) == f"{p}: line 5, column 5: duplicate key 'host_key_policy' (first given on line 4)"
+
+
+def test_a_merge_key_may_be_overridden_and_equal_keys_in_other_mappings_are_fine(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("cluster: {name: x}\n"
+                 "nodes:\n"
+                 "  - &base {name: a, host: local, roles: [pserver, trainer], workspace: /w/a}\n"
+                 "  - <<: *base\n"
+                 "    name: b\n"
+                 "    workspace: /w/b\n"
+                 "job: {mode: pserver}\n")
+    c = load_cluster(p)
+    assert [(n.name, n.workspace) for n in c.nodes] == [("a", "/w/a"), ("b", "/w/b")]
+
+
+# A value that starts with "-" would be an option to ssh, rsync or python (-oProxyCommand=...).
+DASHED = [
+    ("cluster:\n  name: x\n  workspace: -oProxyCommand=x", "cluster.workspace: '-oProxyCommand=x' must not start with '-'"),
+    ("cluster:\n  name: x\n  python: -c", "cluster.python: '-c' must not start with '-'"),
+    ("cluster:\n  name: x\n  ssh: {known_hosts: -oProxyCommand=x}", "cluster.ssh.known_hosts: '-oProxyCommand=x' must not start"),
+    ("cluster:\n  name: x\n  ssh: {key: -oProxyCommand=x}", "cluster.ssh.key: '-oProxyCommand=x' must not start"),
+    ("cluster:\n  name: x\n  ssh: {user: -oProxyCommand=x}", "cluster.ssh.user: '-oProxyCommand=x' is not a valid user name"),
+    ("cluster: {name: -x}", "cluster.name: '-x' is not a valid name"),
+    ("cluster: {name: x}\ndist_ips: '-oProxyCommand=x'", "dist_ips[0]: '-oProxyCommand=x' is not a valid host"),
+]
+NODE_DASHED = [
+    ("workspace", "nodes[0].workspace: '-oProxyCommand=x' must not start with '-'"),
+    ("python", "nodes[0].python: '-oProxyCommand=x' must not start with '-'"),
+    ("host", "nodes[0].host: '-oProxyCommand=x' is not a valid host"),
+    ("address", "nodes[0].address: '-oProxyCommand=x' is not a valid address"),
+    ("user", "nodes[0].user: '-oProxyCommand=x' is not a valid user name"),
+]
+
+
+@pytest.mark.parametrize("text,words", DASHED + [
+    ("cluster: {name: x}\nnodes: " + json.dumps([{"name": "a", "host": "local", "roles": ["pserver", "trainer"],
+                                                   field: "-oProxyCommand=x"}]), words)
+    for field, words in NODE_DASHED] + [
+    ("cluster: {name: x}\nnodes: [{name: a, host: local, roles: [pserver, trainer]}]\njob: {data: {dir: -oProxyCommand=x}}",
+     "job.data.dir: '-oProxyCommand=x' must not start with '-'")],
+    ids=[w.split(":")[0] for _, w in DASHED] + [w.split(":")[0] for _, w in NODE_DASHED] + ["job.data.dir"])
+def test_a_leading_dash_is_refused_wherever_a_value_reaches_a_command_line(tmp_path, text, words):
+    p = tmp_path / "c.yaml"
+    if "nodes" not in text and "dist_ips" not in text:
+        text += "\nnodes: [{name: a, host: local, roles: [pserver, trainer]}]"
+    p.write_text(text + ("\njob: {mode: pserver}\n" if "job:" not in text else "\n"))
+    out = subprocess.run([FAB, "plan"], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "FABTRAIN_CLUSTER": str(p)})
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"fab plan: {p}: {words}"), out.stderr
+
+
+def test_a_dash_inside_a_path_is_fine():
+    c = parse_cluster(doc(cluster__workspace="./-ws", nodes__1__workspace="/data/-x/ws"), "x.yaml")
+    assert c.nodes[0].workspace == "./-ws/n0" and c.nodes[1].workspace == "/data/-x/ws"

@@ -2,7 +2,7 @@
 
 The job is synthetic (tests.synthetic writes the node files, with live
 `sleep` stand-ins for running processes) on three local nodes, plus one SSH
-node that refuses connections, so the collector, node_ops `collect` and the
+node that refuses connections, so the collector, node ops `collect` and the
 views are all real. The browser tests are in test_dashboard_browser.py.
 """
 from __future__ import annotations
@@ -109,35 +109,44 @@ ENDPOINTS = ["/api/cluster", "/api/job", "/api/metrics", "/api/events", "/api/lo
 # -- the token, CSRF and Host guards ------------------------------------------------------------
 
 
-def test_page_trades_the_token_for_a_strict_httponly_cookie(client):
-    r = get(client, "/", headers=None)
-    assert r.status_code == 401 and b"fab dashboard printed" in r.data
-    assert get(client, "/?token=wrong", headers=None).status_code == 403
-
-    r = get(client, f"/?token={TOKEN}", headers=None)
-    assert r.status_code == 303 and r.headers["Location"] == "/"  # the token leaves the address bar
-    cookie = r.headers["Set-Cookie"]
-    assert cookie.startswith(f"fabtrain_token={TOKEN}") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
-
-    r = get(client, "/", headers=None)  # the test client kept the cookie
-    assert r.status_code == 200
+def test_the_page_is_code_without_data_and_a_token_in_its_url_must_be_right(client):
+    r = get(client, "/", headers=None)  # a reload: the page takes its token from sessionStorage
+    assert r.status_code == 200 and "Set-Cookie" not in r.headers
     page = r.get_data(as_text=True)
+    assert TOKEN not in page and "testdash" not in page and "node1" not in page  # no secret, no data
     assert '<script src="/static/plotly.min.js"' in page and "cdn" not in page.lower()
     assert r.headers["X-Frame-Options"] == "DENY" and "frame-ancestors 'none'" in r.headers["Content-Security-Policy"]
+    assert r.headers["Referrer-Policy"] == "no-referrer"  # the ?token= URL never leaves as a Referer
+
+    r = get(client, f"/?token={TOKEN}", headers=None)  # the URL fab dashboard prints
+    assert r.status_code == 200 and "Set-Cookie" not in r.headers and TOKEN not in r.get_data(as_text=True)
+    r = get(client, "/?token=wrong", headers=None)
+    assert r.status_code == 403 and b"wrong token" in r.data
 
 
 @pytest.mark.parametrize("path", ENDPOINTS)
-def test_every_read_endpoint_needs_the_token(client, path):
+def test_every_read_endpoint_needs_the_token_in_a_header(client, path):
     r = get(client, path, headers=None)
     assert r.status_code == 401 and "token required" in r.get_json()["error"]
     r = get(client, path, headers={"Authorization": "Bearer nope"})
     assert r.status_code == 403 and r.get_json()["error"] == "wrong token"
+    assert get(client, path, headers={"X-Fabtrain-Token": "nope"}).status_code == 403
     assert get(client, path).status_code == 200  # Authorization: Bearer
-    assert get(client, f"{path}?token={TOKEN}", headers=None).status_code == 200  # ?token=
+    assert get(client, path, headers={"X-Fabtrain-Token": TOKEN}).status_code == 200
+    # The URL's token is for the first page load only, and no cookie is read: cookies ignore
+    # ports, so a cookie for 127.0.0.1 would reach every other web app on this machine.
+    assert get(client, f"{path}?token={TOKEN}", headers=None).status_code == 401
     client.set_cookie("fabtrain_token", TOKEN, domain="127.0.0.1")
-    assert get(client, path, headers=None).status_code == 200  # the cookie
-    client.set_cookie("fabtrain_token", "stale", domain="127.0.0.1")
-    assert get(client, path, headers=None).status_code == 403
+    assert get(client, path, headers=None).status_code == 401
+
+
+def test_a_big_body_is_refused_and_without_the_token_it_is_401_first(client, kills):
+    big = b"x" * (64 << 10)
+    r = post(client, "/api/kill", headers=None, data=big)
+    assert r.status_code == 401
+    r = post(client, "/api/kill", data=big)
+    assert r.status_code == 413 and "at most 16384" in r.get_json()["error"]
+    assert kills == []
 
 
 def test_static_files_need_no_token_and_plotly_comes_from_the_package(client):
@@ -163,7 +172,7 @@ def test_kill_needs_a_post_with_the_bearer_header(client, kills):
     # GET never changes state.
     r = get(client, "/api/kill")
     assert r.status_code == 405 and r.get_json()["error"] == "GET is not allowed on /api/kill" and kills == []
-    # The cookie (what a cross-site form would carry) is not enough, nor ?token=.
+    # Neither a cookie (what a cross-site form would carry) nor ?token= will do.
     client.set_cookie("fabtrain_token", TOKEN, domain="127.0.0.1")
     r = post(client, "/api/kill", headers=None)
     assert r.status_code == 401 and "Authorization: Bearer" in r.get_json()["error"]
@@ -291,7 +300,7 @@ def test_an_internal_error_is_json_without_a_traceback(world):
         def __getattr__(self, name):
             return getattr(world["collector"], name)
 
-        def job_state(self):
+        def snapshot(self):
             raise KeyError("boom")
 
     app = create_app({"COLLECTOR": Broken(), "DASHBOARD_TOKEN": TOKEN, "ALLOWED_HOSTS": [HOST]})
@@ -332,10 +341,11 @@ def test_a_process_that_dies_shows_its_exit_code_and_signal(world, client, kills
     world["collector"].poll_node("node2")
     nodes = {n["name"]: n for n in get(client, "/api/cluster").get_json()["nodes"]}
     (p,) = nodes["node2"]["processes"]
-    # 137 means killed by SIGKILL everywhere (fabtrain/node/states.py).
-    assert (p["state"], p["exit_code"], p["signal"], p["label"]) == ("killed", 137, "SIGKILL", "killed 137 (SIGKILL)")
+    # Exit code 137 is a death by SIGKILL: killed, as the node agent says, not an exit.
+    assert (p["state"], p["exit_code"], p["signal"], p["label"]) == ("killed", 137, "SIGKILL", "killed (SIGKILL)")
     j = get(client, "/api/job").get_json()
     assert j["state"] == "failed" and j["processes"]["killed"] == 1
+    assert j["reason"] == "trainer-1 on node2 killed by SIGKILL"
     assert not next(t for t in j["trainers"] if t["name"] == "trainer-1")["stale"]  # dead, not stale
     assert get(client, "/api/events").get_json()["events"][0]["kind"] == "killed"
     assert 'state="failed"} 1' in get(client, "/metrics").get_data(as_text=True)
@@ -362,7 +372,7 @@ def test_default_kill_calls_kill_all_on_the_collectors_session(tmp_path):
             assert p.wait(5) is not None
         assert all(not os.path.exists(f"/proc/{pid}/stat") or open(f"/proc/{pid}/stat").read().split()[2] == "Z" for pid in pids)
         collector.poll()
-        assert collector.job_state() == "killed"
+        assert collector.verdict().state == "killed"
         events = get(app.test_client(), "/api/events").get_json()["events"]
         assert {e["reason"] for e in events} == {"fab kill-all"} and len(events) == 3
     finally:
@@ -427,32 +437,33 @@ def test_fab_dashboard_serves_with_waitress_and_prints_the_url(tmp_path):
 def test_metrics_cursor_deltas_rebuild_the_full_series_through_resets():
     """Merging deltas as app.js does gives exactly the full reply, across stride doublings and a new job."""
     import random
-    import threading
 
+    from fabtrain.controller.series import TRAINERS, SeriesBook
     from fabtrain.dashboard.api import MetricsCursor
-    from fabtrain.controller.collector import Series
 
-    class Fake:
-        lock = threading.RLock()
-        series: dict = {}
-        node_series: dict = {}
+    class Fake:  # what the dashboard needs of a collector for /api/metrics
+        book = SeriesBook(8)
 
+        def series_since(self, cursor=None):
+            return self.book.since(cursor)
+
+    fake = Fake()
     rng = random.Random(7)
-    cursor = MetricsCursor("abc")
+    cursor = MetricsCursor()
     client: dict = {}
     since = None
     step = 0
     for round_ in range(60):
         if round_ == 40:  # a new job: the series are replaced, trainer-1 is gone
-            Fake.series = {}
+            fake.book.forget(TRAINERS, "trainer-0")
+            fake.book.forget(TRAINERS, "trainer-1")
         if round_ == 50:
-            Fake.series.pop(("trainer-1", "loss"))
+            fake.book.forget(TRAINERS, "trainer-1")
         for name in ("trainer-0", "trainer-1") if round_ < 50 else ("trainer-0",):
-            s = Fake.series.setdefault((name, "loss"), Series(8))
             for _ in range(rng.randrange(0, 7)):
-                s.add(step, rng.random() * 10)
+                fake.book.add(TRAINERS, name, "loss", step, rng.random() * 10)
                 step += 1
-        reply = cursor.export(Fake, since)
+        reply = cursor.export(fake, since)
         since = reply["cursor"]
         if reply["full"]:
             client = {}
@@ -465,8 +476,8 @@ def test_metrics_cursor_deltas_rebuild_the_full_series_through_resets():
                     cur["x"] += s["x"]
                     cur["y"] += s["y"]
                     cur["last"] = s["last"]
-        fresh = MetricsCursor("def").export(Fake)  # no cache, no cursor: the truth
+        fresh = MetricsCursor().export(fake)  # no cache, no cursor: the truth
         truth = {(o, m): {"x": s["x"], "y": s["y"], "last": s["last"]}
                  for o, ms in fresh["trainers"].items() for m, s in ms.items()}
         assert client == truth, round_
-        assert cursor.export(Fake)["trainers"] == fresh["trainers"]  # the cached full reply too
+        assert cursor.export(fake)["trainers"] == fresh["trainers"]  # the cached full reply too

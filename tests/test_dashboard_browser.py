@@ -27,26 +27,35 @@ import psutil
 import pytest
 
 from fabtrain.dashboard import create_app
-from fabtrain.dashboard.serve import MAX_POINTS
+from fabtrain.dashboard.serve import MAX_POINTS, make_server
 from fabtrain.controller.streaming import StreamingCollector
 from tests.synthetic import SyntheticJob, gpu
 from fabtrain.config.cluster import load_cluster
 from fabtrain.remote.session import Session
+from tests.conftest import require
 from tests.sshd import free_port, write_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "dashboard_fake_trainer.py"
 TOKEN = "browser-test-token-0123456789abcdef"
-CHROMIUM = "/usr/bin/chromium"
+# Debian's chromium, as `make test` installs it; pointing this elsewhere hides it (to check that
+# CI=true fails a test whose part is missing).
+CHROMIUM = os.environ.get("FABTRAIN_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
-pytestmark = [pytest.mark.timeout(180),
-              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium at /usr/bin/chromium")]
+pytestmark = [pytest.mark.timeout(180)]
+
+
+@pytest.fixture(autouse=True)
+def chromium():
+    """Before anything starts: skip here without Chromium, fail under CI=true."""
+    require(os.path.exists(CHROMIUM), "chromium", f"the browser tests drive Debian's chromium at {CHROMIUM} "
+                                                  "(`make test` installs it)")
 
 
 class StandInAgent(threading.Thread):
-    """Writes health.json on each node every 0.5 s, in place of orchestrator/agent.py."""
+    """Writes health.json on each node every 0.5 s, in place of the node agent."""
 
     def __init__(self, job: SyntheticJob):
         super().__init__(daemon=True)
@@ -68,8 +77,6 @@ class StandInAgent(threading.Thread):
 @pytest.fixture
 def live(sshd, fab, tmp_path):
     """A real job on three sshd nodes, the collector, and the dashboard under waitress."""
-    import waitress
-
     command = f"python {FAKE} --seconds 170"
     cluster_file = write_cluster(tmp_path / "cluster.yaml", sshd, name="browser",
                                  ssh_nodes=[("node1", ["pserver", "trainer"]), ("node2", ["trainer"]), ("node3", ["trainer"])],
@@ -89,7 +96,7 @@ def live(sshd, fab, tmp_path):
     port = free_port(["127.0.0.1"])
     app = create_app({"COLLECTOR": collector, "DASHBOARD_TOKEN": TOKEN, "REFRESH_MS": 500, "KILL_GRACE": 2.0,
                       "ALLOWED_HOSTS": [f"127.0.0.1:{port}"]})
-    server = waitress.create_server(app, host="127.0.0.1", port=port, threads=4)
+    server = make_server(app, "127.0.0.1", port, threads=4)  # waitress, as fab dashboard runs it
     threading.Thread(target=server.run, daemon=True).start()
     try:
         yield {"url": f"http://127.0.0.1:{port}", "workspaces": workspaces, "job_id": job_id,
@@ -142,15 +149,22 @@ def test_the_page_shows_a_live_job_follows_a_fault_and_kills_with_the_token(live
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    requests = []
+    requests, api_auth = [], []
     page.on("request", lambda r: requests.append(r.url))
+    page.on("request", lambda r: api_auth.append(r.headers.get("authorization")) if "/api/" in r.url else None)
 
-    # Without the token: nothing to see, nothing to press.
-    r = page.goto(url + "/")
-    assert r.status == 401 and page.locator("#kill").count() == 0
+    # Without the token: the page is there, but nothing to see and nothing to press.
+    page.goto(url + "/")
+    page.wait_for_function("() => document.getElementById('banner').textContent.includes('this page has no token')")
+    assert "open the URL that fab dashboard printed" in page.inner_text("#banner")
+    assert page.locator("#kill").is_hidden() and not [u for u in requests if "/api/" in u]
 
+    # With it: kept in this tab's sessionStorage (per origin: scheme, host AND port), gone from the
+    # address bar and the history, and no cookie (cookies ignore ports).
     page.goto(f"{url}/?token={TOKEN}")
-    assert page.url == url + "/"  # the token went into the cookie and out of the address bar
+    assert page.url == url + "/"
+    assert page.evaluate("sessionStorage.getItem('fabtrain-dashboard-token')") == TOKEN
+    assert page.evaluate("document.cookie") == "" and browser.cookies() == []
 
     # Every node, with its processes.
     page.wait_for_function("() => document.querySelectorAll('#nodes tbody tr[data-node]').length === 3")
@@ -174,6 +188,23 @@ def test_the_page_shows_a_live_job_follows_a_fault_and_kills_with_the_token(live
     page.wait_for_function(f"() => ({drawn_to})() >= {first_range + 10}", timeout=20000)
     page.wait_for_function("() => Number(document.querySelector('#trainers tr[data-trainer=\"trainer-1\"] td:nth-child(4)').textContent.replace(/,/g, '')) >= 10")
 
+    # Every API request carried the token as a header.
+    assert api_auth and set(api_auth) == {f"Bearer {TOKEN}"}, set(api_auth)
+
+    # A reload (no token in the URL now) goes on from sessionStorage.
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('#nodes tbody tr[data-node]').length === 3")
+    assert page.locator("#kill").is_visible()
+
+    # Another web app on 127.0.0.1, another port: it gets no token, neither sent nor stored.
+    with OtherApp() as other:
+        page.goto(other.url)
+        page.wait_for_load_state()
+        assert page.evaluate("sessionStorage.getItem('fabtrain-dashboard-token')") is None
+        assert other.headers and not any(TOKEN in str(h) for h in other.headers), other.headers
+    page.goto(url + "/")
+    page.wait_for_function("() => document.querySelectorAll('#nodes tbody tr[data-node]').length === 3")
+
     # A log line, following: click the process in the cluster table.
     page.click('.chip[data-node="node2"][data-process="trainer-1"]')
     page.wait_for_function("() => /step \\d+ epoch \\d+ loss/.test(document.getElementById('log').textContent)")
@@ -190,18 +221,18 @@ def test_the_page_shows_a_live_job_follows_a_fault_and_kills_with_the_token(live
     page.wait_for_function("() => document.getElementById('kill-result').textContent.includes('kill refused')")
     assert "Authorization: Bearer" in page.inner_text("#kill-result")
     page.unroute("**/api/kill")
-    # A cookie alone (what a cross-site request would carry) is not enough either.
+    # Nor without any header (all a cross-site form could send).
     status = page.evaluate("fetch('/api/kill', {method: 'POST'}).then(r => r.status)")
     assert status == 401
     time.sleep(1.0)
     assert alive(workspaces, job_id) == ["pserver-0", "trainer-0", "trainer-1", "trainer-2"]
     assert page.inner_text("#job-state").lower() == "running"
 
-    # A fault: kill -9 of trainer-1's program. Its wrapper records 137.
+    # A fault: kill -9 of trainer-1's program. Its wrapper records 137: killed by SIGKILL.
     os.kill(program_pid(workspaces["node2"], job_id, "trainer-1"), signal.SIGKILL)
     chip = page.locator('.chip[data-node="node2"][data-process="trainer-1"]')
-    page.wait_for_selector('.chip[data-node="node2"][data-process="trainer-1"][data-state="exited"]')
-    assert chip.inner_text() == "trainer-1: exited 137 (SIGKILL)"
+    page.wait_for_selector('.chip[data-node="node2"][data-process="trainer-1"][data-state="killed"]')
+    assert chip.inner_text() == "trainer-1: killed (SIGKILL)"
     page.wait_for_function("() => document.getElementById('job-state').textContent === 'failed'")
     assert "the job has failed" in page.inner_text("#banner")
 
@@ -221,7 +252,41 @@ def test_the_page_shows_a_live_job_follows_a_fault_and_kills_with_the_token(live
     if os.environ.get("FABTRAIN_UPDATE_SCREENSHOT") == "1":
         shutil.copy(_artifacts() / "dashboard.png", REPO / "docs" / "dashboard.png")
     assert not [e for e in errors if "401" not in e], errors  # the refused kill logs a 401; nothing else
-    assert all(u.startswith(url) for u in requests), [u for u in requests if not u.startswith(url)]  # no CDN
+    others = [u for u in requests if not u.startswith(url) and not u.startswith("http://127.0.0.1:%d" % OtherApp.last_port)]
+    assert not others, others  # no CDN
+
+
+class OtherApp:
+    """Some other local web app on another port: records the headers each request brings."""
+    last_port = 0
+
+    def __enter__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        headers = self.headers = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                headers.append(dict(self.headers))
+                body = b"<!doctype html><title>other</title><p>another app"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        OtherApp.last_port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{OtherApp.last_port}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def _artifacts() -> Path:

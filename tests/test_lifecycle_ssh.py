@@ -56,7 +56,7 @@ def test_whole_lifecycle_on_three_ssh_nodes_and_one_local(fab, four_nodes, sshd)
             assert ws.name == f"ws-{node}"
             assert env["FABTRAIN_JOB_ID"] == job_id
             assert env["FABTRAIN_WORKSPACE"] == str(ws)
-            assert rec["cwd"] == str(ws / "code")
+            assert rec["cwd"] == str(ws / "jobs" / job_id / "code")  # the job's own snapshot of code/
             assert env["TRICKY"] == "a'b $(touch /tmp/fabtrain-pwned) `id`; x"
             if node == "local0":
                 assert "SSH_CONNECTION" not in env

@@ -1,15 +1,14 @@
 """The node side runs on a bare Python: every fabtrain.node module imports with site-packages blocked,
-and node ops' bundle (what the controller sends) runs with nothing but the standard library."""
+and node ops as the controller sends them (fabtrain.remote.rpc) run with nothing but the standard library."""
 from __future__ import annotations
 
-import base64
 import json
 import pkgutil
 import subprocess
 import sys
 
 import fabtrain.node
-from fabtrain.node import bundle
+from fabtrain.remote import rpc
 from tests.conftest import REPO
 
 
@@ -32,10 +31,14 @@ def test_every_node_module_imports_with_site_packages_blocked():
     assert out.stdout.strip() == "third-party: []"
 
 
-def test_the_bundle_runs_node_ops_on_a_bare_interpreter(tmp_path):
-    payload = base64.b64encode(json.dumps({"workspace": str(tmp_path / "ws")}).encode()).decode()
-    out = subprocess.run([sys.executable, "-S", "-I", "-c", bundle.source(), "status", payload],
-                         capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+def test_node_ops_as_sent_run_on_a_bare_interpreter(tmp_path):
+    # The very command line and stdin a node gets, on an interpreter with -S -I (no site-packages).
+    argv = rpc.launcher_argv(sys.executable)
+    request = json.dumps({"op": "status", "payload": {"workspace": str(tmp_path / "ws")}}).encode() + b"\n"
+    out = subprocess.run([argv[0], "-S", "-I", *argv[1:]], input=rpc.code_frame(None) + request,
+                         capture_output=True, timeout=60, cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr
-    reply = json.loads(out.stdout.split("@@fabtrain-reply@@")[1])
-    assert reply == {"ok": True, "result": {"job_id": None, "processes": []}}
+    parser = rpc.ReplyParser()
+    parser.feed(out.stdout)
+    replies = [value for kind, value in parser.events if kind == "reply"]
+    assert replies == [{"ok": True, "result": {"job_id": None, "processes": []}}], (out.stdout, out.stderr)

@@ -139,3 +139,22 @@ def test_job_json_holds_only_that_nodes_processes_and_the_launch_argv():
     assert j["processes"][0]["launch"][-len(j["processes"][0]["argv"]):] == j["processes"][0]["argv"]
     assert [n["name"] for n in j["nodes"]] == ["a", "b", "c"]
     assert j["watchdog"]["coordinator"] == {"host": "10.0.0.1", "port": 7180}
+
+
+def test_nodes_that_share_an_address_get_distinct_endpoints_and_pserver_ports():
+    # Two "nodes" on one machine (local nodes, or two sshd on one host): every
+    # endpoint that shares an address must differ in port, or the ranks collide.
+    nodes = [{"name": "n1", "host": "local", "workspace": "/ws1", "roles": ["pserver", "trainer"]},
+             {"name": "n2", "host": "local", "workspace": "/ws2", "roles": ["pserver", "trainer"]}]
+    trainers_only = [dict(n, roles=["trainer"]) for n in nodes]
+    collective = make_plan(cluster({"mode": "collective", "master_port": 29500,
+                                    "trainer": {"command": "python train.py"}}, trainers_only), "J")
+    endpoints = collective.nodes[0].processes[0].env["PADDLE_TRAINER_ENDPOINTS"].split(",")
+    assert endpoints == ["127.0.0.1:29501", "127.0.0.1:29502"]
+    assert [p.env["PADDLE_CURRENT_ENDPOINT"] for _, p in procs(collective)] == endpoints
+
+    ps = make_plan(cluster({"mode": "pserver", "pserver": {"port": 7000, "ports_num": 2, "ports_num_for_sparse": 1}},
+                           nodes), "J")
+    ports = [p.env["PADDLE_PORT"] for _, p in procs(ps, "pserver")]
+    assert ports == ["7000", "7003"]  # each pserver's range (2 dense + 1 sparse ports) is its own
+    assert ps.pserver_endpoints == ("127.0.0.1:7000", "127.0.0.1:7003")

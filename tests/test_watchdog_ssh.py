@@ -230,9 +230,10 @@ def can_mount() -> bool:
 @pytest.mark.skipif(not can_mount(), reason="needs root to mount a small tmpfs")
 def test_a_trainer_killed_by_a_full_disk_records_its_exit_code_and_says_so(fresh):
     job = fresh
+    # The job's directory on its own small disk (and so on another file system than the code it snapshots).
     jobs = job.ws["node2"] / "jobs"
     jobs.mkdir(parents=True, exist_ok=True)
-    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(jobs)], capture_output=True, text=True)
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(jobs)], capture_output=True, text=True)
     if out.returncode != 0:
         pytest.skip(f"cannot mount tmpfs: {out.stderr.strip()}")
     try:

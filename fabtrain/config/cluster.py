@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from fabtrain.config.yamlfile import YAMLFileError, load_yaml
+from fabtrain.data.archive import DEFAULT_MAX_EXPANSION, DEFAULT_MAX_EXTRACT_MB
 from fabtrain.errors import UserError
 
 DEFAULT_CLUSTER_FILE = "cluster.yaml"
@@ -51,10 +53,10 @@ FIELDS: dict[str, set[str]] = {
     "cluster": {"name", "workspace", "python", "ssh"},
     "cluster.ssh": _SSH_FIELDS | {"parallel"},
     "nodes[]": {"name", "host", "roles", "workspace", "python", "address", "gpus"} | _SSH_FIELDS,
-    "job": {"name", "mode", "sgd", "master_port", "pserver", "trainer", "data", "watchdog", "env"},
+    "job": {"name", "mode", "sgd", "master_port", "code", "pserver", "trainer", "data", "watchdog", "env"},
     "job.pserver": {"port", "ports_num", "ports_num_for_sparse", "per_node", "command"},
     "job.trainer": {"per_node", "command", "use_gpu", "trainer_count"},
-    "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq"},
+    "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq", "max_extract_mb", "max_expansion"},
     "job.watchdog": {"enabled", "interval", "hang_timeout", "startup_timeout", "grace", "on_failure", "port"},
 }
 
@@ -110,6 +112,8 @@ class DataSpec:
     test: str | None = None  # a test-set file (a tarball brings its own)
     strategy: str = "contiguous"  # contiguous | round-robin | files
     min_freq: int = 1  # dictionary cut-off
+    max_extract_mb: int = DEFAULT_MAX_EXTRACT_MB  # a tarball input may extract to this much
+    max_expansion: float = DEFAULT_MAX_EXPANSION  # ... and to this many times its own size
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,7 @@ class JobSpec:
     mode: str = "pserver"
     sgd: str = "sync"
     master_port: int = 29500  # torch / paddle collective rendezvous
+    code: str = "."  # what `fab deploy` ships, relative to the cluster file: the project's own code
     pserver: PserverSpec = field(default_factory=PserverSpec)
     trainer: TrainerSpec = field(default_factory=TrainerSpec)
     data: DataSpec = field(default_factory=DataSpec)
@@ -170,6 +175,11 @@ class Cluster:
                 return n
         raise UserError(f"{self.path}: no node named {name!r} (nodes: {', '.join(n.name for n in self.nodes)})")
 
+    def code_dir(self) -> Path:
+        """job.code on this machine (relative to the cluster file, like job.data.dir)."""
+        d = Path(os.path.expanduser(self.job.code))
+        return (d if d.is_absolute() else Path(self.path).resolve().parent / d).resolve()
+
     def data_dir(self) -> Path:
         """job.data.dir on this machine (relative paths are relative to the cluster file)."""
         d = Path(os.path.expanduser(self.job.data.dir))
@@ -191,12 +201,13 @@ def load_cluster(path: str | os.PathLike | None = None) -> Cluster:
     except OSError as e:
         raise UserError(f"{path}: cannot read: {e.strerror}") from None
     try:
-        doc = yaml.safe_load(raw)
+        doc = load_yaml(raw)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(e, "problem", None) or str(e)
-        raise UserError(f"{path}: {where}YAML syntax error: {problem}") from None
+        kind = "" if isinstance(e, YAMLFileError) else "YAML syntax error: "
+        raise UserError(f"{path}: {where}{kind}{problem}") from None
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text") from None
     return parse_cluster(doc, path)
@@ -240,14 +251,14 @@ class _Parser:
         if pattern is ONE_LINE_RE and not pattern.match(value):
             raise self.fail(where, "must be a single line")
         if pattern is not None and not pattern.match(value):
-            raise self.fail(where, f"{value!r} is not a valid {what} (letters, digits and {_allowed_punct(pattern)} only; no spaces or shell metacharacters)")
+            raise self.fail(where, f"{_shown(value)} is not a valid {what} (letters, digits and {_allowed_punct(pattern)} only; no spaces or shell metacharacters)")
         return value
 
     def integer(self, value: Any, where: str, lo: int, hi: int) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(where, f"must be an integer, got {_kind(value)}")
         if not lo <= value <= hi:
-            raise self.fail(where, f"must be between {lo} and {hi}, got {value}")
+            raise self.fail(where, f"must be between {lo} and {hi}, got {_shown(value)}")
         return value
 
     def number(self, value: Any, where: str, lo: float, hi: float) -> float:
@@ -264,11 +275,15 @@ class _Parser:
 
     def choice(self, value: Any, where: str, choices: tuple[str, ...]) -> str:
         if value not in choices:
-            raise self.fail(where, f"must be one of {', '.join(choices)}, got {value!r}")
+            raise self.fail(where, f"must be one of {', '.join(choices)}, got {_shown(value)}")
         return value
 
     def path_value(self, value: Any, where: str) -> str:
         p = self.string(value, where, PATH_RE, "path")
+        if p.startswith("-"):
+            # ssh, rsync and python would read it as an option (-oProxyCommand=...).
+            raise self.fail(where, f"{_shown(p)} must not start with '-' (ssh, rsync or python would read it as an option; "
+                                   f"put ./ before a relative path)")
         if "~" in p[1:]:
             raise self.fail(where, f"{p!r}: '~' is only allowed at the start of a path")
         return p
@@ -357,9 +372,11 @@ class _Parser:
                 raise self.fail(f"{where}.roles", "must be a non-empty list of roles (pserver, trainer)")
             for r in roles:
                 if r not in ROLES:
-                    raise self.fail(f"{where}.roles", f"unknown role {r!r}; roles are: {', '.join(ROLES)}")
+                    raise self.fail(f"{where}.roles", f"unknown role {_shown(r)}; roles are: {', '.join(ROLES)}")
             node_ssh = self.ssh(d, where, ssh)
-            ws = self.path_value(d["workspace"], f"{where}.workspace") if "workspace" in d else workspace
+            # A node's own workspace, else one folder per node under the cluster's: two
+            # nodes on one machine, or on servers sharing /home, never share one by default.
+            ws = self.path_value(d["workspace"], f"{where}.workspace") if "workspace" in d else f"{workspace}/{name}"
             py = self.path_value(d["python"], f"{where}.python") if "python" in d else python
             address = self.string(d["address"], f"{where}.address", HOST_RE, "address") if "address" in d else None
             gpus = self.integer(d["gpus"], f"{where}.gpus", 0, 1024) if "gpus" in d else None
@@ -370,10 +387,10 @@ class _Parser:
         """PaddleX's Train.dist_ips: "ip1,ip2"; the first machine also hosts the pserver."""
         if isinstance(value, str):
             ips = [s.strip() for s in value.split(",")]
-        elif isinstance(value, list):
-            ips = [str(s).strip() for s in value]
+        elif isinstance(value, list) and all(isinstance(s, str) for s in value):
+            ips = [s.strip() for s in value]
         else:
-            raise self.fail("dist_ips", f'must be a string like "10.0.0.1,10.0.0.2", got {_kind(value)}')
+            raise self.fail("dist_ips", f'must be a string like "10.0.0.1,10.0.0.2" or a list of addresses, got {_kind(value)}')
         if not ips or any(not ip for ip in ips):
             raise self.fail("dist_ips", "must list at least one address, separated by commas, with none empty")
         if len(set(ips)) != len(ips):
@@ -382,7 +399,7 @@ class _Parser:
         for i, ip in enumerate(ips):
             host = self.string(ip, f"dist_ips[{i}]", HOST_RE, "host")
             roles = ("pserver", "trainer") if (i == 0 and job.mode == "pserver") else ("trainer",)
-            nodes.append(self.make_node(f"node{i}", host, roles, workspace, python, None, ssh, None))
+            nodes.append(self.make_node(f"node{i}", host, roles, f"{workspace}/node{i}", python, None, ssh, None))
         return tuple(nodes)
 
     def make_node(self, name, host, roles, workspace, python, address, ssh, gpus) -> Node:
@@ -433,6 +450,8 @@ class _Parser:
             test=self.string(dd["test"], "job.data.test", ONE_LINE_RE, "path (one line)") if dd.get("test") is not None else None,
             strategy=self.choice(dd.get("strategy", DataSpec.strategy), "job.data.strategy", ("contiguous", "round-robin", "files")),
             min_freq=self.integer(dd.get("min_freq", 1), "job.data.min_freq", 1, 1 << 30),
+            max_extract_mb=self.integer(dd.get("max_extract_mb", DataSpec.max_extract_mb), "job.data.max_extract_mb", 1, 1 << 40),
+            max_expansion=self.number(dd.get("max_expansion", DataSpec.max_expansion), "job.data.max_expansion", 1, 1e9),
         )
 
         w = self.mapping(d.get("watchdog"), "job.watchdog", FIELDS["job.watchdog"])
@@ -459,7 +478,8 @@ class _Parser:
                 raise self.fail(f"job.env.{k}", f"must be a string or number, got {_kind(v)}")
             env.append((k, str(v).lower() if isinstance(v, bool) else str(v)))
 
-        return JobSpec(name=name, mode=mode, sgd=sgd, master_port=master_port, pserver=pserver,
+        code = self.path_value(d.get("code", JobSpec.code), "job.code")
+        return JobSpec(name=name, mode=mode, sgd=sgd, master_port=master_port, code=code, pserver=pserver,
                        trainer=trainer, data=data, watchdog=watchdog, env=tuple(env))
 
     def check_roles(self, cluster: Cluster) -> None:
@@ -487,6 +507,15 @@ def _kind(value: Any) -> str:
     if value is None:
         return "nothing"
     return {dict: "a mapping", list: "a list", bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(type(value), type(value).__name__)
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """A value for a message: short, and never the repr of a nested structure
+    (YAML aliases can make a small file describe an enormous one)."""
+    if value is not None and not isinstance(value, (str, int, float)):
+        return _kind(value)
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _allowed_punct(pattern: re.Pattern) -> str:

@@ -5,23 +5,32 @@ node where it can) and returns per-node results; printing is `report`'s job.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import secrets
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fabtrain.controller import state
 from fabtrain.errors import UserError
+from fabtrain.plan.runtime import PACKAGE_ROOT, runtime_files, runtime_version
 from fabtrain.plan.plan import Plan, make_plan, new_job_id
+from fabtrain.remote.rsync import rsync
 from fabtrain.remote.session import Session
-from fabtrain.remote.transport import NodeError, Reply, Transport
+from fabtrain.remote.transport import Reply, Transport
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
-DEPLOY_EXCLUDES = (".git/", ".venv/", "venv/", "/data/", "__pycache__/", "*.pyc", ".fabtrain/",
-                   ".pytest_cache/", "/artifacts/", "*.egg-info/", ".ci/")
+CODE_IDENTITY = ".fabtrain-code.json"  # beside the code on each node: which code it is
+# Never shipped, whatever the project: version control, virtualenvs, caches,
+# fabtrain's own state. A project adds its own in .fabtrainignore (rsync patterns).
+DEPLOY_EXCLUDES = (".git/", ".hg/", ".venv/", "venv/", "__pycache__/", "*.pyc", ".fabtrain/",
+                   ".pytest_cache/", "*.egg-info/")
+IGNORE_FILE = ".fabtrainignore"
 MIN_DISK_FREE = 1 << 30
 
 
@@ -42,7 +51,7 @@ def check(session: Session) -> list[NodeCheck]:
 
     def probe(t: Transport):
         t0 = time.time()
-        result = t.call("probe", {})
+        result = t.call("probe", {"cluster": cluster.name})
         return result, t0, time.time()
 
     checks = []
@@ -58,11 +67,14 @@ def check(session: Session) -> list[NodeCheck]:
             c.problems.append(f"missing {', '.join(missing)} (coreutils/util-linux)")
         if not result["tools"]["rsync"] and not node.is_local:
             c.problems.append("rsync not installed (needed by deploy and copy-data)")
-        uses_workload = any("workload." in cmd for cmd in (cluster.job.trainer.command, cluster.job.pserver.command))
+        commands = [cluster.job.trainer.command] + ([cluster.job.pserver.command] if cluster.job.mode == "pserver" else [])
+        uses_workload = any("workload." in cmd for cmd in commands)
         if uses_workload and not result["torch"]:
             c.problems.append("torch not installed (the reference workload needs it)")
         if cluster.job.trainer.use_gpu and "trainer" in node.roles and not result["gpus"]:
             c.problems.append("use_gpu is set but torch sees no GPU")
+        if result.get("workspace_conflict"):
+            c.problems.append(result["workspace_conflict"])
         if result["disk_free"] < MIN_DISK_FREE:
             c.problems.append(f"only {result['disk_free'] >> 20} MiB free in the workspace")
         c.ok = not c.problems
@@ -90,7 +102,7 @@ def provision(session: Session, venv: bool = False, wheelhouse: str | None = Non
 
     def one(t: Transport):
         if wheelhouse:
-            _rsync(t, [str(Path(wheelhouse).expanduser()) + "/"], t.node.workspace + "/wheelhouse")
+            rsync(t, [str(Path(wheelhouse).expanduser()) + "/"], t.node.workspace + "/wheelhouse")
         return t.call("provision", {"venv": venv, "wheelhouse": bool(wheelhouse), "requirements": reqs})
 
     return session.map(one)
@@ -112,42 +124,62 @@ def read_requirements(path) -> list[str]:
 # -- deploy --------------------------------------------------------------------------
 
 
-def deploy(session: Session, source: Path = PROJECT_ROOT) -> list[Reply]:
-    """rsync the project to <workspace>/code on every node; fast when nothing changed."""
-    def one(t: Transport):
-        excludes = [f"--exclude={e}" for e in DEPLOY_EXCLUDES]
-        return _rsync(t, [f"{source}/"], t.node.workspace + "/code", ["--delete", *excludes])
-    return session.map(one)
+def deploy(session: Session) -> list[Reply]:
+    """Ship the project's code (job.code) to <workspace>/code and fabtrain's node
+    runtime to <workspace>/runtime/<version> on every node; fast when nothing changed."""
+    cluster = session.cluster
+    source = cluster.code_dir()
+    if not source.is_dir():
+        raise UserError(f"{cluster.path}: job.code: {source} is not a directory")
+    excludes = [f"--exclude={e}" for e in (*DEPLOY_EXCLUDES, *_local_excludes(source, cluster))]
+    if (source / IGNORE_FILE).is_file():
+        excludes.append(f"--exclude-from={source / IGNORE_FILE}")
+    identity = code_identity(source)
+    with tempfile.TemporaryDirectory(prefix="fabtrain-deploy-") as tmp:
+        (Path(tmp) / CODE_IDENTITY).write_text(json.dumps(identity))
+
+        def one(t: Transport):
+            stats = rsync(t, [f"{source}/", f"{tmp}/{CODE_IDENTITY}"], t.node.workspace + "/code",
+                           ["--delete", *excludes])
+            # -R keeps each file's path below the /./ marker: fabtrain/node/... under runtime/<version>.
+            runtime = [f"{PACKAGE_ROOT.parent}/./{rel}" for rel in runtime_files()]
+            rsync(t, runtime, f"{t.node.workspace}/runtime/{runtime_version()}", ["-R"])
+            return {**stats, "code": identity}
+        return session.map(one)
 
 
-def _rsync(t: Transport, sources: list[str], remote_dir: str, extra: list[str] = (), timeout: float = 3600) -> dict:
-    """One rsync to a directory on the node (made if missing), over the node's SSH settings."""
-    transport_args, dest = t.rsync_destination(remote_dir)
-    argv = ["rsync", "-a", "--stats", *transport_args, *extra, *sources, dest]
+def _local_excludes(source: Path, cluster) -> list[str]:
+    """Folders of this project that are never code: its data dir and any virtualenv."""
+    found = []
+    data = cluster.data_dir().resolve()
+    if data != source and source in data.parents:
+        found.append(f"/{data.relative_to(source).as_posix()}/")
+    for child in source.iterdir():
+        if child.is_dir() and (child / "pyvenv.cfg").exists():
+            found.append(f"/{child.name}/")
+    return found
+
+
+def code_identity(source: Path) -> dict:
+    """Which code this is: the git commit and whether the tree differs from it, else a content hash."""
+    def git(*args):
+        out = subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True, timeout=30)
+        return out.stdout.strip() if out.returncode == 0 else None
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        raise NodeError(f"{t.node.name}: rsync is not installed on this machine") from None
-    except subprocess.TimeoutExpired:
-        raise NodeError(f"{t.node.name}: rsync timed out after {timeout:g} s") from None
-    if out.returncode != 0:
-        raise NodeError(f"{t.node.name}: rsync failed: {rsync_reason(out.stderr, out.returncode)}")
-    stats = {}
-    for line in out.stdout.splitlines():
-        if line.startswith("Number of regular files transferred:"):
-            stats["files"] = int(line.split(":")[1].strip().replace(",", ""))
-        elif line.startswith("Total transferred file size:"):
-            stats["bytes"] = int(line.split(":")[1].split()[0].replace(",", ""))
-    return stats
+        commit = git("rev-parse", "HEAD")
+        if commit:
+            return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=normal"))}
+    except (OSError, subprocess.TimeoutExpired):
+        pass  # no git here: fall back to a hash
+    digest = hashlib.sha256()
+    for path in sorted(p for p in source.rglob("*") if p.is_file() and not _never_shipped(p, source)):
+        digest.update(path.relative_to(source).as_posix().encode() + b"\0" + path.read_bytes())
+    return {"hash": digest.hexdigest()[:16]}
 
 
-def rsync_reason(stderr: str, code: int) -> str:
-    """The one line of rsync/ssh's stderr that says what went wrong."""
-    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in stderr:
-        return "HOST KEY CHANGED: ssh refused to connect (if the server was reinstalled: ssh-keygen -R)"
-    lines = [l.strip() for l in stderr.splitlines() if l.strip() and not l.startswith("@")]
-    useful = [l for l in lines if not l.startswith(("rsync: connection unexpectedly closed", "rsync error:"))]
-    return (useful or lines or [f"exit code {code}"])[0]
+def _never_shipped(path: Path, source: Path) -> bool:
+    parts = path.relative_to(source).parts
+    return any(p in (".git", ".venv", "venv", "__pycache__", ".fabtrain") for p in parts[:-1])
 
 
 # -- start ---------------------------------------------------------------------------
@@ -229,8 +261,8 @@ def _require_pservers(session: Session, job_id: str) -> None:
 # -- status, logs, kill-all -----------------------------------------------------------------
 
 
-def status(session: Session, job_id: str | None = None, health: bool = False) -> list[Reply]:
-    return session.map(lambda t: t.call("status", {"job_id": job_id, "health": health}, timeout=60))
+def status(session: Session, job_id: str | None = None, health: bool = False, timeout: float = 60) -> list[Reply]:
+    return session.map(lambda t: t.call("status", {"job_id": job_id, "health": health}, timeout=timeout))
 
 
 def logs(session: Session, lines: int = 20, follow: bool = False, job_id: str | None = None, out=None) -> list[Reply]:

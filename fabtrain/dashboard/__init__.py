@@ -2,21 +2,24 @@
 
 `create_app(config)` is the application factory (as in Flask's tutorial); the
 routes live in the `views` blueprint, the page in templates/ and static/.
-The app reads everything from a Collector (fabtrain.controller.collector) or any
-object with the same interface, so tests can inject one over a real job or
+The app reads a Collector (fabtrain.controller.collector) only through
+`snapshot()`, `series_since(cursor)` and `follow_log(node, process)` (and its
+`session` for the default kill), so tests can inject one over a real job or
 over fabricated node files. `serve` runs it under waitress for `fab dashboard`.
+Who may call what: guard.py.
 """
 from __future__ import annotations
 
-import secrets
 from typing import Any, Callable
 
 from flask import Flask
 
+from .guard import MAX_BODY_BYTES
+
 DEFAULTS: dict[str, Any] = {
-    "DASHBOARD_TOKEN": None,  # required: every request but static files must carry it
+    "DASHBOARD_TOKEN": None,  # required: every request but the page and static files carries it in a header
     "ALLOWED_HOSTS": ("127.0.0.1", "localhost"),  # Host header values served (DNS rebinding defence)
-    "COOKIE_NAME": "fabtrain_token",
+    "MAX_CONTENT_LENGTH": MAX_BODY_BYTES,  # bigger bodies: 413 (serve gives waitress the same cap)
     "REFRESH_MS": 1000,  # how often the page polls the JSON API
     "STALE_AFTER": 15.0,  # seconds without a metrics record before a running trainer is stale
     "EVENTS_LIMIT": 200,  # default number of events /api/events returns
@@ -33,7 +36,7 @@ def create_app(config: dict | None = None) -> Flask:
       ALLOWED_HOSTS    Host header values accepted, e.g. ("127.0.0.1:8265", "localhost:8265")
       KILL             callable(grace) -> list of fabtrain.remote.transport.Reply; default:
                        fabtrain.controller.lifecycle.kill_all on the collector's session
-      REFRESH_MS, STALE_AFTER, EVENTS_LIMIT, KILL_GRACE, COOKIE_NAME: see DEFAULTS
+      REFRESH_MS, STALE_AFTER, EVENTS_LIMIT, KILL_GRACE, MAX_CONTENT_LENGTH: see DEFAULTS
     """
     app = Flask(__name__, static_folder="static", template_folder="templates")
     app.config.update(DEFAULTS)
@@ -50,11 +53,12 @@ def create_app(config: dict | None = None) -> Flask:
     app.json.compact = True
     app.json.sort_keys = False
 
-    from . import views
+    from . import guard, views
     from .api import MetricsCursor
 
-    app.extensions["fabtrain_cursor"] = MetricsCursor(secrets.token_hex(3))
+    app.extensions["fabtrain_cursor"] = MetricsCursor()
     app.extensions["fabtrain_ended"] = {}
+    guard.install(app, views.ApiError)  # before the blueprint: refuse before any view or body is touched
     app.register_blueprint(views.bp)
     views.register_error_handlers(app)
     return app

@@ -95,23 +95,31 @@ def build(session, host: str = "127.0.0.1", port: int = DEFAULT_PORT, token: str
         "COLLECTOR": collector,
         "DASHBOARD_TOKEN": token or make_token(),
         "ALLOWED_HOSTS": allowed_hosts(host, port),
-        "COOKIE_NAME": f"fabtrain_token_{port}",
         "REFRESH_MS": refresh_ms,
     })
     return app, collector
 
 
+def make_server(app, host: str, port: int, threads: int = 8):
+    """The app under waitress, as `fab dashboard` runs it (tests use this too)."""
+    import waitress
+
+    # waitress reads a whole body before the app sees the request (spooling past 512 KiB to a
+    # temp file); given the app's cap, it answers 413 from the Content-Length header instead.
+    # (waitress refuses a body of exactly max_request_body_size; the app allows up to its cap.)
+    return waitress.create_server(app, host=host, port=port, threads=threads, ident="fabtrain",
+                                  max_request_body_size=app.config["MAX_CONTENT_LENGTH"] + 1)
+
+
 def serve(session, host: str = "127.0.0.1", port: int = DEFAULT_PORT, interval: float = 1.0,
           job_id: str | None = None, threads: int = 8, out=None) -> None:
     """Run until interrupted. Prints the URL with the token."""
-    import waitress
-
     out = out or sys.stdout
     port, interval = _port(port), _interval(interval)
     token = make_token()
     app, collector = build(session, host, port, token, job_id=job_id)
     try:
-        server = waitress.create_server(app, host=host, port=port, threads=threads, ident="fabtrain")
+        server = make_server(app, host, port, threads)
     except OSError as e:
         raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e} (pick another with --port)") from None
     collector.start(interval)

@@ -1,25 +1,17 @@
-"""The dashboard's routes: the page, the JSON API, /metrics, and their guards.
+"""The dashboard's routes: the page, the JSON API and /metrics.
 
-Guards, in order, on every request:
-1. Host: the Host header must be one this dashboard serves (ALLOWED_HOSTS),
-   else 403 — a DNS-rebinding page cannot talk to it under another name.
-2. Token (all but /static/): `Authorization: Bearer <token>`, the HttpOnly
-   SameSite=Strict cookie set by opening `/?token=<token>` once, or
-   `?token=<token>`; compared in constant time (hmac.compare_digest).
-3. POST /api/kill accepts the token ONLY as the Authorization header: a
-   cross-site form or fetch cannot set it (the CSRF defence), and a cookie
-   alone is never enough to change state. GET never changes state.
+Who may call them is checked before any of them runs: see guard.py (Host,
+the token in a header, body size). GET never changes state.
 """
 from __future__ import annotations
 
 import gzip
-import hmac
 import re
 import time
 from functools import lru_cache
 from pathlib import Path
 
-from flask import (Blueprint, Response, current_app, jsonify, make_response, redirect, render_template,
+from flask import (Blueprint, Response, current_app, jsonify, make_response, render_template,
                    request, send_file)
 from werkzeug.exceptions import HTTPException
 
@@ -68,54 +60,6 @@ def register_error_handlers(app) -> None:
     def crash(e: Exception):  # never a traceback in a reply
         current_app.logger.exception("dashboard error on %s", request.path)
         return _error(500, f"internal error: {type(e).__name__}")
-
-
-# -- guards -------------------------------------------------------------------------------
-
-
-def _token_matches(candidate: str | None) -> bool:
-    if not candidate:
-        return False
-    expected = current_app.config["DASHBOARD_TOKEN"]
-    return hmac.compare_digest(candidate.encode("utf-8", "replace"), expected.encode("utf-8"))
-
-
-def _bearer() -> str | None:
-    header = request.headers.get("Authorization", "")
-    scheme, _, value = header.partition(" ")
-    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
-
-
-@bp.before_app_request
-def guard():
-    host = (request.headers.get("Host") or "").lower()
-    if host not in current_app.config["ALLOWED_HOSTS"]:
-        raise ApiError(403, f"Host {host!r} is not served here (DNS rebinding protection); "
-                            f"use the URL that fab dashboard printed")
-    if request.endpoint in ("static", "dashboard.plotly_js") or request.endpoint is None:
-        return None
-    if request.method not in ("GET", "HEAD", "OPTIONS"):  # anything that may change state
-        origin = request.headers.get("Origin")
-        if origin is not None and origin.lower() != f"{request.scheme}://{host}":
-            raise ApiError(403, f"cross-origin request from {origin!r} refused")
-        bearer = _bearer()
-        if bearer is None:
-            raise ApiError(401, "this request changes state: send the token as the header 'Authorization: Bearer <token>'")
-        if not _token_matches(bearer):
-            raise ApiError(403, "wrong token")
-        return None
-    # An explicit token (header or ?token=) must be right; else the cookie must be.
-    explicit = [t for t in (_bearer(), request.args.get("token")) if t is not None]
-    cookie = request.cookies.get(current_app.config["COOKIE_NAME"])
-    if explicit:
-        if not all(_token_matches(t) for t in explicit):
-            raise ApiError(403, "wrong token")
-    elif cookie is None:
-        raise ApiError(401, "token required: open the URL that fab dashboard printed (…/?token=…), "
-                            "or send 'Authorization: Bearer <token>'")
-    elif not _token_matches(cookie):
-        raise ApiError(403, "wrong token (a cookie from an earlier dashboard?): open the URL that fab dashboard printed")
-    return None
 
 
 @bp.after_app_request
@@ -191,16 +135,8 @@ def _collector():
 
 @bp.get("/")
 def index():
-    token = request.args.get("token")
-    if token is not None:
-        # Trade the token in the URL for a cookie, and drop it from the address bar and history.
-        response = redirect("/", code=303)
-        response.set_cookie(current_app.config["COOKIE_NAME"], token, httponly=True, samesite="Strict",
-                            secure=request.is_secure, path="/")
-        return response
-    cluster = _collector().session.cluster
-    return render_template("index.html", cluster=cluster.name, token=current_app.config["DASHBOARD_TOKEN"],
-                           refresh_ms=int(current_app.config["REFRESH_MS"]))
+    # The page is code, no data: the token (from ?token= once, then sessionStorage) fetches the data.
+    return render_template("index.html", refresh_ms=int(current_app.config["REFRESH_MS"]))
 
 
 @lru_cache(maxsize=1)
@@ -242,14 +178,14 @@ def plotly_js():
 @bp.get("/api/cluster")
 def api_cluster():
     _no_unknown_args()
-    return jsonify(api.cluster_view(_collector()))
+    return jsonify(api.cluster_view(_collector().snapshot()))
 
 
 @bp.get("/api/job")
 def api_job():
     _no_unknown_args()
     cfg = current_app.config
-    return jsonify(api.job_view(_collector(), float(cfg["STALE_AFTER"]), current_app.extensions["fabtrain_ended"]))
+    return jsonify(api.job_view(_collector().snapshot(), float(cfg["STALE_AFTER"]), current_app.extensions["fabtrain_ended"]))
 
 
 @bp.get("/api/metrics")
@@ -266,29 +202,28 @@ def api_metrics():
 def api_events():
     _no_unknown_args("limit", "since")
     limit = _int_arg("limit", int(current_app.config["EVENTS_LIMIT"]), 1, 10000)
-    return jsonify(api.events_view(_collector(), limit, _float_arg("since")))
+    return jsonify(api.events_view(_collector().snapshot(), limit, _float_arg("since")))
 
 
 @bp.get("/api/logs/<node>/<process>")
 def api_logs(node: str, process: str):
     _no_unknown_args("offset")
     collector = _collector()
-    if node not in collector.nodes:
-        raise ApiError(404, f"unknown node {node!r}; nodes: {', '.join(collector.nodes)}")
+    snap = collector.snapshot()
+    seen = snap.node(node)
+    if seen is None:
+        raise ApiError(404, f"unknown node {node!r}; nodes: {', '.join(n.name for n in snap.nodes)}")
     if not NAME_RE.match(process):
         raise ApiError(400, f"bad process name {process!r}")
-    with collector.lock:
-        known = [p.get("name") for p in collector.nodes[node].processes]
+    known = [p["name"] for p in seen.processes]
     if process not in known:
         raise ApiError(404, f"no process {process!r} on node {node!r}"
                             + (f"; processes: {', '.join(known)}" if known else " (no job seen there yet)"))
     since = _int_arg("offset", -1, -1, 1 << 62)
-    lines = collector.follow_log(node, process)
-    with collector.lock:
-        offset = collector.nodes[node].offsets.get(f"logs/{process}.log")
-    unchanged = offset is not None and since == offset
-    return jsonify(node=node, process=process, offset=offset, unchanged=unchanged,
-                   lines=[] if unchanged else lines)
+    tail = collector.follow_log(node, process)
+    unchanged = tail.offset is not None and since == tail.offset
+    return jsonify(node=node, process=process, offset=tail.offset, unchanged=unchanged,
+                   lines=[] if unchanged else tail.lines)
 
 
 @bp.post("/api/kill")
@@ -331,6 +266,5 @@ def api_kill():
 @bp.get("/metrics")
 def metrics():
     _no_unknown_args()
-    collector = _collector()
-    text = prometheus.render(collector, collector.session.cluster.name, time.time())
+    text = prometheus.render(_collector().snapshot(), time.time())
     return Response(text, mimetype="text/plain", content_type="text/plain; version=0.0.4; charset=utf-8")

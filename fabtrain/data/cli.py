@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .archive import DEFAULT_MAX_EXPANSION, DEFAULT_MAX_EXTRACT_MB, ExtractLimits
 from .errors import PrepareError
 from .strategies import STRATEGIES
 
@@ -52,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-dict", action="store_true", help="do not build word_dict.json")
     p.add_argument("--min-freq", metavar="K", type=int, default=None,
                    help="leave out words seen fewer than K times (default 1)")
+    p.add_argument("--max-extract-mb", metavar="MB", type=int, default=None,
+                   help=f"refuse a tarball that extracts to more than MB MiB "
+                        f"(default {DEFAULT_MAX_EXTRACT_MB})")
+    p.add_argument("--max-expansion", metavar="X", type=float, default=None,
+                   help=f"refuse a tarball that extracts to more than X times its own size "
+                        f"(default {DEFAULT_MAX_EXPANSION}; the first MiB is always allowed)")
     p.add_argument("--force", action="store_true",
                    help="replace an output directory prepared from other inputs or options")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress and no summary")
@@ -91,11 +98,16 @@ def main(argv=None) -> int:
         args = build_parser().parse_args(list(argv))
         if args.no_dict and args.min_freq is not None:
             raise PrepareError("--min-freq has no effect with --no-dict")
+        if args.max_extract_mb is not None and args.max_extract_mb < 1:
+            raise PrepareError(f"--max-extract-mb {args.max_extract_mb}: must be at least 1")
+        if args.max_expansion is not None and not args.max_expansion >= 1:
+            raise PrepareError(f"--max-expansion {args.max_expansion:g}: must be at least 1")
         n = args.split_count if args.split_count is not None else _cluster_split_count()
         result = prepare(args.out, n, input=args.input, sample=args.sample,
                          strategy=args.strategy, test=args.test, build_dict=not args.no_dict,
                          min_freq=args.min_freq if args.min_freq is not None else 1,
-                         force=args.force, progress=not args.quiet)
+                         force=args.force, progress=not args.quiet,
+                         limits=ExtractLimits.from_mb(args.max_extract_mb, args.max_expansion))
     except _Exit as exc:
         return exc.status
     except PrepareError as exc:

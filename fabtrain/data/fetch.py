@@ -4,9 +4,8 @@
 * A directory is every regular file under it (recursively, hidden names
   skipped), sorted by relative path (byte order).
 * A tarball (``.tgz .tar.gz .tar .tar.bz2 .tbz2 .tar.xz .txz``), local or
-  downloaded, is extracted safely into a temporary directory: absolute
-  names and ``..`` are refused, links and device files are skipped (never
-  created), so nothing is ever written outside the target.  If it holds the
+  downloaded, is extracted safely into a temporary directory (archive.py:
+  nothing outside the target, nothing past the size limits).  If it holds the
   imikolov layout (``simple-examples/data/ptb.train.txt``) the train file is
   ``ptb.train.txt`` and the test file its sibling ``ptb.test.txt``;
   otherwise all its regular files are a directory input.
@@ -22,6 +21,7 @@ import os
 import re
 import stat
 
+from .archive import ExtractLimits, safe_extract
 from .errors import PrepareError
 from .progress import Progress
 
@@ -193,76 +193,6 @@ def download(url: str, dest_dir: str, flag: str, *, progress_enabled: bool = Tru
     return target, h.hexdigest()
 
 
-def _safe_parts(name: str) -> list[str] | None:
-    """Path components of a member name, or None if it would escape."""
-    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
-        return None
-    parts = [p for p in name.replace("\\", "/").split("/") if p not in ("", ".")]
-    if any(p == ".." for p in parts):
-        return None
-    return parts
-
-
-def safe_extract(archive: str, dest: str, flag: str, shown: str) -> dict:
-    """Extract regular files and directories of a tar archive under dest.
-
-    Refuses members whose names are absolute or contain ``..``; skips links
-    and special files (they are never created, so no later member can be
-    written through one).  Returns counts for the manifest."""
-    import tarfile
-    import zlib
-    dest_real = os.path.realpath(dest)
-    files = skipped = 0
-    try:
-        with tarfile.open(archive, "r:*") as tf:
-            for member in tf:
-                parts = _safe_parts(member.name)
-                if parts is None:
-                    raise PrepareError(f"{flag} {shown}: unsafe path in archive: {member.name!r}")
-                if not parts:
-                    continue
-                target = os.path.join(dest_real, *parts)
-                parent = os.path.dirname(target)
-                if member.isdir():
-                    os.makedirs(target, exist_ok=True)
-                    continue
-                if not member.isreg():
-                    skipped += 1
-                    continue
-                os.makedirs(parent, exist_ok=True)
-                real_parent = os.path.realpath(parent)
-                if real_parent != dest_real and not real_parent.startswith(dest_real + os.sep):
-                    raise PrepareError(f"{flag} {shown}: unsafe path in archive: {member.name!r}")
-                if os.path.lexists(target):
-                    if os.path.isdir(target) and not os.path.islink(target):
-                        raise PrepareError(f"{flag} {shown}: archive member {member.name!r} "
-                                           f"is both a file and a directory")
-                    os.unlink(target)  # a later member of the same name wins, as in tar
-                src = tf.extractfile(member)
-                if src is None:
-                    skipped += 1
-                    continue
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-                with src, os.fdopen(fd, "wb") as out:
-                    while True:
-                        block = src.read(1 << 20)
-                        if not block:
-                            break
-                        out.write(block)
-                files += 1
-    except PrepareError:
-        raise
-    except (tarfile.TarError, EOFError, ValueError, zlib.error) as exc:
-        raise PrepareError(f"{flag} {shown}: not a valid tar archive ({exc})") from None
-    except OSError as exc:
-        if exc.filename is None and exc.errno is None:
-            raise PrepareError(f"{flag} {shown}: not a valid tar archive ({exc})") from None
-        raise
-    if files == 0:
-        raise PrepareError(f"{flag} {shown}: archive holds no files")
-    return {"extracted_files": files, "skipped_members": skipped}
-
-
 def _looks_like_tar(path: str) -> bool:
     import tarfile
     try:
@@ -293,8 +223,8 @@ def inputs_from_tree(root: str, flag: str, shown: str) -> tuple[InputSet, InputS
     return InputSet(files, sizes, f"{shown} (archive, {len(files)} files)", is_dir=True), None
 
 
-def materialize(spec: str, work: str, flag: str, *, progress_enabled: bool = True
-                ) -> tuple[InputSet, InputSet | None, dict]:
+def materialize(spec: str, work: str, flag: str, *, progress_enabled: bool = True,
+                limits: ExtractLimits | None = None) -> tuple[InputSet, InputSet | None, dict]:
     """Turn --input into local files (downloading/extracting under work).
 
     Returns (train input, test input found inside an archive or None,
@@ -307,7 +237,7 @@ def materialize(spec: str, work: str, flag: str, *, progress_enabled: bool = Tru
         if _looks_like_tar(path):
             dest = os.path.join(work, "extracted")
             os.makedirs(dest)
-            facts.update(safe_extract(path, dest, flag, spec))
+            facts.update(safe_extract(path, dest, flag, spec, limits))
             train, test = inputs_from_tree(dest, flag, spec)
             os.unlink(path)
             return train, test, facts
@@ -322,7 +252,7 @@ def materialize(spec: str, work: str, flag: str, *, progress_enabled: bool = Tru
         facts["source_bytes"] = os.path.getsize(spec)
         dest = os.path.join(work, "extracted")
         os.makedirs(dest)
-        facts.update(safe_extract(spec, dest, flag, spec))
+        facts.update(safe_extract(spec, dest, flag, spec, limits))
         train, test = inputs_from_tree(dest, flag, shown)
         return train, test, facts
     return local_input(spec, flag), None, facts

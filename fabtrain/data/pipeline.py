@@ -22,6 +22,7 @@ import sys
 import tempfile
 
 from . import fetch, manifest as mf, sample as sm, strategies as st
+from .archive import ExtractLimits
 from .dictionary import write_word_dict
 from .errors import PrepareError
 
@@ -183,8 +184,9 @@ def _install(stage: str, out_dir: str, manifest: dict) -> None:
 
 def prepare(out: str, split_count: int, *, input: str | None = None, sample: bool = False,
             strategy: str = "contiguous", test: str | None = None, build_dict: bool = True,
-            min_freq: int = 1, force: bool = False, progress: bool = True) -> Result:
-    """Prepare the data directory `out`.  Raises PrepareError for bad input."""
+            min_freq: int = 1, force: bool = False, progress: bool = True,
+            limits: ExtractLimits | None = None) -> Result:
+    """Prepare the data directory `out` (`limits`: what a tarball may expand to). PrepareError for bad input."""
     if strategy not in st.STRATEGIES:
         raise PrepareError(f"--strategy {strategy}: unknown (use one of {', '.join(st.STRATEGIES)})")
     if isinstance(split_count, bool) or not isinstance(split_count, int) \
@@ -257,13 +259,13 @@ def prepare(out: str, split_count: int, *, input: str | None = None, sample: boo
         try:
             return _build(work, out_dir, request, input=input, sample=sample, strategy=strategy,
                           test=test, build_dict=build_dict, min_freq=min_freq, n=n,
-                          progress=progress)
+                          progress=progress, limits=limits)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
 
 def _build(work, out_dir, request, *, input, sample, strategy, test, build_dict, min_freq, n,
-           progress) -> Result:
+           progress, limits) -> Result:
     src = os.path.join(work, "src")
     stage = os.path.join(work, "out")
     os.mkdir(src)
@@ -276,7 +278,7 @@ def _build(work, out_dir, request, *, input, sample, strategy, test, build_dict,
         what, test_what = "--sample", "--sample (test)"
     else:
         train, test_inp, facts = fetch.materialize(input, src, "--input",
-                                                   progress_enabled=progress)
+                                                   progress_enabled=progress, limits=limits)
         what = f"--input {input}"
         test_what = f"--input {input} (test file)"
         if test:

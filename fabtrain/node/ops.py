@@ -1,16 +1,13 @@
 """What fabtrain does ON a node: probe, provision, start, status, logs, kill, verify, collect.
 
-This file is sent to the node and run by the node's own interpreter each time
-(``python3 -c <bootstrap> <op> <base64 json>``), so it needs no deployed code,
-only the Python standard library (3.8+); the node modules it imports travel
-with it (fabtrain/node/bundle.py). That is what lets ``fab kill-all`` work on
-a node whose code directory is gone, and ``fab check`` before anything was
-deployed. One invocation = one remote command per node per task.
-
-The reply is one JSON object printed after the SENTINEL line, so that noise a
-login shell prints (a .bashrc that echoes) cannot corrupt it.
+The controller sends this package to the node with every call
+(fabtrain.remote.rpc) and fabtrain.node.serve runs the op the request
+names, so it needs no deployed code, only the Python standard library
+(3.8+). That is what lets ``fab kill-all`` work on a node whose code
+directory is gone, and ``fab check`` before anything was deployed. An op
+takes the request's payload and returns what goes back as the reply; it
+raises UserFacing for a refusal the user should read as one line.
 """
-import base64
 import hashlib
 import json
 import os
@@ -22,10 +19,11 @@ import sys
 import time
 
 from fabtrain.node import atomic, launch, procfs
+from fabtrain.node.workspace import (check_workspace, claim_workspace, job_dir, make_private_dirs, snapshot_code,
+                                     workspace)
 from fabtrain.node.agent.supervisor import family, send, stop_all, trusted
 from fabtrain.node.states import ProcessState, decide, signame, signal_of
 
-SENTINEL = "@@fabtrain-reply@@"
 PROGRAM_WAIT = 3.0  # seconds a start waits for each launcher to fork its program
 
 
@@ -47,52 +45,6 @@ def tail_lines(path, n, max_bytes=65536):
         return []
     lines = data.decode("utf-8", "replace").splitlines()
     return lines[-n:] if n > 0 else []
-
-
-def workspace(payload):
-    return os.path.abspath(os.path.expanduser(payload["workspace"]))
-
-
-def check_workspace(ws):
-    """Refuse a workspace another user could tamper with (sshd's StrictModes, for fabtrain's records).
-
-    The workspace and every directory above it must belong to this user or
-    root, and none may be writable by group or others -- unless it is a
-    root-owned sticky directory such as /tmp, where nobody can replace our entries.
-    """
-    me = os.getuid()
-    path = ws
-    while True:
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            st = None
-        if st is not None:
-            if st.st_uid not in (me, 0):
-                raise UserFacing("workspace %s: %s belongs to uid %d, not to this user (uid %d) or root"
-                                 % (ws, path, st.st_uid, me))
-            sticky_root = st.st_uid == 0 and st.st_mode & 0o1000 and path != ws
-            if st.st_mode & 0o022 and not sticky_root:
-                raise UserFacing("workspace %s: %s is writable by group or others (chmod go-w %s)" % (ws, path, path))
-        parent = os.path.dirname(path)
-        if parent == path:
-            return
-        path = parent
-
-
-def make_private_dirs(*paths):
-    """Directories only this user can enter (0700), made if missing, tightened if not."""
-    for path in paths:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        if os.stat(path).st_mode & 0o077:
-            os.chmod(path, 0o700)
-
-
-def job_dir(ws, job_id=None):
-    if job_id:
-        return os.path.join(ws, "jobs", job_id)
-    cur = os.path.join(ws, "current")
-    return os.path.realpath(cur) if os.path.islink(cur) else None
 
 
 def run_records(jd):
@@ -156,6 +108,7 @@ def process_state(jd, name, procs, kids):
 def op_probe(payload):
     ws = workspace(payload)
     probe = {
+        "workspace_conflict": claim_workspace(ws, payload["cluster"], payload["node"]),
         "hostname": platform.node(),
         "python": platform.python_version(),
         "python_path": sys.executable,
@@ -207,9 +160,11 @@ def op_probe(payload):
 def op_provision(payload):
     ws = workspace(payload)
     os.umask(0o077)
-    check_workspace(ws)
+    refusal = check_workspace(ws)
+    if refusal:
+        raise UserFacing(refusal)
     make_private_dirs(ws, os.path.join(ws, "jobs"))
-    for sub in ("code", "data", "checkpoints"):
+    for sub in ("code", "data", "runtime"):
         os.makedirs(os.path.join(ws, sub), exist_ok=True)
     result = {"workspace": ws, "venv": None}
     if payload.get("venv"):
@@ -263,6 +218,44 @@ def spawn(proc, ws, base_env):
     return p, record
 
 
+def start_agent(agent, job, jd, ws, base_env, warnings):
+    """Start the agent; on the node that hosts the coordinator, first, and only once it holds the port.
+
+    Agents refuse a coordinator that cannot prove the job's secret, so a job whose
+    coordinator cannot listen (another program on job.watchdog.port) has none:
+    that fails the start here, before any of the job's processes runs.
+    """
+    events = os.path.join(jd, "events.jsonl")
+    offset = os.path.getsize(events) if os.path.exists(events) else 0
+    p, record = spawn(agent, ws, base_env)
+    if (job.get("nodes") or [{}])[0].get("name") != job["node"]:
+        return p, record
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        kinds = {}
+        try:
+            with open(events) as f:
+                f.seek(offset)
+                lines = f.read().splitlines()
+        except OSError:
+            lines = []  # not written yet
+        for text in lines:
+            try:
+                ev = json.loads(text)
+                kinds[ev.get("kind")] = ev.get("reason")
+            except (ValueError, AttributeError):
+                pass  # a line being written
+        if "agent_started" in kinds:
+            return p, record
+        if p.poll() is not None:
+            why = kinds.get("coordinator_error") or "the agent exited at once with code %s: %s" % (
+                p.returncode, " | ".join(tail_lines(expand(agent["log"], ws), 3)))
+            raise UserFacing("%s; nothing of job %s was started here" % (why, job["job_id"]))
+        time.sleep(0.05)
+    warnings.append("the agent has not started its coordinator within 15 s (see `fab status`)")
+    return p, record
+
+
 def name_programs(started, ws, procs_by_name, deadline):
     """Add each launcher's program to its run record (the pid to show), once it has forked it."""
     pending = list(started)
@@ -284,10 +277,12 @@ def name_programs(started, ws, procs_by_name, deadline):
 def op_start(payload):
     job = payload["job"]
     ws = workspace(job)
-    jd = os.path.join(ws, "jobs", job["job_id"])
     # Logs, metrics, events, health and run records: this user's only (the programs inherit the umask).
     os.umask(0o077)
-    check_workspace(ws)
+    refusal = check_workspace(ws) or claim_workspace(ws, job["cluster"], job["node"])
+    if refusal:
+        raise UserFacing(refusal)
+    jd = os.path.join(ws, "jobs", job["job_id"])
     make_private_dirs(ws, os.path.join(ws, "jobs"), jd, *(os.path.join(jd, sub) for sub in ("logs", "run", "metrics")))
 
     # Refuse to start over a running job unless told (`--force` kills it first on the controller side).
@@ -305,6 +300,7 @@ def op_start(payload):
         if p["name"] in already:
             raise UserFacing("%s of job %s is already running here" % (p["name"], job["job_id"]))
 
+    job["code"] = snapshot_code(ws, jd)
     # 0600: it holds the coordinator's secret.
     atomic.write(os.path.join(jd, "job.json"), json.dumps(job, indent=1))
     atomic.write(os.path.join(jd, launch.SCRIPT), launch.source())
@@ -316,11 +312,13 @@ def op_start(payload):
     started, failed, warnings, by_name = [], [], [], {}
     agent = payload.get("agent")
     if agent and "agent" not in already:
-        code = os.path.join(ws, "code", "fabtrain", "node", "agent", "__main__.py")
-        if os.path.exists(code):
-            wanted = wanted + [agent]
+        runtime = os.path.join(expand(agent["cwd"], ws), "fabtrain", "node")
+        if os.path.isdir(runtime):
+            by_name[agent["name"]] = agent
+            started.append(start_agent(agent, job, jd, ws, base_env, warnings))
         else:
-            warnings.append("watchdog not started: %s missing (run `fab deploy` first)" % code)
+            warnings.append("watchdog not started: fabtrain's node runtime %s is missing (run `fab deploy` first)"
+                            % runtime)
     for proc in wanted:
         by_name[proc["name"]] = proc
         try:
@@ -372,6 +370,7 @@ def op_status(payload):
         last_event = None
     return {
         "job_id": os.path.basename(jd),
+        "code": job.get("code"),
         "processes": out,
         "killed": os.path.exists(os.path.join(jd, "killed")),
         "health_ts": health.get("ts") if isinstance(health, dict) else None,
@@ -589,20 +588,3 @@ class UserFacing(Exception):
 
 OPS = {"probe": op_probe, "provision": op_provision, "start": op_start, "status": op_status,
        "logs": op_logs, "kill": op_kill, "verify": op_verify, "collect": op_collect}
-
-
-def main(argv):
-    op, payload = argv[0], json.loads(base64.b64decode(argv[1]).decode())
-    try:
-        reply = {"ok": True, "result": OPS[op](payload)}
-    except UserFacing as e:
-        reply = {"ok": False, "error": str(e)}
-    except Exception as e:  # report on the controller, with the node's name, as one line
-        reply = {"ok": False, "error": "%s: %s" % (type(e).__name__, e)}
-    sys.stdout.write("\n%s\n%s\n" % (SENTINEL, json.dumps(reply)))
-    sys.stdout.flush()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

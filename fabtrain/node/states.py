@@ -105,3 +105,28 @@ def describe_end(exit_code: int | None, signal: int | None = None, launcher: int
         return "exited with code %d" % code
     who = "its launcher (pid %d)" % launcher if launcher else "its launcher"
     return "killed: %s died without recording an exit code" % who
+
+
+# -- for records read back from a node (the controller's side) ---------------------------
+
+_NAMES = {s.value: s for s in ProcessState}
+
+
+def exit_signal(exit_code) -> int | None:
+    """signal_of() for a value read from a node record: anything but an int means no signal."""
+    if isinstance(exit_code, bool) or not isinstance(exit_code, int):
+        return None
+    return signal_of(exit_code)
+
+
+def process_state(alive: bool, proc_state: str | None, exit_code, signal) -> ProcessState:
+    """decide() for a node's record, whose state may already be a name ("killed", "not started")."""
+    named = _NAMES.get(proc_state or "")
+    code = exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else None
+    signal = signal if isinstance(signal, int) and not isinstance(signal, bool) else None
+    if named is ProcessState.NOT_STARTED or (alive and named is not None):
+        return named
+    if not alive and code is None and signal is None and named in (ProcessState.KILLED, ProcessState.LOST):
+        return named  # the node knew how it ended without a code (kill-all, a record from before boot)
+    # An end is decided by its code: "exited" with 137 from an older node is killed by SIGKILL.
+    return decide(alive, proc_state if alive else None, code, signal)

@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from fabtrain.config.cluster import Cluster, Node
+from fabtrain.plan.runtime import runtime_dir
 from fabtrain.node import launch
 
 
@@ -102,7 +103,8 @@ class Plan:
         # No subreaper: the agent's keeper must outlive the agent, not be held by its launcher.
         start = launch_argv(n.python, self.job_id, f"{job_dir}/run/agent.exit", argv, subreaper=False)
         return {"name": "agent", "role": "agent", "rank": n.node_index, "argv": argv,
-                "launch": start, "env": env, "cwd": "$WS/code",
+                # The agent runs from fabtrain's own runtime, never from the user's code.
+                "launch": start, "env": env, "cwd": runtime_dir(),
                 "log": f"{job_dir}/logs/agent.log", "run": f"{job_dir}/run/agent.json",
                 "exit": f"{job_dir}/run/agent.exit", "metrics": ""}
 
@@ -122,6 +124,18 @@ def is_torchrun(command: str) -> bool:
     return len(argv) >= 3 and argv[1] == "-m" and argv[2] == "torch.distributed.run"
 
 
+class _PortsByAddress:
+    """Hands out 0, 1, 2, ... per address: the slot of the next endpoint on that address."""
+
+    def __init__(self) -> None:
+        self._used: dict[str, int] = {}
+
+    def next(self, address: str) -> int:
+        slot = self._used.get(address, 0)
+        self._used[address] = slot + 1
+        return slot
+
+
 def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, secret: str | None = None) -> Plan:
     job = cluster.job
     trainer_nodes = cluster.trainer_nodes
@@ -129,13 +143,15 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
     world_size = cluster.trainer_count
     master = trainer_nodes[0]  # trainer 0 is the first trainer of the first node (PaddleX)
 
-    # Pserver endpoints: pservers on one node take consecutive port ranges.
+    # Pserver endpoints: pservers that share an address (one node, or several
+    # nodes on one machine) take consecutive port ranges, so no two collide.
     span = job.pserver.ports_num + job.pserver.ports_num_for_sparse
     pservers: list[tuple[Node, int, int]] = []  # (node, pserver rank, port)
     if job.mode == "pserver":
+        taken = _PortsByAddress()
         for node in cluster.pserver_nodes:
-            for k in range(job.pserver.per_node):
-                pservers.append((node, len(pservers), job.pserver.port + k * span))
+            for _ in range(job.pserver.per_node):
+                pservers.append((node, len(pservers), job.pserver.port + taken.next(node.address) * span))
     pserver_ips = ",".join(n.address for n, _, _ in pservers)
     pserver_endpoints = tuple(f"{n.address}:{port}" for n, _, port in pservers)
 
@@ -151,8 +167,11 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
         "nnodes": len(trainer_nodes),
         "nproc_per_node": per_node,
     }
+    # One endpoint per trainer; trainers that share an address differ in port.
+    endpoint_slot = _PortsByAddress()
     paddle_endpoints = ",".join(
-        f"{n.address}:{job.master_port + 1 + local}" for n in trainer_nodes for local in range(per_node)
+        f"{n.address}:{job.master_port + 1 + endpoint_slot.next(n.address)}"
+        for n in trainer_nodes for _ in range(per_node)
     )
 
     node_plans = []
@@ -295,7 +314,7 @@ def _process(cluster: Cluster, node: Node, role: str, rank: int, command: str, v
         # `python` in a command means the cluster's interpreter (its venv's bin first).
         env["PATH"] = f"{os.path.dirname(node.python)}:$PATH"
     argv = tuple(fill_placeholders(command, values))
-    return ProcessPlan(name=name, role=role, rank=rank, argv=argv, env=env, cwd="$WS/code", **paths,
+    return ProcessPlan(name=name, role=role, rank=rank, argv=argv, env=env, cwd=f"$WS/jobs/{job_id}/code", **paths,
                        launch=tuple(launch_argv(node.python, job_id, paths["exit"], argv)))
 
 

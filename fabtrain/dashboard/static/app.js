@@ -2,7 +2,23 @@
 // Everything from the nodes is put in the page with textContent, never innerHTML.
 "use strict";
 
-const TOKEN = document.querySelector('meta[name="fabtrain-token"]').content;
+// The token: from the URL that fab dashboard printed (/?token=...) on the first load, then from
+// sessionStorage, and out of the address bar and history at once. Never a cookie: cookies ignore
+// ports, so every other web app on 127.0.0.1 would get it; sessionStorage is per origin (port
+// included) and per tab. It goes to the server only as a header on our own fetches.
+const TOKEN_KEY = "fabtrain-dashboard-token";
+const TOKEN = (() => {
+  const params = new URLSearchParams(location.search);
+  const given = params.get("token");
+  if (given) {
+    sessionStorage.setItem(TOKEN_KEY, given);
+    params.delete("token");
+    const rest = params.toString();
+    history.replaceState(null, "", location.pathname + (rest ? "?" + rest : "") + location.hash);
+  }
+  return sessionStorage.getItem(TOKEN_KEY);
+})();
+const AUTH = {"Authorization": "Bearer " + TOKEN};
 const REFRESH_MS = Math.max(250, parseInt(document.querySelector('meta[name="fabtrain-refresh-ms"]').content, 10) || 1000);
 
 const state = {
@@ -14,6 +30,7 @@ const state = {
   lastOk: null,
   job: null,
   inFlight: false,
+  timer: null,
 };
 
 // -- small helpers ---------------------------------------------------------------------------
@@ -75,8 +92,9 @@ function bar(percent, text) {
 }
 
 async function api(path) {
-  const r = await fetch(path, {headers: {"Authorization": "Bearer " + TOKEN}, cache: "no-store"});
+  const r = await fetch(path, {headers: AUTH, cache: "no-store"});
   const body = await r.json().catch(() => ({error: `HTTP ${r.status}`}));
+  if (r.status === 401 || r.status === 403) forgetToken(body.error || `HTTP ${r.status}`);
   if (!r.ok) throw new Error(body.error || `HTTP ${r.status}`);
   return body;
 }
@@ -144,6 +162,8 @@ function renderCluster(c) {
   }
   tbody.replaceChildren(...rows);
   document.getElementById("cluster-summary").textContent = `${up}/${c.nodes.length} nodes up`;
+  document.getElementById("cluster-name").textContent = "· " + c.cluster;
+  document.title = "fabtrain · " + c.cluster;
   updateLogOptions(options);
 }
 
@@ -336,7 +356,7 @@ async function kill() {
   button.disabled = true;
   banner("kill-result", "killing the job…", "");
   try {
-    const r = await fetch("/api/kill", {method: "POST", headers: {"Authorization": "Bearer " + TOKEN}});
+    const r = await fetch("/api/kill", {method: "POST", headers: AUTH});
     const body = await r.json().catch(() => ({error: `HTTP ${r.status}`}));
     if (!r.ok) throw new Error(body.error || `HTTP ${r.status}`);
     // kill-all also lists the children it killed with their process group: count processes once
@@ -353,6 +373,19 @@ async function kill() {
   }
 }
 
+function forgetToken(reason) {
+  // A token the server refuses (a restarted dashboard has a new one) is no use to keep.
+  sessionStorage.removeItem(TOKEN_KEY);
+  noToken("the dashboard refused the token (" + reason + ")");
+}
+
+function noToken(why) {
+  clearInterval(state.timer);
+  document.getElementById("kill").hidden = true;
+  document.getElementById("updated").textContent = "no token";
+  banner("banner", why + ": open the URL that fab dashboard printed (http://…/?token=…)", "bad");
+}
+
 document.getElementById("kill").addEventListener("click", kill);
 document.getElementById("log-select").addEventListener("change", e => {
   const v = e.target.value;
@@ -361,5 +394,9 @@ document.getElementById("log-select").addEventListener("change", e => {
   selectLog(node, process);
 });
 window.addEventListener("load", () => { state.chartsDirty = true; drawCharts(); });
-refresh();
-setInterval(refresh, REFRESH_MS);
+if (TOKEN) {
+  refresh();
+  state.timer = setInterval(refresh, REFRESH_MS);
+} else {
+  noToken("this page has no token");
+}

@@ -160,7 +160,14 @@ class Agent:
                 os.path.join(self.jd, "coordinator.json"), secret=self.coord_secret,
                 on_event=lambda kind, reason, node=None: self.events.write(kind, reason, peer=node))
             self.coordinator.start()
-        self.client = Client(self.coord_host, self.coord_port, self.cfg.interval, self._on_message)
+            if not self.coordinator.wait_listening(self.coordinator.bind_wait + 5):
+                # The coordinator wrote why (coordinator_error). Agents refuse whatever holds the
+                # port, so this job has no coordinator: fail the start (node ops reports it).
+                self.shutdown(1)
+                raise SystemExit(1)
+        self.client = Client(self.coord_host, self.coord_port, self.cfg.interval, self._on_message,
+                             secret=self.coord_secret, job_id=self.job_id, node=self.node,
+                             on_event=lambda kind, reason, node=None: self.events.write(kind, reason, peer=node))
         self.client.start()
 
     def _replay(self) -> None:

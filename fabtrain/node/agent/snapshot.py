@@ -88,7 +88,7 @@ def beat(agent) -> dict:
     status = ledger.status
     final = {"status": status.status, "reason": status.reason, "node": status.origin} \
         if status.status in FINAL else None
-    return {"op": "beat", "job_id": agent.job_id, "secret": agent.coord_secret, "node": agent.node,
+    return {"op": "beat", "job_id": agent.job_id, "node": agent.node,
             "ts": time.time(), "procs": procs, "done": agent.is_done,
             "failure": {"reason": ledger.failure} if ledger.failure else None, "final": final,
             "trainers_expected": agent.job.get("trainers")}
