@@ -586,18 +586,14 @@ class UserFacing(Exception):
     """A refusal to report as one line, not a crash."""
 
 
-def op_jobs(payload):
-    """Every job this workspace remembers (the run history): fabtrain.node.history."""
-    from fabtrain.node import history  # here, not at the top: it uses this module's helpers
-    return history.op_jobs(payload)
-
-
-def op_job(payload):
-    """One old job in full: series, events, last log lines (fabtrain.node.history)."""
-    from fabtrain.node import history
-    return history.op_job(payload)
+def _history_op(name):
+    """An op of fabtrain.node.history (jobs, job), imported when asked for: it uses this module's helpers."""
+    def op(payload):
+        from fabtrain.node import history
+        return getattr(history, name)(payload)
+    return op
 
 
 OPS = {"probe": op_probe, "provision": op_provision, "start": op_start, "status": op_status,
        "logs": op_logs, "kill": op_kill, "verify": op_verify, "collect": op_collect,
-       "jobs": op_jobs, "job": op_job}
+       "jobs": _history_op("op_jobs"), "job": _history_op("op_job")}
