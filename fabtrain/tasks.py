@@ -18,7 +18,7 @@ from fabtrain.remote.session import get_session
 
 # What a project's `from fabtrain.tasks import *` brings into its fabfile: the tasks only.
 __all__ = ["plan", "provision", "check", "deploy", "split_data", "copy_data", "start_pserver",
-           "start_trainers", "status", "watch", "logs", "kill_all", "dashboard"]
+           "start_trainers", "status", "watch", "logs", "kill_all", "dashboard", "export"]
 
 
 def fabtask(fn):
@@ -180,3 +180,17 @@ def dashboard(c, port=8265, host="127.0.0.1", interval=1.0, job=None):
     """Serve the web dashboard on --host (127.0.0.1) --port (8265); prints its URL with the token."""
     from fabtrain.dashboard.serve import serve
     serve(session(c), host=host, port=port, interval=interval, job_id=job)
+
+
+@fabtask
+def export(c, tensorboard=None, job=None):
+    """Write every trainer's metrics as TensorBoard event files: --tensorboard=DIR, one run a job and trainer (--job ID)."""
+    from fabtrain.controller.export import export_tensorboard
+    if not tensorboard:
+        raise UserError("say where: --tensorboard=DIR")
+    result = export_tensorboard(session(c), tensorboard, job_id=job)
+    for line in result.runs:
+        print(f"{tensorboard}/{line}")
+    for line in result.unreachable:
+        print(f"unreachable (its part is missing): {line}", file=sys.stderr)
+    fail_if(not result.runs, "export: no trainer metrics found" + (f" for job {job}" if job else ""))

@@ -39,5 +39,11 @@ def live_marked(workspaces) -> list[tuple[int, str]]:
     found = []
     for w in workspaces:
         for pid in procfs.marked(os.path.realpath(w), procs):
-            found.append((pid, f"{procs[pid].state} {' '.join(procfs.cmdline(pid)) or '?'}"))
+            cmd = " ".join(procfs.cmdline(pid))
+            if not cmd:
+                # No command line: it is exiting (its memory is gone); a moment later it is a zombie, or gone.
+                time.sleep(0.02)
+                if not procfs.alive(pid, procs[pid].create_time):
+                    continue
+            found.append((pid, f"{procs[pid].state} {cmd or '?'}"))
     return sorted(set(found))

@@ -26,6 +26,8 @@ ROLES = ("pserver", "trainer")
 MODES = ("pserver", "collective")
 HOST_KEY_POLICIES = ("strict", "accept-new")
 ON_FAILURE = ("kill-job", "keep")
+NOTIFY_ON = ("failed", "hang", "restart", "finished")
+WEBHOOK_RE = re.compile(r"^https?://[^\s/?#]+[^\s]*$")
 
 # Placeholders a role's command may name; the plan fills them in.
 PLACEHOLDERS = frozenset(
@@ -60,7 +62,8 @@ FIELDS: dict[str, set[str]] = {
     "job.pserver": {"port", "ports_num", "ports_num_for_sparse", "per_node", "command"},
     "job.trainer": {"per_node", "command", "use_gpu", "trainer_count"},
     "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq", "max_extract_mb", "max_expansion"},
-    "job.watchdog": {"enabled", "interval", "hang_timeout", "startup_timeout", "grace", "on_failure", "port"},
+    "job.watchdog": {"enabled", "interval", "hang_timeout", "startup_timeout", "grace", "on_failure", "port", "notify"},
+    "job.watchdog.notify": {"webhook", "command", "on"},
 }
 
 
@@ -125,6 +128,14 @@ class DataSpec:
 
 
 @dataclass(frozen=True)
+class NotifySpec:
+    """Alerts the agents send themselves (fabtrain/node/agent/notify.py): no controller needed."""
+    webhook: str | None = None  # POST a JSON body (Slack-compatible `text`, plus the event)
+    command: tuple[str, ...] = ()  # argv run with the event as JSON on stdin (no shell)
+    on: tuple[str, ...] = NOTIFY_ON
+
+
+@dataclass(frozen=True)
 class WatchdogSpec:
     enabled: bool = True
     interval: float = 1.0
@@ -134,6 +145,7 @@ class WatchdogSpec:
     grace: float = 5.0  # seconds between SIGTERM and SIGKILL
     on_failure: str = "kill-job"
     port: int | None = 7180  # the agents' shared store, on the first node
+    notify: NotifySpec | None = None
 
 
 @dataclass(frozen=True)
@@ -225,13 +237,11 @@ def parse_cluster(doc: Any, path: str = DEFAULT_CLUSTER_FILE) -> Cluster:
     return _Parser(path).cluster(doc)
 
 
-class _Parser:
-    """Walks the YAML document; every check knows the dotted field it is on."""
+class _Checks:
+    """The errors and the primitive checks of one value; each knows the dotted field it is on."""
 
     def __init__(self, path: str):
         self.path = path
-
-    # -- errors and primitive checks -------------------------------------------------
 
     def fail(self, where: str, problem: str) -> UserError:
         return UserError(f"{self.path}: {where}: {problem}")
@@ -324,7 +334,9 @@ class _Parser:
                     raise self.fail(where, f"unknown placeholder {{{name}}}; known: {', '.join('{%s}' % p for p in sorted(PLACEHOLDERS))}")
         return cmd
 
-    # -- the document -----------------------------------------------------------------
+
+class _Parser(_Checks):
+    """Walks the YAML document; every check knows the dotted field it is on."""
 
     def cluster(self, doc: Any) -> Cluster:
         if doc is None:
@@ -483,6 +495,7 @@ class _Parser:
             grace=self.number(w.get("grace", dw.grace), "job.watchdog.grace", 0, 600),
             on_failure=self.choice(w.get("on_failure", dw.on_failure), "job.watchdog.on_failure", ON_FAILURE),
             port=self.port(w.get("port", dw.port), "job.watchdog.port"),
+            notify=self.notify(w["notify"]) if w.get("notify") is not None else None,
         )
 
         env_doc = d.get("env") or {}
@@ -499,6 +512,28 @@ class _Parser:
         code = self.path_value(d.get("code", JobSpec.code), "job.code")
         return JobSpec(name=name, mode=mode, sgd=sgd, master_port=master_port, code=code, pserver=pserver,
                        trainer=trainer, data=data, watchdog=watchdog, env=tuple(env))
+
+    def notify(self, value: Any) -> NotifySpec:
+        where = "job.watchdog.notify"
+        n = self.mapping(value, where, FIELDS[where])
+        webhook = None
+        if n.get("webhook") is not None:
+            webhook = self.string(n["webhook"], f"{where}.webhook")
+            if not WEBHOOK_RE.match(webhook):
+                raise self.fail(f"{where}.webhook", f"{_shown(webhook)} is not an http:// or https:// URL")
+        command: tuple[str, ...] = ()
+        if n.get("command") is not None:
+            if not isinstance(n["command"], list) or not n["command"]:
+                raise self.fail(f"{where}.command", f"must be a non-empty list of arguments (argv, no shell), "
+                                                    f"got {_kind(n['command'])}")
+            command = tuple(self.string(a, f"{where}.command[{i}]", ONE_LINE_RE) for i, a in enumerate(n["command"]))
+        if not webhook and not command:
+            raise self.fail(where, "give a webhook, a command, or both")
+        on = n.get("on", list(NOTIFY_ON))
+        if not isinstance(on, list) or not on:
+            raise self.fail(f"{where}.on", f"must be a non-empty list of: {', '.join(NOTIFY_ON)}")
+        on = tuple(self.choice(k, f"{where}.on[{i}]", NOTIFY_ON) for i, k in enumerate(on))
+        return NotifySpec(webhook=webhook, command=command, on=on)
 
     def check_roles(self, cluster: Cluster) -> None:
         if not cluster.trainer_nodes:

@@ -162,7 +162,11 @@ def start_text(result: StartResult, roles: tuple[str, ...]) -> str:
             out.append(f"{r.node}: {f['name']} exited at once with code {f['exit_code']}: {' | '.join(f['log'])}")
         for w in r.value["warnings"]:
             out.append(f"{r.node}: warning: {w}")
-    out.append(f"job {result.job_id}: {' and '.join(roles)} started; {ports_text(result.plan.ports, result.plan.auto_ports)}")
+    if result.complete:
+        out.append(f"job {result.job_id}: {' and '.join(roles)} started; "
+                   f"{ports_text(result.plan.ports, result.plan.auto_ports)}")
+    else:
+        out.append(f"job {result.job_id}: {' and '.join(roles)} NOT started on every node (see above)")
     return "\n".join(out)
 
 
@@ -300,6 +304,8 @@ def kill_text(replies: list[Reply]) -> tuple[str, bool]:
             out.append(f"{r.node}: killed {what}")
         else:
             out.append(f"{r.node}: nothing running")
+        for record in r.value.get("untrusted") or []:
+            out.append(f"{r.node}: ignored run record {record}: not a process of this workspace's jobs")
         if r.value["left"]:
             out.append(f"{r.node}: STILL ALIVE: pids {', '.join(map(str, r.value['left']))}")
             clean = False

@@ -28,7 +28,6 @@ writes the log a line at a time.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 
@@ -133,6 +132,7 @@ def _parse(argv):
 
 
 def _start(program) -> int:
+    import shutil  # here: the agent imports this module too, and keeps small
     parent = os.getpid()
     if shutil.which("stdbuf"):
         program = ["stdbuf", "-oL", "-eL"] + program

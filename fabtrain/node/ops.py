@@ -9,6 +9,7 @@ takes the request's payload and returns what goes back as the reply; it
 raises UserFacing for a refusal the user should read as one line.
 """
 import hashlib
+import importlib
 import json
 import os
 import platform
@@ -19,7 +20,9 @@ import sys
 import time
 
 from fabtrain.node import atomic, launch, procfs
-from fabtrain.node.agent.supervisor import family, send, stop_all
+from fabtrain.node.workspace import (check_workspace, claim_workspace, job_dir, make_private_dirs, snapshot_code,
+                                     workspace)
+from fabtrain.node.agent.supervisor import family, send, stop_all, trusted
 from fabtrain.node.states import ProcessState, decide, signame, signal_of
 
 PROGRAM_WAIT = 3.0  # seconds a start waits for each launcher to fork its program
@@ -43,48 +46,6 @@ def tail_lines(path, n, max_bytes=65536):
         return []
     lines = data.decode("utf-8", "replace").splitlines()
     return lines[-n:] if n > 0 else []
-
-
-def workspace(payload):
-    return os.path.abspath(os.path.expanduser(payload["workspace"]))
-
-
-OWNER_FILE = ".fabtrain-owner.json"
-
-
-def claim_workspace(ws, cluster, node):
-    """Make the workspace this node's, or say whose it is.
-
-    Two nodes must never share one workspace (two nodes on one machine, or
-    servers that share /home over NFS): each would see, watch and kill the
-    other's processes as its own. The first node to use a workspace claims it
-    with a marker made with O_EXCL (atomic, on NFS too); any other node is
-    refused. Returns None, or the one-line refusal.
-    """
-    marker = os.path.join(ws, OWNER_FILE)
-    me = {"cluster": cluster, "node": node}
-    try:
-        os.makedirs(ws, mode=0o700, exist_ok=True)
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    except OSError as e:
-        if not isinstance(e, FileExistsError):
-            return "cannot use workspace %s: %s" % (ws, e.strerror or e)
-        owner = atomic.read_json(marker, {})
-        if {k: owner.get(k) for k in me} == me:
-            return None
-        return ("workspace %s is already node %r of cluster %r (one machine, or storage shared between "
-                "servers): give node %r its own (nodes[].workspace, or leave it out for <cluster.workspace>/%s); "
-                "if that node is gone, remove %s" % (ws, owner.get("node"), owner.get("cluster"), node, node, marker))
-    with os.fdopen(fd, "w") as f:
-        json.dump(me, f)
-    return None
-
-
-def job_dir(ws, job_id=None):
-    if job_id:
-        return os.path.join(ws, "jobs", job_id)
-    cur = os.path.join(ws, "current")
-    return os.path.realpath(cur) if os.path.islink(cur) else None
 
 
 def run_records(jd):
@@ -199,7 +160,12 @@ def op_probe(payload):
 
 def op_provision(payload):
     ws = workspace(payload)
-    for sub in ("code", "data", "jobs", "runtime"):
+    os.umask(0o077)
+    refusal = check_workspace(ws)
+    if refusal:
+        raise UserFacing(refusal)
+    make_private_dirs(ws, os.path.join(ws, "jobs"))
+    for sub in ("code", "data", "runtime"):
         os.makedirs(os.path.join(ws, sub), exist_ok=True)
     result = {"workspace": ws, "venv": None}
     if payload.get("venv"):
@@ -251,27 +217,6 @@ def spawn(proc, ws, base_env):
               "argv": [expand(a, ws) for a in proc["argv"]], "started_at": time.time()}
     atomic.write_json(expand(proc["run"], ws), record)
     return p, record
-
-
-CODE_IDENTITY = ".fabtrain-code.json"  # written by `fab deploy`: which code this is
-
-
-def snapshot_code(ws, jd):
-    """The job's own copy of <ws>/code, made once, at its first start: jobs/<id>/code.
-
-    Hard links, so unchanged files cost nothing; `fab deploy` (rsync) replaces a
-    file by renaming a new one over it, never writing into it, so a deploy while
-    the job runs leaves the job's code as it was. Returns which code it is.
-    """
-    src, dst = os.path.join(ws, "code"), os.path.join(jd, "code")
-    if not os.path.isdir(dst):
-        tmp = dst + ".tmp.%d" % os.getpid()
-        if os.path.isdir(src):
-            shutil.copytree(src, tmp, symlinks=True, copy_function=os.link)
-        else:
-            os.makedirs(tmp)  # nothing deployed: commands that need no shipped code still run
-        os.replace(tmp, dst)
-    return atomic.read_json(os.path.join(dst, CODE_IDENTITY), {})
 
 
 def start_agent(agent, job, jd, ws, base_env, warnings):
@@ -333,12 +278,13 @@ def name_programs(started, ws, procs_by_name, deadline):
 def op_start(payload):
     job = payload["job"]
     ws = workspace(job)
-    refusal = claim_workspace(ws, job["cluster"], job["node"])
+    # Logs, metrics, events, health and run records: this user's only (the programs inherit the umask).
+    os.umask(0o077)
+    refusal = check_workspace(ws) or claim_workspace(ws, job["cluster"], job["node"])
     if refusal:
         raise UserFacing(refusal)
     jd = os.path.join(ws, "jobs", job["job_id"])
-    for sub in ("logs", "run", "metrics"):
-        os.makedirs(os.path.join(jd, sub), exist_ok=True)
+    make_private_dirs(ws, os.path.join(ws, "jobs"), jd, *(os.path.join(jd, sub) for sub in ("logs", "run", "metrics")))
 
     # Refuse to start over a running job unless told (`--force` kills it first on the controller side).
     procs = procfs.scan()
@@ -474,15 +420,6 @@ def op_logs(payload):
         time.sleep(0.2)
 
 
-def trusted(record, procs, ws):
-    """A run record may be signalled: its pid is alive, started when the record says, leads its own
-    process group, and carries this workspace's job marker (a planted or stale record names none of ours)."""
-    pid = record.get("pid")
-    p = procs.get(pid) if isinstance(pid, int) else None
-    return (p is not None and not p.dead and p.is_(record.get("create_time")) and p.pgid == record.get("pgid") == pid
-            and procfs.carries(procfs.environ_raw(pid), procfs.marker(ws)))
-
-
 def kill_targets(ws, records, skip):
     """Everything of the workspace's jobs alive now: {pid: what it is}; launchers apart (they go by themselves)."""
     procs = procfs.scan()
@@ -521,8 +458,9 @@ def op_kill(payload):
         for name, record in run_records(os.path.join(jobs_root, job_id)):
             if trusted(record, procs, ws):
                 records.append((job_id, record))
-            elif procfs.alive(record["pid"], None, procs) and record["pid"] not in skip:
-                untrusted.append("%s/%s (pid %d)" % (job_id, name, record["pid"]))
+            elif procfs.alive(record["pid"], record.get("create_time"), procs) and record["pid"] not in skip:
+                # A live process that is not ours (no job marker, or not leading its group): never signalled.
+                untrusted.append("jobs/%s/run/%s.json (pid %d)" % (job_id, name, record["pid"]))
     described = {}
 
     def find():
@@ -645,23 +583,18 @@ def op_collect(payload):
     return reply
 
 
-def op_netcheck(payload):
-    """The job's network from this node: interfaces, routes, who holds its ports, and
-    (with "serve") listeners the other nodes connect to while it connects to theirs."""
-    from fabtrain.node import netcheck  # here: the other ops never pay for its import
-    return netcheck.run(payload)
-
-
-def op_bandwidth(payload):
-    """One rank of `fab check --bandwidth`'s all-reduce (imports torch, in this process)."""
-    from fabtrain.node import bandwidth
-    return bandwidth.run(payload)
-
-
 class UserFacing(Exception):
     """A refusal to report as one line, not a crash."""
 
 
+def _module_op(module, name):
+    """An op of another node module, imported only when asked for (history, netcheck, bandwidth)."""
+    def op(payload):
+        return getattr(importlib.import_module("fabtrain.node." + module), name)(payload)
+    return op
+
+
 OPS = {"probe": op_probe, "provision": op_provision, "start": op_start, "status": op_status,
        "logs": op_logs, "kill": op_kill, "verify": op_verify, "collect": op_collect,
-       "netcheck": op_netcheck, "bandwidth": op_bandwidth}
+       "jobs": _module_op("history", "op_jobs"), "job": _module_op("history", "op_job"),
+       "netcheck": _module_op("netcheck", "run"), "bandwidth": _module_op("bandwidth", "run")}

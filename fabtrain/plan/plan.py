@@ -338,6 +338,8 @@ def _watchdog(cluster: Cluster, secret: str | None, port: int | None) -> dict:
         # The agents' shared view of the job lives with the first node's agent.
         "coordinator": {"host": cluster.nodes[0].address, "port": port},
     }
+    if w.notify is not None:
+        watchdog["notify"] = {"webhook": w.notify.webhook, "command": list(w.notify.command), "on": list(w.notify.on)}
     if secret:
         watchdog["coordinator"]["secret"] = secret
     return watchdog

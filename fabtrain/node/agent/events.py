@@ -23,6 +23,9 @@ class EventLog:
         self.out = out if out is not None else sys.stdout
         self.reserve_path = os.path.join(os.path.dirname(path), "run", "events.reserve")
         self.recent: list[dict] = []  # the last few, for health.json
+        # Alerts (job.json's watchdog.notify) go out from here: every event passes this one writer.
+        from .notify import from_job_dir
+        self.notify = from_job_dir(os.path.dirname(path), self.write)
 
     def reserve(self) -> None:
         """Set aside room for the events of a full disk."""
@@ -53,6 +56,8 @@ class EventLog:
         ev.update({k: v for k, v in fields.items() if v is not None})
         self._append((json.dumps(ev) + "\n").encode())
         self.recent = (self.recent + [ev])[-5:]
+        if self.notify is not None:
+            self.notify(ev)  # on its own thread: never waits on the network
         try:
             self.out.write("%s %s%s: %s\n" % (time.strftime("%H:%M:%S"), kind, " " + name if name else "", reason))
             self.out.flush()

@@ -242,10 +242,11 @@ class Agent:
         now = time.time()
         for ctx in self.contexts:
             ctx.poll(self.procs, self.kids, now, tick, self.cfg.interval)
-        self.watch.follow(p for ctx in self.contexts for p in ctx.watched_pids())
         self.obs = observe(self, now)
         actions, self.ledger = policy.decide(self.obs, self.ledger, self.cfg)
         self.execute(actions, now)
+        watched = [p for ctx in self.contexts for p in ctx.watched_pids()]
+        self.watch.follow(watched + [o.pid for o in self.ledger.orphans])
         if tick:
             gone = self.life.launcher_gone()
             if gone:

@@ -54,6 +54,16 @@ def family(record: dict, procs: dict, kids: dict) -> list[int]:
     return sorted(p for p in found if p in procs and not procs[p].dead)
 
 
+def trusted(record: dict, procs: dict, workspace: str) -> bool:
+    """A run record may be acted on: its pid is alive, started when the record says, leads its own
+    process group, and carries this workspace's job marker. A planted or stale record names none of ours,
+    and fabtrain never signals a group on its word."""
+    pid = record.get("pid")
+    p = procs.get(pid) if isinstance(pid, int) else None
+    return (p is not None and not p.dead and p.is_(record.get("create_time")) and p.pgid == record.get("pgid") == pid
+            and procfs.carries(procfs.environ_raw(pid), procfs.marker(workspace)))
+
+
 def stop_all(find, grace: float, settle: float = 5.0) -> tuple[dict[int, str], list[int]]:
     """SIGTERM whatever find() returns, grace, SIGKILL what is left; blocking (``fab kill-all``).
 
@@ -123,6 +133,9 @@ class ProcessContext:
 
     def __init__(self, spec: dict, job_dir: str, workspace: str, floor: float | None = None):
         self.name, self.role, self.rank = spec["name"], spec["role"], spec["rank"]
+        self.workspace = workspace
+        self.trusted = False  # its record named a live launcher of ours when loaded: its group is ours
+        self.launcher_up = False
         self.run_path = os.path.join(job_dir, "run", self.name + ".json")
         self.exit_path = os.path.join(job_dir, "run", self.name + ".exit")
         self.metrics_path = (spec.get("metrics") or "").replace("$WS", workspace) or None
@@ -169,25 +182,22 @@ class ProcessContext:
         return self.program or self.launcher
 
     def launcher_alive(self, procs: dict) -> bool:
-        return bool(self.record) and procfs.alive(self.launcher, self.record.get("create_time"), procs)
+        return self.trusted and procfs.alive(self.launcher, self.record.get("create_time"), procs)
 
     def watched_pids(self) -> list[int]:
-        """Pids whose end the agent should hear of at once (pidfds)."""
-        return [p for p in (self.launcher, self.program) if p] if self.live else []
+        """Pids whose end the agent should hear of at once (pidfds): the program while it runs, the
+        launcher until it has gone (it outlives the program while anything the program started lives)."""
+        pids = [self.program] if self.live and self.program else []
+        if self.launcher and self.launcher_up:
+            pids.append(self.launcher)
+        return pids
 
     # -- poll ----------------------------------------------------------------------------
 
     def poll(self, procs: dict, kids: dict, now: float, tick: bool, interval: float) -> None:
-        if self.record is None:
-            if not self._load(now):
-                return
-            if self.launcher not in procs:
-                # Started after this step's /proc listing (node ops starts the coordinator's
-                # agent before the job): read it now, or it would look as if it had ended.
-                fresh = procfs.stat(self.launcher)
-                if fresh is not None:
-                    procs[self.launcher] = fresh
-        launcher_alive = self.launcher_alive(procs)
+        if self.record is None and not self._load(now, procs):
+            return
+        launcher_alive = self.launcher_up = self.launcher_alive(procs)
         self._find_program(procs, kids, launcher_alive)
         self._remember_family(procs, kids, launcher_alive)
         if self.ended:
@@ -217,10 +227,20 @@ class ProcessContext:
         if tick or self.progress.cpu_seen is None:
             self.progress.cpu(sum(procs[p].cpu for p in live_tree), now, interval)
 
-    def _load(self, now: float) -> bool:
+    def _load(self, now: float, procs: dict) -> bool:
         record = read_json(self.run_path)
-        if not isinstance(record, dict) or "pid" not in record:
+        if not isinstance(record, dict) or not isinstance(record.get("pid"), int):
             return False
+        if record["pid"] not in procs:
+            # Started after this step's /proc listing (node ops starts the coordinator's
+            # agent before the job): read it now, or it would look as if it had ended.
+            fresh = procfs.stat(record["pid"])
+            if fresh is not None:
+                procs[record["pid"]] = fresh
+        self.trusted = trusted(record, procs, self.workspace)
+        if not self.trusted and procfs.alive(record["pid"], None, procs) and \
+                procfs.alive(record["pid"], record.get("create_time"), procs):
+            return False  # alive but not ours (no marker, not its own group): a planted record; wait for ops'
         self.record, self.launcher = record, record["pid"]
         self.program = record.get("program_pid")
         self.program_ctime = record.get("program_create_time")
@@ -240,8 +260,8 @@ class ProcessContext:
         for pid in list(self.family):
             if not procfs.alive(pid, self.family[pid], procs):
                 del self.family[pid]
-        pgid = self.record.get("pgid") or self.launcher
-        self.members = procfs.group(pgid, procs) if pgid else []
+        # Only a group we saw our launcher lead is ours to scan (never a pgid a record merely claims).
+        self.members = procfs.group(self.launcher, procs) if self.trusted else []
         # A group member born after the end may be a new group that reuses the pid: not ours.
         found = {pid for pid in self.members if self.ended_at is None or procs[pid].create_time <= self.ended_at}
         if launcher_alive:  # whatever is under the launcher is ours, however it got there
