@@ -59,7 +59,8 @@ def two_jobs(tmp_path, sshd):
     write_cluster(path, sshd, ssh_nodes=[("node1", ["pserver", "trainer"]), ("node2", ["trainer"])], job={
         "name": "hist", "pserver": {"port": free_port([n.address for n in sshd.nodes]), "command": FAKE},
         "trainer": {"command": FAKE},
-        "watchdog": {"interval": 0.5, "grace": 1, "port": free_port([n.address for n in sshd.nodes]),
+        # auto: free_port above would hand the pserver's first port out again (fab check and start refuse that)
+        "watchdog": {"interval": 0.5, "grace": 1, "port": "auto",
                      "notify": {"webhook": hook.url, "on": ["failed", "hang", "restart", "finished"]}}})
     env = {**os.environ, "FABTRAIN_CLUSTER": str(path), "FABTRAIN_STATE_DIR": str(tmp_path / "state")}
     ws = {n: tmp_path / f"ws-{n}" for n in ("node1", "node2")}
