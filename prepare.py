@@ -6,8 +6,9 @@ MANIFEST.json of checksums.  See docs/data.md.
     python prepare.py --input simple-examples.tgz --out data/imikolov --split-count 4
     python prepare.py --sample --out data/sample --split-count 2
 
-The work is done by fabtrain.data; ``main(argv) -> int`` is what
-``fab split-data`` calls in-process.
+The work is done by fabtrain.data: this file is its command line
+(``fabtrain.data.cli.main``); ``fab split-data`` calls ``fabtrain.data.prepare``
+in-process with the cluster's settings.
 """
 
 import os

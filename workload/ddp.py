@@ -37,7 +37,7 @@ from workload.optim import ModuleOptimizer, make_optimizer
 from workload.rendezvous import choose_gloo_interface
 
 
-class Trainer:
+class DDPTrainer:
     def __init__(self, args, model, module, optimizer, stream, test_examples, log, device):
         self.args, self.model, self.module, self.optimizer = args, model, module, optimizer
         self.stream, self.test_examples, self.log, self.device = stream, test_examples, log, device
@@ -181,7 +181,7 @@ def main():
     model = wrap(module, args, device, world)
     optimizer = ModuleOptimizer(make_optimizer(optimizer_config(args)), module.parameters())
     log = TrainingLog(MetricsWriter(args.metrics, "trainer", rank), me, args.log_every, optimizer_config(args)["lr"])
-    trainer = Trainer(args, model, module, optimizer, stream, test, log, device)
+    trainer = DDPTrainer(args, model, module, optimizer, stream, test, log, device)
     try:
         trainer.train()
         # Every rank has finished every collective before any tears its group down: a
