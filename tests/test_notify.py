@@ -46,6 +46,23 @@ def test_job_events_from_the_first_node_only_and_hangs_from_any(tmp_path, hook):
     assert failed["event"]["kind"] == "job_failed" and failed["job_id"] == "J1"
 
 
+def test_kill_all_is_no_failure_alert_by_its_reason_or_by_the_marker(tmp_path, hook):
+    """kill-all reaches the nodes in parallel: the first node may hear a peer's "stopped by fab kill-all"
+    through the coordinator before its own marker exists, or see its own marker first."""
+    notify = {"webhook": hook.url, "on": ["failed"]}
+    by_peer = job_dir(tmp_path / "a", "node1", notify)
+    by_peer.write("job_failed", "trainer-1 on node2: stopped by fab kill-all", origin="node2")
+    by_marker = job_dir(tmp_path / "b", "node1", notify)
+    (tmp_path / "b" / "node1" / "killed").touch()
+    by_marker.write("job_failed", "trainer-0 on node1 killed by SIGTERM")
+    really = job_dir(tmp_path / "c", "node1", notify)
+    really.write("job_failed", "trainer-1 on node2 killed by SIGKILL", origin="node2")
+    assert wait_for(lambda: hook.got, timeout=5)
+    time.sleep(0.5)
+    assert [b["text"] for _, b in hook.got] == [
+        "fabtrain: job J1 failed on node2: trainer-1 on node2 killed by SIGKILL"]
+
+
 def test_a_webhook_that_fails_is_an_event_and_the_writer_does_not_wait(tmp_path):
     log = job_dir(tmp_path, "node1", {"webhook": "http://127.0.0.1:9/nothing-listens", "on": ["failed"]})
     t0 = time.monotonic()

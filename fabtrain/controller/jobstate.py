@@ -23,7 +23,7 @@ from enum import Enum
 from typing import Iterable
 
 from fabtrain.controller import records
-from fabtrain.node.states import LIVE, ProcessState, exit_signal, process_state
+from fabtrain.node.states import KILLED_BY_FAB, LIVE, ProcessState, exit_signal, process_state
 
 
 class JobState(str, Enum):
@@ -249,7 +249,7 @@ def _facts(nodes: list[NodeObservation]) -> _Facts:
 def _decide(nodes: list[NodeObservation], ours: list[NodeObservation], procs: list[ProcessView],
             facts: _Facts, job_id: str | None) -> tuple[JobState, str, list[str]]:
     if any(n.killed for n in ours):
-        return JobState.KILLED, "stopped by fab kill-all", []
+        return JobState.KILLED, KILLED_BY_FAB, []
     if facts.failed is not None:
         return JobState.FAILED, facts.failed, facts.failed_by
     if facts.finished is not None:

@@ -36,6 +36,9 @@ class ProcessState(str, Enum):
         return self in (ProcessState.EXITED, ProcessState.KILLED, ProcessState.LOST)
 
 
+# The reason a job ends with when a user ran `fab kill-all`: their own act, so no alert is sent for it.
+KILLED_BY_FAB = "stopped by fab kill-all"
+
 LIVE = (ProcessState.RUNNING, ProcessState.SLEEPING, ProcessState.STOPPED, ProcessState.ZOMBIE)
 
 # /proc/<pid>/stat's state letter. A training process blocked on I/O or a

@@ -16,11 +16,14 @@ event; it never stops the agent. Standard library only.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
+
+from fabtrain.node.states import KILLED_BY_FAB
 
 # events.jsonl kinds -> the names cluster.yaml's notify.on uses
 KINDS = {"job_failed": "failed", "hang": "hang", "restarting": "restart", "restarted": "restart",
@@ -33,8 +36,9 @@ COMMAND_TIMEOUT = 30.0
 
 
 class Notifier:
-    def __init__(self, job: dict, report):
-        """job: job.json; report(kind, reason): writes an event (the EventLog's write)."""
+    def __init__(self, job: dict, report, job_dir: str | None = None):
+        """job: job.json; report(kind, reason): writes an event (the EventLog's write);
+        job_dir: where kill-all leaves its `killed` marker."""
         w = job.get("watchdog") or {}
         cfg = w.get("notify") or {}
         self.webhook = cfg.get("webhook")
@@ -44,6 +48,7 @@ class Notifier:
         nodes = [n.get("name") for n in job.get("nodes") or [] if isinstance(n, dict)]
         self.hosts_coordinator = not nodes or nodes[0] == self.node
         self.report = report
+        self.killed_marker = os.path.join(job_dir, "killed") if job_dir else None
         self.sent: set = set()
         self.threads: list[threading.Thread] = []
 
@@ -58,6 +63,8 @@ class Notifier:
             return None
         if what in JOB_LEVEL and not self.hosts_coordinator:
             return None
+        if what == "failed" and self.stopped_by_user(ev):
+            return None  # kill-all is the user's own act, not a failure to be told about
         # A job fails or finishes once: the coordinator's word and the agent's own note are one event.
         key = what if what in ("failed", "finished") else (what, ev.get("name"), ev.get("ts"))
         if key in self.sent:
@@ -74,6 +81,12 @@ class Notifier:
         t = threading.Thread(target=self.send, args=(body,), name="notify", daemon=False)
         t.start()
         self.threads = [x for x in self.threads if x.is_alive()] + [t]
+
+    def stopped_by_user(self, ev: dict) -> bool:
+        """The job ends by `fab kill-all`: this node's marker, or another node's word through the coordinator
+        (kill-all reaches the nodes in parallel, so a peer may report it before this node's marker exists)."""
+        return KILLED_BY_FAB in str(ev.get("reason") or "") or bool(
+            self.killed_marker and os.path.exists(self.killed_marker))
 
     def body(self, what: str, ev: dict) -> dict:
         where = ev.get("origin") or ev.get("node") or self.node
@@ -135,12 +148,10 @@ def run(argv: list, data: bytes):
 
 def from_job_dir(job_dir: str, report):
     """The job's Notifier (job.json beside events.jsonl), or None when it asks for no alerts."""
-    import os
-
     try:
         with open(os.path.join(job_dir, "job.json")) as f:
             job = json.load(f)
     except (OSError, ValueError):
         return None
-    n = Notifier(job if isinstance(job, dict) else {}, report)
+    n = Notifier(job if isinstance(job, dict) else {}, report, job_dir)
     return n if n.enabled else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field, replace
 
-from fabtrain.node.states import ProcessState, describe_end, signame, signal_of
+from fabtrain.node.states import KILLED_BY_FAB, ProcessState, describe_end, signame, signal_of
 
 FINAL = ("failed", "finished")
 ORPHAN_MIN_AGE = 5.0  # a process younger than this may be one node ops is starting right now
@@ -287,8 +287,8 @@ class _Decision:
                 self.note("killed", "%s: %s" % (how, p.close_reason), p, signal=p.kill_signal,
                           exit_code=p.exit_code, pid=p.pid)
             elif self.obs.killed_by_fab:
-                self.note("exited", "%s: stopped by fab kill-all" % how, p, exit_code=p.exit_code, signal=sig, pid=p.pid)
-                self.fail("%s on %s: stopped by fab kill-all" % (p.name, self.cfg.node))
+                self.note("exited", "%s: %s" % (how, KILLED_BY_FAB), p, exit_code=p.exit_code, signal=sig, pid=p.pid)
+                self.fail("%s on %s: %s" % (p.name, self.cfg.node, KILLED_BY_FAB))
             else:
                 self.note("exited", how, p, exit_code=p.exit_code, signal=sig, pid=p.pid)
                 if p.exit_code != 0:
