@@ -4,24 +4,34 @@ VENV := .venv
 PY := $(VENV)/bin/python
 FAB := $(VENV)/bin/fab
 
-.PHONY: demo test venv system-deps stop
+.PHONY: demo test venv system-deps stop wait-dashboard
+
+# torch==2.13.0 is a CPU build only where pip finds a CPU wheel (a local wheel
+# directory or index); from PyPI alone, Linux gets the multi-GB CUDA build. Elsewhere:
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# (passed to pip as --extra-index-url: torch comes as 2.13.0+cpu, the rest from PyPI).
+TORCH_INDEX ?=
 
 $(VENV)/.installed: requirements-test.txt pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-test.txt
+	$(PY) -m pip install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -r requirements-test.txt
+	@$(PY) -c 'import torch, sys; torch.version.cuda and print(f"note: torch {torch.__version__} is a CUDA build; for the CPU build: rm -rf $(VENV) && make test TORCH_INDEX=https://download.pytorch.org/whl/cpu", file=sys.stderr)'
 	touch $@
 
 venv: $(VENV)/.installed
 
-# openssh-server, rsync, procps (pkill) and chromium for the SSH and browser tests, where missing.
+# What the tests need that is not in the venv, where missing: openssh-server and
+# openssh-client (sshd nodes), rsync, procps (pkill), chromium at /usr/bin/chromium
+# (the path the browser test drives) and iproute2 (ip, for the network-namespace test).
 system-deps:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
 	command -v rsync >/dev/null || missing="$$missing rsync"; \
 	command -v ssh >/dev/null || missing="$$missing openssh-client"; \
 	command -v pkill >/dev/null || missing="$$missing procps"; \
-	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	command -v ip >/dev/null || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || missing="$$missing iproute2"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
@@ -29,6 +39,9 @@ system-deps:
 
 DEMO := .fabtrain/demo
 DASHBOARD_PORT ?= 8265
+DASHBOARD_WAIT ?= 120
+# Answers 0 once the dashboard serves its API with our token (any other server, or none: non-zero).
+DASHBOARD_PROBE := import sys, urllib.request as u; u.urlopen(u.Request(sys.argv[1], headers={"Authorization": "Bearer " + sys.argv[2]}), timeout=5)
 
 # The whole mission on this machine: sample data, check, deploy, copy each
 # trainer's shard, start the pserver and trainers, and the dashboard.
@@ -40,8 +53,7 @@ demo: venv
 	@[ -s $(DEMO)/token ] || $(PY) -c 'import secrets; print(secrets.token_hex(24))' > $(DEMO)/token
 	@FABTRAIN_DASHBOARD_TOKEN=$$(cat $(DEMO)/token) nohup $(FAB) dashboard --port $(DASHBOARD_PORT) \
 	    > $(DEMO)/dashboard.log 2>&1 < /dev/null & echo $$! > $(DEMO)/dashboard.pid
-	@for i in $$(seq 50); do grep -q "http://" $(DEMO)/dashboard.log 2>/dev/null && break; sleep 0.2; done
-	@grep -q "http://" $(DEMO)/dashboard.log || { cat $(DEMO)/dashboard.log; exit 1; }
+	@$(MAKE) --no-print-directory wait-dashboard
 	@echo
 	@echo "Training has started: 1 parameter server and 2 trainers on this machine."
 	@echo "  dashboard:  http://127.0.0.1:$(DASHBOARD_PORT)/?token=$$(cat $(DEMO)/token)"
@@ -49,6 +61,28 @@ demo: venv
 	@echo "  logs:       $(FAB) logs --follow"
 	@echo "  progress:   $(FAB) watch"
 	@echo "  stop:       $(FAB) kill-all     (make stop also stops the dashboard)"
+
+# Wait for the dashboard started by `demo` until it answers its API with the token
+# (up to DASHBOARD_WAIT s: on a busy machine starting it can take a while). If its
+# process ends first, or it does not answer in time, say so, show its log and fail.
+wait-dashboard:
+	@pid=$$(cat $(DEMO)/dashboard.pid); token=$$(cat $(DEMO)/token); start=$$SECONDS; \
+	url=http://127.0.0.1:$(DASHBOARD_PORT)/api/job; \
+	alive() { [ -r /proc/$$pid/stat ] && [ "$$(sed 's/.*) //' /proc/$$pid/stat | cut -c1)" != Z ]; }; \
+	while :; do \
+	  if ! alive; then \
+	    echo "make demo: the dashboard (pid $$pid) exited before it answered on $$url; its log ($(DEMO)/dashboard.log):" >&2; \
+	    cat $(DEMO)/dashboard.log >&2; exit 1; \
+	  fi; \
+	  if grep -q "http://" $(DEMO)/dashboard.log 2>/dev/null && $(PY) -c '$(DASHBOARD_PROBE)' $$url $$token 2>/dev/null; then \
+	    exit 0; \
+	  fi; \
+	  if [ $$((SECONDS - start)) -ge $(DASHBOARD_WAIT) ]; then \
+	    echo "make demo: the dashboard (pid $$pid) did not answer on $$url within $(DASHBOARD_WAIT) s; stopping it. Its log ($(DEMO)/dashboard.log):" >&2; \
+	    cat $(DEMO)/dashboard.log >&2; kill $$pid 2>/dev/null; rm -f $(DEMO)/dashboard.pid; exit 1; \
+	  fi; \
+	  sleep 0.5; \
+	done
 
 # Stop the demo: every job process, then the dashboard.
 stop: venv

@@ -29,7 +29,6 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +42,7 @@ from fabtrain.controller import datacopy  # noqa: E402
 from fabtrain.config.cluster import load_cluster  # noqa: E402
 from fabtrain.data import load_manifest  # noqa: E402
 from fabtrain.remote.session import Session  # noqa: E402
+from fabtrain.remote.rsync import Rsync  # noqa: E402
 from fabtrain.remote.transport import Transport  # noqa: E402
 from tests.sshd import SshdCluster  # noqa: E402
 
@@ -114,11 +114,11 @@ def main() -> None:
             s = Session(cluster)
 
             def one(t: Transport):
-                extra, dest = t.rsync_destination(t.node.workspace + "/plain")
-                names = "\0".join(needed[t.node.name]).encode()
                 limit = [f"--bwlimit={args.bwlimit}"] if args.bwlimit else []
-                subprocess.run(["rsync", "-a", *limit, "--files-from=-", "--from0", *extra,
-                                f"{root / 'prepared'}/", dest], input=names, check=True)
+                with Rsync(t, [f"{root / 'prepared'}/"], t.node.workspace + "/plain",
+                           [*limit, "--files-from=-", "--from0"], files_from_stdin=True) as run:
+                    run.give_files(needed[t.node.name])
+                    run.finish()
             c0, t0 = busy_cpu_seconds(), time.perf_counter()
             with ThreadPoolExecutor(len(sshd.nodes)) as pool:
                 list(pool.map(one, [s.transport(n) for n in cluster.nodes]))

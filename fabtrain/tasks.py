@@ -97,7 +97,7 @@ def copy_data(c, bwlimit=None):
                                  bwlimit=int(bwlimit) if bwlimit else None)
     text, failed = replies_text(replies, lambda v: (
         "shared data verified" if v.shared else
-        f"{v.files} files verified, {len(v.sent)} sent ({v.bytes_sent} bytes)" if v.sent else
+        f"{v.files} files verified, {len(v.sent)} sent ({v.bytes_sent} bytes, {v.wire_bytes} over the wire)" if v.sent else
         f"{v.files} files already in place and verified, nothing sent"))
     print(text)
     fail_if(failed, "copy-data failed on some nodes")

@@ -22,15 +22,19 @@ SSHD = "/usr/sbin/sshd"
 REPO = Path(__file__).resolve().parent.parent
 
 
-def ensure_openssh() -> None:
-    """Install openssh-server and rsync where missing (the tests install what they need)."""
-    missing = [pkg for pkg, path in (("openssh-server", SSHD), ("rsync", "/usr/bin/rsync"),
-                                     ("openssh-client", "/usr/bin/ssh")) if not os.path.exists(path)]
+def ensure_openssh() -> list[str]:
+    """Install openssh-server and rsync where missing (the tests install what they need).
+    Returns the packages still missing (apt-get failed: not root, no network)."""
+    wanted = (("openssh-server", SSHD), ("rsync", "/usr/bin/rsync"), ("openssh-client", "/usr/bin/ssh"))
+    missing = [pkg for pkg, path in wanted if not os.path.exists(path)]
     if missing:
         subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True, capture_output=True,
+        subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=False, capture_output=True,
                        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-    os.makedirs("/run/sshd", exist_ok=True)
+        missing = [pkg for pkg, path in wanted if not os.path.exists(path)]
+    if not missing:
+        os.makedirs("/run/sshd", exist_ok=True)
+    return missing
 
 
 def free_port(addresses: list[str]) -> int:
@@ -57,7 +61,9 @@ class SshNode:
 
 class SshdCluster:
     def __init__(self, root: Path, count: int, first: int = 2):
-        ensure_openssh()
+        missing = ensure_openssh()
+        if missing:
+            raise RuntimeError(f"cannot install {', '.join(missing)} (apt-get needs root and a package source)")
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.user_key = root / "id_ed25519"
@@ -152,3 +158,47 @@ def write_cluster(path: Path, sshd: SshdCluster | None, *, ssh_nodes: list[tuple
     }
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+class SilentListener:
+    """A TCP listener on `address` that never accepts: a host that does not answer, on this machine.
+
+    full=True: its accept queue is filled first, so the kernel drops every further SYN (as a firewall
+    that drops packets, or a machine that is off, would): a connect times out. full=False: the kernel
+    still completes connections into the queue, but nothing ever speaks (a hung sshd): no SSH banner.
+    """
+
+    def __init__(self, address: str, port: int, full: bool = True):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((address, port))
+        self.sock.listen(0 if full else 64)
+        self.address, self.port, self.fillers = address, port, []
+        if full:
+            for _ in range(8):
+                s = socket.socket()
+                s.settimeout(0.5)
+                try:
+                    s.connect((address, port))
+                except OSError:           # the queue is full: that SYN was dropped
+                    s.close()
+                    break
+                self.fillers.append(s)
+            with socket.socket() as probe:
+                probe.settimeout(0.5)
+                try:
+                    probe.connect((address, port))
+                    raise RuntimeError(f"{address}:{port} still answers with its queue full")
+                except (socket.timeout, TimeoutError):
+                    pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        for s in self.fillers:
+            s.close()
+        self.sock.close()

@@ -1,11 +1,12 @@
 """A synthetic job: the on-node files of a job, written directly.
 
-For the dashboard's tests, its benchmark and screenshots. Writes exactly what
-node_ops `start` and the node agent would (docs/architecture.md, "On each
-node"): job.json, run/<name>.json, run/<name>.exit, logs/, metrics/,
-health.json, events.jsonl and the `current` link. A "running" process is a
+For the dashboard's and the collector's tests, the dashboard's benchmark and
+screenshots. Writes exactly what node ops `start` (fabtrain/node/ops.py) and
+the node agent would (docs/architecture.md, "On each node"): job.json,
+run/<name>.json, run/<name>.exit, logs/, metrics/, health.json, events.jsonl
+and the `current` link. A "running" process is a
 real `sleep` in its own session carrying the job marker in its environment,
-so node_ops sees it alive and `kill-all` can stop it like a real one.
+so node ops sees it alive and `kill-all` can stop it like a real one.
 """
 from __future__ import annotations
 
@@ -70,6 +71,12 @@ class SyntheticJob:
         _atomic(self.job_dir(node) / "run" / f"{name}.json", json.dumps(record))
         return p.pid
 
+    def vanish(self, node: str, name: str) -> None:
+        """The launcher is gone without recording an exit (node ops: lost); nothing else changes."""
+        p = self.sleepers.pop((node, name))
+        p.kill()
+        p.wait()
+
     def exit(self, node: str, name: str, code: int) -> None:
         """The process ends by itself with `code` (as the launch wrapper records it)."""
         p = self.sleepers.pop((node, name), None)
@@ -103,8 +110,9 @@ class SyntheticJob:
             f.write(json.dumps(record) + "\n")
 
     def health(self, node: str, cpu: float = 40.0, gpus: list[dict] | None = None, ts: float | None = None,
-               processes: list[dict] | None = None) -> None:
-        """health.json as the agent writes it (atomically)."""
+               processes: list[dict] | None = None, job: dict | None = None) -> None:
+        """health.json as the agent writes it (atomically); `job` is the agent's view of the job
+        ({"status": "running" | "failed" | "finished", "reason", "on_failure", "kept"})."""
         doc = {"ts": time.time() if ts is None else ts, "node": node, "job_id": self.job_id, "interval": 1.0,
                "host": {"cpu_percent": cpu, "load": [1.0, 0.8, 0.5], "mem_percent": 41.5,
                         "mem_used": 26 << 30, "mem_total": 64 << 30, "swap_percent": 0.0,
@@ -114,7 +122,15 @@ class SyntheticJob:
                "processes": processes or [],
                "agent": {"pid": os.getpid(), "rss": 30 << 20, "cpu_percent": 0.4},
                "peers": {}}
+        if job is not None:
+            doc["job"] = job
         _atomic(self.job_dir(node) / "health.json", json.dumps(doc))
+
+    def append(self, node: str, rel: str, data: bytes) -> None:
+        """Raw bytes at the end of a file of the job (events.jsonl, metrics/<name>.jsonl): what a
+        misbehaving program might write."""
+        with open(self.job_dir(node) / rel, "ab") as f:
+            f.write(data)
 
     def close(self) -> None:
         for p in self.sleepers.values():
@@ -124,6 +140,22 @@ class SyntheticJob:
                 pass
             p.wait()
         self.sleepers.clear()
+
+
+def local_cluster(root: Path, nodes: dict[str, list[str]], name: str = "synthetic") -> Path:
+    """A cluster file of `host: local` nodes (name -> roles), workspaces under root."""
+    import sys
+
+    import yaml
+
+    doc = {"cluster": {"name": name, "python": sys.executable},
+           "nodes": [{"name": n, "host": "local", "roles": roles, "workspace": str(root / f"ws-{n}")}
+                     for n, roles in nodes.items()],
+           "job": {"pserver": {"command": "python -m workload.pserver"},
+                   "trainer": {"command": "python -m workload.trainer"}}}
+    path = root / "cluster.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
 
 
 def gpu(index: int, util: float, temp: int = 60) -> dict:

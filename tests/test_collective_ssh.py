@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from tests.conftest import require_import
 from tests.sshd import write_cluster
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(300)]
@@ -62,7 +63,7 @@ def test_torchrun_command_runs_once_per_node(fab, tmp_path, sshd):
 
 
 def test_paddlepaddle_data_parallel_script_trains_across_ssh_nodes(fab, tmp_path, sshd):
-    pytest.importorskip("paddle", reason="paddlepaddle is installed by `make test` (requirements-test.txt)")
+    require_import("paddle", "paddlepaddle", "installed by `make test` (requirements-test.txt)")
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     path = write_cluster(tmp_path / "c.yaml", sshd, ssh_nodes=[("node1", ["trainer"]), ("node3", ["trainer"])],

@@ -2,7 +2,7 @@
 
 The job is synthetic (tests.synthetic writes the node files, with live
 `sleep` stand-ins for running processes) on three local nodes, plus one SSH
-node that refuses connections, so the collector, node_ops `collect` and the
+node that refuses connections, so the collector, node ops `collect` and the
 views are all real. The browser tests are in test_dashboard_browser.py.
 """
 from __future__ import annotations
@@ -300,7 +300,7 @@ def test_an_internal_error_is_json_without_a_traceback(world):
         def __getattr__(self, name):
             return getattr(world["collector"], name)
 
-        def job_state(self):
+        def snapshot(self):
             raise KeyError("boom")
 
     app = create_app({"COLLECTOR": Broken(), "DASHBOARD_TOKEN": TOKEN, "ALLOWED_HOSTS": [HOST]})
@@ -341,9 +341,11 @@ def test_a_process_that_dies_shows_its_exit_code_and_signal(world, client, kills
     world["collector"].poll_node("node2")
     nodes = {n["name"]: n for n in get(client, "/api/cluster").get_json()["nodes"]}
     (p,) = nodes["node2"]["processes"]
-    assert (p["state"], p["exit_code"], p["signal"], p["label"]) == ("exited", 137, "SIGKILL", "exited 137 (SIGKILL)")
+    # Exit code 137 is a death by SIGKILL: killed, as the node agent says, not an exit.
+    assert (p["state"], p["exit_code"], p["signal"], p["label"]) == ("killed", 137, "SIGKILL", "killed (SIGKILL)")
     j = get(client, "/api/job").get_json()
-    assert j["state"] == "failed" and j["processes"]["failed"] == 1
+    assert j["state"] == "failed" and j["processes"]["killed"] == 1
+    assert j["reason"] == "trainer-1 on node2 killed by SIGKILL"
     assert not next(t for t in j["trainers"] if t["name"] == "trainer-1")["stale"]  # dead, not stale
     assert get(client, "/api/events").get_json()["events"][0]["kind"] == "killed"
     assert 'state="failed"} 1' in get(client, "/metrics").get_data(as_text=True)
@@ -370,7 +372,7 @@ def test_default_kill_calls_kill_all_on_the_collectors_session(tmp_path):
             assert p.wait(5) is not None
         assert all(not os.path.exists(f"/proc/{pid}/stat") or open(f"/proc/{pid}/stat").read().split()[2] == "Z" for pid in pids)
         collector.poll()
-        assert collector.job_state() == "killed"
+        assert collector.verdict().state == "killed"
         events = get(app.test_client(), "/api/events").get_json()["events"]
         assert {e["reason"] for e in events} == {"fab kill-all"} and len(events) == 3
     finally:
@@ -435,32 +437,33 @@ def test_fab_dashboard_serves_with_waitress_and_prints_the_url(tmp_path):
 def test_metrics_cursor_deltas_rebuild_the_full_series_through_resets():
     """Merging deltas as app.js does gives exactly the full reply, across stride doublings and a new job."""
     import random
-    import threading
 
+    from fabtrain.controller.series import TRAINERS, SeriesBook
     from fabtrain.dashboard.api import MetricsCursor
-    from fabtrain.controller.collector import Series
 
-    class Fake:
-        lock = threading.RLock()
-        series: dict = {}
-        node_series: dict = {}
+    class Fake:  # what the dashboard needs of a collector for /api/metrics
+        book = SeriesBook(8)
 
+        def series_since(self, cursor=None):
+            return self.book.since(cursor)
+
+    fake = Fake()
     rng = random.Random(7)
-    cursor = MetricsCursor("abc")
+    cursor = MetricsCursor()
     client: dict = {}
     since = None
     step = 0
     for round_ in range(60):
         if round_ == 40:  # a new job: the series are replaced, trainer-1 is gone
-            Fake.series = {}
+            fake.book.forget(TRAINERS, "trainer-0")
+            fake.book.forget(TRAINERS, "trainer-1")
         if round_ == 50:
-            Fake.series.pop(("trainer-1", "loss"))
+            fake.book.forget(TRAINERS, "trainer-1")
         for name in ("trainer-0", "trainer-1") if round_ < 50 else ("trainer-0",):
-            s = Fake.series.setdefault((name, "loss"), Series(8))
             for _ in range(rng.randrange(0, 7)):
-                s.add(step, rng.random() * 10)
+                fake.book.add(TRAINERS, name, "loss", step, rng.random() * 10)
                 step += 1
-        reply = cursor.export(Fake, since)
+        reply = cursor.export(fake, since)
         since = reply["cursor"]
         if reply["full"]:
             client = {}
@@ -473,8 +476,8 @@ def test_metrics_cursor_deltas_rebuild_the_full_series_through_resets():
                     cur["x"] += s["x"]
                     cur["y"] += s["y"]
                     cur["last"] = s["last"]
-        fresh = MetricsCursor("def").export(Fake)  # no cache, no cursor: the truth
+        fresh = MetricsCursor().export(fake)  # no cache, no cursor: the truth
         truth = {(o, m): {"x": s["x"], "y": s["y"], "last": s["last"]}
                  for o, ms in fresh["trainers"].items() for m, s in ms.items()}
         assert client == truth, round_
-        assert cursor.export(Fake)["trainers"] == fresh["trainers"]  # the cached full reply too
+        assert cursor.export(fake)["trainers"] == fresh["trainers"]  # the cached full reply too

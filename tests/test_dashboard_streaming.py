@@ -11,6 +11,8 @@ from fabtrain.controller.streaming import StreamingCollector
 from tests.synthetic import SyntheticJob
 from fabtrain.config.cluster import load_cluster
 from fabtrain.controller.collector import Collector
+from fabtrain.remote import rpc
+from fabtrain.controller.series import TRAINERS
 from fabtrain.remote.session import Session
 from tests.sshd import write_cluster
 
@@ -23,7 +25,7 @@ def loops() -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if len(cmd) > 2 and cmd[1] == "-c" and "exec(base64.b64decode(sys.argv.pop(1)))" in cmd[2]:
+        if len(cmd) > 2 and cmd[1] == "-c" and cmd[2] == rpc.LAUNCHER:
             found.append(p)
     return found
 
@@ -69,9 +71,10 @@ def test_it_sees_what_the_plain_collector_sees_and_catches_up_fast(ssh_world):
             assert [p["state"] for v in stream.nodes.values() for p in v.processes] == ["running"] * 3
             assert stream.nodes["node2"].health["host"]["cpu_percent"] == 20.0
             assert [e["kind"] for e in stream.events] == ["hang"]
-            assert {k: s.export() for k, s in stream.series.items()} == {k: s.export() for k, s in plain.series.items()}
-        assert stream.follow_log("node1", "trainer-1") == []
-        assert wait_until(lambda: stream.follow_log("node1", "trainer-1")[-1:] == ["line 49"], timeout=12)
+            assert stream.series.export(TRAINERS) == plain.series.export(TRAINERS)
+            assert len(stream.series.export(TRAINERS)[("trainer-1", "loss")]) > 10
+        assert stream.follow_log("node1", "trainer-1").lines == []
+        assert wait_until(lambda: stream.follow_log("node1", "trainer-1").lines[-1:] == ["line 49"], timeout=12)
     finally:
         stream.stop()
     # The node-side loops see their stdin close and exit: nothing left behind.
@@ -87,7 +90,7 @@ def test_a_lost_node_is_marked_down_and_reconnected(ssh_world):
         assert stream.nodes["node1"].up is True
         # The channel dies under the collector: the next poll opens a new one, the node stays up.
         channel = stream._channels["node1"]
-        channel.chan.close()
+        channel.stream.chan.close()
         stream.poll_node("node1")
         assert stream.nodes["node1"].up is True and stream._channels["node1"] is not channel
         # sshd gone and the connection with it: unreachable with the transport's reason.
@@ -103,9 +106,7 @@ def test_a_lost_node_is_marked_down_and_reconnected(ssh_world):
 
 
 def test_the_node_side_loop_exits_when_idle_or_orphaned(tmp_path, monkeypatch):
-    import fabtrain.remote.channel as channel
-
-    monkeypatch.setattr(channel, "IDLE_EXIT", 1)
+    monkeypatch.setattr(rpc, "IDLE_EXIT", 1)
     ws = tmp_path / "ws"
     (ws / "jobs").mkdir(parents=True)
     from fabtrain.config.cluster import parse_cluster
@@ -116,8 +117,8 @@ def test_the_node_side_loop_exits_when_idle_or_orphaned(tmp_path, monkeypatch):
     stream = StreamingCollector(Session(cluster))
     stream.poll_node("n0")
     assert stream.nodes["n0"].up is True and stream.nodes["n0"].job_id is None
-    proc = stream._channels["n0"].proc
+    proc = stream._channels["n0"].stream.proc
     assert proc.wait(10) == 0  # no request for IDLE_EXIT seconds: the loop ends by itself
     stream.poll_node("n0")  # the dead channel is replaced at once
-    assert stream.nodes["n0"].up is True and stream._channels["n0"].proc is not proc
+    assert stream.nodes["n0"].up is True and stream._channels["n0"].stream.proc is not proc
     stream.stop()

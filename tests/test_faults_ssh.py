@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FAB, REPO
-from tests.procscan import live_marked, wait_for
+from tests.procscan import live_marked, stat, wait_for
 from tests.sshd import free_port, write_cluster
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(120)]
@@ -283,6 +283,59 @@ def test_an_agent_gone_for_good_is_a_lost_node(fresh):
     assert "node2" in status
     job.fab("kill-all", "--grace", "1", check=True)
     assert not job.leftovers()
+
+
+def ignores_sigterm(pid: int) -> bool:
+    """SIGTERM is in the process's ignored-signal mask (/proc/<pid>/status SigIgn)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    return False
+
+
+def gone(pid: int) -> bool:
+    """No such process, or only its zombie waiting to be reaped (it can run no more)."""
+    st = stat(pid)
+    return st is None or st[0] in "ZX"
+
+
+def test_kill_all_escalates_to_sigkill_for_a_process_that_ignores_sigterm(fresh):
+    job = fresh
+    job.start(pserver_args="--ignore-term pserver-0")
+    stubborn = job.program("node1", "pserver-0")
+    assert ignores_sigterm(stubborn)
+    t0 = time.time()
+    out = job.fab("kill-all", "--grace", "2", check=True)
+    took = time.time() - t0
+    assert gone(stubborn), f"pid {stubborn} survived kill-all: {stat(stubborn)}"
+    assert took >= 2, f"kill-all took {took:.2f} s: it did not wait the grace before SIGKILL"
+    assert wait_for(lambda: not job.leftovers(), timeout=10), job.describe()
+    by_kill_all = {e["name"] if "name" in e else f"{e['role']}-{e['rank']}": e for e in job.events()
+                   if e["kind"] == "killed" and e["reason"].startswith("fab kill-all")}
+    assert by_kill_all["pserver-0"]["signal"] == "SIGKILL", by_kill_all
+    assert stubborn in by_kill_all["pserver-0"]["pids"]
+    # The trainers obey SIGTERM (an agent that saw the job fail may have stopped one before kill-all got there).
+    assert all(by_kill_all[n]["signal"] == "SIGTERM" for n in ("trainer-0", "trainer-1") if n in by_kill_all)
+
+
+def test_the_watchdog_escalates_to_sigkill_for_a_process_that_ignores_sigterm(fresh):
+    job = fresh
+    job.start(pserver_args="--ignore-term pserver-0", grace=2)
+    stubborn = job.program("node1", "pserver-0")
+    assert ignores_sigterm(stubborn)
+    t0 = time.time()
+    os.kill(job.program("node3", "trainer-1"), signal.SIGKILL)
+    job.wait_gone(t0)
+    assert gone(stubborn), f"pid {stubborn} survived the teardown: {stat(stubborn)}"
+    events = job.events("node1")
+    teardown = next(e for e in events if e["kind"] == "teardown")
+    escalated = [e for e in events if e["kind"] == "killed" and e.get("name") == "pserver-0" and "grace" in e["reason"]]
+    assert escalated and escalated[0]["signal"] == "SIGKILL", events
+    assert escalated[0]["reason"] == "still alive 2 s after SIGTERM (grace); SIGKILL"
+    assert escalated[0]["ts"] - teardown["ts"] >= 2 - 0.05            # SIGTERM, the grace, then SIGKILL
+    final = [e for e in events if e["kind"] == "killed" and e.get("name") == "pserver-0" and "teardown" in e["reason"]]
+    assert final and final[0]["signal"] == "SIGKILL", events
+    assert_failed_status(job, "trainer-1 on node3 killed by SIGKILL")
 
 
 def test_a_child_left_behind_by_a_dead_trainer_is_killed_as_an_orphan(fresh):

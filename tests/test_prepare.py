@@ -584,11 +584,8 @@ def test_split_count_defaults_to_the_cluster_trainers(tmp_path, monkeypatch):
     r = subprocess.run([sys.executable, PREPARE, "--input", "in.txt", "--out", "o"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=60,
                        env={**os.environ, "FABTRAIN_CLUSTER": str(REPO / "cluster.yaml")})
-    try:
-        from fabtrain.config.cluster import load_cluster
-        expected = load_cluster(str(REPO / "cluster.yaml")).trainer_count
-    except ImportError:
-        pytest.skip("fabtrain.config.cluster is not there yet")
+    from fabtrain.config.cluster import load_cluster
+    expected = load_cluster(str(REPO / "cluster.yaml")).trainer_count
     assert r.returncode == 0, r.stderr
     assert len(shards(tmp_path / "o")) == expected
     r = subprocess.run([sys.executable, PREPARE, "--input", "in.txt", "--out", "o2"], cwd=tmp_path,

@@ -2,6 +2,8 @@
 import base64
 import hashlib
 import re
+import shlex
+import sys
 import zipfile
 
 import pytest
@@ -57,14 +59,29 @@ def test_provision_with_a_missing_wheelhouse_is_a_clear_error(fab, tmp_path, ssh
     assert out.returncode == 2 and "--wheelhouse" in out.stderr and "not a directory" in out.stderr
 
 
+def other_python(directory):
+    """An interpreter that differs from the suite's wherever its venv came from (even from
+    /usr/bin/python3): the venv's base interpreter without site-packages (-S: no torch, psutil or
+    paddle, even where the system has them), reporting Python 3.9.99, as a node with an older Python
+    and no packages would. node_ops runs `<python> -c <bootstrap> <args>`; the wrapper changes
+    sys.version, then runs the bootstrap with the same arguments."""
+    real = getattr(sys, "_base_executable", None) or sys.executable
+    wrapper = directory / "python-3.9.99"
+    prelude = 'import sys; sys.version = "3.9.99 " + sys.version.split(" ", 1)[1]; exec(sys.argv.pop(1))'
+    wrapper.write_text(f'#!/bin/sh\n[ "$1" = -c ] && shift\nexec {shlex.quote(real)} -S -c {shlex.quote(prelude)} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 def test_check_reports_versions_and_flags_what_differs(fab, tmp_path, sshd):
-    # node2 runs the system Python without torch: check must say so and fail.
+    # node2's Python is another version without torch: check must flag both and fail.
     path = write_cluster(tmp_path / "c.yaml", sshd, ssh_nodes=[("node1", ["trainer"]), ("node2", ["trainer"])],
                          job={"mode": "collective", "trainer": {"command": "python -m workload.ddp"}},
-                         extra_node_fields={"node2": {"python": "/usr/bin/python3"}})
+                         extra_node_fields={"node2": {"python": str(other_python(tmp_path))}})
     out = fab("check", cluster=path)
     assert out.returncode == 1
     import torch
+    assert re.search(r"^node2\s+PROBLEM\s+3\.9\.99 \(!\)\s+- \(!\)", out.stdout, re.M), out.stdout
     assert re.search(rf"^node1\s+ok\s+\S+ \(!\)\s+{re.escape(torch.__version__)} \(!\)", out.stdout, re.M), out.stdout
     assert re.search(r"^node2\s+PROBLEM\s", out.stdout, re.M)
     assert "node2: torch not installed (the reference workload needs it)" in out.stdout

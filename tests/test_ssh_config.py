@@ -1,5 +1,7 @@
 """~/.ssh/config is honoured as Fabric does: aliases, User, Port, IdentityFile, ProxyJump."""
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -8,6 +10,15 @@ from fabtrain.remote.hostkeys import AcceptNewPolicy, StrictPolicy
 from fabtrain.remote.transport import SSHTransport
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(120)]
+
+
+
+def project_code(tmp_path: Path) -> Path:
+    """A small project of its own for deploy to ship (job.code)."""
+    code = tmp_path / "project"
+    code.mkdir(exist_ok=True)
+    (code / "train.py").write_text("print('hello')\n")
+    return code
 
 
 def write_ssh_config(home, sshd, extra=""):
@@ -38,13 +49,13 @@ cluster:
   ssh: {{known_hosts: {sshd.known_hosts}, host_key_policy: strict}}
 nodes:
   - {{name: box, host: trainbox, roles: [trainer], workspace: {tmp_path}/ws-box}}
-job: {{mode: collective, trainer: {{command: "true"}}, watchdog: {{enabled: false}}}}
+job: {{mode: collective, code: {project_code(tmp_path)}, trainer: {{command: "true"}}, watchdog: {{enabled: false}}}}
 """)
     out = fab("status", "deploy", cluster=path, env={"HOME": str(home)})
     assert out.returncode == 0, out.stdout + out.stderr
     assert re.search(r"^box\s+-\s+no job", out.stdout, re.M)
-    assert "box: code synced" in out.stdout  # rsync's OpenSSH read the same config
-    assert (tmp_path / "ws-box" / "code" / "fabfile.py").exists()
+    assert re.search(r"box: code \S+( \S+)? synced", out.stdout)  # rsync's OpenSSH read the same config
+    assert (tmp_path / "ws-box" / "code" / "train.py").exists()  # the project's code arrived
 
 
 def test_every_proxyjump_hop_gets_the_host_key_policy(tmp_path, sshd, monkeypatch):
@@ -63,3 +74,97 @@ def test_every_proxyjump_hop_gets_the_host_key_policy(tmp_path, sshd, monkeypatc
         assert t.run("echo via-bastion").stdout.strip() == "via-bastion"
         assert t.context.gateway.is_connected
         t.close()
+
+
+def bastion_world(tmp_path, sshd, policy):
+    """A node reached only through a bastion (node1) whose host key is NOT in the cluster's
+    known_hosts; the user's ssh config even says not to check the bastion's key."""
+    home = tmp_path / "home"
+    bastion = sshd.nodes[0]
+    write_ssh_config(home, sshd, extra=f"""\
+Host inner
+    HostName {sshd.nodes[2].address}
+    Port {sshd.port}
+    User root
+    IdentityFile {sshd.user_key}
+    ProxyJump bastion
+""")
+    config = home / ".ssh" / "config"
+    config.write_text(config.read_text().replace(
+        "Host bastion\n", "Host bastion\n    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n"))
+    kh = tmp_path / "known_hosts"
+    kh.write_text("".join(l for l in sshd.known_hosts.read_text().splitlines(True) if f"[{bastion.address}]" not in l))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"w{i % 50} w{i % 7} w{i % 11}\n" for i in range(400)))
+    path = tmp_path / "c.yaml"
+    path.write_text(f"""
+cluster:
+  name: bastion
+  python: {__import__('sys').executable}
+  ssh: {{known_hosts: {kh}, host_key_policy: {policy}, connect_timeout: 5}}
+nodes:
+  - {{name: inner, host: inner, roles: [trainer], workspace: {tmp_path}/ws-inner}}
+job:
+  mode: collective
+  code: {project_code(tmp_path)}
+  trainer: {{command: "true"}}
+  watchdog: {{enabled: false}}
+  data: {{dir: {tmp_path}/prepared, input: {corpus}}}
+""")
+    return path, home, kh, f"[{bastion.address}]:{sshd.port}"
+
+
+def recorded(kh, host):
+    """The key lines known_hosts holds for host (hashed or not), as ssh-keygen finds them."""
+    out = subprocess.run(["ssh-keygen", "-F", host, "-f", str(kh)], capture_output=True, text=True)
+    return [l for l in out.stdout.splitlines() if l and not l.startswith("#")]
+
+
+def test_rsync_refuses_a_bastion_whose_key_is_unknown_under_strict(fab, tmp_path, sshd):
+    path, home, kh, bastion = bastion_world(tmp_path, sshd, "strict")
+    before = kh.read_text()
+    out = fab("deploy", cluster=path, env={"HOME": str(home)})
+    assert out.returncode == 1
+    line, = [l for l in out.stdout.splitlines() if l.startswith("inner:")]
+    assert line == (f"inner: FAILED: inner: rsync failed: No ED25519 host key is known for {bastion} "
+                    "and you have requested strict checking."), out.stdout
+    out = fab("status", cluster=path, env={"HOME": str(home)})  # and Fabric's connection, the same
+    assert out.returncode == 1 and f"unknown host key for {bastion}" in out.stdout, out.stdout
+    assert kh.read_text() == before  # nothing was learned
+    assert not (tmp_path / "ws-inner" / "code").exists()
+
+
+def test_rsync_records_an_unknown_bastion_key_in_the_clusters_known_hosts_under_accept_new(fab, tmp_path, sshd):
+    path, home, kh, bastion = bastion_world(tmp_path, sshd, "accept-new")
+    pub = (sshd.nodes[0].host_key.parent / f"{sshd.nodes[0].host_key.name}.pub").read_text().split()[1]
+    out = fab("deploy", cluster=path, env={"HOME": str(home)})  # rsync first: no Fabric connection yet
+    assert out.returncode == 0 and re.search(r"inner: code \S+( \S+)? synced", out.stdout), out.stdout + out.stderr
+    assert [l.split()[-1] for l in recorded(kh, bastion)] == [pub]
+    assert (tmp_path / "ws-inner" / "code" / "train.py").exists()  # the project's code arrived
+    # Fabric reads what rsync's ssh recorded, and copy-data's rsync goes the same way.
+    out = fab("split-data", "copy-data", "status", cluster=path, env={"HOME": str(home)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(r"^inner: \d+ files verified, \d+ sent", out.stdout, re.M), out.stdout
+    assert [l.split()[-1] for l in recorded(kh, bastion)] == [pub]  # recorded once
+
+
+def test_fab_dash_S_reaches_rsync(fab, tmp_path, sshd):
+    """`fab -S FILE` (Fabric's ssh config path): no ~/.ssh/config at all, the alias only in FILE."""
+    home = tmp_path / "home"
+    write_ssh_config(home, sshd)
+    config = tmp_path / "elsewhere.conf"
+    (home / ".ssh" / "config").rename(config)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"""
+cluster:
+  name: dash-s
+  python: {__import__('sys').executable}
+  ssh: {{known_hosts: {sshd.known_hosts}, host_key_policy: strict}}
+nodes:
+  - {{name: box, host: trainbox, roles: [trainer], workspace: {tmp_path}/ws-box}}
+job: {{mode: collective, code: {project_code(tmp_path)}, trainer: {{command: "true"}}, watchdog: {{enabled: false}}}}
+""")
+    out = fab("-S", str(config), "status", "deploy", cluster=path, env={"HOME": str(home)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(r"box: code \S+( \S+)? synced", out.stdout), out.stdout
+    assert (tmp_path / "ws-box" / "code" / "train.py").exists()  # the project's code arrived

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -271,6 +272,57 @@ def test_sparse_and_dense_gradients_give_the_same_update(corpus, rule):
 
 # -- checkpoints and metrics --------------------------------------------------------------
 
+def _sync_server(num_trainers, spec, dense_numel):
+    """A ParameterServer's update state only (no processes, no gloo): what a sync round changes."""
+    import threading
+    from types import SimpleNamespace
+
+    from workload.optim import new_state
+    from workload.pserver import ParameterServer
+
+    ps = ParameterServer.__new__(ParameterServer)
+    ps.args = SimpleNamespace(checkpoint_dir=None, checkpoint_every=1000)
+    ps.cond, ps.version, ps.pending = threading.Condition(), 0, {}
+    ps.trainer_steps, ps.active = [0] * num_trainers, set(range(num_trainers))
+    ps.layout, ps.optimizer, ps.sync = Layout(1, 1, dense_numel, (spec,)), AdaGrad(0.05), True
+    ps.dense = torch.linspace(-1, 1, dense_numel)
+    ps.dense_state = new_state(ps.optimizer, ps.dense)
+    ps.tables = {spec.name: init_rows(spec, torch.arange(spec.num_rows))}
+    ps.table_state = {spec.name: new_state(ps.optimizer, ps.tables[spec.name])}
+    return ps
+
+
+def test_sync_rounds_give_the_same_bits_whatever_order_the_gradients_arrive_in():
+    """The pserver adds a round's gradients in trainer order, not arrival order: float addition is
+    not associative, so with 3 trainers arrival order would change the bits (checked below)."""
+    import itertools
+
+    g = torch.Generator().manual_seed(3)
+    spec, dense_numel, trainers, rounds = TableSpec("emb", 40, 4), 64, 3, 3
+
+    def gradient():
+        scale = 10.0 ** torch.randint(-3, 3, (1,), generator=g).item()   # magnitudes that round differently
+        ids = torch.unique(torch.randint(0, spec.num_rows, (12,), generator=g))   # rows shared by trainers
+        return (torch.randn(dense_numel, generator=g) * scale,
+                [(ids, torch.randn(len(ids), spec.dim, generator=g) * scale)])
+    grads = [[gradient() for _ in range(trainers)] for _ in range(rounds)]
+    a, b, c = (grads[0][t][0] for t in range(3))
+    assert not torch.equal((a + b) + c, (c + b) + a), "these gradients must be order-sensitive for the test to mean anything"
+
+    results = []
+    for arrival in itertools.permutations(range(trainers)):
+        ps = _sync_server(trainers, spec, dense_numel)
+        for r in range(rounds):
+            for t in arrival:
+                with ps.cond:
+                    ps.pending[t] = (r, grads[r][t])
+                    ps.apply_round_if_complete()
+        assert ps.version == rounds and ps.trainer_steps == [rounds] * trainers
+        results.append([ps.dense, ps.dense_state["sum"], ps.tables["emb"], ps.table_state["emb"]["sum"]])
+    for other in results[1:]:
+        assert all(torch.equal(x, y) for x, y in zip(results[0], other))
+
+
 def test_checkpoints_are_atomic_and_pruned(tmp_path):
     for version in (10, 20, 30, 40):
         checkpoint.save_atomic({"version": version}, checkpoint.pserver_path(tmp_path, 1, version))
@@ -278,6 +330,85 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path):
     assert checkpoint.pserver_versions(tmp_path, 1) == [20, 30, 40]
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"pserver-1-v{v:09d}.pt" for v in (20, 30, 40)]
     assert checkpoint.load(checkpoint.pserver_path(tmp_path, 1, 30)) == {"version": 30}
+
+
+SLOW_SAVE = """
+import builtins, sys, time, torch
+from workload import checkpoint
+
+
+class SlowFile:
+    # A file whose writes trickle out in 64 KiB pieces, so that the test can kill the save midway.
+    def __init__(self, f):
+        self.f = f
+
+    def write(self, data):
+        view = memoryview(data).cast("B")
+        for i in range(0, len(view), 1 << 16):
+            self.f.write(view[i:i + (1 << 16)])
+            self.f.flush()
+            time.sleep(0.005)
+        return len(view)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+checkpoint.open = lambda path, mode: SlowFile(builtins.open(path, mode))
+checkpoint.save_atomic({"version": int(sys.argv[2]), "dense": torch.ones(8 << 20)}, sys.argv[1])   # 32 MiB
+print("saved", flush=True)
+"""
+
+
+@pytest.mark.parametrize("target", ["a new version", "the same name"])
+def test_a_save_killed_midway_leaves_the_previous_checkpoint_whole(tmp_path, target):
+    previous = {"version": 1, "dense": torch.arange(1000, dtype=torch.float32)}
+    checkpoint.save_atomic(previous, checkpoint.pserver_path(tmp_path, 0, 1))
+    final = checkpoint.pserver_path(tmp_path, 0, 2 if target == "a new version" else 1)
+    script = tmp_path / "slow_save.py"
+    script.write_text(SLOW_SAVE)
+    child = subprocess.Popen([sys.executable, str(script), str(final), "2"], cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
+    try:
+        temp = final.with_name(f".{final.name}.tmp{child.pid}")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (not temp.exists() or temp.stat().st_size < 4 << 20):
+            assert child.poll() is None, "the save ended before it could be interrupted"
+            time.sleep(0.01)
+        child.kill()                      # SIGKILL while the temp file is being written
+        child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert "saved" not in child.stdout.read()
+    assert 4 << 20 <= temp.stat().st_size < 32 << 20      # it was killed midway through the data
+    # Nothing half-written under a checkpoint's name: the previous one loads whole, and is the newest.
+    assert checkpoint.pserver_versions(tmp_path, 0) == [1]
+    loaded = checkpoint.load(checkpoint.pserver_path(tmp_path, 0, 1))
+    assert loaded["version"] == 1 and torch.equal(loaded["dense"], previous["dense"])
+
+
+def test_a_save_whose_write_fails_leaves_the_previous_checkpoint_and_no_temp_file(tmp_path, monkeypatch):
+    path = checkpoint.pserver_path(tmp_path, 0, 5)
+    checkpoint.save_atomic({"version": 5}, path)
+
+    def disk_full(obj, f):
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(checkpoint.torch, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save_atomic({"version": 6}, path)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save_atomic({"version": 6}, checkpoint.pserver_path(tmp_path, 0, 6))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    assert checkpoint.load(path) == {"version": 5}
 
 
 def test_resume_uses_the_newest_version_every_pserver_has():

@@ -283,6 +283,8 @@ class ParameterServer:
     def apply_round_if_complete(self):
         if not self.pending or not self.active <= set(self.pending):
             return
+        # In trainer order, never arrival order: float addition is not associative, so this keeps
+        # sync SGD reproducible bit for bit however the trainers' messages race (tests/test_workload.py).
         self.apply([g for _, (_, g) in sorted(self.pending.items())])
         for t, (step, _) in self.pending.items():
             self.trainer_steps[t] = step + 1

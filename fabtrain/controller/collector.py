@@ -1,55 +1,38 @@
 """The controller's view of a running job, kept up to date incrementally.
 
-Shared by `fab status`, `fab watch` and the dashboard. Each poll of a node is
-one remote command (node_ops `collect`) that returns only what was appended
-since the last poll (by byte offset), so a long run is never re-read. Each
-node is polled on its own thread in the background mode, so an unreachable
-node is marked as such without delaying the others. Long metric series are
-thinned (see `Series`) so a million-step run stays light in the browser.
+Used by `fab watch` (every node polled once per --interval) and the dashboard
+(`streaming.StreamingCollector`, each node polled on its own thread, so an
+unreachable node is marked as such without delaying the others). `fab
+status` asks node ops `status` directly; all three show the job's state as
+`jobstate.job_verdict` decides it, so they agree.
+
+Each poll of a node is one remote command (node ops `collect`) that returns
+only what was appended since the last poll (by byte offset), so a long run
+is never re-read. Every record read from a node is untrusted input: it is
+checked (`records`) before it is kept, and a malformed one is dropped and
+counted per node. Long metric series are thinned (`series.Series`) so a
+million-step run stays light in the browser.
+
+Readers go through three calls: `snapshot()` (nodes, processes, the
+verdict, events, trainers' progress, dropped-record counts: a consistent
+copy), `series_since(cursor)` (the charts' points since a cursor) and
+`follow_log(node, process)`.
 """
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from fabtrain.controller import records
+from fabtrain.controller.jobstate import JOB_EVENTS, NodeObservation, Verdict, job_verdict
+from fabtrain.controller.series import NODES, TRAINERS, Series, SeriesBook, SeriesDelta
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import NodeError
 
-
-class Series:
-    """One metric series (e.g. trainer-0's loss), thinned to at most ~max_points.
-
-    Stride doubling: keep every point until the buffer holds 2N, then drop
-    every other one and keep only every 2nd new point, and so on. The result
-    is evenly spaced over the whole run, always includes the latest point,
-    and costs O(1) amortised per point — deterministic, unlike a random
-    reservoir, so the chart does not jitter between refreshes.
-    """
-
-    def __init__(self, max_points: int = 1000):
-        self.max_points = max_points
-        self.stride = 1
-        self.seen = 0
-        self.points: list[tuple[float, float]] = []
-        self.last: tuple[float, float] | None = None
-
-    def add(self, x: float, y: float) -> None:
-        self.last = (x, y)
-        if self.seen % self.stride == 0:
-            self.points.append((x, y))
-            if len(self.points) >= 2 * self.max_points:
-                self.points = self.points[::2]
-                self.stride *= 2
-        self.seen += 1
-
-    def export(self) -> list[tuple[float, float]]:
-        if self.last is not None and (not self.points or self.points[-1] != self.last):
-            return self.points + [self.last]
-        return list(self.points)
+__all__ = ["Collector", "NodeView", "Series", "Snapshot", "NodeSnapshot", "TrainerSnapshot", "LogTail", "Dropped"]
 
 
 @dataclass
@@ -60,11 +43,18 @@ class NodeView:
     error: str | None = None
     last_seen: float | None = None
     job_id: str | None = None
-    health: dict | None = None
-    processes: list[dict] = field(default_factory=list)
+    health: dict | None = None  # health.json, checked (records.health)
+    agent_age: float | None = None  # health.json's age on the node's clock at the last poll
+    processes: list[dict] = field(default_factory=list)  # node ops' process records, checked
     killed: bool = False
+    milestones: list[dict] = field(default_factory=list)  # the job-level events (job_failed, finished, kept)
     offsets: dict[str, int] = field(default_factory=dict)
-    partial_logs: dict[str, deque] = field(default_factory=dict)
+    bad: set = field(default_factory=set)  # what was wrong in the last reply's snapshots (counted once)
+
+    def observation(self) -> NodeObservation:
+        agent = self.health if self.health and self.health.get("job_id") == self.job_id else None
+        return NodeObservation(self.name, self.up, self.job_id, tuple(self.processes), self.killed, agent,
+                               self.agent_age if agent else None, tuple(self.milestones), self.error)
 
 
 @dataclass
@@ -78,9 +68,94 @@ class TrainerProgress:
     records: int = 0
 
 
+@dataclass
+class Dropped:
+    """Records from one node that were not kept: how many, from which file, and the latest reason."""
+    count: int = 0
+    sources: dict[str, int] = field(default_factory=dict)
+    last: str | None = None
+
+    def as_dict(self) -> dict:
+        return {"count": self.count, "sources": dict(self.sources), "last": self.last}
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    name: str
+    host: str
+    roles: tuple[str, ...]
+    up: bool | None
+    since: float | None
+    error: str | None
+    last_seen: float | None
+    job_id: str | None
+    killed: bool
+    health: dict | None
+    processes: tuple[dict, ...]
+
+    def agent_state(self) -> str | None:
+        return next((p["state"] for p in self.processes if p["name"] == "agent"), None)
+
+
+@dataclass(frozen=True)
+class TrainerSnapshot:
+    node: str
+    name: str
+    role: str
+    rank: Any
+    last: dict
+    last_ts: float | None
+    records: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    cluster: str
+    taken: float
+    verdict: Verdict
+    nodes: tuple[NodeSnapshot, ...]
+    progress: dict[str, TrainerSnapshot]  # by process name
+    events: tuple[dict, ...]  # newest first
+    dropped: dict[str, dict]  # node -> Dropped.as_dict()
+
+    @property
+    def job_id(self) -> str | None:
+        return self.verdict.job_id
+
+    def node(self, name: str) -> NodeSnapshot | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+
+@dataclass(frozen=True)
+class LogTail:
+    lines: list[str]
+    offset: int | None  # how far into the log the collector has read
+
+
+def _file_kind(rel: Any) -> tuple[str, str | None] | None:
+    """("events", None), ("metrics", process) or ("logs", process) for a file node ops sent; else None."""
+    if not isinstance(rel, str):
+        return None
+    if rel == "events.jsonl":
+        return "events", None
+    for kind, suffix in (("metrics", ".jsonl"), ("logs", ".log")):
+        name = rel[len(kind) + 1:-len(suffix)] if rel.startswith(kind + "/") and rel.endswith(suffix) else ""
+        if records.NAME_RE.match(name):
+            return kind, name
+    return None
+
+
+def _chunk_ok(chunk: Any) -> bool:
+    return isinstance(chunk, dict) and isinstance(chunk.get("data"), str) and \
+        all(isinstance(chunk.get(k), int) and not isinstance(chunk.get(k), bool) and chunk[k] >= 0
+            for k in ("offset", "size"))
+
+
 class Collector:
     METRIC_KEYS = ("loss", "samples_per_s", "eval_loss")
     TAIL_BYTES = 64 * 1024  # where a newly followed log starts: this far from its end
+    MAX_BYTES = 1 << 20  # what node ops sends of one file per poll
+    MAX_MILESTONES = 100
 
     def __init__(self, session: Session, job_id: str | None = None, max_points: int = 1000,
                  max_events: int = 1000, log_lines: int = 200):
@@ -90,13 +165,13 @@ class Collector:
         self.lock = threading.RLock()
         self.nodes = {n.name: NodeView(n.name) for n in session.cluster.nodes}
         self.progress: dict[str, TrainerProgress] = {}  # by process name
-        self.series: dict[tuple[str, str], Series] = {}  # (process name, metric) -> series
-        self.node_series: dict[tuple[str, str], Series] = {}  # (node, "cpu"|"gpu"|"mem") -> series
-        self.events: deque = deque(maxlen=max_events)
+        self.series = SeriesBook(max_points)
+        self.events: deque = deque(maxlen=max_events)  # newest first
+        self.dropped: dict[str, Dropped] = {}  # by node
         self.log_lines = log_lines
         self.logs: dict[tuple[str, str], deque] = {}  # (node, process) -> recent lines
         self.followed_logs: set[tuple[str, str]] = set()
-        self._mid_line: set[tuple[str, str]] = set()  # (node, log) read from mid-line: drop the first line
+        self._mid_line: set[tuple[str, str]] = set()  # (node, file) read from mid-line: drop the first line
         self.started = time.time()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -104,7 +179,7 @@ class Collector:
     # -- polling -----------------------------------------------------------------------
 
     def poll(self) -> None:
-        """Poll every node once, in parallel (for fab status / fab watch)."""
+        """Poll every node once, in parallel (fab watch)."""
         self.session.map(lambda t: self.poll_node(t.node.name))
 
     def poll_node(self, name: str, timeout: float = 30) -> None:
@@ -116,8 +191,9 @@ class Collector:
                 if node == name:
                     offsets.setdefault(f"logs/{proc}.log", -1)
         # -1: start near the end of a log we begin to follow (its tail, not its whole history)
-        payload = {"job_id": self.job_id or view.job_id, "offsets": {k: max(v, 0) for k, v in offsets.items()}}
-        tail_from = {k for k, v in offsets.items() if v == -1}
+        # The node's `current` job unless one was named (--job): a new job there replaces the old in the view.
+        payload = {"job_id": self.job_id, "max_bytes": self.MAX_BYTES,
+                   "offsets": {k: max(v, 0) for k, v in offsets.items()}}
         try:
             reply = self._collect(name, transport, payload, timeout)
         except NodeError as e:
@@ -130,98 +206,181 @@ class Collector:
             if view.up is not True:
                 view.since = time.time()
             view.up, view.error, view.last_seen = True, None, time.time()
-            if reply.get("job_id") != view.job_id:
-                view.offsets.clear()
-                self._forget_job(name)
-            view.job_id = reply.get("job_id")
-            view.health = reply.get("health")
-            view.processes = reply.get("processes", [])
-            view.killed = reply.get("killed", False)
-            for rel, chunk in reply.get("files", {}).items():
-                if rel in tail_from and chunk.get("size", 0) - chunk["offset"] > self.TAIL_BYTES:
-                    # A long log: skip to its last TAIL_BYTES rather than read it all from the top.
-                    view.offsets[rel] = chunk["size"] - self.TAIL_BYTES
-                    self._mid_line.add((name, rel))
-                    continue
-                view.offsets[rel] = chunk["offset"]
-                lines = chunk["data"].splitlines()
-                if rel in tail_from:
-                    lines = lines[-self.log_lines:]
-                if (name, rel) in self._mid_line:
-                    self._mid_line.discard((name, rel))
-                    lines = lines[1:]  # began mid-line
-                self._ingest(name, rel, lines)
-            self._sample_node(name, view.health)
+            if not isinstance(reply, dict):
+                self._drop(name, "collect", "the reply is not an object")
+                return
+            self._apply(view, reply, offsets)
 
     def _collect(self, name: str, transport, payload: dict, timeout: float) -> dict:
         """One `collect` on one node (a subclass may keep a channel open instead)."""
         return transport.call("collect", payload, timeout=timeout)
 
+    def _apply(self, view: NodeView, reply: dict, asked: dict[str, int]) -> None:
+        """Take in one `collect` reply (under the lock): every part checked before it is kept."""
+        name = view.name
+        job_id = reply.get("job_id")
+        if job_id is not None and not (isinstance(job_id, str) and records.NAME_RE.match(job_id)):
+            self._drop(name, "collect", f"job_id {str(job_id)[:40]!r} is not a job id")
+            job_id = None
+        # Another job than the offsets were for: what was read at them is not the new job's start.
+        misread = job_id != view.job_id and any(v > 0 for v in asked.values())
+        if job_id != view.job_id:
+            view.offsets.clear()
+            self._forget_job(name)
+        view.job_id = job_id
+        view.killed = reply.get("killed") is True
+        view.processes, bad = [], set()
+        procs = reply.get("processes")
+        for p in procs if isinstance(procs, list) else []:
+            try:
+                view.processes.append(records.process(p))
+            except records.Malformed as e:
+                bad.add(("processes", str(e)))
+        view.health, view.agent_age = None, None
+        if reply.get("health") is not None:
+            try:
+                view.health = records.health(reply["health"])
+            except records.Malformed as e:
+                bad.add(("health.json", str(e)))
+        for source, why in sorted(bad - view.bad):  # sent again every poll: counted when it first goes wrong
+            self._drop(name, source, why)
+        view.bad = bad
+        if view.health is not None and records.finite(reply.get("time")):
+            view.agent_age = reply["time"] - view.health["ts"]  # both on the node's clock
+        files = reply.get("files") if isinstance(reply.get("files"), dict) and not misread else {}
+        for rel, chunk in files.items():
+            self._read_chunk(view, rel, chunk, asked)
+        self._sample_node(name, view.health)
+
+    def _read_chunk(self, view: NodeView, rel: Any, chunk: Any, asked: dict[str, int]) -> None:
+        node = view.name
+        kind = _file_kind(rel)
+        if kind is None or not _chunk_ok(chunk):
+            self._drop(node, "collect", f"a malformed file chunk ({str(rel)[:80]})")
+            return
+        start = max(asked.get(rel, 0), 0)
+        if asked.get(rel) == -1 and chunk["size"] - chunk["offset"] > self.TAIL_BYTES:
+            # A long log we begin to follow: skip to its last TAIL_BYTES rather than read it all.
+            view.offsets[rel] = chunk["size"] - self.TAIL_BYTES
+            self._mid_line.add((node, rel))
+            return
+        if chunk["offset"] == start and not chunk["data"] and chunk["size"] - start >= self.MAX_BYTES:
+            # One line longer than a poll's read: skip past it rather than ask for it forever.
+            if (node, rel) not in self._mid_line and kind[0] != "logs":
+                self._drop(node, rel, f"a line over {self.MAX_BYTES} bytes")
+            view.offsets[rel] = start + self.MAX_BYTES
+            self._mid_line.add((node, rel))
+            return
+        view.offsets[rel] = chunk["offset"]
+        lines = chunk["data"].split("\n")[:-1]  # whole lines only (node ops sends no partial line)
+        if asked.get(rel) == -1:
+            lines = lines[-self.log_lines:]
+        if (node, rel) in self._mid_line:
+            self._mid_line.discard((node, rel))
+            lines = lines[1:]  # began mid-line
+        if kind[0] == "logs":
+            self.logs.setdefault((node, kind[1]), deque(maxlen=self.log_lines)).extend(lines)
+        else:
+            self._ingest(view, rel, kind[1], lines)
+
+    def _ingest(self, view: NodeView, rel: str, process: str | None, lines: list[str]) -> None:
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                rec = records.event(line) if process is None else records.metric(line)
+            except records.Malformed as e:
+                self._drop(view.name, rel, str(e))
+                continue
+            if process is not None:
+                self._metric(view.name, process, rec)
+                continue
+            rec["node"] = view.name  # where it was read, whatever the line says
+            self.events.appendleft(rec)
+            if rec["kind"] in JOB_EVENTS and len(view.milestones) < self.MAX_MILESTONES:
+                view.milestones.append(rec)
+
+    def _drop(self, node: str, source: str, why: str) -> None:
+        d = self.dropped.setdefault(node, Dropped())
+        d.count += 1
+        if source in d.sources or len(d.sources) < 64:
+            d.sources[source] = d.sources.get(source, 0) + 1
+        d.last = f"{source}: {why}"
+
     def _forget_job(self, node: str) -> None:
         """A new job on this node: drop what the old one left in the view (series, logs, events)."""
         for name in [n for n, p in self.progress.items() if p.node == node]:
             del self.progress[name]
-            for key in [k for k in self.series if k[0] == name]:
-                del self.series[key]
+            self.series.forget(TRAINERS, name)
         for key in [k for k in self.logs if k[0] == node]:
             del self.logs[key]
         self._mid_line = {k for k in self._mid_line if k[0] != node}
+        self.nodes[node].milestones.clear()
         kept = [e for e in self.events if e.get("node") != node]
         self.events.clear()
         self.events.extend(kept)
 
-    def _ingest(self, node: str, rel: str, lines: list[str]) -> None:
-        if rel.startswith("logs/"):
-            buf = self.logs.setdefault((node, rel[5:-4]), deque(maxlen=self.log_lines))
-            buf.extend(lines)
-            return
-        for line in lines:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue  # a torn or foreign line: skip it, never crash the view
-            if not isinstance(rec, dict):
-                continue
-            if rel == "events.jsonl":
-                rec.setdefault("node", node)
-                self.events.appendleft(rec)
-            else:
-                self._metric(node, rel[len("metrics/"):-len(".jsonl")], rec)
-
     def _metric(self, node: str, name: str, rec: dict) -> None:
         p = self.progress.get(name)
         if p is None:
-            p = self.progress[name] = TrainerProgress(node, name, rec.get("role", name.rsplit("-", 1)[0]), rec.get("rank"))
+            role = rec.get("role") or name.rsplit("-", 1)[0]
+            p = self.progress[name] = TrainerProgress(node, name, role, rec.get("rank"))
         p.last, p.last_ts, p.records = rec, time.time(), p.records + 1
         step = rec.get("step")
-        if isinstance(step, (int, float)):
+        if step is not None:
             for key in self.METRIC_KEYS:
-                value = rec.get(key)
-                if isinstance(value, (int, float)):
-                    s = self.series.setdefault((name, key), Series(self.max_points))
-                    s.add(step, value)
+                if rec.get(key) is not None:
+                    self.series.add(TRAINERS, name, key, step, rec[key])
 
     def _sample_node(self, node: str, health: dict | None) -> None:
-        if not isinstance(health, dict) or not isinstance(health.get("ts"), (int, float)):
+        if not health:
             return
         ts = health["ts"]
         host = health.get("host") or {}
         values = {"cpu": host.get("cpu_percent"), "mem": host.get("mem_percent")}
-        gpus = health.get("gpus") or []
-        if gpus:
-            utils = [g.get("util") for g in gpus if isinstance(g.get("util"), (int, float))]
+        utils = [g["util"] for g in health.get("gpus") or [] if g.get("util") is not None]
+        if health.get("gpus"):
             values["gpu"] = sum(utils) / len(utils) if utils else None
         for key, value in values.items():
-            if isinstance(value, (int, float)):
-                s = self.node_series.setdefault((node, key), Series(self.max_points))
-                if s.last is None or s.last[0] < ts:
-                    s.add(ts, value)
+            s = self.series.get(NODES, node, key)
+            if value is not None and (s is None or s.last is None or s.last[0] < ts):
+                self.series.add(NODES, node, key, ts, value)
 
-    def follow_log(self, node: str, process: str) -> list[str]:
+    # -- what readers use -----------------------------------------------------------------
+
+    def follow_log(self, node: str, process: str) -> LogTail:
         """Start following a process's log (from its tail); return what is known of it."""
         with self.lock:
             self.followed_logs.add((node, process))
-            return list(self.logs.get((node, process), ()))
+            return LogTail(list(self.logs.get((node, process), ())),
+                           self.nodes[node].offsets.get(f"logs/{process}.log"))
+
+    def series_since(self, cursor: str | None = None) -> SeriesDelta:
+        """The charts' points added since `cursor` (None: all of them), and the next cursor."""
+        with self.lock:
+            return self.series.since(cursor)
+
+    def verdict(self) -> Verdict:
+        with self.lock:
+            observations = [v.observation() for v in self.nodes.values()]
+        return job_verdict(observations, self.job_id)
+
+    def snapshot(self) -> Snapshot:
+        """Everything a view shows, copied under the lock: a poll never changes it half-way."""
+        cluster = self.session.cluster
+        with self.lock:
+            nodes = []
+            for n in cluster.nodes:
+                v = self.nodes[n.name]
+                nodes.append(NodeSnapshot(n.name, n.host, tuple(n.roles), v.up, v.since, v.error, v.last_seen,
+                                          v.job_id, v.killed, v.health, tuple(v.processes)))
+            observations = [v.observation() for v in self.nodes.values()]
+            progress = {name: TrainerSnapshot(p.node, p.name, p.role, p.rank, dict(p.last), p.last_ts, p.records)
+                        for name, p in self.progress.items()}
+            events = tuple(self.events)
+            dropped = {node: d.as_dict() for node, d in self.dropped.items()}
+        return Snapshot(cluster.name, time.time(), job_verdict(observations, self.job_id), tuple(nodes), progress,
+                        events, dropped)
 
     # -- background mode (dashboard) ------------------------------------------------------
 
@@ -239,37 +398,3 @@ class Collector:
 
     def stop(self) -> None:
         self._stop.set()
-
-    # -- views --------------------------------------------------------------------------
-
-    def job_state(self) -> str:
-        """starting, running, finished, failed or killed.
-
-        The agents' verdicts come first: they saw every exit as it happened,
-        and after a normal end they stop the pservers themselves (SIGTERM, so
-        exit 143), which by exit codes alone would read as a failure.
-        """
-        with self.lock:
-            procs = [p for v in self.nodes.values() for p in v.processes if p.get("name") != "agent"]
-            kinds = {e.get("kind") for e in self.events}
-            if any(v.killed for v in self.nodes.values()):
-                return "killed"
-            if not procs:
-                return "starting" if any(v.job_id for v in self.nodes.values()) else "no job"
-            if "job_failed" in kinds:
-                return "failed"
-            if "finished" in kinds:
-                return "finished"
-            trainers = [p for p in procs if p["name"].startswith("trainer")]
-            if trainers and all(p["state"] == "exited" and p.get("exit_code") == 0 for p in trainers):
-                return "finished"
-            if any(p["state"] == "exited" and p.get("exit_code") not in (0, None) for p in procs) or \
-                    any(p["state"] == "lost" for p in procs):
-                return "failed"
-            if any(p["state"] == "not started" for p in procs):
-                return "starting"
-            return "running"
-
-    def job_id_seen(self) -> str | None:
-        ids = {v.job_id for v in self.nodes.values() if v.job_id}
-        return self.job_id or (max(ids) if ids else None)

@@ -10,7 +10,7 @@ one shard per trainer. copy-data then works node by node, in parallel:
               whole, and `--partial-dir` keeps an interrupted file for resuming
   3. verify   again, so what the trainers will read is known to be right
 
-Both verifies go through one node_ops process (a fabtrain.remote.channel
+Both verifies go through one node-side process (a fabtrain.remote.rpc
 Channel), so the node's login shell and interpreter start once, not twice.
 Unless the last copy-data verified this very manifest on the node, rsync is
 started together with the first verify: its SSH connection and the node's
@@ -24,22 +24,19 @@ nothing. A node with shared storage (`data.shared: true`) is only verified.
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fabtrain.controller import state
-from fabtrain.remote.channel import Channel
 from fabtrain.config.cluster import Cluster
 from fabtrain.data import MANIFEST_NAME, files_for_trainer, load_manifest, prepare
 from fabtrain.data.archive import ExtractLimits
 from fabtrain.data.manifest import sha256_file
 from fabtrain.errors import UserError
-from fabtrain.controller.lifecycle import rsync_reason
+from fabtrain.remote.rpc import Channel
+from fabtrain.remote.rsync import Rsync
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import NodeError, Transport
 
@@ -81,7 +78,8 @@ class NodeCopy:
     node: str
     files: int = 0
     sent: list[str] = field(default_factory=list)
-    bytes_sent: int = 0
+    bytes_sent: int = 0      # the size of what was sent (rsync's progress: whole files, resumed parts too)
+    wire_bytes: int = 0      # what rsync really sent over the connection (its stats): less when it resumed
     verified: bool = False
     shared: bool = False
 
@@ -133,6 +131,7 @@ def copy_data(session: Session, progress=None, bwlimit: int | None = None) -> li
                                 f"{first['disk_free'] >> 20} MiB free in {t.node.workspace}")
             push = push or RsyncPush(t, data_dir, t.node.workspace + "/data", bwlimit)
             result.bytes_sent = push.send(stale, progress)
+            result.wire_bytes = push.wire_bytes
             result.sent = stale
             # the files verify found right were not sent, so not touched: check what was sent
             second = channel.request("verify", {**verify, "files": {n: expected[n] for n in stale}}, timeout=3600)
@@ -159,63 +158,33 @@ class RsyncPush:
     It starts at once and reads the list of files on stdin (--files-from=-):
     rsync opens its SSH connection and starts the node's side before it reads
     the list, so that work overlaps whatever decides the list. send() gives
-    the list and waits; cancel() stops an rsync that is no longer wanted
-    (rsync ends its SSH child and the node's side on SIGTERM)."""
+    the list and waits; cancel() stops an rsync that is no longer wanted."""
 
     def __init__(self, t: Transport, source_dir: Path, remote_dir: str, bwlimit: int | None = None):
         self.node = t.node.name
-        transport_args, dest = t.rsync_destination(remote_dir)
-        argv = ["rsync", "-a", "--ignore-times", f"--partial-dir={PARTIAL_DIR}", "--files-from=-", "--from0",
-                "--info=progress2,stats1", "--no-inc-recursive", *([f"--bwlimit={bwlimit}"] if bwlimit else []),
-                *transport_args, f"{source_dir}/", dest]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.stderr: list[bytes] = []
-        self.reader = threading.Thread(target=lambda: self.stderr.append(self.proc.stderr.read()), daemon=True)
-        self.reader.start()
+        options = ["--ignore-times", f"--partial-dir={PARTIAL_DIR}", "--files-from=-", "--from0",
+                   "--info=progress2,stats1", "--no-inc-recursive", *([f"--bwlimit={bwlimit}"] if bwlimit else [])]
+        self.rsync = Rsync(t, [f"{source_dir}/"], remote_dir, options, files_from_stdin=True)
+        self.wire_bytes = 0  # what rsync says it sent over the wire (its stats line)
 
     def send(self, names: list[str], progress=None) -> int:
         """Copy these files (relative to source_dir); the bytes sent."""
-        proc = self.proc
-        try:
-            proc.stdin.write(b"\0".join(n.encode() for n in names))
-            proc.stdin.close()
-        except BrokenPipeError:  # rsync already failed (say, the node refused it): reported below
-            pass
+        self.rsync.give_files(names)
         # Progress only for copies that take more than a second.
-        sent, last_report, buf = 0, time.time(), b""
-        while True:
-            chunk = proc.stdout.read1(4096) if hasattr(proc.stdout, "read1") else proc.stdout.read(4096)
-            if not chunk:
-                break
-            buf += chunk
-            *records, buf = re.split(rb"[\r\n]", buf)
-            for rec in records:
-                m = re.match(rb"\s*([\d,]+)\s+(\d+)%\s+(\S+)", rec)
-                if m:
-                    sent = int(m.group(1).replace(b",", b""))
-                    if progress and time.time() - last_report >= 1.0:
-                        last_report = time.time()
-                        progress(f"{self.node}: {m.group(2).decode()}% {sent >> 20} MiB {m.group(3).decode()}")
-        proc.wait()
-        self.reader.join()
-        if proc.returncode != 0:
-            reason = rsync_reason(b"".join(self.stderr).decode(errors="replace"), proc.returncode)
-            raise NodeError(f"{self.node}: rsync failed: {reason}")
+        sent, last_report = 0, time.time()
+        for record in self.rsync.records():
+            stats = re.match(rb"\s*sent ([\d,]+) bytes\s+received", record)  # --info=stats1's summary
+            if stats:
+                self.wire_bytes = int(stats.group(1).replace(b",", b""))
+            m = re.match(rb"\s*([\d,]+)\s+(\d+)%\s+(\S+)", record)
+            if m:
+                sent = int(m.group(1).replace(b",", b""))
+                if progress and time.time() - last_report >= 1.0:
+                    last_report = time.time()
+                    progress(f"{self.node}: {m.group(2).decode()}% {sent >> 20} MiB {m.group(3).decode()}")
+        self.rsync.finish()
         return sent
 
     def cancel(self) -> None:
         """Stop it if it still runs (a no-op after send())."""
-        proc = self.proc
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for f in (proc.stdin, proc.stdout):
-            try:
-                f.close()
-            except OSError:
-                pass
-        self.reader.join(5)
+        self.rsync.cancel()

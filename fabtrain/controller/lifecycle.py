@@ -13,7 +13,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,8 +20,9 @@ from fabtrain.controller import state
 from fabtrain.errors import UserError
 from fabtrain.plan.runtime import PACKAGE_ROOT, runtime_files, runtime_version
 from fabtrain.plan.plan import Plan, make_plan, new_job_id
+from fabtrain.remote.rsync import Rsync, rsync
 from fabtrain.remote.session import Session
-from fabtrain.remote.transport import NodeError, Reply, Transport
+from fabtrain.remote.transport import Reply, Transport
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 CODE_IDENTITY = ".fabtrain-code.json"  # beside the code on each node: which code it is
@@ -102,7 +102,7 @@ def provision(session: Session, venv: bool = False, wheelhouse: str | None = Non
 
     def one(t: Transport):
         if wheelhouse:
-            _rsync(t, [str(Path(wheelhouse).expanduser()) + "/"], t.node.workspace + "/wheelhouse")
+            rsync(t, [str(Path(wheelhouse).expanduser()) + "/"], t.node.workspace + "/wheelhouse")
         return t.call("provision", {"venv": venv, "wheelhouse": bool(wheelhouse), "requirements": reqs})
 
     return session.map(one)
@@ -141,15 +141,13 @@ def deploy(session: Session) -> list[Reply]:
         def one(t: Transport):
             # -R keeps each file's path below the /./ marker: fabtrain/node/... under runtime/<version>.
             runtime = [f"{PACKAGE_ROOT.parent}/./{rel}" for rel in runtime_files()]
-            # The two copies go to different folders, so they run side by side: each is an
-            # OpenSSH connection and a remote rsync (0.2-0.6 s here, bench/fanout.py --profile),
-            # and one after the other they were most of a deploy's wait.
-            with ThreadPoolExecutor(1) as pool:
-                runtime_copy = pool.submit(_rsync, t, runtime, f"{t.node.workspace}/runtime/{runtime_version()}",
-                                           ["-R"])
-                stats = _rsync(t, [f"{source}/", f"{tmp}/{CODE_IDENTITY}"], t.node.workspace + "/code",
-                               ["--delete", *excludes])
-                runtime_copy.result()
+            # The runtime's copy runs while the code's does: they go to different folders, and
+            # each is an OpenSSH connection and a remote rsync (0.2-0.6 s here, bench/fanout.py
+            # --profile); one after the other they were most of a one-node deploy's wait.
+            with Rsync(t, runtime, f"{t.node.workspace}/runtime/{runtime_version()}", ["-R"]) as runtime_copy:
+                stats = rsync(t, [f"{source}/", f"{tmp}/{CODE_IDENTITY}"], t.node.workspace + "/code",
+                              ["--delete", *excludes])
+                runtime_copy.finish(3600)
             return {**stats, "code": identity}
         return session.map(one)
 
@@ -186,36 +184,6 @@ def code_identity(source: Path) -> dict:
 def _never_shipped(path: Path, source: Path) -> bool:
     parts = path.relative_to(source).parts
     return any(p in (".git", ".venv", "venv", "__pycache__", ".fabtrain") for p in parts[:-1])
-
-
-def _rsync(t: Transport, sources: list[str], remote_dir: str, extra: list[str] = (), timeout: float = 3600) -> dict:
-    """One rsync to a directory on the node (made if missing), over the node's SSH settings."""
-    transport_args, dest = t.rsync_destination(remote_dir)
-    argv = ["rsync", "-a", "--stats", *transport_args, *extra, *sources, dest]
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        raise NodeError(f"{t.node.name}: rsync is not installed on this machine") from None
-    except subprocess.TimeoutExpired:
-        raise NodeError(f"{t.node.name}: rsync timed out after {timeout:g} s") from None
-    if out.returncode != 0:
-        raise NodeError(f"{t.node.name}: rsync failed: {rsync_reason(out.stderr, out.returncode)}")
-    stats = {}
-    for line in out.stdout.splitlines():
-        if line.startswith("Number of regular files transferred:"):
-            stats["files"] = int(line.split(":")[1].strip().replace(",", ""))
-        elif line.startswith("Total transferred file size:"):
-            stats["bytes"] = int(line.split(":")[1].split()[0].replace(",", ""))
-    return stats
-
-
-def rsync_reason(stderr: str, code: int) -> str:
-    """The one line of rsync/ssh's stderr that says what went wrong."""
-    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in stderr:
-        return "HOST KEY CHANGED: ssh refused to connect (if the server was reinstalled: ssh-keygen -R)"
-    lines = [l.strip() for l in stderr.splitlines() if l.strip() and not l.startswith("@")]
-    useful = [l for l in lines if not l.startswith(("rsync: connection unexpectedly closed", "rsync error:"))]
-    return (useful or lines or [f"exit code {code}"])[0]
 
 
 # -- start ---------------------------------------------------------------------------
@@ -269,8 +237,8 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
 # -- status, logs, kill-all -----------------------------------------------------------------
 
 
-def status(session: Session, job_id: str | None = None, health: bool = False) -> list[Reply]:
-    return session.map(lambda t: t.call("status", {"job_id": job_id, "health": health}, timeout=60))
+def status(session: Session, job_id: str | None = None, health: bool = False, timeout: float = 60) -> list[Reply]:
+    return session.map(lambda t: t.call("status", {"job_id": job_id, "health": health}, timeout=timeout))
 
 
 def logs(session: Session, lines: int = 20, follow: bool = False, job_id: str | None = None, out=None) -> list[Reply]:

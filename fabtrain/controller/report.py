@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import time
 
+from fabtrain.controller import records
+from fabtrain.controller.jobstate import JobState, NodeObservation, Verdict, job_verdict, observe_status
 from fabtrain.controller.lifecycle import NodeCheck, StartResult
+from fabtrain.node.states import LIVE
 from fabtrain.plan.plan import Plan, render_shell
-from fabtrain.remote.transport import Reply
+from fabtrain.remote.transport import FAILED, NO_REPLY, Reply
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -36,10 +39,10 @@ def plan_text(plan: Plan) -> str:
 
 def code_text(code: dict | None) -> str:
     """Which code a job runs, as `fab deploy`/`fab status` say it: a commit (+dirty) or a hash."""
-    code = code or {}
-    if code.get("commit"):
-        return code["commit"][:12] + ("+dirty" if code.get("dirty") else "")
-    return f"hash {code['hash']}" if code.get("hash") else "unknown"
+    code = code if isinstance(code, dict) else {}  # from the node: untrusted
+    if code.get("commit") and isinstance(code["commit"], str):
+        return code["commit"][:12] + ("+dirty" if code.get("dirty") is True else "")
+    return f"hash {code['hash'][:64]}" if code.get("hash") and isinstance(code["hash"], str) else "unknown"
 
 
 def human_bytes(n: float | None, compact: bool = False) -> str:
@@ -96,25 +99,8 @@ def start_text(result: StartResult, roles: tuple[str, ...]) -> str:
     return "\n".join(out)
 
 
-def process_state_text(p: dict) -> str:
-    if p["state"] == "exited":
-        return f"exited ({p.get('exit_code')})"
-    if p.get("zombies"):
-        return f"{p['state']} +{p['zombies']} zombie"
-    return p["state"]
-
-
-def process_failed(p: dict) -> bool:
-    return (p["state"] == "exited" and p.get("exit_code") != 0) or p["state"] in ("lost",)
-
-
 ROUTINE_EVENTS = ("agent_started", "agent_exit", "agent_stopped")
-
-
-def _agent_view(v: dict) -> dict:
-    """The node agent's health.json for this job (empty if none, or another job's)."""
-    h = v.get("health")
-    return h if isinstance(h, dict) and h.get("job_id") == v.get("job_id") else {}
+LIVE_STATES = {s.value for s in LIVE}
 
 
 def _ago(ts: float | None, now: float) -> str:
@@ -124,93 +110,114 @@ def _ago(ts: float | None, now: float) -> str:
     return f"{d:.0f}s ago" if d < 120 else f"{d / 60:.0f}m ago"
 
 
-def status_text(replies: list[Reply]) -> tuple[str, bool]:
-    """The status table, and whether anything failed.
+def _process_rows(obs: NodeObservation, verdict: Verdict, now: float) -> list[list[str]]:
+    """One row per process: the job's view of its state, and what its agent sees."""
+    seen = {p["name"]: p for p in (obs.agent or {}).get("processes") or []}
+    rows = []
+    for p in obs.processes:
+        view = verdict.process(obs.name, p["name"])
+        state = view.label if view else p["state"]
+        if p.get("zombies"):
+            state += f" +{p['zombies']} zombie"
+        uptime = f"{p['uptime']:.0f}s" if p.get("uptime") else ""
+        a = seen.get(p["name"], {})
+        agent_state = a.get("state", "")
+        if a.get("hung"):
+            agent_state += " HUNG"
+        if a.get("killed_by_agent"):
+            agent_state += " (by agent)"
+        progress = _ago(a.get("last_progress"), now) if a and a.get("state") not in ("exited", "killed") else ""
+        rows.append([obs.name, p["name"], state, uptime, agent_state, progress,
+                     (p.get("last_line") or "")[:70]])
+    return rows
 
-    Each process shows what node_ops sees (state, uptime, last log line) and
-    what the node's agent (watchdog) sees: its state there and when the
-    process last made progress. Notes flag zombies, orphans, stale or missing
-    agents, and the job's status as the agents know it.
+
+def _node_notes(obs: NodeObservation, value: dict, now: float) -> tuple[list[str], bool]:
+    """What `fab status` flags on one node (stale or missing agent, zombies, orphans, lost peers,
+    the last event), and whether it is a problem (exit 1)."""
+    notes, problem = [], False
+    h = obs.agent or {}
+    if obs.killed:
+        notes.append(f"{obs.name}: job {obs.job_id} was stopped by kill-all")
+    agent = next((p for p in obs.processes if p["name"] == "agent"), None)
+    live = [p["name"] for p in obs.processes if p["name"] != "agent" and p["state"] in LIVE_STATES]
+    interval = h.get("interval") or 1.0
+    health_ts = h.get("ts") or (value.get("health_ts") if records.finite(value.get("health_ts")) else None)
+    if agent and agent["state"] == "running" and health_ts and now - health_ts > max(10.0, 3 * interval + 2):
+        notes.append(f"{obs.name}: STALE agent heartbeat: health.json is {now - health_ts:.0f}s old (interval {interval:g}s)")
+        problem = True
+    if live and (agent is None or agent["state"] not in ("running", "sleeping", "stopped")):
+        notes.append(f"{obs.name}: NO WATCHDOG: the agent is not running while {', '.join(live)} run(s) here"
+                     " (fab kill-all stops them)")
+    zombies = sum(p.get("zombies") or 0 for p in h.get("processes") or []) or \
+        sum(p.get("zombies") or 0 for p in obs.processes)
+    if zombies:
+        notes.append(f"{obs.name}: {zombies} ZOMBIE process(es): defunct children not reaped by their parent")
+    for o in h.get("orphans") or []:
+        notes.append(f"{obs.name}: ORPHAN pid {o.get('pid')} ({o.get('name')}): {o.get('reason')}; being killed")
+    for lost in (h.get("coordinator") or {}).get("lost") or []:
+        notes.append(f"{obs.name}: the agents lost contact with node {lost}")
+    events = [e for e in h.get("events") or [] if e["kind"] not in ROUTINE_EVENTS]
+    ev = events[-1] if events else _last_event(value)
+    if ev:
+        who = ev.get("name") or (f"{ev.get('role')}-{ev.get('rank')}" if ev.get("role") is not None else "")
+        notes.append(f"{obs.name}: last event: {ev['kind']}{' ' + who if who else ''}: {ev.get('reason', '')}"
+                     f" ({_ago(ev.get('ts'), now)})")
+    return notes, problem
+
+
+def _last_event(value: dict) -> dict | None:
+    try:
+        return records.event_record(value.get("last_event")) if value.get("last_event") is not None else None
+    except records.Malformed:
+        return None
+
+
+def _verdict_lines(verdict: Verdict) -> list[str]:
+    said = f"  [{', '.join(verdict.said_by)}]" if verdict.said_by else ""
+    if verdict.state == JobState.FAILED:
+        return [f"JOB FAILED: {verdict.summary()}{said}"]
+    if verdict.state == JobState.FINISHED:
+        return [f"job finished: {verdict.reason}{said}"]
+    return list(verdict.notes)
+
+
+def status_text(replies: list[Reply]) -> tuple[str, bool]:
+    """The status table, and whether something is wrong (exit 1).
+
+    The job's state is `job_verdict`'s, as in `fab watch` and the dashboard.
+    Each process shows that state, uptime and last log line, and what the
+    node's agent (watchdog) sees: its state there and when it last made
+    progress. Notes flag zombies, orphans, stale or missing agents. Wrong:
+    the job failed, a node is unreachable, or an agent's heartbeat is stale.
     """
-    rows, notes, failed = [], [], False
-    now = time.time()
-    job_views: dict[tuple, list[str]] = {}
-    for r in replies:
+    observations = [observe_status(r) for r in replies]
+    verdict = job_verdict(observations)
+    rows, notes, problem = [], [], verdict.state == JobState.FAILED
+    for r, obs in zip(replies, observations):
         if not r.ok:
-            rows.append([r.node, "-", "UNREACHABLE", "", "", "", ""])
+            # A node that connected but was slow to answer (a busy machine) is not a lost one.
+            label = {NO_REPLY: "NO REPLY", FAILED: "ERROR"}.get(r.kind, "UNREACHABLE")
+            rows.append([r.node, "-", label, "", "", "", ""])
             notes.append(r.error)
-            failed = True
+            problem = True
             continue
-        v = r.value
-        if not v["job_id"]:
+        if not obs.job_id:
             rows.append([r.node, "-", "no job", "", "", "", ""])
             continue
-        now = v.get("time") or time.time()  # the node's clock: health.json's times are the node's
-        h = _agent_view(v)
-        seen = {p.get("name"): p for p in h.get("processes") or []}
-        job = h.get("job") or {}
-        finished = job.get("status") == "finished"
-        for p in v["processes"]:
-            uptime = f"{p['uptime']:.0f}s" if p.get("uptime") else ""
-            a = seen.get(p["name"], {})
-            agent_state = ""
-            if a:
-                agent_state = a.get("state", "")
-                if a.get("hung"):
-                    agent_state += " HUNG"
-                if a.get("killed_by_agent"):
-                    agent_state += " (by agent)"
-            progress = _ago(a.get("last_progress"), now) if a and a.get("state") not in ("exited", "killed") else ""
-            rows.append([r.node, p["name"], process_state_text(p), uptime, agent_state, progress,
-                         p.get("last_line", "")[:70]])
-            # Stopped by its agent because the job finished (pservers): not a failure.
-            if not (finished and a.get("killed_by_agent")):
-                failed |= process_failed(p)
-        if v.get("killed"):
-            notes.append(f"{r.node}: job {v['job_id']} was stopped by kill-all")
-        agent = next((p for p in v["processes"] if p["name"] == "agent"), None)
-        live = [p["name"] for p in v["processes"] if p["name"] != "agent" and p["state"] in ("running", "stopped", "zombie")]
-        interval = h.get("interval") or 1.0
-        health_ts = h.get("ts") or v.get("health_ts")
-        if agent and agent["state"] == "running" and health_ts and now - health_ts > max(10.0, 3 * interval + 2):
-            notes.append(f"{r.node}: STALE agent heartbeat: health.json is {now - health_ts:.0f}s old (interval {interval:g}s)")
-            failed = True
-        if live and (agent is None or agent["state"] not in ("running", "stopped")):
-            notes.append(f"{r.node}: NO WATCHDOG: the agent is not running while {', '.join(live)} run(s) here"
-                         " (fab kill-all stops them)")
-        zombies = sum(p.get("zombies") or 0 for p in h.get("processes") or []) or \
-            sum(p.get("zombies") or 0 for p in v["processes"])
-        if zombies:
-            notes.append(f"{r.node}: {zombies} ZOMBIE process(es): defunct children not reaped by their parent")
-        for o in h.get("orphans") or []:
-            notes.append(f"{r.node}: ORPHAN pid {o.get('pid')} ({o.get('name')}): {o.get('reason')}; being killed")
-        coord = h.get("coordinator") or {}
-        for lost in coord.get("lost") or []:
-            notes.append(f"{r.node}: the agents lost contact with node {lost}")
-        if job.get("status") in ("failed", "finished"):
-            key = (job["status"], job.get("reason"), job.get("on_failure"))
-            job_views.setdefault(key, []).append(r.node)
-        events = [e for e in (h.get("events") or []) if e.get("kind") not in ROUTINE_EVENTS]
-        ev = events[-1] if events else v.get("last_event")
-        if ev:
-            who = ev.get("name") or (f"{ev.get('role')}-{ev.get('rank')}" if ev.get("role") is not None else "")
-            notes.append(f"{r.node}: last event: {ev.get('kind')}{' ' + who if who else ''}: {ev.get('reason', '')}"
-                         f" ({_ago(ev.get('ts'), now)})")
-    for (status, reason, on_failure), nodes in job_views.items():
-        if status == "failed":
-            failed = True
-            what = "survivors left running for debugging (on_failure keep)" if on_failure == "keep" \
-                else "torn down on every node (on_failure kill-job)"
-            notes.insert(0, f"watchdog: JOB FAILED: {reason}; {what}  [{', '.join(nodes)}]")
-        else:
-            notes.insert(0, f"watchdog: job finished: {reason}  [{', '.join(nodes)}]")
-    job_ids = {r.value["job_id"] for r in replies if r.ok and r.value["job_id"]}
-    head = f"job {', '.join(sorted(job_ids)) or '-'}"
-    codes = {code_text(r.value.get("code")) for r in replies if r.ok and r.value["job_id"]}
+        node_time = r.value.get("time")
+        now = node_time if records.finite(node_time) else time.time()  # health.json's times are the node's
+        rows += _process_rows(obs, verdict, now)
+        more, wrong = _node_notes(obs, r.value, now)
+        notes += more
+        problem |= wrong
+    job_ids = sorted({o.job_id for o in observations if o.job_id})
+    head = f"job {', '.join(job_ids) or '-'}: {verdict.state}"
+    codes = {code_text(r.value.get("code")) for r in replies if r.ok and isinstance(r.value, dict) and r.value.get("job_id")}
     if codes:
         head += f"  code {', '.join(sorted(codes))}"  # more than one: nodes run different code
     return "\n".join([head, table(rows, ["node", "process", "state", "uptime", "agent", "progress", "last log line"]),
-                      *notes]), failed
+                      *_verdict_lines(verdict), *notes]), problem
 
 
 def kill_text(replies: list[Reply]) -> tuple[str, bool]:

@@ -1,11 +1,11 @@
 """A collector that keeps one `collect` loop open per node.
 
 The plain Collector starts a Python interpreter on every node for every poll
-(node_ops `collect`, sent on the command line): simple, and right for
-`fab status`, but for a dashboard polling every second the interpreter's
-start-up and the script's compile cost the node far more than the reading
-itself (see docs/dashboard.md, "Performance"). `StreamingCollector` asks
-each node through one `fabtrain.remote.channel.Channel`, so a poll costs the
+(a one-shot `collect` call): simple, and right for `fab watch`, but for
+a dashboard polling every second the interpreter's start-up and the node
+code's compile cost the node far more than the reading itself (see
+docs/dashboard.md, "Performance"). `StreamingCollector` asks
+each node through one `fabtrain.remote.rpc.Channel`, so a poll costs the
 node only op_collect's own work. Any failure closes the channel; the next
 poll opens a new one.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 
-from fabtrain.remote.channel import Channel, ChannelClosed
+from fabtrain.remote.rpc import Channel, ChannelClosed
 from fabtrain.controller.collector import Collector
 from fabtrain.remote.transport import NodeError, describe_connect_error
 
@@ -46,8 +46,7 @@ class StreamingCollector(Collector):
                 with self._channel_lock:
                     self._channels[name] = channel
             reply = channel.request("collect", payload, timeout)
-            files = reply.get("files", {}).values()
-            self._behind[name] = any(f.get("size", 0) - f.get("offset", 0) > self.CATCH_UP_BYTES for f in files)
+            self._behind[name] = self._is_behind(reply)
             return reply
         except Exception as e:
             if channel is not None:
@@ -59,12 +58,20 @@ class StreamingCollector(Collector):
                 raise
             raise NodeError(describe_connect_error(transport.node, e)) from None
 
+    def _is_behind(self, reply) -> bool:
+        """More than CATCH_UP_BYTES left unread in a file (the reply is checked later, in _apply)."""
+        files = reply.get("files") if isinstance(reply, dict) else None
+        if not isinstance(files, dict):
+            return False
+        return any(isinstance(f, dict) and isinstance(f.get("size"), int) and isinstance(f.get("offset"), int)
+                   and f["size"] - f["offset"] > self.CATCH_UP_BYTES for f in files.values())
+
     def _loop(self, name: str, interval: float) -> None:
         while not self._stop.is_set():
             began = time.time()
             self.poll_node(name)
             with self.lock:
-                # Catching up on a long run (node_ops sends at most 1 MiB a file a poll): go on at once.
+                # Catching up on a long run (node ops sends at most MAX_BYTES of a file a poll): go on at once.
                 behind = bool(self.nodes[name].up) and self._behind.pop(name, False)
             self._stop.wait(0 if behind else max(0.0, interval - (time.time() - began)))
         with self._channel_lock:

@@ -2,14 +2,14 @@
 
 `create_app(config)` is the application factory (as in Flask's tutorial); the
 routes live in the `views` blueprint, the page in templates/ and static/.
-The app reads everything from a Collector (fabtrain.controller.collector) or any
-object with the same interface, so tests can inject one over a real job or
+The app reads a Collector (fabtrain.controller.collector) only through
+`snapshot()`, `series_since(cursor)` and `follow_log(node, process)` (and its
+`session` for the default kill), so tests can inject one over a real job or
 over fabricated node files. `serve` runs it under waitress for `fab dashboard`.
 Who may call what: guard.py.
 """
 from __future__ import annotations
 
-import secrets
 from typing import Any, Callable
 
 from flask import Flask
@@ -56,7 +56,7 @@ def create_app(config: dict | None = None) -> Flask:
     from . import guard, views
     from .api import MetricsCursor
 
-    app.extensions["fabtrain_cursor"] = MetricsCursor(secrets.token_hex(3))
+    app.extensions["fabtrain_cursor"] = MetricsCursor()
     app.extensions["fabtrain_ended"] = {}
     guard.install(app, views.ApiError)  # before the blueprint: refuse before any view or body is touched
     app.register_blueprint(views.bp)

@@ -178,14 +178,14 @@ def plotly_js():
 @bp.get("/api/cluster")
 def api_cluster():
     _no_unknown_args()
-    return jsonify(api.cluster_view(_collector()))
+    return jsonify(api.cluster_view(_collector().snapshot()))
 
 
 @bp.get("/api/job")
 def api_job():
     _no_unknown_args()
     cfg = current_app.config
-    return jsonify(api.job_view(_collector(), float(cfg["STALE_AFTER"]), current_app.extensions["fabtrain_ended"]))
+    return jsonify(api.job_view(_collector().snapshot(), float(cfg["STALE_AFTER"]), current_app.extensions["fabtrain_ended"]))
 
 
 @bp.get("/api/metrics")
@@ -202,29 +202,28 @@ def api_metrics():
 def api_events():
     _no_unknown_args("limit", "since")
     limit = _int_arg("limit", int(current_app.config["EVENTS_LIMIT"]), 1, 10000)
-    return jsonify(api.events_view(_collector(), limit, _float_arg("since")))
+    return jsonify(api.events_view(_collector().snapshot(), limit, _float_arg("since")))
 
 
 @bp.get("/api/logs/<node>/<process>")
 def api_logs(node: str, process: str):
     _no_unknown_args("offset")
     collector = _collector()
-    if node not in collector.nodes:
-        raise ApiError(404, f"unknown node {node!r}; nodes: {', '.join(collector.nodes)}")
+    snap = collector.snapshot()
+    seen = snap.node(node)
+    if seen is None:
+        raise ApiError(404, f"unknown node {node!r}; nodes: {', '.join(n.name for n in snap.nodes)}")
     if not NAME_RE.match(process):
         raise ApiError(400, f"bad process name {process!r}")
-    with collector.lock:
-        known = [p.get("name") for p in collector.nodes[node].processes]
+    known = [p["name"] for p in seen.processes]
     if process not in known:
         raise ApiError(404, f"no process {process!r} on node {node!r}"
                             + (f"; processes: {', '.join(known)}" if known else " (no job seen there yet)"))
     since = _int_arg("offset", -1, -1, 1 << 62)
-    lines = collector.follow_log(node, process)
-    with collector.lock:
-        offset = collector.nodes[node].offsets.get(f"logs/{process}.log")
-    unchanged = offset is not None and since == offset
-    return jsonify(node=node, process=process, offset=offset, unchanged=unchanged,
-                   lines=[] if unchanged else lines)
+    tail = collector.follow_log(node, process)
+    unchanged = tail.offset is not None and since == tail.offset
+    return jsonify(node=node, process=process, offset=tail.offset, unchanged=unchanged,
+                   lines=[] if unchanged else tail.lines)
 
 
 @bp.post("/api/kill")
@@ -267,6 +266,5 @@ def api_kill():
 @bp.get("/metrics")
 def metrics():
     _no_unknown_args()
-    collector = _collector()
-    text = prometheus.render(collector, collector.session.cluster.name, time.time())
+    text = prometheus.render(_collector().snapshot(), time.time())
     return Response(text, mimetype="text/plain", content_type="text/plain; version=0.0.4; charset=utf-8")

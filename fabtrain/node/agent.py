@@ -18,7 +18,7 @@ writes each action, with its reason, to ``events.jsonl``:
   finished: the pservers are stopped and the agents exit.
 
 Cluster-wide fail-fast needs no controller: the agents share the job's status
-through the first node's agent (see coordination.py). The agent exits once
+through the first node's agent (see coordination/). The agent exits once
 nothing of its job is left on the node, after a last snapshot. A "keeper"
 (an idle ``sh`` holding a pipe to the agent) starts it again if it is killed
 outright. See docs/watchdog.md.
@@ -250,7 +250,14 @@ class Agent:
                                            self.peer_timeout, os.path.join(self.jd, "coordinator.json"),
                                            on_event=self._coordinator_event, secret=self.coord_secret)
             self.coordinator.start()
-        self.client = Client(self.coord_host, self.coord_port, self.interval, self._on_message)
+            if not self.coordinator.wait_listening(self.coordinator.bind_wait + 5):
+                # The coordinator wrote why (coordinator_error). Agents refuse whatever holds the
+                # port, so this job has no coordinator: fail the start (node_ops reports it).
+                self._shutdown(exit_code=1)
+                raise SystemExit(1)
+        self.client = Client(self.coord_host, self.coord_port, self.interval, self._on_message,
+                             secret=self.coord_secret, job_id=self.job_id, node=self.node,
+                             on_event=self._coordinator_event)
         self.client.start()
 
     def _take_lock(self) -> None:
@@ -545,6 +552,12 @@ class Agent:
             if not run or "pid" not in run:
                 return
             t.run, t.wrapper = run, run["pid"]
+            if t.wrapper not in self.procs:
+                # Started after this step's /proc listing (node_ops starts the coordinator's agent
+                # before the job): read it now, or it would look like it had already ended.
+                p = health.read_proc(t.wrapper)
+                if p is not None:
+                    self.procs[t.wrapper] = p
             t.state = "running"
             t.last_progress = max(run.get("started_at") or now, self.started if self.restarted else 0)
             self._open_pidfd(t, t.wrapper)
@@ -955,7 +968,7 @@ class Agent:
         final = None
         if self.status["status"] in FINAL:
             final = dict(self.status)
-        beat = {"op": "beat", "job_id": self.job_id, "secret": self.coord_secret, "node": self.node,
+        beat = {"op": "beat", "job_id": self.job_id, "node": self.node,
                 "ts": time.time(), "procs": procs,
                 "done": done, "failure": self.local_failure, "final": final,
                 "trainers_expected": self.trainers_expected}
@@ -1024,7 +1037,7 @@ class Agent:
         self._shutdown()
         return 0
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, exit_code: int = 0) -> None:
         self._stop_keeper()
         if self.client:
             self.client.stop()
@@ -1033,7 +1046,7 @@ class Agent:
             self.coordinator.join(2)
         if self.write_exit_file:
             try:
-                atomic_write(os.path.join(self.jd, "run", "agent.exit"), "0\n")
+                atomic_write(os.path.join(self.jd, "run", "agent.exit"), "%d\n" % exit_code)
             except OSError:
                 pass
 

@@ -1,15 +1,13 @@
 """What fabtrain does ON a node: probe, provision, start, status, logs, kill, verify.
 
-This file is sent to the node and run by the node's own interpreter each time
-(``python3 -c <bootstrap> <op> <base64 json>``), so it needs no deployed code,
-only the Python standard library (3.8+). That is what lets ``fab kill-all``
-work on a node whose code directory is gone, and ``fab check`` before anything
-was deployed. One invocation = one remote command per node per task.
-
-The reply is one JSON object printed after the SENTINEL line, so that noise a
-login shell prints (a .bashrc that echoes) cannot corrupt it.
+The controller sends this package to the node with every call
+(fabtrain.remote.rpc) and fabtrain.node.serve runs the op the request
+names, so it needs no deployed code, only the Python standard library
+(3.8+). That is what lets ``fab kill-all`` work on a node whose code
+directory is gone, and ``fab check`` before anything was deployed. An op
+takes the request's payload and returns what goes back as the reply; it
+raises UserFacing for a refusal the user should read as one line.
 """
-import base64
 import hashlib
 import json
 import os
@@ -20,7 +18,6 @@ import subprocess
 import sys
 import time
 
-SENTINEL = "@@fabtrain-reply@@"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -367,6 +364,44 @@ def snapshot_code(ws, jd):
     return read_json(os.path.join(dst, CODE_IDENTITY), {})
 
 
+def start_agent(agent, job, jd, ws, base_env, warnings):
+    """Start the agent; on the node that hosts the coordinator, first, and only once it holds the port.
+
+    Agents refuse a coordinator that cannot prove the job's secret, so a job whose
+    coordinator cannot listen (another program on job.watchdog.port) has none:
+    that fails the start here, before any of the job's processes runs.
+    """
+    events = os.path.join(jd, "events.jsonl")
+    offset = os.path.getsize(events) if os.path.exists(events) else 0
+    p, record = spawn(agent, ws, base_env)
+    if (job.get("nodes") or [{}])[0].get("name") != job["node"]:
+        return record
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        kinds = {}
+        try:
+            with open(events) as f:
+                f.seek(offset)
+                lines = f.read().splitlines()
+        except OSError:
+            lines = []  # not written yet
+        for text in lines:
+            try:
+                ev = json.loads(text)
+                kinds[ev.get("kind")] = ev.get("reason")
+            except (ValueError, AttributeError):
+                pass  # a line being written
+        if "agent_started" in kinds:
+            return record
+        if p.poll() is not None:
+            why = kinds.get("coordinator_error") or "the agent exited at once with code %s: %s" % (
+                p.returncode, " | ".join(tail_lines(expand(agent["log"], ws), 3)))
+            raise UserFacing("%s; nothing of job %s was started here" % (why, job["job_id"]))
+        time.sleep(0.05)
+    warnings.append("the agent has not started its coordinator within 15 s (see `fab status`)")
+    return record
+
+
 def op_start(payload):
     job = payload["job"]
     ws = workspace(job)
@@ -400,22 +435,22 @@ def op_start(payload):
     os.replace(tmp_link, os.path.join(ws, "current"))
 
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("FABTRAIN_")}
+    warnings, agent_record = [], None
+    agent = payload.get("agent")
+    if agent and "agent" not in already:
+        runtime = os.path.join(expand(agent["cwd"], ws), "fabtrain", "node")
+        if os.path.isdir(runtime):
+            agent_record = start_agent(agent, job, jd, ws, base_env, warnings)
+        else:
+            warnings.append("watchdog not started: fabtrain's node runtime %s is missing (run `fab deploy` first)"
+                            % runtime)
     started, popen = [], []
     for proc in wanted:
         p, record = spawn(proc, ws, base_env)
         popen.append((p, proc))
         started.append(record)
-
-    warnings = []
-    agent = payload.get("agent")
-    if agent and "agent" not in already:
-        runtime = os.path.join(expand(agent["cwd"], ws), "fabtrain", "node")
-        if os.path.isdir(runtime):
-            p, record = spawn(agent, ws, base_env)
-            started.append(record)
-        else:
-            warnings.append("watchdog not started: fabtrain's node runtime %s is missing (run `fab deploy` first)"
-                            % runtime)
+    if agent_record:
+        started.append(agent_record)
 
     # A program that cannot start (not found, bad flag) usually dies at once:
     # say so now rather than leave it for `fab status`.
@@ -695,20 +730,3 @@ class UserFacing(Exception):
 
 OPS = {"probe": op_probe, "provision": op_provision, "start": op_start, "status": op_status,
        "logs": op_logs, "kill": op_kill, "verify": op_verify, "collect": op_collect}
-
-
-def main(argv):
-    op, payload = argv[0], json.loads(base64.b64decode(argv[1]).decode())
-    try:
-        reply = {"ok": True, "result": OPS[op](payload)}
-    except UserFacing as e:
-        reply = {"ok": False, "error": str(e)}
-    except Exception as e:  # report on the controller, with the node's name, as one line
-        reply = {"ok": False, "error": "%s: %s" % (type(e).__name__, e)}
-    sys.stdout.write("\n%s\n%s\n" % (SENTINEL, json.dumps(reply)))
-    sys.stdout.flush()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

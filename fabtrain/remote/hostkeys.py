@@ -73,9 +73,14 @@ def apply_policy(client: paramiko.SSHClient, known_hosts: str, policy: str) -> N
     client.set_missing_host_key_policy(StrictPolicy(known_hosts) if policy == "strict" else AcceptNewPolicy(known_hosts))
 
 
-def openssh_options(known_hosts: str, policy: str) -> list[str]:
-    """The same policy for the OpenSSH client rsync runs."""
+def openssh_config(known_hosts: str, policy: str) -> list[str]:
+    """The same policy as ssh config lines, for the OpenSSH client rsync runs (every hop of it).
+
+    Only the cluster's known_hosts counts, as for paramiko: not the system's
+    list, which Fabric never reads either."""
+    path = os.path.abspath(os.path.expanduser(known_hosts)).replace("%", "%%")  # ssh expands %-tokens here
     return [
-        "-o", f"UserKnownHostsFile={os.path.expanduser(known_hosts)}",
-        "-o", f"StrictHostKeyChecking={'yes' if policy == 'strict' else 'accept-new'}",
+        f"StrictHostKeyChecking {'yes' if policy == 'strict' else 'accept-new'}",
+        f'UserKnownHostsFile "{path}"',
+        "GlobalKnownHostsFile /dev/null",
     ]

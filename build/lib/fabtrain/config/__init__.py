@@ -1,1 +1,0 @@
-"""Configuration: cluster.yaml loaded, validated and frozen (runs on the controller)."""

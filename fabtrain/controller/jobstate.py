@@ -1,0 +1,292 @@
+"""The job's state: one verdict from everything the controller observed.
+
+`fab status`, `fab watch`, the dashboard's /api/job and /metrics all show
+what `job_verdict` decides, so they cannot disagree. Its input is a list of
+`NodeObservation`s, one per node, built from node ops' `status` replies
+(`observe_status`) or the collector's view of `collect` replies: what node
+ops saw of each process, the node agent's health.json (its own view of each
+process and of the job), and the job-level events (job_failed, finished,
+kept).
+
+What is believed, in order: `fab kill-all`'s marker; the agents' word on the
+job (they saw every exit as it happened, and after a normal end they stop
+the pservers themselves, which by exit codes alone would read as a failure);
+then the processes' own ends. Per process, node ops' fresh look wins, except
+that a process whose launcher is gone (node ops: lost) but whose agent still
+sees it running is running: the agent watches the program itself.
+"""
+from __future__ import annotations
+
+import signal as signals
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Iterable
+
+from fabtrain.controller import records
+from fabtrain.node.states import LIVE, ProcessState, exit_signal, process_state
+
+
+class JobState(str, Enum):
+    NO_JOB = "no job"
+    UNKNOWN = "unknown"  # no node could be reached, and nothing says how the job ended
+    STARTING = "starting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    KILLED = "killed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TERMINAL = frozenset({JobState.FINISHED, JobState.FAILED, JobState.KILLED})
+WATCH_EXIT = {JobState.FINISHED: 0, JobState.FAILED: 1, JobState.KILLED: 3}
+JOB_EVENTS = ("job_failed", "finished", "kept")
+
+
+def signal_text(exit_code: int | None) -> str | None:
+    """"SIGKILL" for exit code 137 (or -9); None for an exit of the program's own."""
+    n = exit_signal(exit_code)
+    if n is None:
+        return None
+    try:
+        return signals.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+def process_role(name: str) -> tuple[str, int | None]:
+    """"trainer-3" -> ("trainer", 3); "agent" -> ("agent", None)."""
+    role, _, rank = name.rpartition("-")
+    if not role:
+        return name, None
+    return role, int(rank) if rank.isdigit() else None
+
+
+@dataclass(frozen=True)
+class NodeObservation:
+    name: str
+    reachable: bool | None  # None: not asked yet
+    job_id: str | None = None
+    processes: tuple[dict, ...] = ()  # node ops' process records (records.process)
+    killed: bool = False  # fab kill-all's marker is in the job's directory
+    agent: dict | None = None  # the agent's health.json (records.health) when it is this job's
+    agent_age: float | None = None  # its age on the node's own clock when observed
+    events: tuple[dict, ...] = ()  # this node's job-level events (JOB_EVENTS)
+    error: str | None = None
+
+    @property
+    def agent_fresh(self) -> bool:
+        """The agent wrote within three of its intervals (+2 s): its view of the processes holds."""
+        if not self.agent or self.agent_age is None:
+            return False
+        return self.agent_age <= max(10.0, 3 * (self.agent.get("interval") or 1.0) + 2)
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    node: str
+    name: str
+    state: ProcessState
+    exit_code: int | None = None
+    signal: str | None = None
+    launcher_gone: bool = False  # node ops lost its launcher; the agent still sees the program
+    stopped_by_agent: str | None = None  # why the agent stopped it, if it did
+    reachable: bool = True
+
+    @property
+    def role(self) -> str:
+        return process_role(self.name)[0]
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE
+
+    @property
+    def failed(self) -> bool:
+        return self.state in (ProcessState.KILLED, ProcessState.LOST) or \
+            (self.state == ProcessState.EXITED and self.exit_code != 0)
+
+    @property
+    def label(self) -> str:
+        """running, exited 0, exited 3, killed (SIGKILL), lost, not started, running (launcher gone)."""
+        if self.state == ProcessState.EXITED:
+            return f"exited {self.exit_code}"
+        if self.state == ProcessState.KILLED and self.signal:
+            return f"killed ({self.signal})"
+        return self.state.value + (" (launcher gone)" if self.launcher_gone else "")
+
+    def why(self) -> str:
+        """How it ended, as one clause: "trainer-1 on node3 killed by SIGKILL"."""
+        how = {ProcessState.EXITED: f"exited with code {self.exit_code}",
+               ProcessState.KILLED: f"killed by {self.signal}" if self.signal else "was killed",
+               ProcessState.LOST: "lost (gone without an exit code)"}.get(self.state, self.state.value)
+        return f"{self.name} on {self.node} {how}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: JobState
+    reason: str = ""
+    ended: bool = False  # nothing of the job runs any more (or it failed and on_failure keep left the rest)
+    kept: bool = False  # failed, and on_failure keep left the survivors running
+    on_failure: str | None = None
+    job_id: str | None = None
+    said_by: tuple[str, ...] = ()  # the nodes whose agents gave the job's state
+    processes: tuple[ProcessView, ...] = ()
+    unreachable: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def exit_code(self) -> int | None:
+        """fab watch's exit code: 0 finished, 1 failed, 3 killed; None while not ended."""
+        return WATCH_EXIT.get(self.state)
+
+    def summary(self) -> str:
+        """The reason, with what became of the survivors of a failure."""
+        if self.state != JobState.FAILED or not self.on_failure:
+            return self.reason
+        what = "on_failure keep: survivors left running for debugging (fab status, fab kill-all)" if self.kept \
+            else "torn down on every node (on_failure kill-job)"
+        return f"{self.reason}; {what}"
+
+    def process(self, node: str, name: str) -> ProcessView | None:
+        return next((p for p in self.processes if p.node == node and p.name == name), None)
+
+
+def observe_status(reply) -> NodeObservation:
+    """A NodeObservation from one node ops `status` reply (a transport Reply, asked with health=True)."""
+    if not reply.ok:
+        return NodeObservation(reply.node, False, error=reply.error)
+    v = reply.value if isinstance(reply.value, dict) else {}
+    processes = []
+    for p in v.get("processes") or []:
+        try:
+            processes.append(records.process(p))
+        except records.Malformed:
+            continue  # fab status shows the rest; the dashboard counts such records
+    try:
+        health = records.health(v.get("health")) if v.get("health") is not None else None
+    except records.Malformed:
+        health = None
+    job_id = v.get("job_id") if isinstance(v.get("job_id"), str) else None
+    agent = health if health and health.get("job_id") == job_id else None
+    events = list((agent or {}).get("events") or [])
+    try:
+        events.append(records.event_record(v.get("last_event")))
+    except records.Malformed:
+        pass
+    node_time = v.get("time") if records.finite(v.get("time")) else None
+    age = node_time - agent["ts"] if agent and node_time is not None else None
+    return NodeObservation(reply.node, True, job_id, tuple(processes), v.get("killed") is True, agent, age,
+                           tuple(e for e in events if e.get("kind") in JOB_EVENTS))
+
+
+def _process_view(obs: NodeObservation, p: dict, seen: dict | None) -> ProcessView:
+    """One process: node ops' look, and the agent's where node ops lost the launcher."""
+    alive = p["state"] in {s.value for s in LIVE}
+    state = process_state(alive, p["state"], p.get("exit_code"), None)
+    code, sig = p.get("exit_code"), p.get("signal") or signal_text(p.get("exit_code"))
+    gone = False
+    if state == ProcessState.LOST and seen and seen.get("state") and obs.agent_fresh:
+        agent_state = process_state(seen["state"] in {s.value for s in LIVE}, seen["state"],
+                                    seen.get("exit_code"), None)
+        if agent_state != ProcessState.LOST:
+            gone = agent_state in LIVE
+            state, code = agent_state, seen.get("exit_code")
+            sig = seen.get("signal") or signal_text(code)
+    return ProcessView(obs.name, p["name"], state, code if state != ProcessState.LOST else None,
+                       sig if state == ProcessState.KILLED else None, gone,
+                       (seen or {}).get("killed_by_agent"), obs.reachable is True)
+
+
+def _processes(obs: NodeObservation) -> list[ProcessView]:
+    seen = {hp["name"]: hp for hp in (obs.agent or {}).get("processes") or []}
+    return [_process_view(obs, p, seen.get(p["name"])) for p in obs.processes if p["name"] != "agent"]
+
+
+@dataclass
+class _Facts:
+    """What the agents said of the job: its end, and who said it."""
+    failed: str | None = None
+    failed_by: list = field(default_factory=list)
+    finished: str | None = None
+    finished_by: list = field(default_factory=list)
+    kept: bool = False
+    on_failure: str | None = None
+
+
+def _facts(nodes: list[NodeObservation]) -> _Facts:
+    f = _Facts()
+    failures = []
+    for n in nodes:
+        for e in n.events:
+            if e["kind"] == "job_failed":
+                failures.append((e.get("ts") or 0, e.get("reason") or "failed"))
+                f.on_failure = f.on_failure or e.get("on_failure")
+                f.failed_by.append(n.name)
+            elif e["kind"] == "finished":
+                f.finished = f.finished or "every trainer exited with code 0"
+                f.finished_by.append(n.name)
+            elif e["kind"] == "kept":
+                f.kept = True
+        job = (n.agent or {}).get("job") or {}
+        if job.get("status") == "failed":
+            failures.append((float("inf"), job.get("reason") or "failed"))
+            f.on_failure = f.on_failure or job.get("on_failure")
+            f.kept |= job.get("kept") is True
+            f.failed_by.append(n.name)
+        elif job.get("status") == "finished":
+            f.finished = f.finished or "every trainer exited with code 0"
+            f.finished_by.append(n.name)
+    if failures:
+        f.failed = min(failures, key=lambda t: t[0])[1]  # the first to fail says why
+    f.failed_by = sorted(set(f.failed_by))
+    f.finished_by = sorted(set(f.finished_by))
+    return f
+
+
+def _decide(nodes: list[NodeObservation], ours: list[NodeObservation], procs: list[ProcessView],
+            facts: _Facts, job_id: str | None) -> tuple[JobState, str, list[str]]:
+    if any(n.killed for n in ours):
+        return JobState.KILLED, "stopped by fab kill-all", []
+    if facts.failed is not None:
+        return JobState.FAILED, facts.failed, facts.failed_by
+    if facts.finished is not None:
+        return JobState.FINISHED, facts.finished, facts.finished_by
+    if not any(n.reachable for n in nodes):
+        asked = any(n.reachable is False for n in nodes)
+        return JobState.UNKNOWN, "no node reachable" if asked else "no node asked yet", []
+    if not procs:
+        if job_id:
+            return JobState.STARTING, "no process of the job started yet", []
+        return JobState.NO_JOB, "no job on any node", []
+    trainers = [p for p in procs if p.role == "trainer"]
+    if trainers and all(p.state == ProcessState.EXITED and p.exit_code == 0 for p in trainers):
+        return JobState.FINISHED, "every trainer exited with code 0", []
+    bad = [p for p in procs if p.failed]
+    if bad:
+        return JobState.FAILED, ", ".join(p.why() for p in bad), []
+    pending = [p.name for p in procs if p.state == ProcessState.NOT_STARTED]
+    if pending:
+        return JobState.STARTING, f"waiting for {', '.join(pending)}", []
+    return JobState.RUNNING, "", []
+
+
+def job_verdict(nodes: Iterable[NodeObservation], job_id: str | None = None) -> Verdict:
+    """The job's state from one observation per node (of job `job_id`, else the newest job seen)."""
+    nodes = list(nodes)
+    job_id = job_id or max((n.job_id for n in nodes if n.job_id), default=None)
+    ours = [n for n in nodes if job_id is not None and n.job_id == job_id]
+    procs = [p for n in ours for p in _processes(n)]
+    facts = _facts(ours)
+    state, reason, said_by = _decide(nodes, ours, procs, facts, job_id)
+    live = any(p.live for p in procs if p.reachable)
+    pending = any(p.state == ProcessState.NOT_STARTED for p in procs)
+    ended = any(n.reachable for n in ours) and not live and state in TERMINAL and \
+        (state != JobState.FINISHED or not pending)
+    kept = state == JobState.FAILED and facts.kept
+    notes = tuple(f"{p.name} on {p.node}: its launcher is gone; its agent still sees it {p.state.value}"
+                  for p in procs if p.launcher_gone)
+    return Verdict(state, reason, ended or kept, kept, facts.on_failure if state == JobState.FAILED else None,
+                   job_id, tuple(said_by), tuple(procs), tuple(n.name for n in nodes if n.reachable is False), notes)

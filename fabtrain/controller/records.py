@@ -1,0 +1,255 @@
+"""Records from the nodes are untrusted input: each is checked here before the controller keeps it.
+
+A node's files are written by programs the controller does not control (a
+user's training script writes its metrics file), and one bad line must not
+take down a view: one `NaN` once left the dashboard's page unable to parse
+/api/job, and a list-valued `kind` made /api/job and /metrics fail and
+`fab watch` crash. So every metrics record and event is checked on ingest
+(JSON with no NaN/Infinity, an object, each known field of its type, finite
+numbers, bounded text) and a malformed one is dropped with a one-line reason
+(`Malformed`) that the collector counts per node. health.json and the
+process records of node ops' replies are cleaned field by field instead: a
+snapshot with one bad field still says much that is right.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, Callable
+
+from fabtrain.node.states import ProcessState
+
+MAX_LINE = 64 * 1024  # characters in one metrics or events line
+MAX_REASON = 4096
+MAX_TEXT = 1024  # an unknown field's text
+MAX_NAME = 128
+MAX_LIST = 4096
+KIND_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # a process or node name
+STATES = {s.value: s for s in ProcessState}
+
+
+class Malformed(ValueError):
+    """A record the controller does not keep; str() says why in a few words."""
+
+
+class _Bad(Exception):
+    pass
+
+
+# -- checkers: each returns the value to keep or raises _Bad(why) -------------------------------------
+
+
+def finite(v: Any) -> bool:
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, int):
+        return -(1 << 63) <= v < (1 << 64)  # a 400-digit "step" would overflow every float after it
+    return isinstance(v, float) and math.isfinite(v)
+
+
+def _what(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "text", bool: "true/false", type(None): "null"}.get(
+        type(v), "a number")
+
+
+def number(v: Any) -> float | int | None:
+    if v is None or (type(v) is float and v - v == 0) or finite(v):  # the common case first: a finite float
+        return v
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        raise _Bad("is not a finite number")
+    raise _Bad(f"is {_what(v)}, not a number")
+
+
+def integer(v: Any) -> int | None:
+    if v is None or (isinstance(v, int) and not isinstance(v, bool)):
+        return v
+    raise _Bad(f"is {_what(v)}, not an integer")
+
+
+def flag(v: Any) -> bool | None:
+    if v is None or isinstance(v, bool):
+        return v
+    raise _Bad(f"is {_what(v)}, not true/false")
+
+
+def text(limit: int) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        if v is None:
+            return None
+        if not isinstance(v, str):
+            raise _Bad(f"is {_what(v)}, not text")
+        if len(v) > limit:
+            raise _Bad(f"is {len(v)} characters long (limit {limit})")
+        return v
+    return check
+
+
+def rank(v: Any) -> int | str | None:
+    return integer(v) if not isinstance(v, str) else text(64)(v)
+
+
+def kind(v: Any) -> str:
+    if not isinstance(v, str) or not KIND_RE.match(v):
+        raise _Bad(f"is {_what(v) if not isinstance(v, str) else repr(v[:40])}, not a kind such as 'job_failed'")
+    return v
+
+
+def state(v: Any) -> str:
+    if not isinstance(v, str) or v not in STATES:
+        raise _Bad(f"is {repr(v)[:40]}, not a process state")
+    return v
+
+
+def scalar(v: Any) -> Any:
+    """An unknown field: kept if it is a plain value."""
+    if v is None or isinstance(v, bool):
+        return v
+    if isinstance(v, str):
+        return text(MAX_TEXT)(v)
+    return number(v)  # a list, an object, or a number out of range
+
+
+def list_of(check: Callable, limit: int = MAX_LIST, lenient: bool = False) -> Callable[[Any], list]:
+    """A list; lenient: an item that fails is left out rather than failing the list."""
+    def run(v: Any) -> list:
+        if not isinstance(v, list):
+            raise _Bad(f"is {_what(v)}, not a list")
+        if len(v) > limit:
+            raise _Bad(f"has {len(v)} items (limit {limit})")
+        out = []
+        for item in v:
+            try:
+                out.append(check(item))
+            except _Bad:
+                if not lenient:
+                    raise
+        return out
+    return run
+
+
+def obj(schema: dict[str, Callable], required: tuple = (), extra: Callable | None = None,
+        lenient: bool = False) -> Callable[[Any], dict]:
+    """An object: each known field checked; unknown ones by `extra` (None: left out).
+    lenient: a bad field is left out instead of failing the object (required ones never)."""
+    def run(v: Any) -> dict:
+        if not isinstance(v, dict):
+            raise _Bad(f"is {_what(v)}, not an object")
+        out = {}
+        for key, value in v.items():
+            check = schema.get(key)
+            if check is number and type(value) is float and value - value == 0:
+                out[key] = value  # the hot path (a metrics record's numbers): no call
+                continue
+            try:
+                if check is None:
+                    if extra is None:
+                        continue
+                    if len(key) > 64:
+                        raise _Bad("is a field name over 64 characters")
+                    check = extra
+                out[key] = check(value)
+            except _Bad as e:
+                if lenient and key not in required:
+                    continue
+                raise _Bad(f"field {key[:64]!r} {e}") from None
+        for key in required:
+            if out.get(key) is None:
+                raise _Bad(f"has no {key!r}")
+        return out
+    return run
+
+
+# -- the records ------------------------------------------------------------------------------------
+
+NAME = text(MAX_NAME)
+EVENT = obj({"kind": kind, "ts": number, "node": NAME, "name": NAME, "role": NAME, "rank": rank,
+             "reason": text(MAX_REASON), "signal": text(32), "exit_code": integer, "pid": integer,
+             "pids": list_of(integer), "peer": NAME, "origin": NAME, "on_failure": NAME},
+            required=("kind",), extra=scalar)
+METRIC = obj({"ts": number, "step": number, "epoch": number, "loss": number, "samples_per_s": number,
+              "eval_loss": number, "lr": number, "role": NAME, "rank": rank}, extra=scalar)
+PROCESS = obj({"name": NAME, "state": state, "pid": integer, "program_pid": integer, "exit_code": integer,
+               "signal": text(32), "started_at": number, "uptime": number, "zombies": integer,
+               "last_line": text(MAX_TEXT)}, required=("name", "state"), lenient=True)
+AGENT_PROCESS = obj({"name": NAME, "role": NAME, "rank": rank, "pid": integer, "wrapper_pid": integer,
+                     "state": state, "exit_code": integer, "signal": text(32), "cpu_percent": number,
+                     "rss": number, "children": number, "zombies": integer, "last_progress": number,
+                     "hung": flag, "killed_by_agent": text(MAX_REASON), "gpu_mem": number},
+                    required=("name",), lenient=True)
+NUMBERS = obj({}, extra=number, lenient=True)
+HEALTH = obj({
+    "ts": number, "node": NAME, "job_id": NAME, "interval": number, "zombies": integer, "gpu_error": text(MAX_TEXT),
+    "host": obj({"load": list_of(number, 3)}, extra=number, lenient=True),
+    "gpus": list_of(obj({"index": integer, "name": text(MAX_NAME), "util": number, "mem_used": number,
+                         "mem_total": number, "temp": number, "power_w": number}, lenient=True), 64, lenient=True),
+    "processes": list_of(AGENT_PROCESS, 1024, lenient=True),
+    "agent": obj({"pid": integer, "rss": number, "cpu_percent": number, "started": number, "restarted": flag,
+                  "keeper_pid": integer}, lenient=True),
+    "peers": NUMBERS,
+    "job": obj({"status": NAME, "reason": text(MAX_REASON), "origin": NAME, "on_failure": NAME, "kept": flag},
+               lenient=True),
+    "coordinator": obj({"host": NAME, "port": integer, "hosted_here": flag, "connected": flag,
+                        "last_contact": number, "error": text(MAX_REASON), "lost": list_of(NAME, lenient=True),
+                        "done": list_of(NAME, lenient=True)}, lenient=True),
+    "orphans": list_of(obj({"pid": integer, "name": NAME, "job_id": NAME, "reason": text(MAX_REASON)},
+                           lenient=True), 1024, lenient=True),
+    "events": list_of(EVENT, 64, lenient=True),
+}, required=("ts",), lenient=True)
+
+
+def _no_constants(name: str):
+    raise Malformed(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constants)  # one decoder: json.loads(..., kw) builds one a call
+
+
+def parse_line(line: str) -> dict:
+    """One JSON-lines record as an object, or Malformed."""
+    if len(line) > MAX_LINE:
+        raise Malformed(f"a line of {len(line)} characters (limit {MAX_LINE})")
+    if "\ufffd" in line:  # node ops decodes with errors="replace": the file is not UTF-8 here
+        raise Malformed("not valid UTF-8")
+    try:
+        rec = _DECODER.decode(line)
+    except RecursionError:
+        raise Malformed("nested too deeply") from None
+    except ValueError as e:
+        if isinstance(e, Malformed):
+            raise
+        raise Malformed(f"not JSON ({getattr(e, 'msg', e)})") from None
+    if not isinstance(rec, dict):
+        raise Malformed(f"{_what(rec)}, not a JSON object")
+    return rec
+
+
+def _checked(check: Callable, value: Any) -> dict:
+    try:
+        return check(value)
+    except _Bad as e:
+        raise Malformed(str(e) if str(e).startswith(("field", "has")) else f"record {e}") from None
+
+
+def event(line: str) -> dict:
+    return _checked(EVENT, parse_line(line))
+
+
+def metric(line: str) -> dict:
+    return _checked(METRIC, parse_line(line))
+
+
+def event_record(rec: Any) -> dict:
+    """An event that came already parsed (node ops' `last_event`)."""
+    return _checked(EVENT, rec)
+
+
+def process(rec: Any) -> dict:
+    """One process of node ops' `status`/`collect` reply."""
+    return _checked(PROCESS, rec)
+
+
+def health(doc: Any) -> dict:
+    """health.json, cleaned field by field; Malformed if it is not an object with a finite `ts`."""
+    return _checked(HEALTH, doc)

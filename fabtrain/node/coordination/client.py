@@ -1,0 +1,208 @@
+"""One agent's connection to the coordinator: sends beats, receives status lines.
+
+It talks only to a coordinator that proves it knows the job's secret (see
+protocol.py): a program that took the coordinator's port gets a hello (job id,
+node, a nonce) and nothing else, and whatever it answers is refused.
+"""
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import threading
+import time
+from typing import Callable
+
+from . import protocol
+from .protocol import Channel, LineReader, ProtocolError
+
+REFUSED_EVENT_EVERY = 60.0  # a refused coordinator is retried every interval; said at most this often
+HANDSHAKE_WAIT = 5.0  # seconds for the coordinator's challenge (its HANDSHAKE_TIMEOUT for our proof)
+
+
+class Client(threading.Thread):
+    """`update(beat)` hands over the latest beat (sent at once); `on_message` is
+    called on this thread for every status line (and for the error line of a
+    coordinator that is not this job's). Reconnects by itself, with a short
+    backoff, for as long as the agent lives: the coordinator may start later
+    than this agent, or restart.
+
+    `secret`, `job_id` and `node` default to the first beat's fields; a beat's
+    "secret" is taken out of it and never sent.
+    """
+
+    def __init__(self, host: str, port: int, interval: float, on_message: Callable[[dict], None],
+                 secret: str | None = None, job_id: str | None = None, node: str | None = None,
+                 on_event: Callable[..., None] | None = None):
+        super().__init__(name="coordinator-client", daemon=True)
+        self.host, self.port, self.interval = host, port, interval
+        self.on_message = on_message
+        self.on_event = on_event or (lambda *a, **k: None)
+        self.secret, self.job_id, self.node = secret, job_id, node
+        self.lock = threading.Lock()
+        self.beat: dict | None = None
+        self.seq = 0
+        self.sent_seq = 0
+        self.acked_seq = 0
+        self.connected = False  # to a coordinator that proved the secret
+        self.ever_connected = False
+        self.last_contact: float | None = None  # monotonic time of the last line from the coordinator
+        self.last_contact_epoch: float | None = None
+        self.error: str | None = None
+        self.refused = 0  # coordinators (or lines of one) refused
+        self._refusal_reported = -REFUSED_EVENT_EVERY
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._stopping = threading.Event()
+
+    def update(self, beat: dict) -> int:
+        beat = dict(beat)
+        secret = beat.pop("secret", None)
+        with self.lock:
+            if self.secret is None:
+                self.secret = secret
+            self.job_id = self.job_id or beat.get("job_id")
+            self.node = self.node or beat.get("node")
+            self.seq += 1
+            self.beat = dict(beat, seq=self.seq)
+            seq = self.seq
+        self._wake()
+        return seq
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake()
+
+    def _drain(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def run(self) -> None:
+        backoff = 0.1
+        while not self._stopping.is_set():
+            if self.job_id is None or self.node is None:  # the hello names them: wait for the first beat
+                self._wait(self.interval)
+                continue
+            conn = self._connect()
+            if conn is None:
+                self._wait(backoff)
+                backoff = min(self.interval, backoff * 2)
+                continue
+            backoff = 0.1
+            self._serve(*conn)
+            conn[0].close()
+            self.connected = False
+
+    def _wait(self, seconds: float) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._wake_r, selectors.EVENT_READ)
+        sel.select(seconds)
+        sel.close()
+        self._drain()
+
+    def _refused(self, what: str) -> None:
+        self.refused += 1
+        self.error = what
+        now = time.monotonic()
+        if now - self._refusal_reported >= REFUSED_EVENT_EVERY:
+            self._refusal_reported = now
+            self.on_event("coordinator_refused", reason=what)
+
+    def _connect(self) -> tuple[socket.socket, Channel, LineReader] | None:
+        """A connection to a coordinator that proved the secret, and our proof sent; or None."""
+        where = "%s:%d" % (self.host, self.port)
+        timeout = max(0.5, min(2.0, self.interval))
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=timeout)
+        except OSError as e:
+            self.error = "cannot reach the coordinator at %s: %s" % (where, e.strerror or e)
+            return None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # The coordinator answers a hello from its own loop, on a node that may be busy: wait
+            # as long as it waits for us (a busy agent is slow, not a squatter).
+            sock.settimeout(HANDSHAKE_WAIT)
+            nonce = protocol.new_nonce()
+            sock.sendall(protocol.hello(self.job_id, self.node, nonce))
+            reader = LineReader(protocol.MAX_HELLO)
+            lines: list[bytes] = []
+            while not lines:
+                data = sock.recv(4096)
+                if not data:
+                    raise ProtocolError("it closed the connection after our hello")
+                lines = reader.feed(data)
+            answer = protocol.read_challenge(self.secret, self.job_id, self.node, nonce, lines[0])
+            if "error" in answer:
+                self.error = "coordinator at %s: %s" % (where, answer["error"])
+                self.on_message({"op": "error", "error": answer["error"]})
+                sock.close()
+                return None
+            channel = Channel(self.secret, self.job_id, self.node, nonce, answer["nonce"], "agent")
+            sock.sendall(channel.seal({"op": "auth"}))
+        except ProtocolError as e:
+            sock.close()
+            self._refused("refused the coordinator at %s: %s; it got nothing but a hello "
+                          "(another program on job.watchdog.port?)" % (where, e))
+            return None
+        except OSError as e:
+            sock.close()
+            self.error = "handshake with the coordinator at %s failed: %s" % (where, e.strerror or e)
+            return None
+        sock.settimeout(timeout)
+        reader.limit = protocol.MAX_FRAME
+        reader.buf = b"\n".join(lines[1:] + [reader.buf]) if len(lines) > 1 else reader.buf
+        self.connected, self.ever_connected, self.error = True, True, None
+        with self.lock:
+            self.sent_seq = 0  # a new connection gets the latest beat at once
+        return sock, channel, reader
+
+    def _serve(self, sock: socket.socket, channel: Channel, reader: LineReader) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(sock, selectors.EVENT_READ, "sock")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        silent_since = time.monotonic()
+        try:
+            while not self._stopping.is_set():
+                with self.lock:
+                    beat = self.beat if self.seq > self.sent_seq else None
+                    if beat is not None:
+                        self.sent_seq = self.seq
+                if beat is not None:
+                    sock.sendall(channel.seal(beat))
+                for key, _ in sel.select(self.interval):
+                    if key.data == "wake":
+                        self._drain()
+                        continue
+                    data = sock.recv(65536)
+                    if not data:
+                        self.error = "the coordinator closed the connection"
+                        return
+                    for raw in reader.feed(data):
+                        msg = channel.open(raw)
+                        silent_since = time.monotonic()
+                        self.last_contact, self.last_contact_epoch = silent_since, time.time()
+                        if isinstance(msg.get("ack"), int):
+                            self.acked_seq = max(self.acked_seq, msg["ack"])
+                        self.on_message(msg)
+                        if msg.get("op") == "error":
+                            self.error = "coordinator: %s" % msg.get("error")
+                            return
+                # A coordinator that answers nothing for a while is as good as gone: reconnect.
+                if time.monotonic() - silent_since > max(3 * self.interval, 3.0):
+                    self.error = "no answer from the coordinator for %.0f s" % (time.monotonic() - silent_since)
+                    return
+        except ProtocolError as e:
+            self._refused("refused a line from the coordinator at %s:%d: %s; reconnecting" % (self.host, self.port, e))
+        except OSError as e:
+            self.error = "connection to the coordinator lost: %s" % (e.strerror or e)
+        finally:
+            sel.close()

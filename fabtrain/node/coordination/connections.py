@@ -1,0 +1,154 @@
+"""The coordinator's open connections: accepted, capped, timed out, written to, closed.
+
+Knows nothing of the job. Connections that have not proved the job's secret
+are few (a cap per address and in all; the oldest gives way, since an agent
+needs one round trip) and short-lived (HANDSHAKE_TIMEOUT), so a flood of idle
+connections cannot use up the agent's file descriptors. Each node keeps one
+authenticated connection, its newest. Every refusal is counted; an event says
+so at once and then at most every REFUSED_EVENT_EVERY seconds, so a flood is
+one line in events.jsonl, not thousands.
+"""
+from __future__ import annotations
+
+import collections
+import errno
+import selectors
+import socket
+import time
+from typing import Callable
+
+from . import protocol
+from .protocol import Channel, LineReader
+
+UNAUTHENTICATED_MAX = 64  # connections still in their handshake, in all
+UNAUTHENTICATED_PER_ADDRESS = 16  # ... from one address: a flood from one host evicts its own
+HANDSHAKE_TIMEOUT = 5.0  # seconds from accept to a proven secret: one round trip, on a busy node
+MAX_OUTBUF = 1 << 20  # a peer that does not read is dropped (it reconnects)
+REFUSED_EVENT_EVERY = 60.0
+
+
+class Conn:
+    __slots__ = ("sock", "addr", "reader", "outbuf", "node", "claimed", "channel", "opened", "heard")
+
+    def __init__(self, sock: socket.socket, addr, now: float):
+        self.sock, self.addr, self.outbuf = sock, addr, b""
+        self.reader = LineReader(protocol.MAX_HELLO)
+        self.node: str | None = None  # set once it proved the secret
+        self.claimed: str | None = None  # the node its hello named
+        self.channel: Channel | None = None
+        self.opened = self.heard = now
+
+    @property
+    def where(self) -> str:
+        return "%s:%s" % (self.addr[0], self.addr[1]) if isinstance(self.addr, tuple) else str(self.addr)
+
+
+class Connections:
+    def __init__(self, sel: selectors.BaseSelector, on_event: Callable[..., None]):
+        self.sel = sel
+        self.on_event = on_event
+        self.all: dict[socket.socket, Conn] = {}
+        self.pending: collections.OrderedDict[socket.socket, Conn] = collections.OrderedDict()  # oldest first
+        self.by_node: dict[str, Conn] = {}
+        self.refused = 0  # connections closed for what they sent (or did not send)
+        self.last_refusal: str | None = None
+        self._reported = (0, -REFUSED_EVENT_EVERY)  # (refused, monotonic) at the last event
+
+    def accept(self, server: socket.socket) -> None:
+        for _ in range(64):  # drain a burst, but let the others be served too
+            try:
+                sock, addr = server.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE) and self.pending:
+                    self.refuse(next(iter(self.pending.values())), "out of file descriptors: the oldest handshake")
+                    continue
+                self.note_refusal("cannot accept a connection: %s" % (e.strerror or e))
+                return
+            conn = Conn(sock, addr, time.monotonic())
+            self._make_room(conn)
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.all[sock] = self.pending[sock] = conn
+            self.sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _make_room(self, conn: Conn) -> None:
+        same = [c for c in self.pending.values() if c.addr[0] == conn.addr[0]]
+        if len(same) >= UNAUTHENTICATED_PER_ADDRESS:
+            self.refuse(same[0], "too many connections from %s without the secret" % conn.addr[0])
+        if len(self.pending) >= UNAUTHENTICATED_MAX:
+            self.refuse(next(iter(self.pending.values())), "too many connections without the secret")
+
+    def expire(self, now: float, silent: float) -> None:
+        """Drop handshakes older than HANDSHAKE_TIMEOUT, and agents silent for `silent` seconds."""
+        for conn in list(self.pending.values()):
+            if now - conn.opened > HANDSHAKE_TIMEOUT:
+                self.refuse(conn, "no handshake within %g s" % HANDSHAKE_TIMEOUT)
+        for conn in list(self.by_node.values()):
+            if now - conn.heard > silent:
+                self.close(conn)  # the agent reconnects if it lives; the board decides if it is lost
+
+    def authenticated(self, conn: Conn) -> None:
+        """`conn` proved the secret for the node its hello named."""
+        self.pending.pop(conn.sock, None)
+        conn.node = conn.claimed
+        conn.reader.limit = protocol.MAX_FRAME
+        older = self.by_node.get(conn.node)
+        self.by_node[conn.node] = conn
+        if older is not None:
+            self.close(older)  # one connection per node: an agent that reconnected leaves its old one behind
+
+    def open(self, conn: Conn) -> bool:
+        return conn.sock in self.all
+
+    def send(self, conn: Conn, data: bytes) -> None:
+        conn.outbuf += data
+        self.flush(conn)
+
+    def flush(self, conn: Conn) -> None:
+        if conn.sock not in self.all:
+            return
+        try:
+            while conn.outbuf:
+                n = conn.sock.send(conn.outbuf)
+                conn.outbuf = conn.outbuf[n:]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self.close(conn)
+            return
+        if len(conn.outbuf) > MAX_OUTBUF:
+            self.close(conn)
+            return
+        self.sel.modify(conn.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.outbuf else 0), conn)
+
+    def refuse(self, conn: Conn, reason: str) -> None:
+        self.note_refusal("%s from %s%s" % (reason, conn.where, " (claims %s)" % conn.claimed if conn.claimed else ""))
+        self.close(conn)
+
+    def note_refusal(self, what: str) -> None:
+        self.refused += 1
+        self.last_refusal = what
+        count, at = self._reported
+        now = time.monotonic()
+        if now - at >= REFUSED_EVENT_EVERY:
+            self._reported = (self.refused, now)
+            self.on_event("coordinator_refused", reason="refused %d connection(s) since the last report; the last: %s"
+                          % (self.refused - count, what))
+
+    def close(self, conn: Conn) -> None:
+        if self.all.pop(conn.sock, None) is None:
+            return
+        self.pending.pop(conn.sock, None)
+        if conn.node is not None and self.by_node.get(conn.node) is conn:
+            del self.by_node[conn.node]
+        try:
+            self.sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+
+    def close_all(self) -> None:
+        for conn in list(self.all.values()):
+            self.close(conn)

@@ -1,0 +1,272 @@
+"""The coordinator: a `Board` behind one TCP port, on a thread of the first node's agent.
+
+One selector loop serves every connection. Nothing a connection sends can
+stop it: each line is bounded and checked before it is parsed (protocol.py),
+a connection that sends something wrong is closed on its own, and an
+unexpected error while serving one connection closes that connection only.
+How many connections may wait for their handshake, and for how long, is
+connections.py's business.
+"""
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import socket
+import threading
+import time
+from typing import Callable
+
+from . import protocol
+from .board import Board, Event
+from .connections import Conn, Connections
+from .protocol import Channel, ProtocolError
+
+BIND_WAIT = 3.0  # how long a busy port is retried before the coordinator gives up
+
+
+class Coordinator(threading.Thread):
+    """Hosted by the first node's agent, on its own thread (one selector loop)."""
+
+    def __init__(self, job_id: str, host: str, port: int, nodes: list[str], interval: float,
+                 peer_timeout: float, state_path: str | None = None,
+                 on_event: Callable[..., None] | None = None, secret: str | None = None,
+                 bind_wait: float = BIND_WAIT):
+        super().__init__(name="coordinator", daemon=True)
+        self.job_id, self.host, self.port = job_id, host, port
+        # The job's secret (job.json, mode 0600 on the nodes): it keys every MAC and never travels.
+        self.secret = secret
+        self.interval, self.peer_timeout = interval, peer_timeout
+        self.state_path, self.bind_wait = state_path, bind_wait
+        self.on_event = on_event or (lambda *a, **k: None)
+        self.lock = threading.Lock()
+        self.board = Board(job_id, nodes, peer_timeout)
+        self.restored = False
+        self.bound = False
+        self.bind_error: str | None = None
+        self.settled = threading.Event()  # set once the port is ours, or given up on
+        self._stopping = threading.Event()
+        self._sel = selectors.DefaultSelector()
+        self._server: socket.socket | None = None
+        self.connections = Connections(self._sel, self.on_event)
+        self._load()
+
+    # -- the board, as the agent and the tests see it ---------------------------------------------
+
+    @property
+    def nodes(self) -> list[str]:
+        return self.board.nodes
+
+    @property
+    def peers(self) -> dict:
+        return self.board.peers
+
+    @property
+    def status(self) -> dict:
+        return self.board.status
+
+    @property
+    def superseded(self) -> bool:
+        return self.board.superseded
+
+    @property
+    def refused(self) -> int:
+        return self.connections.refused
+
+    @property
+    def last_refusal(self) -> str | None:
+        return self.connections.last_refusal
+
+    def view(self) -> dict:
+        with self.lock:
+            return self.board.view()
+
+    def all_peers_settled(self) -> bool:
+        with self.lock:
+            return self.board.all_peers_settled()
+
+    def finished_now(self) -> bool:
+        with self.lock:
+            return self.board.finished_now()
+
+    def wait_listening(self, timeout: float | None = None) -> bool:
+        """True once the port is ours; False if binding it failed for bind_wait (see bind_error)."""
+        self.settled.wait(timeout)
+        return self.bound
+
+    def handle(self, msg: dict) -> tuple[dict, bool]:
+        """(reply, broadcast?) for one authenticated message. Also used directly by the tests."""
+        with self.lock:
+            if msg.get("job_id", self.job_id) != self.job_id:
+                return self.board.wrong_job(str(msg.get("job_id"))[:protocol.MAX_NAME]), False
+            if msg.get("op") != "beat":
+                return {"op": "error", "error": "unknown op %r" % str(msg.get("op"))[:40]}, False
+            outcome = self.board.beat(msg, time.monotonic(), time.time())
+            if outcome.changed:
+                self._save()
+        self._emit(outcome.events)
+        return outcome.reply, outcome.changed
+
+    def check_peers(self) -> bool:
+        """Mark silent agents lost (a lost node fails a running job). True if anything changed."""
+        with self.lock:
+            events = self.board.check_peers(time.monotonic(), time.time())
+            if events:
+                self._save()
+        self._emit(events)
+        return bool(events)
+
+    def _emit(self, events: list[Event]) -> None:
+        for ev in events:
+            self.on_event(ev.kind, node=ev.node, reason=ev.reason)
+
+    # -- state across restarts ---------------------------------------------------------------------
+
+    def _load(self) -> None:
+        if not self.state_path:
+            return
+        try:
+            with open(self.state_path) as f:
+                saved = json.load(f)
+        except (OSError, ValueError, RecursionError):
+            return
+        board = Board.restore(saved, self.job_id, self.board.nodes, self.peer_timeout, time.monotonic())
+        if board is not None:
+            self.board, self.restored = board, True
+
+    def _save(self) -> None:
+        if not self.state_path:
+            return
+        tmp = "%s.tmp.%d" % (self.state_path, os.getpid())
+        try:
+            with open(tmp, "w") as f:
+                json.dump(self.board.saved(time.time()), f)
+            os.replace(tmp, self.state_path)
+        except OSError:
+            pass
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    def _bind(self) -> bool:
+        s = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((self.host, self.port))
+            s.listen(128)
+        except OSError as e:
+            s.close()
+            self.bind_error = "cannot listen on %s:%d: %s" % (self.host, self.port, e.strerror or e)
+            return False
+        s.setblocking(False)
+        self._server = s
+        self.port = s.getsockname()[1]  # the one the kernel chose, for port 0
+        self._sel.register(s, selectors.EVENT_READ, None)
+        self.bound, self.bind_error = True, None
+        return True
+
+    def run(self) -> None:
+        deadline = time.monotonic() + self.bind_wait
+        while not self._stopping.is_set() and not self._bind():
+            if time.monotonic() >= deadline:
+                # Another program holds the port: every agent would refuse it (it cannot prove the
+                # secret), so the job has no coordinator. Say so once; the agent decides what follows.
+                self.on_event("coordinator_error", reason="%s (job.watchdog.port is taken by another program?); "
+                              "the job has no coordinator" % self.bind_error)
+                self.settled.set()
+                return
+            self._stopping.wait(0.2)
+        self.settled.set()
+        if self.restored:
+            self.on_event("coordinator", reason="coordinator restarted on %s:%d; state restored (%s)"
+                          % (self.host, self.port, self.board.status["status"]))
+        period = min(0.5, self.interval / 2)
+        last_check = time.monotonic()
+        while not self._stopping.is_set():
+            for key, mask in self._sel.select(timeout=period):
+                if key.data is None:
+                    self.connections.accept(self._server)
+                else:
+                    self._serve(key.data, mask)
+            if time.monotonic() - last_check >= period:
+                last_check = time.monotonic()
+                self.connections.expire(last_check, silent=max(self.peer_timeout, 3 * self.interval))
+                if self.check_peers():
+                    self._broadcast()
+        self.connections.close_all()
+        if self._server:
+            self._sel.unregister(self._server)
+            self._server.close()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def _serve(self, conn: Conn, mask: int) -> None:
+        # One connection's trouble stays its own: whatever goes wrong while serving it,
+        # even a bug, closes that connection and never ends this thread (the job's only coordinator).
+        try:
+            if mask & selectors.EVENT_READ:
+                self._read(conn)
+            if mask & selectors.EVENT_WRITE:
+                self.connections.flush(conn)
+        except ProtocolError as e:
+            self.connections.refuse(conn, str(e))
+        except Exception as e:  # noqa: BLE001 - see above
+            self.connections.refuse(conn, "error while serving it: %s: %s" % (type(e).__name__, e))
+
+    def _read(self, conn: Conn) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.connections.close(conn)
+            return
+        broadcast = False
+        for line in conn.reader.feed(data):
+            if not self.connections.open(conn):
+                return
+            broadcast |= self._on_line(conn, line)
+        if broadcast:
+            self._broadcast(skip=conn)
+
+    def _on_line(self, conn: Conn, line: bytes) -> bool:
+        """Take one line; True if every agent must hear the job's new status."""
+        if conn.channel is None:
+            self._on_hello(conn, protocol.read_hello(line))
+            return False
+        msg = conn.channel.open(line)
+        conn.heard = time.monotonic()
+        if conn.node is None:
+            if msg.get("op") != "auth":
+                raise ProtocolError("first frame is %r, not auth" % str(msg.get("op"))[:40])
+            self.connections.authenticated(conn)
+            return False
+        if msg.get("node") != conn.node:
+            raise ProtocolError("a beat for node %r on %s's connection" % (str(msg.get("node"))[:40], conn.node))
+        reply, changed = self.handle(msg)
+        self.connections.send(conn, conn.channel.seal(reply))
+        if reply.get("op") == "error":
+            self.connections.refuse(conn, reply["error"])
+        return changed
+
+    def _on_hello(self, conn: Conn, hello: dict) -> None:
+        if hello["job_id"] != self.job_id:
+            with self.lock:
+                reply = self.board.wrong_job(hello["job_id"])
+            self.connections.send(conn, protocol.line(reply))
+            self.connections.close(conn)  # not a refusal: an agent of another job looking for its coordinator
+            return
+        if not self.board.knows(hello["node"]):
+            raise ProtocolError("node %r is not one of job %s's nodes" % (hello["node"], self.job_id))
+        nonce = protocol.new_nonce()
+        conn.claimed = hello["node"]
+        conn.channel = Channel(self.secret, self.job_id, hello["node"], hello["nonce"], nonce, "coordinator")
+        self.connections.send(conn, protocol.challenge(self.secret, self.job_id, hello["node"], hello["nonce"], nonce))
+
+    def _broadcast(self, skip: Conn | None = None) -> None:
+        msg = self.view()
+        for conn in list(self.connections.by_node.values()):
+            if conn is not skip and self.connections.open(conn):
+                self.connections.send(conn, conn.channel.seal(msg))

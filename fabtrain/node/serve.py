@@ -1,0 +1,79 @@
+"""The node side of the call protocol: answer requests read on stdin until it closes.
+
+The controller (fabtrain.remote.rpc) starts the node's python with a fixed
+launcher, sends the node code and then requests over stdin, one JSON object
+a line: {"op": "status", "payload": {...}}. Each is answered on stdout with
+the reply frame: a SENTINEL line, then one JSON line, {"ok": true, "result":
+...} or {"ok": false, "error": "one line"}. Anything an op prints before it
+(`logs --follow` streams log lines that way) comes before the sentinel, as
+does noise a login shell prints (a .bashrc that echoes), so neither can
+corrupt a reply.
+
+Nothing travels on the command line: payloads carry the job's secret, and
+any user of the node can read every process's argv in /proc.
+
+The loop ends when stdin closes (a one-shot call closes it after its one
+request; a long-lived channel when the controller closes it or the SSH
+connection drops) or after `idle_exit` seconds without a request, so it
+never outlives its controller for long. It carries no job marker (kill-all
+leaves it alone) and holds no port, no GPU and no file open.
+
+With the code deployed, `python -m fabtrain.node.serve` runs the same loop
+by hand: type a request line, read the reply.
+"""
+import json
+import os
+import select
+import sys
+
+SENTINEL = "@@fabtrain-reply@@"
+
+
+def request_lines(fd, buffered=b"", idle_exit=None):
+    """Each request line read from fd (after `buffered`, what was read already) until EOF or idle."""
+    buf = buffered
+    while True:
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if line.strip():
+                yield line
+        # Not sys.stdin: its buffer would hide bytes from select().
+        if idle_exit is not None and not select.select([fd], [], [], idle_exit)[0]:
+            return
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return
+        buf += chunk
+
+
+def answer(line):
+    """The reply to one request line, as the JSON text of the reply frame."""
+    from fabtrain.node.ops import OPS, UserFacing
+
+    try:
+        request = json.loads(line)
+        op = OPS.get(request["op"])
+        if op is None:
+            raise UserFacing("unknown op %r (the controller's fabtrain is newer than this node code?)" % request["op"])
+        reply = {"ok": True, "result": op(request["payload"])}
+    except UserFacing as e:
+        reply = {"ok": False, "error": str(e)}
+    except Exception as e:  # reported on the controller with the node's name, as one line
+        reply = {"ok": False, "error": "%s: %s" % (type(e).__name__, e)}
+    try:
+        return json.dumps(reply)
+    except (TypeError, ValueError) as e:
+        return json.dumps({"ok": False, "error": "the reply is not JSON: %s" % e})
+
+
+def main(buffered=b"", idle_exit=None):
+    for line in request_lines(sys.stdin.fileno(), buffered, idle_exit):
+        text = answer(line)
+        # A leading newline: an op's streamed output may not end with one.
+        sys.stdout.write("\n%s\n%s\n" % (SENTINEL, text))
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

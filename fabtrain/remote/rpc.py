@@ -1,0 +1,265 @@
+"""The node-ops call protocol: the one way the controller runs fabtrain.node code on a node.
+
+Each node-side process starts from a fixed launcher, the only thing on any
+command line (any user of a machine can read every process's argv in /proc,
+and a `start` payload carries the job's secret):
+
+    <python> -c 'import base64,sys;exec(base64.b64decode(sys.argv[1]))' <BOOTSTRAP in base64>
+
+Everything else goes over its stdin:
+
+    <n>\\n<n bytes: zlib'd JSON {"idle_exit": s, "modules": {name: [is_package, source]}}>
+    {"op": "status", "payload": {...}}\\n       a request a line, as many as wanted
+
+The bootstrap reads the code, imports it as `fabtrain.node.*` from memory (a
+meta-path finder over the sources: nothing to deploy first, and a copy of
+fabtrain on the node is never mixed in) and hands the rest of stdin to
+fabtrain.node.serve, which answers each request with the reply frame: a
+SENTINEL line, then one JSON line. What comes before the sentinel is an
+op's streamed output (`logs --follow`) or noise from the login shell.
+
+A `Channel` is one node-side process. `Transport.call` opens one, asks one
+request and closes it; the dashboard's collector and copy-data keep one open
+per node and ask many, paying the login shell, the interpreter's start and
+the compile once.
+"""
+from __future__ import annotations
+
+import base64
+import collections
+import functools
+import json
+import threading
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+from fabtrain.node.serve import SENTINEL
+from fabtrain.remote.transport import FAILED, NO_REPLY, NodeError, Transport
+
+NODE_PACKAGE = Path(__file__).resolve().parent.parent / "node"
+IDLE_EXIT = 120  # seconds without a request before a node-side process exits by itself
+OPEN_TIMEOUT = 60  # for opening a session when the request itself may wait forever (logs --follow)
+
+LAUNCHER = "import base64,sys;exec(base64.b64decode(sys.argv[1]))"
+
+# Runs on the node (Python 3.8+, standard library only), from the launcher.
+BOOTSTRAP = '''\
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+import zlib
+
+
+def read_until(data, done):
+    while not done(data):
+        chunk = os.read(0, 1 << 16)
+        if not chunk:  # the controller went away before sending the code
+            sys.exit(0)
+        data += chunk
+    return data
+
+
+class SentModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, modules):
+        self.modules = modules
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.modules:
+            return None
+        return importlib.util.spec_from_loader(name, self, is_package=self.modules[name][0])
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        is_package, source = self.modules[module.__name__]
+        path = module.__name__.replace(".", "/") + ("/__init__.py" if is_package else ".py")
+        # No file on the node: __file__ says so, __source__ holds the text (for code that writes itself out).
+        module.__file__ = "<sent>/" + path
+        module.__source__ = source
+        exec(compile(source, module.__file__, "exec"), module.__dict__)
+
+
+data = read_until(b"", lambda d: b"\\n" in d)
+size, data = data.split(b"\\n", 1)
+size = int(size)
+data = read_until(data, lambda d: len(d) >= size)
+code = json.loads(zlib.decompress(data[:size]).decode())
+sys.meta_path.insert(0, SentModules(code["modules"]))
+from fabtrain.node import serve
+sys.exit(serve.main(data[size:], code["idle_exit"]))
+'''
+
+
+def launcher_argv(python: str) -> list[str]:
+    """The node-side process's whole command line: the same for every call, nothing secret."""
+    return [python, "-c", LAUNCHER, base64.b64encode(BOOTSTRAP.encode()).decode()]
+
+
+@functools.lru_cache(maxsize=None)
+def node_modules() -> dict[str, tuple[bool, str]]:
+    """Every module under fabtrain/node/ (subpackages too): name -> (is_package, source).
+
+    `fabtrain` itself is an empty package here: the node gets fabtrain.node
+    and nothing of the controller's code."""
+    root = NODE_PACKAGE.parent.parent
+    modules: dict[str, tuple[bool, str]] = {"fabtrain": (True, "")}
+    for path in sorted(NODE_PACKAGE.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if parts[-1] == "__init__":
+            modules[".".join(parts[:-1])] = (True, path.read_text())
+        else:
+            modules[".".join(parts)] = (False, path.read_text())
+        # A folder without __init__.py is still a package to import from.
+        for depth in range(2, len(parts)):
+            modules.setdefault(".".join(parts[:depth]), (True, ""))
+    return modules
+
+
+@functools.lru_cache(maxsize=4)
+def code_frame(idle_exit: float | None) -> bytes:
+    """The first thing on a node-side process's stdin: the node code, behind its length."""
+    blob = zlib.compress(json.dumps({"idle_exit": idle_exit, "modules": node_modules()}).encode(), 9)
+    return b"%d\n" % len(blob) + blob
+
+
+class ReplyParser:
+    """A node-side process's stdout, cut into events: ("line", text) for what an op
+    printed (or a login shell), ("reply", dict) for the frame that ends a request,
+    ("garbled", text) for a frame whose JSON does not parse."""
+
+    def __init__(self):
+        self.buffer = bytearray()
+        self.scanned = 0  # how much of buffer is known to hold no newline
+        self.in_frame = False
+        self.events: collections.deque = collections.deque()
+
+    def feed(self, data: bytes) -> None:
+        self.buffer += data
+        start = 0
+        # Search only what is new: a multi-megabyte reply comes in many pieces.
+        while (end := self.buffer.find(b"\n", max(start, self.scanned))) >= 0:
+            text = self.buffer[start:end].decode("utf-8", "replace")
+            start = end + 1
+            if self.in_frame:
+                self.in_frame = False
+                try:
+                    reply = json.loads(text)
+                except ValueError:
+                    reply = None
+                ok = isinstance(reply, dict) and "ok" in reply
+                self.events.append(("reply", reply) if ok else ("garbled", text[:200]))
+            elif text == SENTINEL:
+                self.in_frame = True
+            else:
+                self.events.append(("line", text))
+        del self.buffer[:start]
+        self.scanned = len(self.buffer)
+
+
+class ChannelClosed(NodeError):
+    """The node-side process ended without a word (it exited when idle, or the connection dropped)."""
+
+
+_print_lock = threading.Lock()  # streamed lines from many nodes, each whole
+
+
+class Channel:
+    """One node-side process on one node: a request, its reply; again, until closed.
+
+    Opening it costs what one `Transport.call` costs (the login shell, the
+    interpreter, compiling the node code); every request after that costs
+    the node only the op's own work. A request that gets no reply in time
+    leaves the channel unusable (the late reply would answer the next one):
+    close it and open another."""
+
+    def __init__(self, transport: Transport, timeout: float | None = None):
+        self.node = transport.node
+        self.stream = transport.open_stream(launcher_argv(self.node.python), timeout or OPEN_TIMEOUT)
+        self.parser = ReplyParser()
+        self.unsent = code_frame(IDLE_EXIT)  # goes with the first request, under its deadline
+        self.noise: collections.deque = collections.deque(maxlen=5)
+        self.broken: str | None = None
+
+    def request(self, op: str, payload: dict, timeout: float | None = None, *, stream=None, last: bool = False) -> Any:
+        """The result of one op (NodeError if it failed or did not answer in time).
+
+        stream: a file the op's printed lines go to as they come; last: no
+        request follows (the node-side process exits after this reply)."""
+        if self.broken:
+            raise ChannelClosed(f"{self.node.name}: {self.broken}")
+        payload = {"workspace": self.node.workspace, "node": self.node.name, **payload}
+        data = self.unsent + json.dumps({"op": op, "payload": payload}).encode() + b"\n"
+        self.unsent = b""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            self.stream.send(data, deadline)
+            if last:
+                self.stream.close_input()
+        except TimeoutError:
+            raise self._fail(f"connected, no reply within {timeout:g} s ({op}; the node may be overloaded)",
+                             NO_REPLY) from None
+        except OSError:
+            raise self._ended() from None
+        return self._reply(op, timeout, deadline, stream)
+
+    def _reply(self, op: str, timeout: float | None, deadline: float | None, stream) -> Any:
+        events = self.parser.events
+        while True:
+            while events:
+                kind, value = events.popleft()
+                if kind == "reply":
+                    if not value["ok"]:
+                        raise NodeError(f"{self.node.name}: {value.get('error')}", FAILED)
+                    return value.get("result")
+                if kind == "garbled":
+                    raise self._fail(f"garbled reply: {value}", FAILED)
+                if stream is not None and value:
+                    with _print_lock:
+                        stream.write(value + "\n")
+                        stream.flush()
+                elif value.strip():
+                    self.noise.append(value.strip())
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise self._fail(f"connected, no reply within {timeout:g} s ({op}; the node may be overloaded)",
+                                 NO_REPLY)
+            try:
+                chunk = self.stream.recv(left)
+            except OSError:
+                chunk = b""
+            if chunk is None:
+                continue
+            if not chunk:
+                raise self._ended()
+            self.parser.feed(chunk)
+
+    def _fail(self, why: str, kind: str) -> NodeError:
+        self.broken = why
+        return NodeError(f"{self.node.name}: {why}", kind)
+
+    def _ended(self) -> NodeError:
+        """Why the process ended without a reply: its last word on stderr or stdout, else how it exited."""
+        last_error, exit_text = self.stream.ended()
+        said = last_error or (self.noise[-1] if self.noise else "")
+        if said:
+            return self._fail(f"node-side command failed: {said}", FAILED)
+        self.broken = f"the node-side process ended ({exit_text})"
+        return ChannelClosed(f"{self.node.name}: {self.broken}")
+
+    def close(self) -> None:
+        # A healthy process exits on the end of its input; a stuck one is not waited for.
+        self.stream.close(wait=0 if self.broken else 2.0)
+
+
+def call(transport: Transport, op: str, payload: dict, *, timeout: float | None = None, stream=None) -> Any:
+    """One op on one node: open a channel, one request, close it."""
+    channel = Channel(transport, timeout)
+    try:
+        return channel.request(op, payload, timeout, stream=stream, last=True)
+    finally:
+        channel.close()

@@ -1,0 +1,169 @@
+"""The coordinator's pure parts, with no socket and no clock: the board (who beat when, the
+job's status) and the protocol (bounds checked before parsing, the handshake, sealed frames)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fabtrain.node.coordination import protocol
+from fabtrain.node.coordination.board import Board, Event
+from fabtrain.node.coordination.protocol import Channel, LineReader, ProtocolError
+
+SECRET = "0123456789abcdef0123456789abcdef"
+
+
+def beat(node, procs=None, **kw):
+    return {"op": "beat", "job_id": "j1", "node": node, "seq": 1, "procs": procs or {}, **kw}
+
+
+def trainer(name, state="running", code=None):
+    return {name: {"role": "trainer", "rank": int(name[-1]), "state": state, "exit_code": code}}
+
+
+# -- the board ------------------------------------------------------------------------------------
+
+
+def test_the_first_failure_wins_and_the_status_never_goes_back():
+    b = Board("j1", ["n0", "n1"], peer_timeout=5)
+    out = b.beat(beat("n0", trainer("trainer-0")), now=0, wall=100)
+    assert out.changed and out.reply["status"] == "running" and out.reply["ack"] == 1  # a new peer is news
+    out = b.beat(beat("n1", failure={"reason": "trainer-1 on n1 exited with code 3"}), now=1, wall=101)
+    assert out.changed and b.status == {"status": "failed", "reason": "trainer-1 on n1 exited with code 3",
+                                        "node": "n1", "ts": 101}
+    out = b.beat(beat("n0", failure={"reason": "second"}, final={"status": "finished"}), now=2, wall=102)
+    assert not out.changed and b.status["reason"] == "trainer-1 on n1 exited with code 3"
+
+
+def test_finished_needs_every_trainer_accounted_for():
+    b = Board("j1", ["n0", "n1", "n2"], peer_timeout=5)
+    b.beat(beat("n0", {"pserver-0": {"role": "pserver", "rank": 0, "state": "running"}}), 0, 0)
+    b.beat(beat("n1", trainer("trainer-0", "exited", 0)), 0, 0)
+    assert b.status["status"] == "running"  # n2 has not spoken: its trainer may still run
+    assert b.beat(beat("n2", trainer("trainer-1", "exited", 0)), 0, 0).changed
+    assert b.status["status"] == "finished" and b.every_node_spoke()
+    b = Board("j1", ["n0", "n1", "n2"], peer_timeout=5)  # WORLD_SIZE known: a silent node is not needed
+    b.beat(beat("n1", trainer("trainer-0", "exited", 0), trainers_expected=2), 0, 0)
+    b.beat(beat("n2", trainer("trainer-1", "exited", 0), trainers_expected=2), 0, 0)
+    assert b.status["status"] == "finished"
+    b = Board("j1", ["n1"], peer_timeout=5)
+    b.beat(beat("n1", trainer("trainer-0", "exited", 1)), 0, 0)
+    assert b.status["status"] == "running"  # exit 1 is not a finish (the agent reports the failure itself)
+
+
+def test_a_silent_peer_is_lost_fails_the_job_and_may_come_back():
+    b = Board("j1", ["n0", "n1"], peer_timeout=5)
+    b.beat(beat("n0"), now=0, wall=0)
+    b.beat(beat("n1", done=True), now=0, wall=0)
+    assert b.check_peers(now=4.9, wall=0) == []
+    events = b.check_peers(now=5.0, wall=7)
+    assert [e.kind for e in events] == ["peer_lost"] and events[0].node == "n0"  # n1 is done: it may go quiet
+    assert b.status["status"] == "failed" and b.status["reason"].startswith("node n0 lost: no heartbeat")
+    assert b.view()["lost"] == ["n0"] and b.all_peers_settled()
+    assert b.check_peers(now=20, wall=0) == []  # lost once
+    out = b.beat(beat("n0"), now=21, wall=21)
+    assert out.events == [Event("peer_back", "n0", "agent on n0 beats again")] and out.changed
+    assert b.status["status"] == "failed" and b.view()["lost"] == []
+
+
+@pytest.mark.parametrize("bad", [
+    {"node": 7}, {"procs": ["trainer-0"]}, {"procs": {"t": "running"}}, {"failure": "boom"},
+    {"final": ["finished"]}, {"trainers_expected": "2"}, {"trainers_expected": True},
+])
+def test_a_beat_of_the_wrong_shape_is_refused_and_changes_nothing(bad):
+    b = Board("j1", ["n0"], peer_timeout=5)
+    out = b.beat(dict(beat("n0"), **bad), 0, 0)
+    assert out.reply["op"] == "error" and not out.changed and b.peers == {}
+
+
+def test_another_jobs_agent_is_refused_and_an_ended_job_gives_its_port_away():
+    b = Board("j1", ["n0"], peer_timeout=5)
+    assert "not j2" in b.wrong_job("j2")["error"] and not b.superseded
+    b.beat(beat("n0", failure={"reason": "x"}), 0, 0)
+    b.wrong_job("j2")
+    assert b.superseded
+
+
+def test_a_restored_board_keeps_the_status_and_gives_peers_a_fresh_timeout():
+    b = Board("j1", ["n0", "n1"], peer_timeout=5)
+    b.beat(beat("n0", trainer("trainer-0")), 0, 10)
+    b.beat(beat("n1", failure={"reason": "boom"}), 0, 11)
+    saved = json.loads(json.dumps(b.saved(wall=12)))  # as it goes through coordinator.json
+    again = Board.restore(saved, "j1", ["n0", "n1"], 5, now=100)
+    assert again.status["status"] == "failed" and again.status["reason"] == "boom"
+    assert set(again.peers) == {"n0", "n1"} and again.peers["n0"].procs == trainer("trainer-0")
+    assert again.check_peers(now=104, wall=0) == []  # seen "now" at restore time
+    assert Board.restore(saved, "j2", ["n0"], 5, now=0) is None
+    for garbage in (None, [], {"job_id": "j1", "status": "x", "peers": {"n0": 3}}):
+        restored = Board.restore(garbage, "j1", ["n0"], 5, now=0)
+        assert restored is None or (restored.status["status"] == "running" and restored.peers == {})
+
+
+# -- the protocol ----------------------------------------------------------------------------------
+
+
+def test_nesting_and_length_are_bounded_before_parsing():
+    assert protocol.nesting_ok(b'{"a":[1,{"b":"[[[[[[[[[[[[[[[["}]}')  # brackets in strings are text
+    assert protocol.nesting_ok(b"[" * 8 + b"]" * 8) and not protocol.nesting_ok(b"[" * 9 + b"]" * 9)
+    assert not protocol.nesting_ok(b"[" * 200_000)  # what killed the old coordinator's thread
+    assert not protocol.nesting_ok(b"[}")
+    with pytest.raises(ProtocolError, match="nested deeper"):
+        protocol.parse(b"[" * 200_000, max_len=1 << 20)
+    with pytest.raises(ProtocolError, match="line of 2000 bytes"):
+        protocol.parse(b" " * 2000, max_len=1024)
+    for bad in (b"\xff\xfe", b"[1]", b"nul", b'"x"'):
+        with pytest.raises(ProtocolError):
+            protocol.parse(bad, max_len=1024)
+    reader = LineReader(limit=10)
+    assert reader.feed(b"ab\ncd") == [b"ab"] and reader.feed(b"\n") == [b"cd"]
+    with pytest.raises(ProtocolError, match="longer than 10"):
+        reader.feed(b"x" * 11)
+
+
+def test_only_a_holder_of_the_secret_can_answer_a_hello():
+    nonce, theirs = protocol.new_nonce(), protocol.new_nonce()
+    assert protocol.read_hello(protocol.hello("j1", "n0", nonce)) == {"job_id": "j1", "node": "n0", "nonce": nonce}
+    good = protocol.challenge(SECRET, "j1", "n0", nonce, theirs)
+    assert protocol.read_challenge(SECRET, "j1", "n0", nonce, good.strip()) == {"nonce": theirs}
+    assert SECRET.encode() not in good
+    for forged in (protocol.challenge("not the secret", "j1", "n0", nonce, theirs),
+                   protocol.challenge(SECRET, "j1", "n0", protocol.new_nonce(), theirs),  # an old hello's answer
+                   protocol.challenge(SECRET, "j1", "n1", nonce, theirs),
+                   b'{"op":"status","status":"finished"}'):
+        with pytest.raises(ProtocolError):
+            protocol.read_challenge(SECRET, "j1", "n0", nonce, forged.strip())
+    for bad in (b'{"op":"hello","v":1,"job_id":"j1","node":"n0","nonce":"zz"}',
+                b'{"op":"hello","v":2,"job_id":"j1","node":"n0","nonce":"%s"}' % nonce.encode(),
+                b'{"op":"beat","job_id":"j1","secret":"x"}'):
+        with pytest.raises(ProtocolError):
+            protocol.read_hello(bad)
+
+
+def pair(secret_a=SECRET, secret_c=SECRET):
+    a, c = protocol.new_nonce(), protocol.new_nonce()
+    return (Channel(secret_a, "j1", "n0", a, c, "agent"), Channel(secret_c, "j1", "n0", a, c, "coordinator"))
+
+
+def test_frames_are_refused_when_forged_replayed_reflected_or_from_another_connection():
+    agent, coord = pair()
+    first = agent.seal(beat("n0")).rstrip(b"\n")
+    assert coord.open(first)["n"] == 1
+    with pytest.raises(ProtocolError, match="out of order"):
+        coord.open(first)  # the same frame again
+    second = agent.seal(beat("n0", failure={"reason": "x"})).rstrip(b"\n")
+    with pytest.raises(ProtocolError, match="bad MAC"):
+        coord.open(second.replace(b'"reason":"x"', b'"reason":"y"'))
+    with pytest.raises(ProtocolError, match="bad MAC"):
+        agent.open(coord.seal({"op": "status"}).rstrip(b"\n").replace(b"status", b"statuz"))
+    with pytest.raises(ProtocolError, match="bad MAC"):
+        coord.open(coord.seal({"op": "status"}).rstrip(b"\n"))  # its own frame sent back to it
+    _, other = pair()
+    with pytest.raises(ProtocolError, match="bad MAC"):
+        other.open(first)  # another connection's session key
+    _, wrong = pair(secret_c="another secret")
+    with pytest.raises(ProtocolError, match="bad MAC"):
+        wrong.open(pair()[0].seal(beat("n0")).rstrip(b"\n"))
+    assert coord.open(second)["failure"] == {"reason": "x"}  # the genuine frame, in order, still passes
+    deep = agent.seal({"op": "beat", "procs": json.loads("[" * 20 + "]" * 20)}).rstrip(b"\n")
+    with pytest.raises(ProtocolError, match="nested deeper"):
+        coord.open(deep)  # even a holder of the secret cannot make the parser recurse

@@ -1,0 +1,147 @@
+"""fabtrain.remote.rpc, the node-ops call protocol, over local nodes (real processes)."""
+from __future__ import annotations
+
+import io
+import shutil
+import sys
+import textwrap
+
+import pytest
+
+from fabtrain.config.cluster import parse_cluster
+from fabtrain.remote import rpc
+from fabtrain.remote.transport import FAILED, NodeError, make_transport
+from fabtrain.node.serve import SENTINEL
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def local_node(tmp_path, python=sys.executable):
+    cluster = parse_cluster({"cluster": {"name": "rpc", "python": python},
+                             "nodes": [{"name": "n0", "host": "local", "roles": ["trainer"],
+                                        "workspace": str(tmp_path / "ws")}],
+                             "job": {"mode": "collective"}}, str(tmp_path / "c.yaml"))
+    return make_transport(cluster.nodes[0])
+
+
+def test_the_command_line_is_the_fixed_launcher_and_the_code_goes_over_stdin():
+    argv = rpc.launcher_argv("python3")
+    assert argv[:3] == ["python3", "-c", rpc.LAUNCHER] and len(argv) == 4
+    assert argv == rpc.launcher_argv("python3")  # nothing per call: no op, no payload
+    size = sum(len(a) + 1 for a in argv)
+    assert size < 4096, size  # far under MAX_ARG_STRLEN (128 KiB), however the node code grows
+    frame = rpc.code_frame(rpc.IDLE_EXIT)
+    length, _, blob = frame.partition(b"\n")
+    assert int(length) == len(blob)
+    names = set(rpc.node_modules())
+    assert {"fabtrain", "fabtrain.node", "fabtrain.node.ops", "fabtrain.node.serve"} <= names
+    # Every module of the node package, and nothing of the controller's.
+    on_disk = {".".join(p.relative_to(rpc.NODE_PACKAGE.parent.parent).with_suffix("").parts)
+               for p in rpc.NODE_PACKAGE.rglob("*.py")}
+    assert {n.removesuffix(".__init__") for n in on_disk} <= names
+    assert not any(n.startswith(("fabtrain.remote", "fabtrain.controller", "fabtrain.config")) for n in names)
+
+
+def test_the_reply_parser_keeps_printed_lines_and_finds_the_reply_in_any_pieces():
+    parser = rpc.ReplyParser()
+    text = f"bashrc says hi\n[n0 trainer-0] tick 1\n\n{SENTINEL}\n" + '{"ok": true, "result": {"a": "x\\ny"}}\n'
+    data = text.encode()
+    for i in range(0, len(data), 3):  # three bytes at a time
+        parser.feed(data[i:i + 3])
+    assert list(parser.events) == [("line", "bashrc says hi"), ("line", "[n0 trainer-0] tick 1"), ("line", ""),
+                                   ("reply", {"ok": True, "result": {"a": "x\ny"}})]
+    parser = rpc.ReplyParser()
+    parser.feed(f"{SENTINEL}\nnot json\n".encode())
+    assert list(parser.events) == [("garbled", "not json")]
+
+
+def test_a_call_and_a_channel_on_a_local_node(tmp_path):
+    t = local_node(tmp_path)
+    assert t.call("status", {}) == {"job_id": None, "processes": []}
+    channel = rpc.Channel(t, timeout=10)
+    try:
+        pid = None
+        for _ in range(3):  # one node-side process answers them all
+            assert channel.request("status", {}, timeout=10)["job_id"] is None
+            pid = pid or channel.stream.proc.pid
+            assert channel.stream.proc.pid == pid and channel.stream.proc.poll() is None
+        with pytest.raises(NodeError, match=r"^n0: unknown op 'nope'") as e:
+            channel.request("nope", {}, timeout=10)
+        assert e.value.kind == FAILED
+        assert channel.request("status", {}, timeout=10)["job_id"] is None  # an error reply leaves it usable
+    finally:
+        channel.close()
+    assert channel.stream.proc.returncode == 0
+
+
+def test_an_op_that_raises_is_one_line_naming_the_node(tmp_path):
+    t = local_node(tmp_path)
+    with pytest.raises(NodeError, match=r"^n0: KeyError: 'dir'$"):
+        t.call("verify", {"files": {}})
+
+
+def test_a_missing_interpreter_says_so(tmp_path):
+    t = local_node(tmp_path, python=str(tmp_path / "no-python"))
+    with pytest.raises(NodeError, match=r"^n0: cannot run .*no-python: No such file or directory$"):
+        t.call("status", {})
+
+
+def test_a_node_side_process_that_dies_gives_its_last_word(tmp_path):
+    wrapper = tmp_path / "python"
+    wrapper.write_text("#!/bin/sh\necho 'python3.2: too old for this' >&2\nexit 3\n")
+    wrapper.chmod(0o755)
+    with pytest.raises(NodeError, match=r"^n0: node-side command failed: python3.2: too old for this$"):
+        local_node(tmp_path, python=str(wrapper)).call("status", {})
+    silent = tmp_path / "silent"
+    silent.write_text("#!/bin/sh\nexit 0\n")
+    silent.chmod(0o755)
+    with pytest.raises(rpc.ChannelClosed, match=r"^n0: the node-side process ended \(exit code 0\)$"):
+        local_node(tmp_path, python=str(silent)).call("status", {})
+
+
+def test_streamed_lines_come_before_the_reply(tmp_path):
+    ws = tmp_path / "ws" / "jobs" / "j1" / "logs"
+    ws.mkdir(parents=True)
+    (ws / "trainer-0.log").write_text("".join(f"line {i}\n" for i in range(30)))
+    (tmp_path / "ws" / "current").symlink_to("jobs/j1")
+    out = io.StringIO()
+    assert local_node(tmp_path).call("logs", {"lines": 5}, stream=out) is None
+    assert out.getvalue().splitlines() == [f"[n0 trainer-0] line {i}" for i in range(25, 30)]
+
+
+def test_node_code_in_subpackages_is_imported_from_what_was_sent(tmp_path, monkeypatch):
+    """The node package as it may be split: modules, a subpackage, one without __init__.py."""
+    root = tmp_path / "src" / "fabtrain" / "node"
+    (root / "agent").mkdir(parents=True)
+    (root / "plain").mkdir()
+    shutil.copy(rpc.NODE_PACKAGE / "serve.py", root / "serve.py")
+    (root / "__init__.py").write_text("")
+    (root / "agent" / "__init__.py").write_text("NAME = 'agent package'\n")
+    (root / "agent" / "policy.py").write_text("from fabtrain.node.agent import NAME\nRULE = NAME + ' policy'\n")
+    (root / "plain" / "helper.py").write_text("def twice(x):\n    return 2 * x\n")
+    (root / "ops.py").write_text(textwrap.dedent("""\
+        from fabtrain.node.agent.policy import RULE
+        from fabtrain.node.plain import helper
+
+
+        class UserFacing(Exception):
+            pass
+
+
+        def op_echo(payload):
+            import fabtrain.node.ops as me
+            return {"rule": RULE, "twice": helper.twice(payload["n"]), "file": me.__file__,
+                    "source": me.__source__ == open(payload["path"]).read()}
+
+
+        OPS = {"echo": op_echo}
+        """))
+    monkeypatch.setattr(rpc, "NODE_PACKAGE", root)
+    rpc.node_modules.cache_clear()
+    rpc.code_frame.cache_clear()
+    try:
+        assert local_node(tmp_path).call("echo", {"n": 21, "path": str(root / "ops.py")}) == {
+            "rule": "agent package policy", "twice": 42, "file": "<sent>/fabtrain/node/ops.py", "source": True}
+    finally:
+        rpc.node_modules.cache_clear()
+        rpc.code_frame.cache_clear()
