@@ -90,7 +90,7 @@ def floor_once(path: Path) -> float:
 def ssh_once(path: Path) -> float:
     """4 parallel fan-outs of `ssh node true` with OpenSSH, the settings rsync gets from fabtrain."""
     s = session(path)
-    argvs = [[*t.ssh_command(), t.node.host, "true"] for t in (s.transport(n) for n in s.cluster.nodes)]
+    argvs = [[*nodes.openssh_argv(t, path.parent), "true"] for t in (s.transport(n) for n in s.cluster.nodes)]
     t0 = time.perf_counter()
     for _ in range(FAN_OUTS):
         for r in fan_out(argvs, lambda a: subprocess.run(a, check=True, capture_output=True), 64, name=lambda a: a[-2]):

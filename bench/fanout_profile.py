@@ -19,6 +19,7 @@ from pathlib import Path
 
 from bench import nodes
 from fabtrain.controller import lifecycle
+from fabtrain.remote.rsync import Rsync
 from fabtrain.remote.transport import Transport
 
 SETTLE = 0.1  # node ops' start waits this long for a program that dies at once (ops.py, payload "settle")
@@ -30,7 +31,7 @@ class Tally:
     def __init__(self):
         self.counts: Counter = Counter()
         self.times: dict[str, list[float]] = {}
-        self._saved = (Transport.call, Transport.run, lifecycle._rsync)
+        self._saved = (Transport.call, Transport.run, Rsync.__init__, Rsync.finish)
         tally = self
 
         def call(t, op, payload, **kw):
@@ -41,15 +42,18 @@ class Tally:
             tally.counts["shell command (SSH session)"] += 1
             return tally._saved[1](t, command, **kw)
 
-        def rsync(t, sources, remote_dir, extra=(), **kw):
-            what = "rsync runtime" if "/runtime/" in remote_dir else "rsync code"
-            tally.counts[f"{what} (OpenSSH connection + remote rsync)"] += 1
-            t0 = time.perf_counter()
+        def rsync_init(r, t, sources, remote_dir, *a, **kw):
+            r.what = "rsync runtime" if "/runtime/" in remote_dir else "rsync code"
+            tally.counts[f"{r.what} (OpenSSH connection + remote rsync)"] += 1
+            r.began = time.perf_counter()
+            tally._saved[2](r, t, sources, remote_dir, *a, **kw)
+
+        def rsync_finish(r, *a, **kw):
             try:
-                return tally._saved[2](t, sources, remote_dir, extra, **kw)
+                return tally._saved[3](r, *a, **kw)
             finally:
-                tally.add(f"  {what}", time.perf_counter() - t0)
-        Transport.call, Transport.run, lifecycle._rsync = call, run, rsync
+                tally.add(f"  {r.what} (start to end)", time.perf_counter() - r.began)
+        Transport.call, Transport.run, Rsync.__init__, Rsync.finish = call, run, rsync_init, rsync_finish
 
     def add(self, step: str, seconds: float) -> None:
         self.times.setdefault(step, []).append(seconds)
@@ -61,7 +65,7 @@ class Tally:
         return out
 
     def restore(self) -> None:
-        Transport.call, Transport.run, lifecycle._rsync = self._saved
+        Transport.call, Transport.run, Rsync.__init__, Rsync.finish = self._saved
 
 
 def fmt(values: list[float]) -> str:
@@ -101,7 +105,7 @@ def unit_costs(path: Path, repeat: int, python: str) -> dict[str, list[float]]:
     timed("round trip `true` (open connection)", lambda: t.run("true"))
     timed(f"round trip `{python} -c pass`", lambda: t.run(f"{python} -c pass"))
     timed("round trip node-ops call (status, no job)", lambda: t.call("status", {"job_id": None}))
-    ssh = [*t.ssh_command(), t.node.host, "true"]
+    ssh = [*nodes.openssh_argv(t, path.parent), "true"]
     timed("OpenSSH `ssh node true`, default kex (sntrup761x25519)", lambda: subprocess.run(ssh, check=True))
     fast = ssh[:1] + ["-o", "KexAlgorithms=curve25519-sha256"] + ssh[1:]
     timed("OpenSSH `ssh node true`, curve25519-sha256", lambda: subprocess.run(fast, check=True))

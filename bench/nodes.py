@@ -98,5 +98,14 @@ def write_cluster(path: Path, sshd, account: Account, *, name: str, roles: list[
     return path
 
 
+def openssh_argv(t, config_dir: Path) -> list[str]:
+    """`ssh node` with OpenSSH, set up exactly as fabtrain's rsync runs it (its -F file, port, user, key)."""
+    from fabtrain.remote.rsync import ssh_config_text
+    config = config_dir / f"ssh-{t.node.name}.conf"
+    config.write_text(ssh_config_text(t))
+    ssh = t.node.ssh
+    return ["ssh", "-F", str(config), "-p", str(ssh.port), "-l", ssh.user, "-i", str(ssh.key), t.node.host]
+
+
 def remove_workspaces(account: Account, name: str) -> None:
     shutil.rmtree(home(account) / ".fabtrain" / name, ignore_errors=True)

@@ -69,7 +69,7 @@ def timed(fn) -> tuple[float, float]:
 
 def ssh_true(path: Path) -> None:
     s = session(path)
-    argvs = [[*t.ssh_command(), t.node.host, "true"] for t in (s.transport(n) for n in s.cluster.nodes)]
+    argvs = [[*nodes.openssh_argv(t, path.parent), "true"] for t in (s.transport(n) for n in s.cluster.nodes)]
     replies = fan_out(argvs, lambda a: subprocess.run(a, check=True, capture_output=True), 64, name=lambda a: a[-2])
     assert all(r.ok for r in replies), [r.error for r in replies if not r.ok]
 
@@ -175,8 +175,9 @@ def collector_cost(path: Path, window: float) -> list[str]:
     first = timed(c.poll)
     polls = [timed(c.poll) for _ in range(5)]
     assert all(v.up for v in c.nodes.values()), [v.error for v in c.nodes.values() if not v.up]
-    views = [timed(lambda: api.cluster_view(c))[0] for _ in range(20)]
-    jobs = [timed(lambda: api.job_view(c, stale_after=30, ended={}))[0] for _ in range(20)]
+    # What the two endpoints the page polls do, less Flask: snapshot, view, JSON.
+    views = [timed(lambda: json.dumps(api.cluster_view(c.snapshot())))[0] for _ in range(20)]
+    jobs = [timed(lambda: json.dumps(api.job_view(c.snapshot(), stale_after=30, ended={})))[0] for _ in range(20)]
     c.start(INTERVAL)
     c0, ages = cpu_now(), []
     for _ in range(int(window)):
@@ -197,25 +198,32 @@ def collector_cost(path: Path, window: float) -> list[str]:
             f"/api/job in {spread([1000 * v for v in jobs], '{:.1f}')} ms"]
 
 
-def coordinator_model(peers: list[int], beats: int = 2000) -> list[str]:
-    """One beat's work (handle + encoding the reply) with `n` peers known, no sockets."""
-    from fabtrain.node.coordination import Coordinator, _line
+def coordinator_model(peers: list[int], beats: int = 1000) -> list[str]:
+    """The coordinator's work for one beat with `n` peers known, in-process (no sockets):
+    check the frame's MAC and parse it, update the board, build the status reply, seal it."""
+    from fabtrain.node.coordination import Coordinator
+    from fabtrain.node.coordination.protocol import Channel
     lines = []
     for n in peers:
         names = [f"node{i}" for i in range(1, n + 1)]
-        co = Coordinator("job", "127.0.0.1", 0, names, INTERVAL, 5.0, secret="s")
+        co = Coordinator("job", "127.0.0.1", 0, names, INTERVAL, 5.0, secret="s" * 32)
+        pairs = {x: (Channel("s" * 32, "job", x, "a" * 32, "b" * 32, "agent"),
+                     Channel("s" * 32, "job", x, "a" * 32, "b" * 32, "coordinator")) for x in names}
         proc = {"trainer-0": {"role": "trainer", "rank": 0, "state": "sleeping", "exit_code": None}}
-        msgs = [{"op": "beat", "job_id": "job", "secret": "s", "node": x, "seq": 1, "ts": 0, "procs": proc,
-                 "done": False, "failure": None, "final": None, "trainers_expected": n} for x in names]
-        for m in msgs:
-            co.handle(m)
-        size = len(_line(co.handle(msgs[0])[0]))
+
+        def beat(x: str, seq: int) -> bytes:
+            return pairs[x][0].seal({"op": "beat", "job_id": "job", "node": x, "seq": seq, "ts": time.time(),
+                                     "procs": proc, "done": False, "failure": None, "final": None,
+                                     "trainers_expected": n})[:-1]
+        for x in names:  # every peer known, as in a running job
+            co.handle(pairs[x][1].open(beat(x, 1)))
+        frames = [(x, beat(x, 2 + i // n)) for i, x in zip(range(beats), names * (beats // n + 1))]
         t0 = time.process_time()
-        for i in range(beats):
-            _line(co.handle(msgs[i % n])[0])
+        for x, frame in frames:
+            reply = pairs[x][1].seal(co.handle(pairs[x][1].open(frame))[0])
         per = (time.process_time() - t0) / beats
-        lines.append(f"{n:>5} peers: {1000 * per:7.3f} ms CPU per beat, reply {size:>7,} B; "
-                     f"at one beat a node a second: {100 * per * n:6.1f}% of a core, {size * n / 1e6:6.2f} MB/s out")
+        lines.append(f"{n:>5} peers: {1000 * per:7.3f} ms CPU per beat, reply {len(reply):>7,} B; "
+                     f"at one beat a node a second: {100 * per * n:6.1f}% of a core, {len(reply) * n / 1e6:6.2f} MB/s out")
     return lines
 
 
