@@ -42,12 +42,14 @@ def header(command: list[str], runs: int) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 usage="record.py NAME [--runs K] -- COMMAND...")
     ap.add_argument("name")
     ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("command", nargs=argparse.REMAINDER)
-    args = ap.parse_args()
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    # Everything after the first -- is the command, its own flags included.
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, command = ap.parse_args(argv[:cut]), argv[cut + 1:]
     if not command:
         ap.error("give the command after --")
     RESULTS.mkdir(exist_ok=True)
