@@ -68,6 +68,30 @@ def busy_cpu_seconds() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def second_copy(cluster) -> tuple[float, list[str], int]:
+    """The second, unchanged copy: its time, what it started on the nodes, the bytes it sent."""
+    s = Session(cluster)
+    datacopy.copy_data(s)
+    calls = []
+    originals = datacopy.Channel.__init__, datacopy.RsyncPush.__init__
+
+    def counting(kind, original):
+        def init(self, *a, **kw):
+            calls.append(kind)
+            original(self, *a, **kw)
+        return init
+    datacopy.Channel.__init__ = counting("node_ops verify loop", originals[0])
+    datacopy.RsyncPush.__init__ = counting("rsync", originals[1])
+    try:
+        t0 = time.perf_counter()
+        replies = datacopy.copy_data(s)
+        again = time.perf_counter() - t0
+    finally:
+        datacopy.Channel.__init__, datacopy.RsyncPush.__init__ = originals
+        s.close()
+    return again, calls, sum(r.value.bytes_sent for r in replies)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mb", type=int, default=300)
@@ -127,24 +151,7 @@ def main() -> None:
         runs = []
         for _ in range(args.repeat):  # interleaved: a noisy machine slows both alike
             runs.append((ours(), plain()))
-        # The second, unchanged copy: count what is started on the nodes and what crosses the wire.
-        s = Session(cluster)
-        datacopy.copy_data(s)
-        calls = []
-        originals = datacopy.Channel.__init__, datacopy.RsyncPush.__init__
-
-        def counting(kind, original):
-            def init(self, *a, **kw):
-                calls.append(kind)
-                original(self, *a, **kw)
-            return init
-        datacopy.Channel.__init__ = counting("node_ops verify loop", originals[0])
-        datacopy.RsyncPush.__init__ = counting("rsync", originals[1])
-        t0 = time.perf_counter()
-        replies = datacopy.copy_data(s)
-        again = time.perf_counter() - t0
-        datacopy.Channel.__init__, datacopy.RsyncPush.__init__ = originals
-        sent = sum(r.value.bytes_sent for r in replies)
+        again, calls, sent = second_copy(cluster)
         print(f"shard data to 3 nodes: {mb:.0f} MB")
         print(f"nodes' account: {account.label}; bwlimit per node: {f'{args.bwlimit} KB/s' if args.bwlimit else 'none'}; "
               f"{os.cpu_count()} CPUs; CPU = busy CPU-seconds of the whole machine during the run")
