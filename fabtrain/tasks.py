@@ -10,7 +10,7 @@ import sys
 
 from invoke import Exit, task
 
-from fabtrain.controller import lifecycle; from fabtrain.controller import report
+from fabtrain.controller import lifecycle, preflight; from fabtrain.controller import report
 from fabtrain.errors import UserError
 from fabtrain.plan.plan import make_plan, new_job_id
 from fabtrain.remote.session import get_session
@@ -18,7 +18,7 @@ from fabtrain.remote.session import get_session
 
 # What a project's `from fabtrain.tasks import *` brings into its fabfile: the tasks only.
 __all__ = ["plan", "provision", "check", "deploy", "split_data", "copy_data", "start_pserver",
-           "start_trainers", "status", "watch", "logs", "kill_all", "dashboard"]
+           "start_trainers", "status", "watch", "logs", "kill_all", "dashboard", "export"]
 
 
 def fabtask(fn):
@@ -49,10 +49,14 @@ def replies_text(replies, ok_text):
 
 
 @fabtask
-def plan(c):
-    """Print the exact commands each node would run (a dry run)."""
+def plan(c, offline=False):
+    """Print the exact commands each node would run (a dry run); asks the nodes their interfaces and free ports unless --offline."""
     s = session(c)
-    print(report.plan_text(make_plan(s.cluster, new_job_id())))
+    if offline:  # no node asked: auto ports picked blind, interfaces shown as what start will find
+        network, notes = preflight.choose_ports(s.cluster, {}), ["--offline: interfaces and auto ports are found at start"]
+    else:
+        network, notes = preflight.plan_network(s)
+    print(report.plan_text(make_plan(s.cluster, new_job_id(), network=network), notes))
 
 
 @fabtask
@@ -66,11 +70,19 @@ def provision(c, venv=False, wheelhouse=None, requirements=None):
 
 
 @fabtask
-def check(c):
-    """Check every node can run the job: python, torch/CUDA, paddle, tools, disk, clock."""
-    checks = lifecycle.check(session(c))
-    print(report.check_text(checks))
-    fail_if(not all(ch.ok for ch in checks), "check: some nodes cannot run the job")
+def check(c, bandwidth=False):
+    """Check every node can run the job: python, torch/CUDA, paddle, tools, disk, clock, ports, reachability; --bandwidth adds an all-reduce."""
+    s = session(c)
+    checks = lifecycle.check(s)
+    print(report.check_text(checks) + "\n")
+    network = preflight.network_check(s)
+    print(report.network_text(network, s.cluster))
+    bus_ok = True
+    if bandwidth:
+        measured = preflight.bandwidth(s, network, {ch.node: ch.probe for ch in checks})
+        print(("\n".join(measured.problems)) if measured.problems else report.bandwidth_text(measured))
+        bus_ok = not measured.problems
+    fail_if(not (all(ch.ok for ch in checks) and network.ok and bus_ok), "check: some nodes cannot run the job")
 
 
 @fabtask
@@ -125,8 +137,14 @@ def start_trainers(c, force=False):
 @fabtask
 def status(c, job=None):
     """Show every process of the job on every node; exit 1 if one failed."""
-    text, failed = report.status_text(lifecycle.status(session(c), job_id=job, health=True))
+    s = session(c)
+    replies = lifecycle.status(s, job_id=job, health=True)
+    text, failed = report.status_text(replies)
     print(text)
+    shown = {r.value["job_id"] for r in replies if r.ok and r.value["job_id"]}
+    ports = preflight.recorded_ports(s.cluster.name, shown.pop()) if len(shown) == 1 else None
+    if ports:
+        print(report.ports_text({k: v for k, v in ports.items() if k != "auto"}, ports["auto"]))
     fail_if(failed, "status: the job has failed processes or unreachable nodes")
 
 
@@ -162,3 +180,17 @@ def dashboard(c, port=8265, host="127.0.0.1", interval=1.0, job=None):
     """Serve the web dashboard on --host (127.0.0.1) --port (8265); prints its URL with the token."""
     from fabtrain.dashboard.serve import serve
     serve(session(c), host=host, port=port, interval=interval, job_id=job)
+
+
+@fabtask
+def export(c, tensorboard=None, job=None):
+    """Write every trainer's metrics as TensorBoard event files: --tensorboard=DIR, one run a job and trainer (--job ID)."""
+    from fabtrain.controller.export import export_tensorboard
+    if not tensorboard:
+        raise UserError("say where: --tensorboard=DIR")
+    result = export_tensorboard(session(c), tensorboard, job_id=job)
+    for line in result.runs:
+        print(f"{tensorboard}/{line}")
+    for line in result.unreachable:
+        print(f"unreachable (its part is missing): {line}", file=sys.stderr)
+    fail_if(not result.runs, "export: no trainer metrics found" + (f" for job {job}" if job else ""))

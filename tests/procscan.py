@@ -1,8 +1,10 @@
-"""Scanning /proc for job processes, as a user would check that nothing is left."""
+"""Scanning /proc for job processes, as a user would check that nothing is left (through fabtrain's one /proc reader)."""
 from __future__ import annotations
 
 import os
 import time
+
+from fabtrain.node import procfs
 
 
 def wait_for(predicate, timeout=10.0, interval=0.05):
@@ -16,17 +18,15 @@ def wait_for(predicate, timeout=10.0, interval=0.05):
     return predicate()
 
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
 def stat(pid: int):
     """(state, ppid, CPU seconds used, start time in clock ticks) of a process, or None."""
-    try:
-        data = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return None
-    rest = data[data.rindex(")") + 2:].split()
-    return rest[0], int(rest[1]), (int(rest[11]) + int(rest[12])) / CLK_TCK, int(rest[19])
+    p = procfs.stat(pid)
+    return None if p is None else (p.state, p.ppid, p.cpu, p.start_ticks)
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    return procfs.alive(pid)
 
 
 def live_marked(workspaces) -> list[tuple[int, str]]:
@@ -35,23 +35,15 @@ def live_marked(workspaces) -> list[tuple[int, str]]:
     A state-Z process whose parent is PID 1 is already dead (PID 1 here reaps
     lazily), so it does not count.
     """
-    markers = [f"FABTRAIN_WORKSPACE={os.path.realpath(w)}".encode() + b"\0" for w in workspaces]
+    procs = procfs.scan()
     found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        pid = int(name)
-        try:
-            env = open(f"/proc/{pid}/environ", "rb").read()
-        except OSError:
-            continue
-        if any(env.startswith(m) or b"\0" + m in env for m in markers):
-            st = stat(pid)
-            if st is None or (st[0] in "ZX" and st[1] == 1):
-                continue
-            try:
-                cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
-            except OSError:
-                cmd = "?"
-            found.append((pid, f"{st[0]} {cmd}"))
-    return found
+    for w in workspaces:
+        for pid in procfs.marked(os.path.realpath(w), procs):
+            cmd = " ".join(procfs.cmdline(pid))
+            if not cmd:
+                # No command line: it is exiting (its memory is gone); a moment later it is a zombie, or gone.
+                time.sleep(0.02)
+                if not procfs.alive(pid, procs[pid].create_time):
+                    continue
+            found.append((pid, f"{procs[pid].state} {cmd or '?'}"))
+    return sorted(set(found))

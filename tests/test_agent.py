@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fabtrain.node import health
+from fabtrain.node import procfs
+from fabtrain.node.agent import samplers
 from fabtrain.node.coordination import Client, Coordinator
 from tests.conftest import FAB, REPO
 from tests.procscan import live_marked, wait_for
@@ -148,21 +149,21 @@ def test_agents_before_the_coordinator_a_failure_pushed_at_once_and_a_coordinato
 
 
 def test_proc_and_host_sampling():
-    me = health.read_proc(os.getpid())
+    me = procfs.stat(os.getpid())
     assert me.ppid == os.getppid() and me.rss > 0 and me.state in "RS"
     assert abs(me.create_time - time.time()) < 3600
-    procs = health.scan()
+    procs = procfs.scan()
     assert os.getpid() in procs
-    kids = health.children_map(procs)
+    kids = procfs.children_map(procs)
     assert os.getpid() in kids.get(os.getppid(), [])
-    h = health.HostSampler("/")
+    h = samplers.HostSampler("/")
     time.sleep(0.1)
     s = h.sample()
     for key in ("cpu_percent", "load", "mem_percent", "mem_used", "mem_total", "swap_percent", "disk_free",
                 "disk_total", "disk_percent", "net_rx_bps", "net_tx_bps"):
         assert key in s, key
     assert 0 <= s["mem_percent"] <= 100 and s["disk_total"] > 0
-    g = health.GpuSampler()
+    g = samplers.GpuSampler()
     assert isinstance(g.sample(), list)  # [] without an NVIDIA driver; the agent runs the same
 
 
@@ -203,9 +204,8 @@ class LocalJob:
             return []
 
     def program(self, node, name):
-        wrapper = json.loads((self.jd(node) / "run" / f"{name}.json").read_text())["pid"]
-        procs = health.scan()
-        return next(p for p in procs.values() if p.ppid == wrapper).pid
+        """The pid fabtrain shows: the program its launcher started (run/<name>.json)."""
+        return json.loads((self.jd(node) / "run" / f"{name}.json").read_text())["program_pid"]
 
     def cleanup(self):
         if live_marked(self.ws.values()):
@@ -253,10 +253,10 @@ def test_health_json_follows_the_contract_and_the_agent_stays_small(local_job):
     # time read from /proc over 10 s (clock ticks of 10 ms: +-0.1%). Measured over 20 s on the 2-core
     # development machine at load 7-8: 0.35-0.45% of a core (the coordinator's agent the higher).
     agent = h["agent"]["pid"]
-    assert health.read_proc(agent).rss < 40 << 20
-    c0, t0 = health.read_proc(agent).cpu, time.time()
+    assert procfs.stat(agent).rss < 40 << 20
+    c0, t0 = procfs.stat(agent).cpu, time.time()
     time.sleep(10)
-    cpu = (health.read_proc(agent).cpu - c0) / (time.time() - t0)
+    cpu = (procfs.stat(agent).cpu - c0) / (time.time() - t0)
     assert cpu < 0.02, f"agent uses {cpu:.2%} of a core"
     status = job.fab("status", check=True)
     assert "trainer-0" in status.stdout and "ago" in status.stdout  # the agent's last progress
@@ -345,7 +345,7 @@ def test_gpus_through_nvml_when_a_driver_is_present(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     real_exists = os.path.exists
     monkeypatch.setattr(os.path, "exists", lambda p: p == "/proc/driver/nvidia/version" or real_exists(p))
-    g = health.GpuSampler()
+    g = samplers.GpuSampler()
     assert g.error is None
     gpus = g.sample()
     assert gpus == [{"index": 0, "name": "NVIDIA H100", "util": 37, "mem_used": 1 << 30, "mem_total": 80 << 30,
@@ -354,7 +354,7 @@ def test_gpus_through_nvml_when_a_driver_is_present(monkeypatch):
                      "temp": 61, "power_w": 210.5}]
     assert g.pids() == {4242: 512 << 20}
     fake.nvmlInit = lambda: (_ for _ in ()).throw(RuntimeError("Driver/library version mismatch"))
-    g = health.GpuSampler()
+    g = samplers.GpuSampler()
     assert g.sample() == [] and "mismatch" in g.error
 
 

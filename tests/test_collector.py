@@ -67,7 +67,9 @@ def test_exit_code_137_is_killed_by_sigkill_not_an_exit():
     assert v.reason == "trainer-0 on n0 killed by SIGKILL" and not v.ended  # pserver-0 still runs
     assert process_state(False, None, 137, None) == process_state(False, "killed", None, 9) == ProcessState.KILLED
     assert process_state(False, None, 3, None) == ProcessState.EXITED
-    assert process_state(False, None, None, None) == ProcessState.LOST
+    # Gone with no exit record: its launcher was killed, and took the program with it (PDEATHSIG).
+    assert process_state(False, None, None, None) == ProcessState.KILLED
+    assert process_state(False, "lost", None, None) == ProcessState.LOST  # what a node said of a pre-boot record
     assert process_state(True, "T", None, None) == ProcessState.STOPPED
 
 

@@ -42,7 +42,7 @@ def test_make_demo_trains_and_make_stop_leaves_nothing(tmp_path):
     url = re.search(r"dashboard:\s+(http://127\.0\.0\.1:\d+/\?token=\w+)", out.stdout).group(1)
     for word in ("fab status", "fab logs --follow", "fab watch", "fab kill-all"):
         assert word in out.stdout
-    workspaces = [home / ".fabtrain" / d for d in ("demo", "demo-node1", "demo-node2")]
+    workspaces = [home / ".fabtrain" / "demo" / node for node in ("node0", "node1", "node2")]  # one per node
     try:
         # The dashboard answers with the token.
         token = url.split("token=")[1]

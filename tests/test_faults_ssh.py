@@ -8,143 +8,23 @@ on any node, events.jsonl explains what happened, `fab status` shows it, and
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import FAB, REPO
 from tests.procscan import live_marked, stat, wait_for
-from tests.sshd import free_port, write_cluster
+from tests.ssh_job import HANG_TIMEOUT, NODES, Job, assert_failed_status, pids, ppid
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(120)]
 
-FAKE = "python tests/programs/fakejob.py"
-NODES = ("node1", "node2", "node3")
-HANG_TIMEOUT = 3.0
-
-
-class Job:
-    """The module's cluster: one cluster file, three workspaces, deployed once."""
-
-    def __init__(self, root: Path, sshd):
-        self.root, self.sshd = root, sshd
-        self.path = root / "cluster.yaml"
-        self.state = root / "controller-state"
-        self.port = free_port([n.address for n in sshd.nodes])
-        self.ws = {n: root / f"ws-{n}" for n in NODES}
-        self.job_id = None
-
-    def configure(self, trainer_args: str = "", pserver_args: str = "", **watchdog) -> None:
-        wd = {"interval": 1, "hang_timeout": HANG_TIMEOUT, "grace": 2, "port": self.port, **watchdog}
-        write_cluster(self.path, self.sshd, ssh_nodes=[("node1", ["pserver"]), ("node2", ["trainer"]),
-                                                       ("node3", ["trainer"])],
-                      job={"name": "faults", "pserver": {"port": 7400, "command": f"{FAKE} {pserver_args}".strip()},
-                           "trainer": {"command": f"{FAKE} {trainer_args}".strip()}, "watchdog": wd})
-
-    def fab(self, *args, timeout=90, check=None):
-        env = {**os.environ, "FABTRAIN_CLUSTER": str(self.path), "FABTRAIN_STATE_DIR": str(self.state)}
-        out = subprocess.run([FAB, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-        if check is not None:
-            assert (out.returncode == 0) == check, f"fab {' '.join(args)} -> {out.returncode}\n{out.stdout}\n{out.stderr}"
-        return out
-
-    def start(self, trainer_args: str = "", pserver_args: str = "", wait: bool = True, **watchdog) -> str:
-        self.configure(trainer_args, pserver_args, **watchdog)
-        assert not self.leftovers(), "a previous test left processes behind"
-        out = self.fab("start-pserver", "start-trainers", check=True)
-        assert "warning" not in out.stdout, out.stdout
-        self.job_id = re.search(r"job (\S+): trainer started", out.stdout).group(1)
-        if not wait:
-            return self.job_id
-        # Running: every trainer has written metrics and every agent has met the coordinator.
-        assert wait_for(lambda: all(len(self.metrics(n, f"trainer-{i}")) >= 2 for i, n in enumerate(("node2", "node3")))
-                        and all(set((self.health(n) or {}).get("peers") or {}) == set(NODES) for n in NODES),
-                        timeout=20), self.describe()
-        return self.job_id
-
-    def jd(self, node: str) -> Path:
-        return self.ws[node] / "jobs" / self.job_id
-
-    def run(self, node: str, name: str) -> dict:
-        return json.loads((self.jd(node) / "run" / f"{name}.json").read_text())
-
-    def program(self, node: str, name: str) -> int:
-        """The real program: the child of the sh wrapper recorded in run/<name>.json."""
-        wrapper = self.run(node, name)["pid"]
-        kids = [pid for pid in pids() if ppid(pid) == wrapper]
-        assert kids, f"{name} on {node} has no program under wrapper {wrapper}"
-        return kids[0]
-
-    def agent(self, node: str) -> int:
-        return self.program(node, "agent")
-
-    def metrics(self, node: str, name: str) -> list[dict]:
-        try:
-            return [json.loads(line) for line in (self.jd(node) / "metrics" / f"{name}.jsonl").read_text().splitlines()]
-        except (OSError, ValueError):
-            return []
-
-    def health(self, node: str) -> dict | None:
-        try:
-            return json.loads((self.jd(node) / "health.json").read_text())
-        except (OSError, ValueError):
-            return None
-
-    def events(self, node: str | None = None) -> list[dict]:
-        out = []
-        for n in [node] if node else NODES:
-            try:
-                out += [json.loads(line) for line in (self.jd(n) / "events.jsonl").read_text().splitlines()]
-            except OSError:
-                pass
-        return sorted(out, key=lambda e: e["ts"])
-
-    def kinds(self, node: str | None = None) -> list[str]:
-        return [e["kind"] for e in self.events(node)]
-
-    def leftovers(self, agents: bool = True) -> list:
-        found = live_marked(self.ws.values())
-        return found if agents else [f for f in found if "fabtrain.node.agent" not in f[1] and "fabtrain-keeper" not in f[1]]
-
-    def wait_gone(self, since: float, timeout: float = 15.0) -> float:
-        """Seconds from `since` until no job process (agents aside) is alive on any node; then the agents go too."""
-        assert wait_for(lambda: not self.leftovers(agents=False), timeout=timeout, interval=0.02), self.describe()
-        gone = time.time() - since
-        assert wait_for(lambda: not self.leftovers(), timeout=timeout), self.describe()
-        return gone
-
-    def describe(self) -> str:
-        lines = [f"leftovers: {self.leftovers()}"]
-        for n in NODES:
-            for f in sorted(self.jd(n).glob("logs/*.log")) if self.job_id else []:
-                lines.append(f"--- {n} {f.name}\n{f.read_text()[-1500:]}")
-        lines += [json.dumps(e) for e in self.events()] if self.job_id else []
-        return "\n".join(lines)
-
-
-def pids():
-    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
-
-
-def ppid(pid: int) -> int | None:
-    try:
-        data = open(f"/proc/{pid}/stat").read()
-        return int(data[data.rindex(")") + 2:].split()[1])
-    except (OSError, ValueError):
-        return None
-
-
-
-
 @pytest.fixture(scope="module")
 def job(sshd, tmp_path_factory):
-    j = Job(tmp_path_factory.mktemp("faults"), sshd)
+    j = Job(tmp_path_factory.mktemp("faults"), sshd, program="python tests/programs/fakejob.py")
     j.configure()
     j.fab("deploy", check=True)
     yield j
@@ -158,15 +38,6 @@ def fresh(job):
     yield job
     if job.leftovers():
         job.fab("kill-all", "--grace", "1")
-
-
-def assert_failed_status(job: Job, *needles: str) -> str:
-    out = job.fab("status")
-    assert out.returncode == 1, out.stdout + out.stderr
-    assert "JOB FAILED" in out.stdout, out.stdout
-    for needle in needles:
-        assert needle in out.stdout, out.stdout
-    return out.stdout
 
 
 def test_normal_end_stops_pservers_and_agents_and_watch_exits_0(fresh):

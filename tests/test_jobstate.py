@@ -84,16 +84,18 @@ def test_running(world):
     assert s["watch_exit"] == watch.EXIT_TIMEOUT
 
 
-def test_a_launcher_gone_while_the_agents_see_it_running_is_running_everywhere(world):
-    """The fault once seen: node ops lost trainer-1's launcher, its agent (and every other) still
-    saw it run; the dashboard said failed while the agents and fab watch said running."""
+def test_a_launcher_gone_while_the_agents_still_see_it_running_is_failed_everywhere(world):
+    """The fault once seen: trainer-1's launcher was killed (the pid fabtrain printed), its agent (and
+    every other) still saw it run; the dashboard said failed while the agents and fab watch said
+    running. The launcher takes its program with it (PR_SET_PDEATHSIG), so /proc's word is final:
+    all four say failed, naming the process, even before the agents' next look."""
     job = world["new_job"](2)
     job.vanish("node2", "trainer-1")
     agent_health(job)
     s = four_states(world)
-    assert (s["status"], s["watch"], s["api"], s["metrics"]) == ("running",) * 4, s["status_text"]
-    assert re.search(r"^node2\s+trainer-1\s+running \(launcher gone\)", s["status_text"], re.M), s["status_text"]
-    assert "trainer-1 on node2: its launcher is gone; its agent still sees it running" in s["job"]["notes"]
+    assert (s["status"], s["watch"], s["api"], s["metrics"]) == ("failed",) * 4, s["status_text"]
+    assert re.search(r"^node2\s+trainer-1\s+killed", s["status_text"], re.M), s["status_text"]
+    assert "trainer-1 on node2" in s["job"]["reason"], s["job"]
 
 
 def test_a_sigkill_without_an_agent_is_failed_everywhere(world):

@@ -51,7 +51,9 @@ def test_every_process_carries_the_job_marker_and_its_paths():
         assert p.env["FABTRAIN_SGD"] == "sync" and p.env["FABTRAIN_DATA_DIR"] == "$WS/data"
         assert p.log == f"$WS/jobs/J1/logs/{p.name}.log" and p.run == f"$WS/jobs/J1/run/{p.name}.json"
         assert p.env["FABTRAIN_METRICS"] == p.metrics == f"$WS/jobs/J1/metrics/{p.name}.jsonl"
-        assert p.launch_argv()[:4] == ["setsid", "nohup", "sh", "-c"] and "stdbuf -oL -eL" in p.launch_argv()[4]
+        n = len(p.argv)
+        assert p.launch_argv()[1:-n] == ["-I", "-S", "$WS/jobs/J1/launch.py", "--exit", p.exit, "--"]
+        assert p.launch_argv()[-n:] == list(p.argv)
 
 
 def test_paddle_commands_get_their_placeholders_filled():

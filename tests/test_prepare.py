@@ -19,7 +19,7 @@ import pytest
 from fabtrain.data import (PrepareError, files_for_trainer, load_manifest,
                                     load_word_dict, prepare)
 from fabtrain.data import _rrworker as rr
-from fabtrain.data import strategies as st
+from fabtrain.data import roundrobin, shardio
 from fabtrain.data.cli import main
 from fabtrain.data.dictionary import build_word_dict, count_tokens
 from fabtrain.data.progress import Progress
@@ -85,8 +85,8 @@ def test_contiguous_concatenates_back_byte_for_byte(tmp_path, n):
 def test_contiguous_checksums_hold_for_any_copy_step(tmp_path, monkeypatch, step):
     # many copy steps per shard, hashed through mappings that start inside
     # a page; a directory input adds pieces and synthesized newlines
-    monkeypatch.setattr(st, "COPY_STEP", step)
-    monkeypatch.setattr(st, "WRITEBACK_STEP", 2 * step)
+    monkeypatch.setattr(shardio, "COPY_STEP", step)
+    monkeypatch.setattr(shardio, "WRITEBACK_STEP", 2 * step)
     src = tmp_path / "src"
     src.mkdir()
     data = corpus(700)
@@ -116,7 +116,7 @@ def test_contiguous_gives_every_shard_a_line_even_with_one_huge_line(tmp_path):
 def test_copy_fallbacks_give_the_same_bytes(tmp_path, monkeypatch, mode):
     data = corpus(300)
     (tmp_path / "in.txt").write_bytes(data)
-    monkeypatch.setattr(st, "_copy_mode", [mode])
+    monkeypatch.setattr(shardio, "_copy_mode", [mode])
     prepare(str(tmp_path / "out"), 3, input=str(tmp_path / "in.txt"), progress=False)
     assert b"".join(p.read_bytes() for p in shards(tmp_path / "out")) == data
 
@@ -125,20 +125,20 @@ def test_copy_file_range_failure_falls_back_to_sendfile(tmp_path, monkeypatch):
     def exdev(*a, **k):
         raise OSError(18, "Invalid cross-device link")
     monkeypatch.setattr(os, "copy_file_range", exdev, raising=False)
-    monkeypatch.setattr(st, "_copy_mode", ["copy_file_range"])
+    monkeypatch.setattr(shardio, "_copy_mode", ["copy_file_range"])
     data = corpus(50)
     (tmp_path / "in.txt").write_bytes(data)
     prepare(str(tmp_path / "out"), 2, input=str(tmp_path / "in.txt"), progress=False)
-    assert st.copy_mode() == "sendfile"
+    assert shardio.copy_mode() == "sendfile"
     assert b"".join(p.read_bytes() for p in shards(tmp_path / "out")) == data
 
 
 @pytest.mark.parametrize("wc", ["wc", "none", "/bin/false"])
 def test_line_counts_agree_with_and_without_wc(tmp_path, monkeypatch, wc):
     import shutil
-    monkeypatch.setattr(st, "WC_MIN", 0)                 # every shard through wc -l
-    monkeypatch.setattr(st, "_wc", [shutil.which("wc") if wc == "wc" else
-                                    None if wc == "none" else wc])
+    monkeypatch.setattr(shardio, "WC_MIN", 0)                 # every shard through wc -l
+    monkeypatch.setattr(shardio, "_wc", [shutil.which("wc") if wc == "wc" else
+                                         None if wc == "none" else wc])
     data = corpus(120)
     (tmp_path / "in.txt").write_bytes(data)
     r = prepare(str(tmp_path / "o"), 3, input=str(tmp_path / "in.txt"), progress=False)
@@ -164,7 +164,7 @@ def test_directory_input_is_its_files_in_order_with_newlines_between(tmp_path):
 @pytest.mark.parametrize("n", [1, 3, 4])
 def test_round_robin_line_i_goes_to_shard_i_mod_n(tmp_path, monkeypatch, n):
     monkeypatch.setattr(rr, "DEAL_BLOCK", 97)        # many blocks, lines cut across them
-    monkeypatch.setattr(st, "RR_BATCH", 1000)        # many batches for the writer thread
+    monkeypatch.setattr(roundrobin, "RR_BATCH", 1000)        # many batches for the writer thread
     data = corpus(301)
     (tmp_path / "in.txt").write_bytes(data)
     r = prepare(str(tmp_path / "out"), n, input=str(tmp_path / "in.txt"),
@@ -218,13 +218,28 @@ def test_round_robin_worker_processes_give_the_same_shards(tmp_path, monkeypatch
     (tmp_path / "in.txt").write_bytes(data)
     shas = []
     for workers in (0, 2):
-        monkeypatch.setattr(st, "RR_WORKERS", workers)
-        monkeypatch.setattr(st, "RR_CHUNK", 1000)         # many chunks, both slots reused
+        monkeypatch.setattr(roundrobin, "RR_WORKERS", workers)
+        monkeypatch.setattr(roundrobin, "RR_CHUNK", 1000)         # many chunks, both slots reused
         r = prepare(str(tmp_path / f"o{workers}"), 3, input=str(tmp_path / "in.txt"),
                     strategy="round-robin", progress=False, build_dict=False)
         shas.append(r.manifest["files"])
         assert b"".join(sorted(p.read_bytes() for p in shards(tmp_path / f"o{workers}"))) != b""
     assert shas[0] == shas[1]
+
+
+def test_a_failing_round_robin_worker_is_one_clear_error(tmp_path, monkeypatch):
+    # a worker that takes its first two tasks (both its slots), then dies
+    worker = tmp_path / "worker.py"
+    worker.write_text("import sys\nfor _ in range(3):\n    sys.stdin.readline()\n"
+                      "sys.exit('worker: out of memory')\n")
+    monkeypatch.setattr(roundrobin, "WORKER_PY", str(worker))
+    monkeypatch.setattr(roundrobin, "RR_WORKERS", 2)
+    monkeypatch.setattr(roundrobin, "RR_CHUNK", 1000)
+    (tmp_path / "in.txt").write_bytes(corpus(400))
+    with pytest.raises(PrepareError, match="^round-robin worker process failed: worker: out of memory$"):
+        prepare(str(tmp_path / "o"), 3, input=str(tmp_path / "in.txt"), strategy="round-robin",
+                progress=False, build_dict=False)
+    assert not (tmp_path / "o").exists()
 
 
 def test_round_robin_from_the_command_line(tmp_path):

@@ -59,7 +59,8 @@ def project_cluster(sshd, workspaces: Path, command: str, *, code: str = ".", na
             "nodes": nodes,
             "job": {"mode": "collective", "master_port": free_port(["0.0.0.0"]), "code": code,
                     "trainer": {"per_node": 1, "command": command},
-                    "watchdog": {"interval": 0.5}}}
+                    # auto: a finished job's coordinator may still hold its port while the next test starts
+                    "watchdog": {"interval": 0.5, "port": "auto"}}}
 
 
 def job_ids(ws: Path) -> list[str]:
@@ -171,7 +172,7 @@ def user_cluster(sshd, project: Path, **workspace) -> Path:
     nodes = [{"name": n.name, "host": n.address, "roles": ["trainer"], **workspace} for n in sshd.nodes[:2]]
     # root's interpreter lives under /root (0700): the user's nodes run the system Python.
     doc = {"cluster": {"name": "homes", "python": "/usr/bin/python3", "ssh": settings}, "nodes": nodes,
-           "job": {"mode": "collective", "trainer": {"command": "python3 ticker.py"}}}
+           "job": {"mode": "collective", "trainer": {"command": "python3 ticker.py"}, "watchdog": {"port": "auto"}}}
     path = project / ("cluster.yaml" if not workspace else "shared.yaml")
     path.write_text(yaml.safe_dump(doc))
     return path

@@ -273,23 +273,13 @@ def test_sparse_and_dense_gradients_give_the_same_update(corpus, rule):
 # -- checkpoints and metrics --------------------------------------------------------------
 
 def _sync_server(num_trainers, spec, dense_numel):
-    """A ParameterServer's update state only (no processes, no gloo): what a sync round changes."""
-    import threading
-    from types import SimpleNamespace
+    """A pserver's ParameterShard only (no processes, no gloo): what a sync round changes."""
+    from workload.ps_shard import ParameterShard
 
-    from workload.optim import new_state
-    from workload.pserver import ParameterServer
-
-    ps = ParameterServer.__new__(ParameterServer)
-    ps.args = SimpleNamespace(checkpoint_dir=None, checkpoint_every=1000)
-    ps.cond, ps.version, ps.pending = threading.Condition(), 0, {}
-    ps.trainer_steps, ps.active = [0] * num_trainers, set(range(num_trainers))
-    ps.layout, ps.optimizer, ps.sync = Layout(1, 1, dense_numel, (spec,)), AdaGrad(0.05), True
-    ps.dense = torch.linspace(-1, 1, dense_numel)
-    ps.dense_state = new_state(ps.optimizer, ps.dense)
-    ps.tables = {spec.name: init_rows(spec, torch.arange(spec.num_rows))}
-    ps.table_state = {spec.name: new_state(ps.optimizer, ps.tables[spec.name])}
-    return ps
+    return ParameterShard(0, {"sgd": "sync"}, Layout(1, 1, dense_numel, (spec,)), AdaGrad(0.05),
+                          torch.linspace(-1, 1, dense_numel), {spec.name: init_rows(spec, torch.arange(spec.num_rows))},
+                          num_trainers=num_trainers, max_lag=0, checkpoint_dir=None, checkpoint_every=1000,
+                          log=print)
 
 
 def test_sync_rounds_give_the_same_bits_whatever_order_the_gradients_arrive_in():
@@ -315,8 +305,7 @@ def test_sync_rounds_give_the_same_bits_whatever_order_the_gradients_arrive_in()
         for r in range(rounds):
             for t in arrival:
                 with ps.cond:
-                    ps.pending[t] = (r, grads[r][t])
-                    ps.apply_round_if_complete()
+                    ps.join_round(t, r, grads[r][t])
         assert ps.version == rounds and ps.trainer_steps == [rounds] * trainers
         results.append([ps.dense, ps.dense_state["sum"], ps.tables["emb"], ps.table_state["emb"]["sum"]])
     for other in results[1:]:

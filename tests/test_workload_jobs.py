@@ -147,7 +147,7 @@ def reference_run(data, flags, trainers, steps, order="concatenated", dtype=torc
 
     order="concatenated": one batch of every trainer's rows, one mean over all of them: what sync SGD
     is meant to equal. order="per_trainer": each trainer's batch on its own, its mean gradient, then
-    the average of those added up in trainer order, as ParameterServer.apply does. The two are the
+    the average of those added up in trainer order, as ParameterShard.apply does. The two are the
     same sum, added up in a different order: equal in exact arithmetic, not bit for bit in float32."""
     args = parse_trainer_args(["--data", str(data), *flags])
     word_dict = load_word_dict(data)

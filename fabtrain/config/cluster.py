@@ -26,6 +26,8 @@ ROLES = ("pserver", "trainer")
 MODES = ("pserver", "collective")
 HOST_KEY_POLICIES = ("strict", "accept-new")
 ON_FAILURE = ("kill-job", "keep")
+NOTIFY_ON = ("failed", "hang", "restart", "finished")
+WEBHOOK_RE = re.compile(r"^https?://[^\s/?#]+[^\s]*$")
 
 # Placeholders a role's command may name; the plan fills them in.
 PLACEHOLDERS = frozenset(
@@ -42,6 +44,9 @@ HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.:%-]{0,252})$")
 USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
 PATH_RE = re.compile(r"^(~(?=/|$))?[A-Za-z0-9_./+@%,:=-]*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A network interface name as the kernel takes it (IFNAMSIZ: 15 characters).
+IFACE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$")
+AUTO = "auto"  # a port field's value: chosen at start among the ports free on the nodes concerned
 ONE_LINE_RE = re.compile(r"^[^\n\r\0]+$")
 
 
@@ -52,12 +57,13 @@ FIELDS: dict[str, set[str]] = {
     "": {"cluster", "nodes", "dist_ips", "job"},
     "cluster": {"name", "workspace", "python", "ssh"},
     "cluster.ssh": _SSH_FIELDS | {"parallel"},
-    "nodes[]": {"name", "host", "roles", "workspace", "python", "address", "gpus"} | _SSH_FIELDS,
+    "nodes[]": {"name", "host", "roles", "workspace", "python", "address", "iface", "gpus"} | _SSH_FIELDS,
     "job": {"name", "mode", "sgd", "master_port", "code", "pserver", "trainer", "data", "watchdog", "env"},
     "job.pserver": {"port", "ports_num", "ports_num_for_sparse", "per_node", "command"},
     "job.trainer": {"per_node", "command", "use_gpu", "trainer_count"},
     "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq", "max_extract_mb", "max_expansion"},
-    "job.watchdog": {"enabled", "interval", "hang_timeout", "grace", "on_failure", "port"},
+    "job.watchdog": {"enabled", "interval", "hang_timeout", "startup_timeout", "grace", "on_failure", "port", "notify"},
+    "job.watchdog.notify": {"webhook", "command", "on"},
 }
 
 
@@ -81,15 +87,20 @@ class Node:
     address: str  # how the other nodes reach this one (torch/paddle endpoints)
     ssh: SSHSettings
     gpus: int | None = None  # None: whatever the node has
+    iface: str | None = None  # the interface gloo/NCCL use; None: the one carrying `address`, found at start
 
     @property
     def is_local(self) -> bool:
         return self.host == "local"
 
 
+# A port of None is `auto`: chosen at start among the ports free on the nodes
+# concerned (fabtrain.controller.preflight), recorded in job.json.
+
+
 @dataclass(frozen=True)
 class PserverSpec:
-    port: int = 7164
+    port: int | None = 7164
     ports_num: int = 1
     ports_num_for_sparse: int = 1
     per_node: int = 1
@@ -117,13 +128,24 @@ class DataSpec:
 
 
 @dataclass(frozen=True)
+class NotifySpec:
+    """Alerts the agents send themselves (fabtrain/node/agent/notify.py): no controller needed."""
+    webhook: str | None = None  # POST a JSON body (Slack-compatible `text`, plus the event)
+    command: tuple[str, ...] = ()  # argv run with the event as JSON on stdin (no shell)
+    on: tuple[str, ...] = NOTIFY_ON
+
+
+@dataclass(frozen=True)
 class WatchdogSpec:
     enabled: bool = True
     interval: float = 1.0
     hang_timeout: float = 120.0
+    # Before its first metrics record a process may take this long to start, and every node must join.
+    startup_timeout: float = 600.0
     grace: float = 5.0  # seconds between SIGTERM and SIGKILL
     on_failure: str = "kill-job"
-    port: int = 7180  # the agents' shared store, on the first node
+    port: int | None = 7180  # the agents' shared store, on the first node
+    notify: NotifySpec | None = None
 
 
 @dataclass(frozen=True)
@@ -131,7 +153,7 @@ class JobSpec:
     name: str = "job"
     mode: str = "pserver"
     sgd: str = "sync"
-    master_port: int = 29500  # torch / paddle collective rendezvous
+    master_port: int | None = 29500  # torch / paddle collective rendezvous
     code: str = "."  # what `fab deploy` ships, relative to the cluster file: the project's own code
     pserver: PserverSpec = field(default_factory=PserverSpec)
     trainer: TrainerSpec = field(default_factory=TrainerSpec)
@@ -215,13 +237,11 @@ def parse_cluster(doc: Any, path: str = DEFAULT_CLUSTER_FILE) -> Cluster:
     return _Parser(path).cluster(doc)
 
 
-class _Parser:
-    """Walks the YAML document; every check knows the dotted field it is on."""
+class _Checks:
+    """The errors and the primitive checks of one value; each knows the dotted field it is on."""
 
     def __init__(self, path: str):
         self.path = path
-
-    # -- errors and primitive checks -------------------------------------------------
 
     def fail(self, where: str, problem: str) -> UserError:
         return UserError(f"{self.path}: {where}: {problem}")
@@ -266,6 +286,14 @@ class _Parser:
             raise self.fail(where, f"must be between {lo:g} and {hi:g}, got {value:g}")
         return float(value)
 
+    def port(self, value: Any, where: str) -> int | None:
+        """A TCP port, or `auto` (None): chosen at start among the ports free on the nodes concerned."""
+        if value == AUTO:
+            return None
+        if isinstance(value, str):
+            raise self.fail(where, f"must be a port (1-65535) or auto, got {_shown(value)}")
+        return self.integer(value, where, 1, 65535)
+
     def boolean(self, value: Any, where: str) -> bool:
         if not isinstance(value, bool):
             raise self.fail(where, f"must be true or false, got {_kind(value)}")
@@ -306,7 +334,9 @@ class _Parser:
                     raise self.fail(where, f"unknown placeholder {{{name}}}; known: {', '.join('{%s}' % p for p in sorted(PLACEHOLDERS))}")
         return cmd
 
-    # -- the document -----------------------------------------------------------------
+
+class _Parser(_Checks):
+    """Walks the YAML document; every check knows the dotted field it is on."""
 
     def cluster(self, doc: Any) -> Cluster:
         if doc is None:
@@ -378,7 +408,8 @@ class _Parser:
             py = self.path_value(d["python"], f"{where}.python") if "python" in d else python
             address = self.string(d["address"], f"{where}.address", HOST_RE, "address") if "address" in d else None
             gpus = self.integer(d["gpus"], f"{where}.gpus", 0, 1024) if "gpus" in d else None
-            nodes.append(self.make_node(name, host, tuple(dict.fromkeys(roles)), ws, py, address, node_ssh, gpus))
+            iface = self.string(d["iface"], f"{where}.iface", IFACE_RE, "interface name") if "iface" in d else None
+            nodes.append(self.make_node(name, host, tuple(dict.fromkeys(roles)), ws, py, address, node_ssh, gpus, iface))
         return tuple(nodes)
 
     def dist_ips(self, value: Any, workspace: str, python: str | None, ssh: SSHSettings, job: JobSpec) -> tuple[Node, ...]:
@@ -400,7 +431,7 @@ class _Parser:
             nodes.append(self.make_node(f"node{i}", host, roles, f"{workspace}/node{i}", python, None, ssh, None))
         return tuple(nodes)
 
-    def make_node(self, name, host, roles, workspace, python, address, ssh, gpus) -> Node:
+    def make_node(self, name, host, roles, workspace, python, address, ssh, gpus, iface=None) -> Node:
         if host == "local":
             address = address or "127.0.0.1"
             # A local node runs on this machine: the interpreter that runs fab.
@@ -408,26 +439,27 @@ class _Parser:
         else:
             address = address or host
             python = python or "python3"
-        return Node(name=name, host=host, roles=roles, workspace=workspace, python=python, address=address, ssh=ssh, gpus=gpus)
+        return Node(name=name, host=host, roles=roles, workspace=workspace, python=python, address=address, ssh=ssh,
+                    gpus=gpus, iface=iface)
 
     def job(self, value: Any) -> JobSpec:
         d = self.mapping(value, "job", FIELDS["job"])
         name = self.string(d.get("name", "job"), "job.name", NAME_RE, "job name")
         mode = self.choice(d.get("mode", "pserver"), "job.mode", MODES)
         sgd = self.choice(d.get("sgd", "sync"), "job.sgd", ("sync", "async"))
-        master_port = self.integer(d.get("master_port", 29500), "job.master_port", 1, 65535)
+        master_port = self.port(d.get("master_port", JobSpec.master_port), "job.master_port")
 
         p = self.mapping(d.get("pserver"), "job.pserver", FIELDS["job.pserver"])
         dp = PserverSpec()
         pserver = PserverSpec(
-            port=self.integer(p.get("port", dp.port), "job.pserver.port", 1, 65535),
+            port=self.port(p.get("port", dp.port), "job.pserver.port"),
             ports_num=self.integer(p.get("ports_num", dp.ports_num), "job.pserver.ports_num", 1, 1024),
             ports_num_for_sparse=self.integer(p.get("ports_num_for_sparse", dp.ports_num_for_sparse), "job.pserver.ports_num_for_sparse", 0, 1024),
             per_node=self.integer(p.get("per_node", dp.per_node), "job.pserver.per_node", 1, 64),
             command=self.command(p.get("command", dp.command), "job.pserver.command"),
         )
         span = pserver.per_node * (pserver.ports_num + pserver.ports_num_for_sparse)
-        if pserver.port + span - 1 > 65535:
+        if pserver.port is not None and pserver.port + span - 1 > 65535:
             raise self.fail("job.pserver.port", f"{pserver.port} + {span} ports runs past 65535")
 
         t = self.mapping(d.get("trainer"), "job.trainer", FIELDS["job.trainer"])
@@ -458,9 +490,12 @@ class _Parser:
             enabled=self.boolean(w.get("enabled", dw.enabled), "job.watchdog.enabled"),
             interval=self.number(w.get("interval", dw.interval), "job.watchdog.interval", 0.1, 3600),
             hang_timeout=self.number(w.get("hang_timeout", dw.hang_timeout), "job.watchdog.hang_timeout", 1, 7 * 86400),
+            startup_timeout=self.number(w.get("startup_timeout", dw.startup_timeout), "job.watchdog.startup_timeout",
+                                        1, 7 * 86400),
             grace=self.number(w.get("grace", dw.grace), "job.watchdog.grace", 0, 600),
             on_failure=self.choice(w.get("on_failure", dw.on_failure), "job.watchdog.on_failure", ON_FAILURE),
-            port=self.integer(w.get("port", dw.port), "job.watchdog.port", 1, 65535),
+            port=self.port(w.get("port", dw.port), "job.watchdog.port"),
+            notify=self.notify(w["notify"]) if w.get("notify") is not None else None,
         )
 
         env_doc = d.get("env") or {}
@@ -477,6 +512,28 @@ class _Parser:
         code = self.path_value(d.get("code", JobSpec.code), "job.code")
         return JobSpec(name=name, mode=mode, sgd=sgd, master_port=master_port, code=code, pserver=pserver,
                        trainer=trainer, data=data, watchdog=watchdog, env=tuple(env))
+
+    def notify(self, value: Any) -> NotifySpec:
+        where = "job.watchdog.notify"
+        n = self.mapping(value, where, FIELDS[where])
+        webhook = None
+        if n.get("webhook") is not None:
+            webhook = self.string(n["webhook"], f"{where}.webhook")
+            if not WEBHOOK_RE.match(webhook):
+                raise self.fail(f"{where}.webhook", f"{_shown(webhook)} is not an http:// or https:// URL")
+        command: tuple[str, ...] = ()
+        if n.get("command") is not None:
+            if not isinstance(n["command"], list) or not n["command"]:
+                raise self.fail(f"{where}.command", f"must be a non-empty list of arguments (argv, no shell), "
+                                                    f"got {_kind(n['command'])}")
+            command = tuple(self.string(a, f"{where}.command[{i}]", ONE_LINE_RE) for i, a in enumerate(n["command"]))
+        if not webhook and not command:
+            raise self.fail(where, "give a webhook, a command, or both")
+        on = n.get("on", list(NOTIFY_ON))
+        if not isinstance(on, list) or not on:
+            raise self.fail(f"{where}.on", f"must be a non-empty list of: {', '.join(NOTIFY_ON)}")
+        on = tuple(self.choice(k, f"{where}.on[{i}]", NOTIFY_ON) for i, k in enumerate(on))
+        return NotifySpec(webhook=webhook, command=command, on=on)
 
     def check_roles(self, cluster: Cluster) -> None:
         if not cluster.trainer_nodes:
@@ -515,4 +572,5 @@ def _shown(value: Any, limit: int = 60) -> str:
 
 
 def _allowed_punct(pattern: re.Pattern) -> str:
-    return {NAME_RE: "_ . -", HOST_RE: "_ . : % -", USER_RE: "_ . -", PATH_RE: "/ _ . + @ % , : = - and a leading ~"}.get(pattern, "punctuation")
+    return {NAME_RE: "_ . -", HOST_RE: "_ . : % -", USER_RE: "_ . -", IFACE_RE: "_ . -",
+            PATH_RE: "/ _ . + @ % , : = - and a leading ~"}.get(pattern, "punctuation")

@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fabtrain.controller import state
+from fabtrain.controller import preflight, state
 from fabtrain.errors import UserError
 from fabtrain.plan.runtime import PACKAGE_ROOT, runtime_files, runtime_version
-from fabtrain.plan.plan import Plan, make_plan, new_job_id
+from fabtrain.plan.plan import Network, Plan, configured_ports, make_plan, needed_ports, new_job_id
 from fabtrain.remote.rsync import Rsync, rsync
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import Reply, Transport
@@ -195,6 +195,11 @@ class StartResult:
     plan: Plan
     replies: list[Reply]
 
+    @property
+    def complete(self) -> bool:
+        """Every node started every process it was asked to."""
+        return all(r.ok and not r.value["failed"] for r in self.replies)
+
 
 def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: float = 5.0,
           resume_from: str | None = None) -> StartResult:
@@ -209,6 +214,7 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
         if previous.get("roles") != ["pserver"]:
             raise UserError("no job is waiting for trainers: run `fab start-pserver start-trainers` to start a new job")
         job_id = previous["job_id"]
+        _require_pservers(session, job_id)
     if resume_from is None and job_id == previous.get("job_id"):
         resume_from = previous.get("resume_from")
     if resume_from is not None and not re.match(r"^[A-Za-z0-9_.-]+$", resume_from):
@@ -218,7 +224,8 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
     # The agents' coordinator only listens to beats that carry the job's secret.
     secret = previous.get("secret") if job_id == previous.get("job_id") else None
     secret = secret or secrets.token_hex(16)
-    plan = make_plan(cluster, job_id, resume_from=resume_from, secret=secret)
+    network = _start_network(session, job_id, previous, roles)
+    plan = make_plan(cluster, job_id, resume_from=resume_from, secret=secret, network=network)
     targets = [n for n in plan.nodes if any(p.role in roles for p in n.processes)]
 
     def one(t: Transport):
@@ -228,10 +235,46 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
         return t.call("start", payload, timeout=120)
 
     replies = session.map(one, [cluster.node(n.node) for n in targets])
-    started_roles = sorted(set(previous.get("roles", [])) | set(roles)) if job_id == previous.get("job_id") else sorted(roles)
-    state.save(cluster.name, job_id=job_id, roles=started_roles, cluster=cluster.path, resume_from=resume_from,
-               secret=secret)
+    if any(r.ok and r.value["started"] for r in replies):  # a start every node refused is no job
+        joined = job_id == previous.get("job_id")
+        started_roles = sorted(set(previous.get("roles", [])) | set(roles)) if joined else sorted(roles)
+        state.save(cluster.name, job_id=job_id, roles=started_roles, cluster=cluster.path, resume_from=resume_from,
+                   secret=secret, network=network.to_dict())
     return StartResult(job_id, plan, replies)
+
+
+def _require_pservers(session: Session, job_id: str) -> None:
+    """start-trainers joins a pserver job only while every one of its pservers runs."""
+    nodes = [n for n in session.cluster.nodes if "pserver" in n.roles]
+    problems = []
+    for r in session.map(lambda t: t.call("status", {"job_id": job_id}, timeout=60), nodes):
+        if not r.ok:
+            problems.append(r.error)
+            continue
+        pservers = [p for p in r.value["processes"] if p["name"].startswith("pserver-")]
+        if not pservers:
+            problems.append(f"{r.node}: no pserver of job {job_id}")
+        for p in pservers:
+            if p["state"] not in ("running", "sleeping"):
+                code = f" ({p['exit_code']})" if p.get("exit_code") is not None else ""
+                problems.append(f"{p['name']} on {r.node} {p['state']}{code}")
+    if problems:
+        raise UserError(f"job {job_id}: its pservers are not running ({'; '.join(problems)}); "
+                        "start a new job with `fab start-pserver start-trainers`")
+
+
+def _start_network(session: Session, job_id: str, previous: dict, roles: tuple[str, ...]) -> Network:
+    """The job's ports and interfaces. A new job: one probe fan-out, which refuses a
+    taken fixed port before anything starts and chooses the `auto` ones. Trainers
+    joining a job's pservers take what it started with: job.json must not change."""
+    if job_id != previous.get("job_id"):
+        return preflight.prepare_start(session, job_id, roles)
+    if isinstance(previous.get("network"), dict):
+        return Network.from_dict(previous["network"])
+    if any(configured_ports(session.cluster)[k] is None for k in needed_ports(session.cluster)):
+        raise UserError(f"job {job_id}: its auto ports are not in this controller's state: "
+                        "fab kill-all, then start the job again")
+    return preflight.prepare_start(session, job_id, roles)
 
 
 # -- status, logs, kill-all -----------------------------------------------------------------

@@ -6,8 +6,9 @@ import time
 from fabtrain.controller import records
 from fabtrain.controller.jobstate import JobState, NodeObservation, Verdict, job_verdict, observe_status
 from fabtrain.controller.lifecycle import NodeCheck, StartResult
+from fabtrain.controller.preflight import Bandwidth, NetworkCheck
 from fabtrain.node.states import LIVE
-from fabtrain.plan.plan import Plan, render_shell
+from fabtrain.plan.plan import IFACE_VARS, Plan, render_shell
 from fabtrain.remote.transport import FAILED, NO_REPLY, Reply
 
 
@@ -19,11 +20,14 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def plan_text(plan: Plan) -> str:
+def plan_text(plan: Plan, notes: list[str] = ()) -> str:
     out = [f"# job {plan.job_id} on cluster {plan.cluster}: mode {plan.mode}, sgd {plan.sgd}"]
     if plan.pserver_endpoints:
         out.append(f"# pservers: {','.join(plan.pserver_endpoints)}")
     out.append(f"# master (trainer 0): {plan.master}")
+    out.append(f"# {ports_text(plan.ports, plan.auto_ports)}"
+               + ("  (auto: free now; a start chooses again)" if plan.auto_ports else ""))
+    out += [f"# note: {n}" for n in notes]
     for n in plan.nodes:
         out.append("")
         out.append(f"## node {n.node} ({n.host}), workspace {n.workspace}")
@@ -34,6 +38,69 @@ def plan_text(plan: Plan) -> str:
         for p in n.processes:
             out.append(f"# {p.name}")
             out.append(render_shell(p))
+    return "\n".join(out)
+
+
+def ports_text(ports: dict, auto=()) -> str:
+    """ports: master_port 29500, pserver_port 23017 (auto), watchdog_port 7180"""
+    shown = [f"{k} {v}{' (auto)' if k in auto else ''}" for k, v in ports.items() if v is not None]
+    return "ports: " + ", ".join(shown)
+
+
+def _listen_cell(entries: list[dict]) -> str:
+    marks = {"ok": "ok", "taken": "TAKEN", "error": "ERROR"}
+    return ", ".join(f"{e['port']} {marks.get(e['state'], e['state'])}" for e in entries) or "-"
+
+
+def _reach_cell(targets: list[dict]) -> str:
+    if not targets:
+        return "-"
+    ok = [t for t in targets if t["state"] == "ok"]
+    ways = sorted({f"{t.get('iface') or '?'} {t.get('local')}" for t in ok})
+    bad = {}
+    for t in targets:
+        if t["state"] != "ok":
+            bad[t["state"]] = bad.get(t["state"], 0) + 1
+    text = f"{len(ok)}/{len(targets)}" + (f" via {', '.join(ways)}" if ways else "")
+    return text + "".join(f", {n} {state}" for state, n in sorted(bad.items()))
+
+
+def network_text(check: NetworkCheck, cluster) -> str:
+    """fab check's network section: one row per node, then one line per problem."""
+    env = dict(cluster.job.env)
+    rows = []
+    for node in cluster.nodes:
+        r = check.replies.get(node.name)
+        if r is None or not r.ok:
+            rows.append([node.name, node.address, "", "", "", "UNREACHABLE"])
+            continue
+        v = r.value
+        pinned = [env[var] + f" ({var} in job.env)" for var in IFACE_VARS if var in env][:1]
+        iface = pinned[0] if pinned else node.iface + " (iface:)" if node.iface else v.get("iface") or "?"
+        if v.get("speed"):
+            iface += f" {v['speed']}Mb/s"
+        address = node.address + ("" if v.get("address_local") else " (not here)")
+        state = "PROBLEM" if any(p.startswith(f"{node.name}:") or p.startswith(f"{node.name} ") for p in check.problems) else "ok"
+        rows.append([node.name, address, iface, _listen_cell(v["listen"]), _reach_cell(v["reach"]), state])
+    out = [ports_text(check.network.ports, check.network.auto),
+           table(rows, ["node", "address", "interface", "listens", "reached", "state"])]
+    out += [f"note: {n}" for n in check.notes]
+    out += check.problems
+    return "\n".join(out)
+
+
+def bandwidth_text(bw: Bandwidth) -> str:
+    """fab check --bandwidth: bus bandwidth, the slowest node, and what the links promise."""
+    out = [f"bandwidth: all-reduce of {human_bytes(bw.bytes)} over {len(bw.nodes)} nodes ({bw.backend}, met at {bw.rendezvous}): "
+           f"bus {bw.bus_gbps:.2f} Gb/s ({bw.bus_gbps / 8:.2f} GB/s), {bw.seconds * 1000:.1f} ms each"]
+    if bw.slowest:
+        node, gbps = bw.slowest
+        out.append(f"slowest node: {node} (its link to the next node: {gbps:.2f} Gb/s)")
+    if bw.promised_mbps:
+        share = bw.bus_gbps * 1000 / bw.promised_mbps
+        out.append(f"the slowest interface promises {bw.promised_mbps} Mb/s: the bus gets {share:.0%} of it")
+    else:
+        out.append("the interfaces do not say their speed (loopback and most virtual links): nothing to compare with")
     return "\n".join(out)
 
 
@@ -95,7 +162,11 @@ def start_text(result: StartResult, roles: tuple[str, ...]) -> str:
             out.append(f"{r.node}: {f['name']} exited at once with code {f['exit_code']}: {' | '.join(f['log'])}")
         for w in r.value["warnings"]:
             out.append(f"{r.node}: warning: {w}")
-    out.append(f"job {result.job_id}: {' and '.join(roles)} started")
+    if result.complete:
+        out.append(f"job {result.job_id}: {' and '.join(roles)} started; "
+                   f"{ports_text(result.plan.ports, result.plan.auto_ports)}")
+    else:
+        out.append(f"job {result.job_id}: {' and '.join(roles)} NOT started on every node (see above)")
     return "\n".join(out)
 
 
@@ -233,6 +304,8 @@ def kill_text(replies: list[Reply]) -> tuple[str, bool]:
             out.append(f"{r.node}: killed {what}")
         else:
             out.append(f"{r.node}: nothing running")
+        for record in r.value.get("untrusted") or []:
+            out.append(f"{r.node}: ignored run record {record}: not a process of this workspace's jobs")
         if r.value["left"]:
             out.append(f"{r.node}: STILL ALIVE: pids {', '.join(map(str, r.value['left']))}")
             clean = False

@@ -57,3 +57,16 @@ def _write(path: Path, data: dict) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(data))
     os.replace(tmp, path)
+
+
+def load_file(cluster_name: str, suffix: str) -> dict:
+    """Another file of the controller's memory (`<cluster><suffix>.json`), {} if none or unreadable."""
+    try:
+        data = json.loads(_path(cluster_name, suffix).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def save_file(cluster_name: str, suffix: str, data: dict) -> None:
+    _write(_path(cluster_name, suffix), data)

@@ -36,6 +36,8 @@ def create_app(config: dict | None = None) -> Flask:
       ALLOWED_HOSTS    Host header values accepted, e.g. ("127.0.0.1:8265", "localhost:8265")
       KILL             callable(grace) -> list of fabtrain.remote.transport.Reply; default:
                        fabtrain.controller.lifecycle.kill_all on the collector's session
+      HISTORY          the run history for /api/jobs (fabtrain.controller.history.History); default:
+                       one over the collector's session, made on first use
       REFRESH_MS, STALE_AFTER, EVENTS_LIMIT, KILL_GRACE, MAX_CONTENT_LENGTH: see DEFAULTS
     """
     app = Flask(__name__, static_folder="static", template_folder="templates")

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from fabtrain.controller.jobstate import TERMINAL, JobState, process_role, signal_text
+from fabtrain.controller.preflight import recorded_ports
 from fabtrain.controller.series import NODES, TRAINERS
 from fabtrain.node.states import ProcessState
 
@@ -148,6 +149,7 @@ def job_view(snap, stale_after: float, ended: dict, now: float | None = None) ->
         "processes": counts, "trainers": trainers, "stale_after": stale_after,
         "stale": [t["name"] for t in trainers if t["stale"]], "unreachable": list(verdict.unreachable),
         "dropped": dropped, "dropped_total": sum(d["count"] for d in dropped.values()),
+        "ports": recorded_ports(snap.cluster, job_id),  # the ports it started with, `auto` ones chosen
     }
 
 

@@ -226,6 +226,33 @@ def api_logs(node: str, process: str):
                    lines=[] if unchanged else tail.lines)
 
 
+def _history():
+    """The run history (fabtrain.controller.history.History): config HISTORY, else over the collector's session."""
+    history = current_app.config.get("HISTORY")
+    if history is None:
+        from fabtrain.controller.history import History
+
+        history = current_app.config["HISTORY"] = History(_collector().session)
+    return history
+
+
+@bp.get("/api/jobs")
+def api_jobs():
+    _no_unknown_args()
+    return jsonify(_history().jobs())
+
+
+@bp.get("/api/jobs/<job_id>")
+def api_job_history(job_id: str):
+    _no_unknown_args()
+    if not NAME_RE.match(job_id):
+        raise ApiError(400, f"bad job id {job_id!r}")
+    detail = _history().job(job_id)
+    if detail is None:
+        raise ApiError(404, f"no node has a job {job_id!r}")
+    return jsonify(detail)
+
+
 @bp.post("/api/kill")
 def api_kill():
     _no_unknown_args()

@@ -1,5 +1,5 @@
 """Round-robin line dealing (stdlib only): the LineDealer used by
-strategies.py, and the worker process it runs for large inputs.
+roundrobin.py, and the worker process it runs for large inputs.
 
 Splitting lines costs Python objects and holds the GIL, so for large
 inputs the round-robin strategy spreads it over worker processes (this file

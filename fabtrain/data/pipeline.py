@@ -25,6 +25,8 @@ from . import fetch, manifest as mf, sample as sm, strategies as st
 from .archive import ExtractLimits
 from .dictionary import write_word_dict
 from .errors import PrepareError
+from .shardio import describe_file
+from .stream import Stream, require_lines
 
 OUR_NAMES = re.compile(r"^(train\.txt|test\.txt)-\d{5,}$|^word_dict\.json$")
 MAX_SPLIT = 100000
@@ -295,7 +297,7 @@ def _build(work, out_dir, request, *, input, sample, strategy, test, build_dict,
                 raise PrepareError(f"{w}: {len(inp.files)} files, fewer than the {n} shards asked "
                                    f"for (strategy files gives each shard whole files)")
         else:
-            st.require_lines(st.Stream(inp), n, w)
+            require_lines(Stream(inp), n, w)
 
     files: dict = {}
     used, res = st.split(strategy, train, n, stage, mf.TRAIN_BASE, "train", what,
@@ -311,8 +313,8 @@ def _build(work, out_dir, request, *, input, sample, strategy, test, build_dict,
     dictionary = None
     if build_dict:
         dpath = os.path.join(stage, mf.DICT_NAME)
-        wd = write_word_dict(st.Stream(train), dpath, min_freq, progress_enabled=progress)
-        files[mf.DICT_NAME] = st.describe_file(dpath, mf.DICT_NAME, "dict").entry()
+        wd = write_word_dict(Stream(train), dpath, min_freq, progress_enabled=progress)
+        files[mf.DICT_NAME] = describe_file(dpath, mf.DICT_NAME, "dict").entry()
         dictionary = {"min_freq": min_freq, "words": len(wd), "built_from": "train"}
     manifest = {
         "version": mf.VERSION,

@@ -1,4 +1,4 @@
-"""What fabtrain does ON a node: probe, provision, start, status, logs, kill, verify.
+"""What fabtrain does ON a node: probe, provision, start, status, logs, kill, verify, collect.
 
 The controller sends this package to the node with every call
 (fabtrain.remote.rpc) and fabtrain.node.serve runs the op the request
@@ -9,6 +9,7 @@ takes the request's payload and returns what goes back as the reply; it
 raises UserFacing for a refusal the user should read as one line.
 """
 import hashlib
+import importlib
 import json
 import os
 import platform
@@ -18,7 +19,13 @@ import subprocess
 import sys
 import time
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+from fabtrain.node import atomic, launch, procfs
+from fabtrain.node.workspace import (check_workspace, claim_workspace, job_dir, make_private_dirs, snapshot_code,
+                                     workspace)
+from fabtrain.node.agent.supervisor import family, send, stop_all, trusted
+from fabtrain.node.states import ProcessState, decide, signame, signal_of
+
+PROGRAM_WAIT = 3.0  # seconds a start waits for each launcher to fork its program
 
 
 # -- small helpers ------------------------------------------------------------------
@@ -26,119 +33,6 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 def expand(value, ws):
     return value.replace("$WS", ws)
-
-
-def atomic_write(path, data, mode=0o644):
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_json(path, default=None):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return default
-
-
-def boot_time():
-    with open("/proc/stat") as f:
-        for line in f:
-            if line.startswith("btime "):
-                return float(line.split()[1])
-    return 0.0
-
-
-def proc_stat(pid):
-    """(state, ppid, pgid, create_time, cpu_seconds) from /proc/<pid>/stat, or None if gone."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            data = f.read()
-    except OSError:
-        return None
-    rest = data[data.rindex(")") + 2:].split()  # the command name may hold spaces and ')'
-    state, ppid, pgid = rest[0], int(rest[1]), int(rest[2])
-    cpu = (int(rest[11]) + int(rest[12])) / CLK_TCK
-    create_time = BOOT_TIME + int(rest[19]) / CLK_TCK
-    return state, ppid, pgid, create_time, cpu
-
-
-BOOT_TIME = boot_time()
-
-
-def same_process(pid, create_time):
-    """True if pid is alive and is the process we started (not a reused pid)."""
-    st = proc_stat(pid)
-    return st is not None and st[0] != "Z" and abs(st[3] - create_time) < 1.0
-
-
-def is_dead(pid):
-    st = proc_stat(pid)
-    # A zombie is dead: it holds no memory, no port, no GPU; PID 1 reaps lazily here.
-    return st is None or st[0] in ("Z", "X")
-
-
-def all_pids():
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            yield int(name)
-
-
-def environ_of(pid):
-    try:
-        with open("/proc/%d/environ" % pid, "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
-def my_ancestors():
-    pids, pid = set(), os.getpid()
-    while pid > 1:
-        pids.add(pid)
-        st = proc_stat(pid)
-        if st is None:
-            break
-        pid = st[1]
-    return pids
-
-
-def marked_pids(ws):
-    """Every live process whose environment carries this workspace's job marker."""
-    marker = ("FABTRAIN_WORKSPACE=%s" % ws).encode() + b"\0"
-    skip = my_ancestors()
-    found = []
-    for pid in all_pids():
-        if pid in skip:
-            continue
-        env = environ_of(pid)
-        if env and (env.startswith(marker) or b"\0" + marker in env) and not is_dead(pid):
-            found.append(pid)
-    return found
-
-
-_children = None  # ppid -> [pid], from one /proc scan; reset at the start of each op
-
-
-def children_of(pid):
-    global _children
-    if _children is None:
-        _children = {}
-        for p in all_pids():
-            st = proc_stat(p)
-            if st is not None:
-                _children.setdefault(st[1], []).append(p)
-    return list(_children.get(pid, ()))
-
-
-def fresh_scan():
-    """Forget the cached /proc scan: an op sees processes as they are now."""
-    global _children
-    _children = None
 
 
 def tail_lines(path, n, max_bytes=65536):
@@ -154,78 +48,58 @@ def tail_lines(path, n, max_bytes=65536):
     return lines[-n:] if n > 0 else []
 
 
-def workspace(payload):
-    return os.path.abspath(os.path.expanduser(payload["workspace"]))
+def run_records(jd):
+    """(name, record) of every run record in a job directory."""
+    run_dir = os.path.join(jd, "run")
+    out = []
+    for name in sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []:
+        if name.endswith(".json"):
+            record = atomic.read_json(os.path.join(run_dir, name))
+            if isinstance(record, dict) and isinstance(record.get("pid"), int):
+                out.append((name[:-5], record))
+    return out
 
 
-OWNER_FILE = ".fabtrain-owner.json"
-
-
-def claim_workspace(ws, cluster, node):
-    """Make the workspace this node's, or say whose it is.
-
-    Two nodes must never share one workspace (two nodes on one machine, or
-    servers that share /home over NFS): each would see, watch and kill the
-    other's processes as its own. The first node to use a workspace claims it
-    with a marker made with O_EXCL (atomic, on NFS too); any other node is
-    refused. Returns None, or the one-line refusal.
-    """
-    marker = os.path.join(ws, OWNER_FILE)
-    me = {"cluster": cluster, "node": node}
-    try:
-        os.makedirs(ws, mode=0o700, exist_ok=True)
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    except OSError as e:
-        if not isinstance(e, FileExistsError):
-            return "cannot use workspace %s: %s" % (ws, e.strerror or e)
-        owner = read_json(marker, {})
-        if {k: owner.get(k) for k in me} == me:
-            return None
-        return ("workspace %s is already node %r of cluster %r (one machine, or storage shared between "
-                "servers): give node %r its own (nodes[].workspace, or leave it out for <cluster.workspace>/%s); "
-                "if that node is gone, remove %s" % (ws, owner.get("node"), owner.get("cluster"), node, node, marker))
-    with os.fdopen(fd, "w") as f:
-        json.dump(me, f)
-    return None
-
-
-def job_dir(ws, job_id=None):
-    if job_id:
-        return os.path.join(ws, "jobs", job_id)
-    cur = os.path.join(ws, "current")
-    return os.path.realpath(cur) if os.path.islink(cur) else None
+def program_of(record, procs, kids):
+    """The program a launcher runs: from its record, or the first child it forked."""
+    pid = record.get("program_pid")
+    if pid and procfs.alive(pid, record.get("program_create_time"), procs):
+        return pid
+    children = [procs[k] for k in kids.get(record["pid"], ()) if k in procs and not procs[k].dead]
+    return min(children, key=lambda p: (p.start_ticks, p.pid)).pid if children else None
 
 
 # -- process state -----------------------------------------------------------------
 
 
-def process_state(jd, name):
-    """State of one job process: its run record, whether it lives, how it ended."""
-    run = read_json(os.path.join(jd, "run", name + ".json"))
-    if run is None:
-        return {"state": "not started"}
-    info = {"pid": run["pid"], "started_at": run.get("started_at"), "uptime": None}
-    exit_path = os.path.join(jd, "run", name + ".exit")
-    if os.path.exists(exit_path):
-        try:
-            code = int(open(exit_path).read().strip())
-        except ValueError:
-            code = None
-        info.update(state="exited", exit_code=code)
+def process_state(jd, name, procs, kids):
+    """State of one job process: its run record, whether it lives, how it ended (states.decide)."""
+    run = atomic.read_json(os.path.join(jd, "run", name + ".json"))
+    if not isinstance(run, dict) or "pid" not in run:
+        return {"state": str(ProcessState.NOT_STARTED)}
+    launcher, ctime = run["pid"], run.get("create_time")
+    info = {"pid": run.get("program_pid") or launcher, "launcher_pid": launcher,
+            "started_at": run.get("started_at"), "uptime": None}
+    code = launch.read_exit(os.path.join(jd, "run", name + ".exit"))
+    alive = procfs.alive(launcher, ctime, procs)
+    if code is not None:
+        sig = signal_of(code)
+        info.update(state=str(decide(False, exit_code=code)), exit_code=code, signal=signame(sig) if sig else None)
+        left = family(run, procs, kids) if alive else []
+        if left:
+            info["left_behind"] = len(left)  # still under its launcher; the agent or kill-all ends them
         return info
-    if same_process(run["pid"], run["create_time"]):
-        # The wrapper sh is the group leader; the program is its child.
-        kids = children_of(run["pid"])
-        st = proc_stat(kids[0] if kids else run["pid"])
-        letter = st[0] if st else "?"
-        info["state"] = {"T": "stopped", "t": "stopped", "Z": "zombie"}.get(letter, "running")
-        info["uptime"] = time.time() - run["create_time"]
-        info["program_pid"] = kids[0] if kids else None
-        zombies = [k for k in children_of(kids[0]) if (proc_stat(k) or "?")[0] == "Z"] if kids else []
+    if alive:
+        program = program_of(run, procs, kids)
+        main = procs.get(program) or procs[launcher]
+        info.update(state=str(decide(True, main.state)), uptime=time.time() - ctime, program_pid=program,
+                    pid=program or launcher)
+        zombies = [k for k in kids.get(program, ()) if k in procs and procs[k].dead] if program else []
         if zombies:
             info["zombies"] = len(zombies)
         return info
-    info["state"] = "killed" if os.path.exists(os.path.join(jd, "killed")) else "lost"
+    info.update(state=str(decide(False, before_boot=(ctime or 0) < procfs.BOOT_TIME)), exit_code=None,
+                reason="its launcher (pid %d) died without recording an exit code" % launcher)
     return info
 
 
@@ -242,7 +116,7 @@ def op_probe(payload):
         "workspace": ws,
         "time": time.time(),
         "cpus": os.cpu_count(),
-        "tools": {t: bool(shutil.which(t)) for t in ("rsync", "setsid", "nohup", "stdbuf")},
+        "tools": {t: bool(shutil.which(t)) for t in ("rsync", "stdbuf")},
     }
     existing = ws
     while not os.path.exists(existing):
@@ -286,7 +160,12 @@ def op_probe(payload):
 
 def op_provision(payload):
     ws = workspace(payload)
-    for sub in ("code", "data", "jobs", "runtime"):
+    os.umask(0o077)
+    refusal = check_workspace(ws)
+    if refusal:
+        raise UserFacing(refusal)
+    make_private_dirs(ws, os.path.join(ws, "jobs"))
+    for sub in ("code", "data", "runtime"):
         os.makedirs(os.path.join(ws, sub), exist_ok=True)
     result = {"workspace": ws, "venv": None}
     if payload.get("venv"):
@@ -306,18 +185,14 @@ def op_provision(payload):
     return result
 
 
-def live_job_processes(jd):
-    live = []
-    for name in sorted(os.listdir(os.path.join(jd, "run"))) if os.path.isdir(os.path.join(jd, "run")) else []:
-        if name.endswith(".json"):
-            run = read_json(os.path.join(jd, "run", name))
-            if run and same_process(run["pid"], run["create_time"]):
-                live.append(name[:-5])
-    return live
+def live_job_processes(jd, procs=None):
+    """Names of a job's processes whose launcher is still alive."""
+    procs = procfs.scan() if procs is None else procs
+    return [name for name, run in run_records(jd) if procfs.alive(run["pid"], run.get("create_time"), procs)]
 
 
 def spawn(proc, ws, base_env):
-    """Start one process: own session, nohup, line-buffered, stdin /dev/null."""
+    """Start one process through the launcher (its own session, nohup, line-buffered), stdin /dev/null."""
     env = dict(base_env)
     for k, v in proc["env"].items():
         v = expand(v, ws)
@@ -325,43 +200,23 @@ def spawn(proc, ws, base_env):
             v = v.replace("$PATH", base_env.get("PATH", "/usr/bin:/bin"))
             v = ":".join(os.path.expanduser(part) for part in v.split(":"))
         env[k] = v
-    log = open(expand(proc["log"], ws), "ab")
     argv = [expand(a, ws) for a in proc["launch"]]
+    argv[0] = os.path.expanduser(argv[0])
     cwd = expand(proc["cwd"], ws)
     if not os.path.isdir(cwd):
         os.makedirs(cwd, exist_ok=True)
+    log = os.open(expand(proc["log"], ws), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         p = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
                              stderr=subprocess.STDOUT, close_fds=True)
     finally:
-        log.close()
-    st = proc_stat(p.pid)
+        os.close(log)
+    st = procfs.stat(p.pid)
     record = {"name": proc["name"], "role": proc["role"], "rank": proc["rank"], "pid": p.pid,
-              "pgid": p.pid, "create_time": st[3] if st else time.time(), "argv": argv[6:],
-              "started_at": time.time()}
-    atomic_write(expand(proc["run"], ws), json.dumps(record))
+              "pgid": p.pid, "create_time": st.create_time if st else time.time(),
+              "argv": [expand(a, ws) for a in proc["argv"]], "started_at": time.time()}
+    atomic.write_json(expand(proc["run"], ws), record)
     return p, record
-
-
-CODE_IDENTITY = ".fabtrain-code.json"  # written by `fab deploy`: which code this is
-
-
-def snapshot_code(ws, jd):
-    """The job's own copy of <ws>/code, made once, at its first start: jobs/<id>/code.
-
-    Hard links, so unchanged files cost nothing; `fab deploy` (rsync) replaces a
-    file by renaming a new one over it, never writing into it, so a deploy while
-    the job runs leaves the job's code as it was. Returns which code it is.
-    """
-    src, dst = os.path.join(ws, "code"), os.path.join(jd, "code")
-    if not os.path.isdir(dst):
-        tmp = dst + ".tmp.%d" % os.getpid()
-        if os.path.isdir(src):
-            shutil.copytree(src, tmp, symlinks=True, copy_function=os.link)
-        else:
-            os.makedirs(tmp)  # nothing deployed: commands that need no shipped code still run
-        os.replace(tmp, dst)
-    return read_json(os.path.join(dst, CODE_IDENTITY), {})
 
 
 def start_agent(agent, job, jd, ws, base_env, warnings):
@@ -375,7 +230,7 @@ def start_agent(agent, job, jd, ws, base_env, warnings):
     offset = os.path.getsize(events) if os.path.exists(events) else 0
     p, record = spawn(agent, ws, base_env)
     if (job.get("nodes") or [{}])[0].get("name") != job["node"]:
-        return record
+        return p, record
     deadline = time.time() + 15
     while time.time() < deadline:
         kinds = {}
@@ -392,113 +247,136 @@ def start_agent(agent, job, jd, ws, base_env, warnings):
             except (ValueError, AttributeError):
                 pass  # a line being written
         if "agent_started" in kinds:
-            return record
+            return p, record
         if p.poll() is not None:
             why = kinds.get("coordinator_error") or "the agent exited at once with code %s: %s" % (
                 p.returncode, " | ".join(tail_lines(expand(agent["log"], ws), 3)))
             raise UserFacing("%s; nothing of job %s was started here" % (why, job["job_id"]))
         time.sleep(0.05)
     warnings.append("the agent has not started its coordinator within 15 s (see `fab status`)")
-    return record
+    return p, record
+
+
+def name_programs(started, ws, procs_by_name, deadline):
+    """Add each launcher's program to its run record (the pid to show), once it has forked it."""
+    pending = list(started)
+    while pending:
+        procs = procfs.scan()
+        kids = procfs.children_map(procs)
+        for p, record in list(pending):
+            program = program_of(record, procs, kids)
+            if program is not None:
+                record.update(program_pid=program, program_create_time=procs[program].create_time)
+                atomic.write_json(expand(procs_by_name[record["name"]]["run"], ws), record)
+            if program is not None or p.poll() is not None:
+                pending.remove((p, record))
+        if not pending or time.time() > deadline:
+            return
+        time.sleep(0.01)
 
 
 def op_start(payload):
     job = payload["job"]
     ws = workspace(job)
-    refusal = claim_workspace(ws, job["cluster"], job["node"])
+    # Logs, metrics, events, health and run records: this user's only (the programs inherit the umask).
+    os.umask(0o077)
+    refusal = check_workspace(ws) or claim_workspace(ws, job["cluster"], job["node"])
     if refusal:
         raise UserFacing(refusal)
     jd = os.path.join(ws, "jobs", job["job_id"])
-    for sub in ("logs", "run", "metrics"):
-        os.makedirs(os.path.join(jd, sub), exist_ok=True)
+    make_private_dirs(ws, os.path.join(ws, "jobs"), jd, *(os.path.join(jd, sub) for sub in ("logs", "run", "metrics")))
 
     # Refuse to start over a running job unless told (`--force` kills it first on the controller side).
+    procs = procfs.scan()
     for other in sorted(os.listdir(os.path.join(ws, "jobs"))):
-        other_dir = os.path.join(ws, "jobs", other)
         if other != job["job_id"]:
-            live = live_job_processes(other_dir)
+            live = live_job_processes(os.path.join(ws, "jobs", other), procs)
             if live:
                 raise UserFacing("job %s is still running here (%s); stop it with `fab kill-all` or pass --force"
                                  % (other, ", ".join(live)))
     roles = set(payload["roles"])
     wanted = [p for p in job["processes"] if p["role"] in roles]
-    already = set(live_job_processes(jd))
+    already = set(live_job_processes(jd, procs))
     for p in wanted:
         if p["name"] in already:
             raise UserFacing("%s of job %s is already running here" % (p["name"], job["job_id"]))
 
     job["code"] = snapshot_code(ws, jd)
     # 0600: it holds the coordinator's secret.
-    atomic_write(os.path.join(jd, "job.json"), json.dumps(job, indent=1), mode=0o600)
+    atomic.write(os.path.join(jd, "job.json"), json.dumps(job, indent=1))
+    atomic.write(os.path.join(jd, launch.SCRIPT), launch.source())
     tmp_link = os.path.join(ws, ".current.%d" % os.getpid())
     os.symlink(os.path.join("jobs", job["job_id"]), tmp_link)
     os.replace(tmp_link, os.path.join(ws, "current"))
 
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("FABTRAIN_")}
-    warnings, agent_record = [], None
+    started, failed, warnings, by_name = [], [], [], {}
     agent = payload.get("agent")
     if agent and "agent" not in already:
         runtime = os.path.join(expand(agent["cwd"], ws), "fabtrain", "node")
         if os.path.isdir(runtime):
-            agent_record = start_agent(agent, job, jd, ws, base_env, warnings)
+            by_name[agent["name"]] = agent
+            started.append(start_agent(agent, job, jd, ws, base_env, warnings))
         else:
             warnings.append("watchdog not started: fabtrain's node runtime %s is missing (run `fab deploy` first)"
                             % runtime)
-    started, popen = [], []
     for proc in wanted:
-        p, record = spawn(proc, ws, base_env)
-        popen.append((p, proc))
-        started.append(record)
-    if agent_record:
-        started.append(agent_record)
+        by_name[proc["name"]] = proc
+        try:
+            started.append(spawn(proc, ws, base_env))
+        except OSError as e:
+            failed.append({"name": proc["name"], "exit_code": 127, "log": ["cannot start %s: %s"
+                                                                           % (proc["launch"][0], e.strerror)]})
+    name_programs(started, ws, by_name, time.time() + PROGRAM_WAIT)
 
     # A program that cannot start (not found, bad flag) usually dies at once:
     # say so now rather than leave it for `fab status`.
     deadline = time.time() + payload.get("settle", 0.1)
-    failed = []
-    while time.time() < deadline and popen:
+    watching = list(started)
+    while time.time() < deadline and watching:
         time.sleep(0.05)
-        for p, proc in list(popen):
+        for p, record in list(watching):
             if p.poll() is not None:
-                popen.remove((p, proc))
+                watching.remove((p, record))
                 if p.returncode != 0:
-                    failed.append({"name": proc["name"], "exit_code": p.returncode,
-                                   "log": tail_lines(expand(proc["log"], ws), 3)})
-    return {"job_dir": jd, "started": started, "failed": failed, "warnings": warnings}
+                    failed.append({"name": record["name"], "exit_code": p.returncode,
+                                   "log": tail_lines(expand(by_name[record["name"]]["log"], ws), 3)})
+    shown = [{"name": r["name"], "role": r["role"], "rank": r["rank"], "pid": r.get("program_pid") or r["pid"],
+              "launcher_pid": r["pid"]} for _, r in started]
+    return {"job_dir": jd, "started": shown, "failed": failed, "warnings": warnings}
 
 
 def op_status(payload):
-    fresh_scan()
     ws = workspace(payload)
     jd = job_dir(ws, payload.get("job_id"))
     if not jd or not os.path.isdir(jd):
         return {"job_id": None, "processes": []}
-    job = read_json(os.path.join(jd, "job.json"), {})
+    procs = procfs.scan()
+    kids = procfs.children_map(procs)
+    job = atomic.read_json(os.path.join(jd, "job.json"), {})
     names = [p["name"] for p in job.get("processes", [])]
     if os.path.exists(os.path.join(jd, "run", "agent.json")):
         names.append("agent")
-    procs = []
+    out = []
     for name in names:
-        info = process_state(jd, name)
+        info = process_state(jd, name, procs, kids)
         info["name"] = name
         info["last_line"] = (tail_lines(os.path.join(jd, "logs", name + ".log"), 1) or [""])[0][-200:]
-        procs.append(info)
-    known = set()
-    for name in names:
-        run = read_json(os.path.join(jd, "run", name + ".json"))
-        if run:
-            known.add(run["pid"])
-            known.update(children_of(run["pid"]))
-    health = read_json(os.path.join(jd, "health.json"))
+        out.append(info)
+    health = atomic.read_json(os.path.join(jd, "health.json"))
     events = tail_lines(os.path.join(jd, "events.jsonl"), 1)
+    try:
+        last_event = json.loads(events[0]) if events else None
+    except ValueError:
+        last_event = None
     return {
         "job_id": os.path.basename(jd),
         "code": job.get("code"),
-        "processes": procs,
+        "processes": out,
         "killed": os.path.exists(os.path.join(jd, "killed")),
         "health_ts": health.get("ts") if isinstance(health, dict) else None,
         "health": health if payload.get("health") else None,
-        "last_event": json.loads(events[0]) if events else None,
+        "last_event": last_event,
         "time": time.time(),
     }
 
@@ -542,120 +420,102 @@ def op_logs(payload):
         time.sleep(0.2)
 
 
+def kill_targets(ws, records, skip):
+    """Everything of the workspace's jobs alive now: {pid: what it is}; launchers apart (they go by themselves)."""
+    procs = procfs.scan()
+    kids = procfs.children_map(procs)
+    found, launchers = {}, {}
+    for job_id, record in records:
+        if not procfs.alive(record["pid"], record.get("create_time"), procs):
+            continue
+        desc = {"job_id": job_id, "name": record["name"], "pid": record["pid"]}
+        if launch.is_launcher(procfs.cmdline(record["pid"])):
+            launchers[record["pid"]] = desc
+        else:  # a record of something else than our launcher (an older fabtrain's wrapper): signal it
+            found[record["pid"]] = desc
+        program = program_of(record, procs, kids)
+        for pid in family(record, procs, kids):
+            found.setdefault(pid, {"job_id": job_id, "name": record["name"], "pid": pid, "child": pid != program})
+    for pid in procfs.marked(ws, procs, skip):
+        if pid in found or pid in launchers:
+            continue
+        env = procfs.environ(pid)
+        job_id = env.get(b"FABTRAIN_JOB_ID", b"?").decode()
+        name = "%s-%s" % (env.get(b"FABTRAIN_ROLE", b"?").decode(), env.get(b"FABTRAIN_RANK", b"?").decode())
+        found[pid] = {"job_id": job_id, "pid": pid, "name": name, "orphan": True}
+    return found, launchers
+
+
 def op_kill(payload):
-    """SIGTERM every job process group, grace, SIGKILL; then sweep by job marker."""
-    fresh_scan()
+    """SIGTERM everything of every job in the workspace, grace, SIGKILL; launchers record the exit codes and go."""
     ws = workspace(payload)
     grace = float(payload.get("grace", 5.0))
     jobs_root = os.path.join(ws, "jobs")
-    targets = {}  # pid -> description
-    groups = {}  # pgid -> description
-    touched_jobs = set()
+    procs = procfs.scan()
+    skip = procfs.ancestors()
+    records, untrusted = [], []
     for job_id in sorted(os.listdir(jobs_root)) if os.path.isdir(jobs_root) else []:
-        run_dir = os.path.join(jobs_root, job_id, "run")
-        for name in sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []:
-            if not name.endswith(".json"):
-                continue
-            run = read_json(os.path.join(run_dir, name))
-            if run and same_process(run["pid"], run["create_time"]):
-                desc = {"job_id": job_id, "name": run["name"], "pid": run["pid"]}
-                groups[run["pgid"]] = desc
-                targets[run["pid"]] = desc
-                touched_jobs.add(job_id)
-    swept = []
-    for pid in marked_pids(ws):
-        st = proc_stat(pid)
-        if pid not in targets and st and st[2] in groups:
-            # A child still in its process group: not an orphan, killed with the group.
-            targets[pid] = dict(groups[st[2]], pid=pid, child=True)
-        elif pid not in targets:
-            env = dict(kv.split(b"=", 1) for kv in environ_of(pid).split(b"\0") if b"=" in kv)
-            desc = {"job_id": env.get(b"FABTRAIN_JOB_ID", b"?").decode(), "pid": pid,
-                    "name": "%s-%s" % (env.get(b"FABTRAIN_ROLE", b"?").decode(), env.get(b"FABTRAIN_RANK", b"?").decode()),
-                    "orphan": True}
-            targets[pid] = desc
-            swept.append(pid)
-            if desc["job_id"] != "?":
-                touched_jobs.add(desc["job_id"])
-    for job_id in touched_jobs:
-        jd = os.path.join(jobs_root, job_id)
-        if os.path.isdir(jd):
-            open(os.path.join(jd, "killed"), "a").close()
+        for name, record in run_records(os.path.join(jobs_root, job_id)):
+            if trusted(record, procs, ws):
+                records.append((job_id, record))
+            elif procfs.alive(record["pid"], record.get("create_time"), procs) and record["pid"] not in skip:
+                # A live process that is not ours (no job marker, or not leading its group): never signalled.
+                untrusted.append("jobs/%s/run/%s.json (pid %d)" % (job_id, name, record["pid"]))
+    described = {}
 
-    def send(sig):
-        for pgid in groups:
-            try:
-                os.killpg(pgid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for pid in targets:
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+    def find():
+        found, _ = kill_targets(ws, records, skip)
+        described.update(found)
+        return list(found)
 
-    def group_members():
-        members = set()
-        if groups:
-            for pid in all_pids():
-                st = proc_stat(pid)
-                if st and st[2] in groups and st[0] not in ("Z", "X"):
-                    members.add(pid)
-        return members
+    first, _ = kill_targets(ws, records, skip)
+    touched = {d["job_id"] for d in first.values()} | {job_id for job_id, _ in records}
+    for job_id in touched:
+        if os.path.isdir(os.path.join(jobs_root, job_id)):
+            open(os.path.join(jobs_root, job_id, "killed"), "a").close()  # before any signal: the agents read it
+    sent, left = stop_all(find, grace)
+    # With their programs gone, the launchers record the exit codes and exit; a stuck one gets SIGKILL.
+    deadline = time.time() + 2
+    while time.time() < deadline and kill_targets(ws, records, skip)[1]:
+        time.sleep(0.02)
+    for pid in kill_targets(ws, records, skip)[1]:
+        send(pid, signal.SIGKILL)
+        sent[pid] = "SIGKILL"
+    time.sleep(0.05 if left else 0)
+    found, launchers = kill_targets(ws, records, skip)
+    left = sorted(set(found) | set(launchers))
+    killed = [dict(described[p], signal=sent[p]) for p in sorted(sent) if p in described]
+    write_kill_events(jobs_root, touched, killed, payload.get("node"))
+    return {"killed": killed, "left": left, "late": [], "untrusted": untrusted}
 
-    def alive():
-        return [p for p in set(targets) | group_members() if not is_dead(p)]
 
-    killed_with = {}
-    if targets:
-        send(signal.SIGTERM)
-        deadline = time.time() + grace
-        while time.time() < deadline and alive():
-            time.sleep(0.05)
-        survivors = alive()
-        for pid in targets:
-            killed_with[pid] = "SIGKILL" if pid in survivors else "SIGTERM"
-        if survivors:
-            send(signal.SIGKILL)
-            for pid in survivors:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            deadline = time.time() + 5
-            while time.time() < deadline and alive():
-                time.sleep(0.05)
-    # A last sweep: anything with the marker that appeared meanwhile (a child forked during the grace).
-    late = [p for p in marked_pids(ws) if p not in targets]
-    for pid in late:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    time.sleep(0.1 if late else 0)
-    left = sorted(set(alive()) | {p for p in marked_pids(ws)})
-    killed = [dict(targets[p], signal=killed_with.get(p, "SIGKILL")) for p in sorted(targets)]
+def write_kill_events(jobs_root, touched, killed, node):
+    """One `killed` event per process (its program and children share it) in each job's events.jsonl."""
     now = time.time()
-    for job_id in touched_jobs:
-        ev = os.path.join(jobs_root, job_id, "events.jsonl")
-        if not os.path.isdir(os.path.dirname(ev)):
+    for job_id in touched:
+        path = os.path.join(jobs_root, job_id, "events.jsonl")
+        if not os.path.isdir(os.path.dirname(path)):
             continue
-        # One event per process (its wrapper, the program and children share it).
         by_name = {}
         for k in killed:
             if k["job_id"] == job_id:
                 by_name.setdefault(k["name"], []).append(k)
-        with open(ev, "a") as f:
-            for name, ks in sorted(by_name.items()):
-                role, _, rank = name.rpartition("-")
-                orphan = any(k.get("orphan") for k in ks)
-                f.write(json.dumps({
-                    "ts": now, "node": payload.get("node"), "kind": "killed", "role": role,
-                    "rank": int(rank) if rank.isdigit() else rank, "pid": min(k["pid"] for k in ks),
-                    "pids": sorted(k["pid"] for k in ks),
-                    "reason": "fab kill-all" + (" (orphan: pid file lost or left its group)" if orphan else ""),
-                    "signal": "SIGKILL" if any(k["signal"] == "SIGKILL" for k in ks) else "SIGTERM"}) + "\n")
-    return {"killed": killed, "left": left, "late": late}
+        lines = []
+        for name, ks in sorted(by_name.items()):
+            role, _, rank = name.rpartition("-")
+            orphan = any(k.get("orphan") for k in ks)
+            lines.append(json.dumps({
+                "ts": now, "node": node, "kind": "killed", "role": role,
+                "rank": int(rank) if rank.isdigit() else rank, "name": name, "pid": min(k["pid"] for k in ks),
+                "pids": sorted(k["pid"] for k in ks),
+                "reason": "fab kill-all" + (" (orphan: run record lost, or it left its launcher)" if orphan else ""),
+                "signal": "SIGKILL" if any(k["signal"] == "SIGKILL" for k in ks) else "SIGTERM"}) + "\n")
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            for line in lines:
+                os.write(fd, line.encode())  # one write a line: never interleaved with the agent's
+        finally:
+            os.close(fd)
 
 
 def op_verify(payload):
@@ -686,7 +546,6 @@ def op_collect(payload):
     lines are returned, so a record is never split; at most max_bytes per file
     per call, so a long run is caught up over several calls.
     """
-    fresh_scan()
     ws = workspace(payload)
     jd = job_dir(ws, payload.get("job_id"))
     reply = {"time": time.time(), "job_id": None}
@@ -698,7 +557,7 @@ def op_collect(payload):
     status = op_status({"workspace": payload["workspace"], "job_id": job_id})
     reply["processes"] = status["processes"]
     reply["killed"] = status["killed"]
-    reply["health"] = read_json(os.path.join(jd, "health.json"))
+    reply["health"] = atomic.read_json(os.path.join(jd, "health.json"))
     max_bytes = int(payload.get("max_bytes", 1 << 20))
     wanted = ["events.jsonl"] + ["metrics/" + f for f in sorted(os.listdir(os.path.join(jd, "metrics")))
                                  if f.endswith(".jsonl")] if os.path.isdir(os.path.join(jd, "metrics")) else ["events.jsonl"]
@@ -728,5 +587,14 @@ class UserFacing(Exception):
     """A refusal to report as one line, not a crash."""
 
 
+def _module_op(module, name):
+    """An op of another node module, imported only when asked for (history, netcheck, bandwidth)."""
+    def op(payload):
+        return getattr(importlib.import_module("fabtrain.node." + module), name)(payload)
+    return op
+
+
 OPS = {"probe": op_probe, "provision": op_provision, "start": op_start, "status": op_status,
-       "logs": op_logs, "kill": op_kill, "verify": op_verify, "collect": op_collect}
+       "logs": op_logs, "kill": op_kill, "verify": op_verify, "collect": op_collect,
+       "jobs": _module_op("history", "op_jobs"), "job": _module_op("history", "op_job"),
+       "netcheck": _module_op("netcheck", "run"), "bandwidth": _module_op("bandwidth", "run")}

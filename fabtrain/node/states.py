@@ -1,18 +1,21 @@
-"""The states of one job process: the one vocabulary of node ops, the agent and the controller.
+"""A job process's state, decided in one place.
 
-Standard library only (it runs on the nodes). A process that died of a
-signal is `killed`, whether the launcher recorded it as exit code 128+N
-(137 for SIGKILL) or the agent saw the signal itself; `exited` is an end
-with an exit code of the program's own; `lost` is gone without either.
+Everything that reports a process (node ops' status, the agent's health.json
+and events, the controller's verdict) calls `decide`, so an exit code of 137
+means "killed by SIGKILL" everywhere, and a process whose launcher vanished
+without recording an exit code is "killed", never silently "lost".
+
+The string values are the ones the JSON records have always used.
 """
 from __future__ import annotations
 
+import signal as _signal
 from enum import Enum
 
 
 class ProcessState(str, Enum):
-    RUNNING = "running"
-    SLEEPING = "sleeping"
+    RUNNING = "running"  # alive, neither stopped nor a zombie, whatever the scheduler says (R, S, D)
+    SLEEPING = "sleeping"  # older agents' word for an alive process in S; read back, never decided
     STOPPED = "stopped"
     ZOMBIE = "zombie"
     EXITED = "exited"
@@ -23,42 +26,107 @@ class ProcessState(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    @property
+    def alive(self) -> bool:
+        """The process (or its launcher) still holds resources."""
+        return self in LIVE
 
-LIVE = frozenset({ProcessState.RUNNING, ProcessState.SLEEPING, ProcessState.STOPPED, ProcessState.ZOMBIE})
-
-# /proc/<pid>/stat state letters, and the names for them.
-_ALIVE = {"R": ProcessState.RUNNING, "S": ProcessState.SLEEPING, "D": ProcessState.SLEEPING,
-          "I": ProcessState.SLEEPING, "W": ProcessState.SLEEPING, "T": ProcessState.STOPPED,
-          "t": ProcessState.STOPPED, "Z": ProcessState.ZOMBIE, "X": ProcessState.ZOMBIE}
-_ALIVE.update({s.value: s for s in LIVE})
+    @property
+    def ended(self) -> bool:
+        return self in (ProcessState.EXITED, ProcessState.KILLED, ProcessState.LOST)
 
 
-def exit_signal(exit_code: int | None) -> int | None:
-    """The signal an exit code stands for: 128+N from a shell wrapper, -N from Popen; else None."""
-    if isinstance(exit_code, bool) or not isinstance(exit_code, int):
+LIVE = (ProcessState.RUNNING, ProcessState.SLEEPING, ProcessState.STOPPED, ProcessState.ZOMBIE)
+
+# /proc/<pid>/stat's state letter. A training process blocked on I/O or a
+# collective (S, D) is as much "running" as one on a CPU: what the job cares
+# about is stopped (SIGSTOP) or defunct.
+_LETTERS = {"T": ProcessState.STOPPED, "t": ProcessState.STOPPED, "Z": ProcessState.ZOMBIE, "X": ProcessState.ZOMBIE}
+_MAX_SIGNAL = 64
+
+
+def signame(sig: int) -> str:
+    try:
+        return _signal.Signals(sig).name
+    except ValueError:
+        return "signal %d" % sig
+
+
+def signal_of(exit_code: int | None) -> int | None:
+    """The signal an exit code stands for (the shell's 128 + n), or None for a plain exit."""
+    if exit_code is None:
         return None
-    if 128 < exit_code < 128 + 65:
-        return exit_code - 128
-    if -65 < exit_code < 0:
+    if exit_code < 0:  # subprocess' convention: -n
         return -exit_code
+    if 128 < exit_code <= 128 + _MAX_SIGNAL:
+        return exit_code - 128
     return None
 
 
-def process_state(alive: bool, proc_state: str | None, exit_code: int | None,
-                  signal: int | None) -> ProcessState:
-    """Classify one process.
+def shell_code(exit_code: int | None, signal: int | None = None) -> int | None:
+    """One convention for an ending: the shell's (128 + n for signal n)."""
+    if signal is not None:
+        return 128 + signal
+    if exit_code is not None and exit_code < 0:
+        return 128 - exit_code
+    return exit_code
 
-    alive: it (or its launcher) is still there; proc_state: its /proc state
-    letter or a state name ("killed" where something else knows it was
-    killed, e.g. by fab kill-all); exit_code: what its launcher recorded, if
-    it ended; signal: the signal that ended it, where known without an exit code.
+
+def decide(alive: bool, proc_state: str | None = None, exit_code: int | None = None,
+           signal: int | None = None, started: bool = True, before_boot: bool = False) -> ProcessState:
+    """The state of one job process.
+
+    alive:       its launcher (or the program) is still there
+    proc_state:  the program's /proc state letter, when alive
+    exit_code:   the recorded exit code, if any (128 + n: killed by signal n)
+    signal:      the signal that ended it, where known directly
+    before_boot: its run record predates this boot (nothing can be known of it)
     """
-    if proc_state == ProcessState.NOT_STARTED.value:
+    if not started:
         return ProcessState.NOT_STARTED
     if alive:
-        return _ALIVE.get(proc_state or "R", ProcessState.RUNNING)
-    if signal or exit_signal(exit_code) or proc_state == ProcessState.KILLED.value:
+        return _LETTERS.get(proc_state or "R", ProcessState.RUNNING)
+    if signal is not None or signal_of(exit_code) is not None:
         return ProcessState.KILLED
     if exit_code is not None:
         return ProcessState.EXITED
-    return ProcessState.LOST
+    # Gone without an exit record: the launcher itself was killed, and the
+    # program with it (PR_SET_PDEATHSIG). Only across a reboot is it unknown.
+    return ProcessState.LOST if before_boot else ProcessState.KILLED
+
+
+def describe_end(exit_code: int | None, signal: int | None = None, launcher: int | None = None) -> str:
+    """How a process ended, in the words events and `fab status` use."""
+    code = shell_code(exit_code, signal)
+    sig = signal if signal is not None else signal_of(code)
+    if sig is not None:
+        return "killed by %s (exit code %d)" % (signame(sig), code)
+    if code is not None:
+        return "exited with code %d" % code
+    who = "its launcher (pid %d)" % launcher if launcher else "its launcher"
+    return "killed: %s died without recording an exit code" % who
+
+
+# -- for records read back from a node (the controller's side) ---------------------------
+
+_NAMES = {s.value: s for s in ProcessState}
+
+
+def exit_signal(exit_code) -> int | None:
+    """signal_of() for a value read from a node record: anything but an int means no signal."""
+    if isinstance(exit_code, bool) or not isinstance(exit_code, int):
+        return None
+    return signal_of(exit_code)
+
+
+def process_state(alive: bool, proc_state: str | None, exit_code, signal) -> ProcessState:
+    """decide() for a node's record, whose state may already be a name ("killed", "not started")."""
+    named = _NAMES.get(proc_state or "")
+    code = exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else None
+    signal = signal if isinstance(signal, int) and not isinstance(signal, bool) else None
+    if named is ProcessState.NOT_STARTED or (alive and named is not None):
+        return named
+    if not alive and code is None and signal is None and named in (ProcessState.KILLED, ProcessState.LOST):
+        return named  # the node knew how it ended without a code (kill-all, a record from before boot)
+    # An end is decided by its code: "exited" with 137 from an older node is killed by SIGKILL.
+    return decide(alive, proc_state if alive else None, code, signal)

@@ -17,16 +17,13 @@ from dataclasses import asdict, dataclass, field
 
 from fabtrain.config.cluster import Cluster, Node
 from fabtrain.plan.runtime import runtime_dir
+from fabtrain.node import launch
 
-LAUNCH_WRAPPER = (
-    # The sh wrapper is the session leader; the program is its child. It exists
-    # so the exit code survives the SSH session that started the job (nobody
-    # else can wait() for it), written atomically when the program ends.
-    'stdbuf -oL -eL "$@"; rc=$?; '
-    'echo $rc > "$FABTRAIN_EXIT_FILE.tmp" && mv -f "$FABTRAIN_EXIT_FILE.tmp" "$FABTRAIN_EXIT_FILE"; '
-    "exit $rc"
-)
-LAUNCH_PREFIX = ("setsid", "nohup", "sh", "-c", LAUNCH_WRAPPER, "fabtrain-run")
+
+
+def launch_argv(python: str, job_id: str, exit_path: str, argv, subreaper: bool = True) -> list[str]:
+    """A process's start: the launcher (fabtrain/node/launch.py, written into the job directory) and its argv."""
+    return launch.command(python, f"$WS/jobs/{job_id}", exit_path, argv, subreaper=subreaper)
 
 
 @dataclass(frozen=True)
@@ -41,9 +38,10 @@ class ProcessPlan:
     run: str
     exit: str
     metrics: str
+    launch: tuple[str, ...] = ()  # the launcher's argv, then `argv`
 
     def launch_argv(self) -> list[str]:
-        return [*LAUNCH_PREFIX, *self.argv]
+        return list(self.launch)
 
 
 @dataclass(frozen=True)
@@ -70,6 +68,9 @@ class Plan:
     watchdog: dict = field(default_factory=dict)
     pserver_endpoints: tuple[str, ...] = ()
     master: str = ""
+    ports: dict = field(default_factory=dict)  # PORT_SETTINGS key -> port
+    auto_ports: tuple[str, ...] = ()  # the ones chosen at start (`auto`)
+    listens: tuple["PortUse", ...] = ()  # every port the job listens on, node by node
 
     def node(self, name: str) -> NodePlan:
         return next(n for n in self.nodes if n.node == name)
@@ -88,7 +89,13 @@ class Plan:
             "sgd": self.sgd,
             "nodes": [{"name": m.node, "address": m.address, "roles": sorted(m.roles())} for m in self.nodes],
             "watchdog": self.watchdog,
-            "processes": [asdict(p) | {"argv": list(p.argv), "launch": p.launch_argv()} for p in n.processes],
+            # Which ports the job holds, so a later start (any cluster on this machine) leaves them alone.
+            "ports": {**self.ports, "auto": list(self.auto_ports)},
+            "listens": [[u.port, u.count, u.what, u.address] for u in self.listens if u.node == n.node],
+            # What the agent must know, so it guesses nothing from PADDLE_* or WORLD_SIZE.
+            "trainers": sum(1 for m in self.nodes for p in m.processes if p.role == "trainer"),
+            "agent": self.agent_process(node),
+            "processes": [asdict(p) | {"argv": list(p.argv), "launch": list(p.launch)} for p in n.processes],
         }
 
     def agent_process(self, node: str) -> dict:
@@ -99,9 +106,11 @@ class Plan:
                "FABTRAIN_RANK": str(n.node_index), "FABTRAIN_WORKSPACE": "$WS",
                "FABTRAIN_EXIT_FILE": f"{job_dir}/run/agent.exit", "PYTHONUNBUFFERED": "1"}
         argv = [n.python, "-m", "fabtrain.node.agent", job_dir]
+        # No subreaper: the agent's keeper must outlive the agent, not be held by its launcher.
+        start = launch_argv(n.python, self.job_id, f"{job_dir}/run/agent.exit", argv, subreaper=False)
         return {"name": "agent", "role": "agent", "rank": n.node_index, "argv": argv,
                 # The agent runs from fabtrain's own runtime, never from the user's code.
-                "launch": [*LAUNCH_PREFIX, *argv], "env": env, "cwd": runtime_dir(),
+                "launch": start, "env": env, "cwd": runtime_dir(),
                 "log": f"{job_dir}/logs/agent.log", "run": f"{job_dir}/run/agent.json",
                 "exit": f"{job_dir}/run/agent.exit", "metrics": ""}
 
@@ -133,22 +142,129 @@ class _PortsByAddress:
         return slot
 
 
-def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, secret: str | None = None) -> Plan:
+# The port settings of cluster.yaml, by the name job.json and the controller's state use.
+PORT_SETTINGS = {"master_port": "job.master_port", "pserver_port": "job.pserver.port",
+                 "watchdog_port": "job.watchdog.port"}
+IFACE_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+@dataclass(frozen=True)
+class Network:
+    """What the plan takes from the nodes' network, found there by a probe
+    (fabtrain.controller.preflight) and handed in, so the plan stays pure."""
+    ports: dict[str, int]  # PORT_SETTINGS key -> the port; `auto` ones chosen
+    auto: tuple[str, ...] = ()  # which of them were `auto` in cluster.yaml
+    ifaces: dict[str, str] = field(default_factory=dict)  # node name -> the interface carrying its address
+
+    def to_dict(self) -> dict:
+        return {"ports": dict(self.ports), "auto": list(self.auto), "ifaces": dict(self.ifaces)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Network":
+        return cls(ports=dict(d["ports"]), auto=tuple(d.get("auto", ())), ifaces=dict(d.get("ifaces", {})))
+
+
+@dataclass(frozen=True)
+class PortUse:
+    """A port (or `count` consecutive ports) that a process of the job listens on, on one node."""
+    node: str
+    address: str
+    port: int
+    count: int
+    what: str  # "pserver 0", "master (rank 0)", "watchdog coordinator"
+    setting: str  # a PORT_SETTINGS key: what to change when it is taken
+
+    @property
+    def ports(self) -> range:
+        return range(self.port, self.port + self.count)
+
+
+def configured_ports(cluster: Cluster) -> dict[str, int | None]:
+    """The port settings as cluster.yaml gives them (None: auto)."""
+    job = cluster.job
+    return {"master_port": job.master_port, "pserver_port": job.pserver.port, "watchdog_port": job.watchdog.port}
+
+
+def pserver_layout(cluster: Cluster, base: int) -> list[tuple[Node, int, int]]:
+    """(node, pserver rank, first port) of every pserver, the ranges starting at `base`.
+
+    Pservers that share an address (one node, or several nodes on one machine)
+    take consecutive ranges of ports_num + ports_num_for_sparse, so no two collide.
+    """
+    job = cluster.job
+    if job.mode != "pserver":
+        return []
+    span = job.pserver.ports_num + job.pserver.ports_num_for_sparse
+    taken, pservers = _PortsByAddress(), []
+    for node in cluster.pserver_nodes:
+        for _ in range(job.pserver.per_node):
+            pservers.append((node, len(pservers), base + taken.next(node.address) * span))
+    return pservers
+
+
+def port_uses(cluster: Cluster, ports: dict[str, int | None], unchecked: bool = False) -> list[PortUse]:
+    """Every port the job listens on, node by node, for the given settings.
+
+    Checked: each pserver's range (pserver mode), rank 0's master_port
+    (collective mode: its store), the watchdog's coordinator on the first
+    node. `unchecked` adds master_port in pserver mode: the trainers are told
+    it (MASTER_PORT) though the reference workload never listens there, so
+    only an `auto` one needs choosing. A setting given as None is left out.
+    """
+    job, uses = cluster.job, []
+    span = job.pserver.ports_num + job.pserver.ports_num_for_sparse
+    if ports.get("pserver_port") is not None:
+        uses += [PortUse(n.name, n.address, port, span, f"pserver {rank}", "pserver_port")
+                 for n, rank, port in pserver_layout(cluster, ports["pserver_port"])]
+    master = cluster.trainer_nodes[0]
+    if ports.get("master_port") is not None and (job.mode == "collective" or unchecked):
+        uses.append(PortUse(master.name, master.address, ports["master_port"], 1, "master (rank 0)", "master_port"))
+    first = cluster.nodes[0]
+    if ports.get("watchdog_port") is not None and job.watchdog.enabled:
+        uses.append(PortUse(first.name, first.address, ports["watchdog_port"], 1, "watchdog coordinator",
+                            "watchdog_port"))
+    return uses
+
+
+def needed_ports(cluster: Cluster) -> tuple[str, ...]:
+    """The port settings the plan writes somewhere: an `auto` one among them must be chosen."""
+    job = cluster.job
+    return ("master_port",) + (("pserver_port",) if job.mode == "pserver" else ()) + \
+        (("watchdog_port",) if job.watchdog.enabled else ())
+
+
+def _resolved_ports(cluster: Cluster, network: Network | None) -> dict[str, int | None]:
+    ports = {**configured_ports(cluster), **(network.ports if network else {})}
+    missing = [k for k in needed_ports(cluster) if ports[k] is None]
+    if missing:
+        raise ValueError(f"{', '.join(missing)} is auto: the plan needs the Network a probe chose")
+    return ports
+
+
+def iface_env(cluster: Cluster, node: Node, network: Network | None) -> dict[str, str]:
+    """GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME: the node's `iface:`, else the interface
+    found carrying its address (`<iface of ADDR>` until a probe found it).
+
+    Without them gloo picks the interface the hostname resolves to, which on
+    many machines is 127.0.1.1 or a docker bridge the peers cannot reach.
+    job.env, applied after, wins over both.
+    """
+    iface = node.iface or (network.ifaces.get(node.name) if network else None) or f"<iface of {node.address}>"
+    return {var: iface for var in IFACE_VARS}
+
+
+def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, secret: str | None = None,
+              network: Network | None = None) -> Plan:
+    """The plan of job `job_id`; `network` (ports chosen for `auto`, interfaces found) comes from a probe."""
     job = cluster.job
     trainer_nodes = cluster.trainer_nodes
     per_node = job.trainer.per_node
     world_size = cluster.trainer_count
     master = trainer_nodes[0]  # trainer 0 is the first trainer of the first node (PaddleX)
+    ports = _resolved_ports(cluster, network)
+    master_port = ports["master_port"]
 
-    # Pserver endpoints: pservers that share an address (one node, or several
-    # nodes on one machine) take consecutive port ranges, so no two collide.
-    span = job.pserver.ports_num + job.pserver.ports_num_for_sparse
-    pservers: list[tuple[Node, int, int]] = []  # (node, pserver rank, port)
-    if job.mode == "pserver":
-        taken = _PortsByAddress()
-        for node in cluster.pserver_nodes:
-            for _ in range(job.pserver.per_node):
-                pservers.append((node, len(pservers), job.pserver.port + taken.next(node.address) * span))
+    pservers = pserver_layout(cluster, ports["pserver_port"])  # (node, pserver rank, port)
     pserver_ips = ",".join(n.address for n, _, _ in pservers)
     pserver_endpoints = tuple(f"{n.address}:{port}" for n, _, port in pservers)
 
@@ -160,26 +276,27 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
         "ports_num_for_sparse": job.pserver.ports_num_for_sparse,
         "world_size": world_size,
         "master_addr": master.address,
-        "master_port": job.master_port,
+        "master_port": master_port,
         "nnodes": len(trainer_nodes),
         "nproc_per_node": per_node,
     }
     # One endpoint per trainer; trainers that share an address differ in port.
     endpoint_slot = _PortsByAddress()
     paddle_endpoints = ",".join(
-        f"{n.address}:{job.master_port + 1 + endpoint_slot.next(n.address)}"
+        f"{n.address}:{master_port + 1 + endpoint_slot.next(n.address)}"
         for n in trainer_nodes for _ in range(per_node)
     )
 
     node_plans = []
     for index, node in enumerate(cluster.nodes):
         procs: list[ProcessPlan] = []
+        pin = iface_env(cluster, node, network)
         for pnode, prank, port in pservers:
             if pnode is not node:
                 continue
             values = common | {"port": port, "rank": prank, "trainer_id": "", "node_rank": index,
                                "data_dir": _data_dir(cluster)}
-            env = _paddle_v2_env(cluster, values) | {
+            env = pin | _paddle_v2_env(cluster, values) | {
                 "TRAINING_ROLE": "PSERVER",
                 "PADDLE_PORT": str(port),
                 "POD_IP": node.address,
@@ -192,33 +309,40 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
             node_rank = trainer_nodes.index(node)
             if torchrun:
                 values = common | {"rank": node_rank, "trainer_id": node_rank * per_node, "node_rank": node_rank,
-                                   "port": job.master_port, "data_dir": _data_dir(cluster)}
-                env = {"NODE_RANK": str(node_rank), "MASTER_ADDR": master.address, "MASTER_PORT": str(job.master_port)}
+                                   "port": master_port, "data_dir": _data_dir(cluster)}
+                env = pin | {"NODE_RANK": str(node_rank), "MASTER_ADDR": master.address, "MASTER_PORT": str(master_port)}
                 command = _with_torchrun_flags(job.trainer.command)
                 procs.append(_process(cluster, node, "trainer", node_rank, command, values, env, job_id, resume_from))
             else:
                 for local in range(per_node):
                     rank = node_rank * per_node + local
                     values = common | {"rank": rank, "trainer_id": rank, "node_rank": node_rank,
-                                       "port": pservers[0][2] if pservers else job.master_port,
+                                       "port": pservers[0][2] if pservers else master_port,
                                        "data_dir": _data_dir(cluster)}
-                    env = _trainer_env(cluster, node, values, local, pserver_endpoints, paddle_endpoints)
+                    env = pin | _trainer_env(cluster, node, values, local, pserver_endpoints, paddle_endpoints)
                     procs.append(_process(cluster, node, "trainer", rank, job.trainer.command, values, env, job_id, resume_from))
         node_plans.append(NodePlan(node=node.name, node_index=index, host=node.host, address=node.address,
                                    workspace=node.workspace, python=node.python, processes=tuple(procs)))
 
-    w = job.watchdog
+    return Plan(job_id=job_id, cluster=cluster.name, mode=job.mode, sgd=job.sgd, nodes=tuple(node_plans),
+                watchdog=_watchdog(cluster, secret, ports["watchdog_port"]), pserver_endpoints=pserver_endpoints,
+                master=f"{master.address}:{master_port}",
+                ports=ports, auto_ports=network.auto if network else (), listens=tuple(port_uses(cluster, ports)))
+
+
+def _watchdog(cluster: Cluster, secret: str | None, port: int | None) -> dict:
+    w = cluster.job.watchdog
     watchdog = {
         "enabled": w.enabled, "interval": w.interval, "hang_timeout": w.hang_timeout, "grace": w.grace,
-        "on_failure": w.on_failure,
+        "startup_timeout": w.startup_timeout, "on_failure": w.on_failure,
         # The agents' shared view of the job lives with the first node's agent.
-        "coordinator": {"host": cluster.nodes[0].address, "port": w.port},
+        "coordinator": {"host": cluster.nodes[0].address, "port": port},
     }
+    if w.notify is not None:
+        watchdog["notify"] = {"webhook": w.notify.webhook, "command": list(w.notify.command), "on": list(w.notify.on)}
     if secret:
         watchdog["coordinator"]["secret"] = secret
-    return Plan(job_id=job_id, cluster=cluster.name, mode=job.mode, sgd=job.sgd, nodes=tuple(node_plans),
-                watchdog=watchdog, pserver_endpoints=pserver_endpoints,
-                master=f"{master.address}:{job.master_port}")
+    return watchdog
 
 
 def _data_dir(cluster: Cluster) -> str:
@@ -306,8 +430,9 @@ def _process(cluster: Cluster, node: Node, role: str, rank: int, command: str, v
     if os.path.isabs(node.python) or node.python.startswith("~/"):
         # `python` in a command means the cluster's interpreter (its venv's bin first).
         env["PATH"] = f"{os.path.dirname(node.python)}:$PATH"
-    return ProcessPlan(name=name, role=role, rank=rank, argv=tuple(fill_placeholders(command, values)),
-                       env=env, cwd=f"$WS/jobs/{job_id}/code", **paths)
+    argv = tuple(fill_placeholders(command, values))
+    return ProcessPlan(name=name, role=role, rank=rank, argv=argv, env=env, cwd=f"$WS/jobs/{job_id}/code", **paths,
+                       launch=tuple(launch_argv(node.python, job_id, paths["exit"], argv)))
 
 
 def fill_placeholders(command: str, values: dict) -> list[str]:

@@ -1,144 +1,14 @@
-"""What the node agent measures: processes and host health, read from /proc.
+"""What the agent measures besides processes: the host (CPU, load, memory, swap, disk,
+network, from /proc) and NVIDIA GPUs (through NVML, only where a driver is present).
 
-Standard library only (plus nvidia-ml-py, imported only where an NVIDIA driver
-is present), so the agent stays small: psutil would do the same work with more
-memory and an import the nodes may not have.
+Standard library only; nvidia-ml-py is imported lazily, only where a driver
+is present, so the node side needs nothing installed.
 """
 from __future__ import annotations
 
 import os
 import shutil
 import time
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _boot_time() -> float:
-    try:
-        with open("/proc/stat") as f:
-            for line in f:
-                if line.startswith("btime "):
-                    return float(line.split()[1])
-    except OSError:
-        pass
-    return 0.0
-
-
-BOOT_TIME = _boot_time()
-
-STATE_NAMES = {"R": "running", "S": "sleeping", "D": "sleeping", "I": "sleeping", "W": "sleeping",
-               "T": "stopped", "t": "stopped", "Z": "zombie", "X": "zombie"}
-
-
-class Proc:
-    """One line of /proc/<pid>/stat, the fields the agent uses."""
-
-    __slots__ = ("pid", "state", "ppid", "pgid", "sid", "cpu", "create_time", "rss")
-
-    def __init__(self, pid, state, ppid, pgid, sid, cpu, create_time, rss):
-        self.pid, self.state, self.ppid, self.pgid, self.sid = pid, state, ppid, pgid, sid
-        self.cpu, self.create_time, self.rss = cpu, create_time, rss
-
-    @property
-    def dead(self) -> bool:
-        # A zombie holds no memory, port or GPU. One whose parent is PID 1 is
-        # as good as reaped (PID 1 reaps lazily in containers).
-        return self.state in ("Z", "X")
-
-
-def read_proc(pid: int) -> Proc | None:
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    try:
-        rest = data[data.rindex(b")") + 2:].split()  # the command name may hold spaces and ')'
-        return Proc(pid, rest[0].decode(), int(rest[1]), int(rest[2]), int(rest[3]),
-                    (int(rest[11]) + int(rest[12])) / CLK_TCK, BOOT_TIME + int(rest[19]) / CLK_TCK,
-                    int(rest[21]) * PAGE_SIZE)
-    except (ValueError, IndexError):
-        return None
-
-
-def scan() -> dict[int, Proc]:
-    """Every process on the machine, by pid."""
-    procs = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            p = read_proc(int(name))
-            if p is not None:
-                procs[p.pid] = p
-    return procs
-
-
-class ProcTable:
-    """/proc, read cheaply once a second.
-
-    Reading every /proc/<pid>/stat costs ~20 µs a process, every tick, on a
-    busy machine most of the agent's CPU. Instead: list /proc (new pids are
-    read once, gone ones dropped) and re-read only the `hot` pids the agent
-    cares about (its job's processes and their families); the others keep the
-    ppid/pgid they were born with, which is all the agent asks of them (a
-    process can join a job's process group or family only by being forked
-    into it: then it is new). Every `full_every` refreshes, everything is
-    re-read, in case a pid was reused between two listings.
-    """
-
-    def __init__(self, full_every: int = 10):
-        self.procs: dict[int, Proc] = {}
-        self.full_every = full_every
-        self.count = 0
-
-    def refresh(self, hot=()) -> tuple[dict[int, Proc], set[int]]:
-        """(every process by pid, the pids read for the first time)."""
-        full = self.count % self.full_every == 0
-        self.count += 1
-        now = {int(n) for n in os.listdir("/proc") if n.isdigit()}
-        for pid in [p for p in self.procs if p not in now]:
-            del self.procs[pid]
-        new = now - self.procs.keys()
-        for pid in (now if full else new | (set(hot) & now)):
-            p = read_proc(pid)
-            if p is None:
-                self.procs.pop(pid, None)
-            else:
-                self.procs[pid] = p
-        return self.procs, new
-
-
-def environ(pid: int) -> dict[bytes, bytes]:
-    try:
-        with open("/proc/%d/environ" % pid, "rb") as f:
-            data = f.read()
-    except OSError:
-        return {}
-    return dict(kv.split(b"=", 1) for kv in data.split(b"\0") if b"=" in kv)
-
-
-def cmdline(pid: int) -> list[str]:
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return [a.decode("utf-8", "replace") for a in f.read().split(b"\0")[:-1]]
-    except OSError:
-        return []
-
-
-def children_map(procs: dict[int, Proc]) -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for p in procs.values():
-        kids.setdefault(p.ppid, []).append(p.pid)
-    return kids
-
-
-def descendants(pid: int, kids: dict[int, list[int]]) -> list[int]:
-    out, todo = [], list(kids.get(pid, ()))
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(kids.get(p, ()))
-    return out
 
 
 class HostSampler:

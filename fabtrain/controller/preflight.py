@@ -1,0 +1,385 @@
+"""The network before a job starts: interfaces, free ports, reachability.
+
+Three users, one node op (`netcheck`, fabtrain/node/netcheck.py), one
+fan-out each, every node at once:
+
+- `fab check` (`network_check`): every node opens a short-lived listener on
+  each port it will hold for the job and connects to every such port of the
+  others; a table says what listened, what was reached, through which
+  interface, and one line per problem says which node, which port and what
+  to do. `auto` ports are picked blind for it (a start picks again).
+- the start tasks (`prepare_start`): is every fixed port free on its node
+  (bound, or claimed by another fabtrain job there that has not bound it
+  yet)? If not, refuse before anything starts. Choose the `auto` ports among
+  those free on the nodes concerned; find the interface carrying each
+  node's address. The result is the plan's `Network`.
+- `fab plan` (`plan_network`): the same probe, refusing nothing.
+
+`fab check --bandwidth` (`bandwidth`) adds a short all-reduce across the
+nodes (fabtrain/node/bandwidth.py) on a port chosen the same way.
+"""
+from __future__ import annotations
+
+import random
+import secrets
+from dataclasses import dataclass, field
+
+from fabtrain.config.cluster import Cluster
+from fabtrain.errors import UserError
+from fabtrain.plan.plan import (IFACE_VARS, PORT_SETTINGS, Network, PortUse, configured_ports, needed_ports,
+                                port_uses)
+from fabtrain.remote.session import Session
+from fabtrain.remote.transport import Reply, fan_out
+
+AUTO_WINDOW = (20000, 32767)  # where `auto` ports come from: below the kernel's usual ephemeral range
+EXCHANGE_DEADLINE = 8.0  # seconds a node waits for the others' listeners and connections
+
+
+@dataclass
+class NetworkCheck:
+    """What the network check found: the ports it used, each node's reply, and the verdict."""
+    network: Network
+    uses: list[PortUse]
+    replies: dict[str, Reply]
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+# -- the fan-out ---------------------------------------------------------------------------
+
+
+def _payloads(cluster: Cluster, uses: list[PortUse], serve: bool, job_id: str | None, token: str) -> dict[str, dict]:
+    """Each node's netcheck request: the ports it holds, and (serve) the others' ports to reach."""
+    payloads = {}
+    for node in cluster.nodes:
+        listen = [{"port": p, "what": u.what, "setting": u.setting, "expect": len(cluster.nodes) - 1}
+                  for u in uses if u.node == node.name for p in u.ports]
+        reach = [{"node": u.node, "address": u.address, "port": p, "what": u.what}
+                 for u in uses if u.node != node.name for p in u.ports] if serve else []
+        payloads[node.name] = {
+            "address": node.address, "peers": sorted({n.address for n in cluster.nodes if n.name != node.name}),
+            "listen": listen, "reach": reach, "serve": serve, "token": token, "deadline": EXCHANGE_DEADLINE,
+            "window": list(AUTO_WINDOW), "job_id": job_id}
+    return payloads
+
+
+def _fan_out(session: Session, payloads: dict[str, dict]) -> dict[str, Reply]:
+    nodes = session.cluster.nodes
+    # Every node at once, whatever ssh.parallel says: a node's listeners must be
+    # up while the others connect to them.
+    replies = fan_out([session.transport(n) for n in nodes],
+                      lambda t: t.call("netcheck", payloads[t.node.name], timeout=EXCHANGE_DEADLINE + 60),
+                      max(session.cluster.parallel, len(nodes)))
+    return {r.node: r for r in replies}
+
+
+# -- choosing `auto` ports -------------------------------------------------------------------
+
+
+def _busy(replies: dict[str, Reply]) -> dict[str, set[int]]:
+    """Per node, the ports in AUTO_WINDOW a socket holds or a running fabtrain job has claimed."""
+    busy = {}
+    for name, r in replies.items():
+        if r.ok:
+            held = set(r.value.get("busy") or [])
+            for c in r.value.get("claimed") or []:
+                held.update(range(c["port"], c["port"] + c["count"]))
+            busy[name] = held
+    return busy
+
+
+def choose_ports(cluster: Cluster, replies: dict[str, Reply], rng: random.Random | None = None) -> Network:
+    """The job's ports: fixed ones as given, each `auto` one free on every node concerned.
+
+    Random within AUTO_WINDOW rather than the lowest free: two jobs started
+    moments apart (before the first has bound its ports) rarely pick alike,
+    and a running job's claims (its job.json) are avoided as well.
+    """
+    rng = rng or random.Random(secrets.randbits(64))
+    configured = configured_ports(cluster)
+    ports, auto = dict(configured), [k for k in needed_ports(cluster) if configured[k] is None]
+    busy = _busy(replies)
+    held: dict[str, set[int]] = {}
+    for u in port_uses(cluster, configured, unchecked=True):
+        held.setdefault(u.node, set()).update(u.ports)
+    lo, hi = AUTO_WINDOW
+    for setting in auto:
+        tries = [rng.randint(lo, hi) for _ in range(200)] + list(range(lo, hi + 1))
+        for base in tries:
+            trial = port_uses(cluster, {setting: base}, unchecked=True)
+            if all(u.port + u.count - 1 <= hi and not set(u.ports) & (busy.get(u.node, set()) | held.get(u.node, set()))
+                   for u in trial):
+                ports[setting] = base
+                for u in trial:
+                    held.setdefault(u.node, set()).update(u.ports)
+                break
+        else:
+            raise UserError(f"{cluster.path}: {PORT_SETTINGS[setting]}: auto: no free port in "
+                            f"{lo}-{hi} on the nodes concerned; give a port")
+    ifaces = {name: r.value["iface"] for name, r in replies.items() if r.ok and r.value.get("iface")}
+    return Network(ports=ports, auto=tuple(auto), ifaces=ifaces)
+
+
+def clashes(uses: list[PortUse]) -> list[str]:
+    """Two of the job's own ports that are one port on one node (master_port = watchdog.port)."""
+    seen: dict[tuple[str, int], PortUse] = {}
+    out = []
+    for u in uses:
+        for p in u.ports:
+            other = seen.setdefault((u.node, p), u)
+            if other is not u and other.setting != u.setting:
+                out.append(f"{u.node}: port {p} is both {other.what} ({PORT_SETTINGS[other.setting]}) and "
+                           f"{u.what} ({PORT_SETTINGS[u.setting]}): change one, or set it to auto")
+    return out
+
+
+# -- the verdict -----------------------------------------------------------------------------
+
+
+def _fix(setting: str) -> str:
+    return f"stop it, or set {PORT_SETTINGS[setting]}: auto (or another port)"
+
+
+def _listen_findings(cluster: Cluster, uses: list[PortUse], replies: dict[str, Reply], starting: bool):
+    """(problems, notes, ports that did not open: {(node, port)}) of every port the job holds."""
+    problems, notes, closed = [], [], set()
+    by_node = {n.name: n for n in cluster.nodes}
+    for name, r in replies.items():
+        if not r.ok:
+            continue
+        own_ws = r.value.get("workspace")
+        for e in r.value["listen"]:
+            where = f"{name}: port {e['port']} ({e['what']})"
+            claim = next((c for c in r.value.get("claimed") or []
+                          if c["port"] <= e["port"] < c["port"] + c["count"]
+                          and c.get("address") in (None, by_node[name].address)), None)
+            if e["state"] == "ok" and claim is None:
+                continue
+            closed.add((name, e["port"]))
+            owner = e.get("owner") or {}
+            holder_ws = owner.get("workspace") if e["state"] == "taken" else (claim or {}).get("workspace")
+            if e["state"] in ("taken", "ok") and holder_ws == own_ws and holder_ws:
+                # This cluster's own running job: the start refuses it itself ("still running").
+                if not starting:
+                    job = owner.get("job_id") or (claim or {}).get("job_id")
+                    notes.append(f"{where} is held by this cluster's running job {job} (fab kill-all frees it)")
+                continue
+            if e["state"] == "taken":
+                who = (f"pid {owner['pid']} ({owner['command'] or '?'})" if owner.get("pid")
+                       else "a process /proc does not show (another user's?)")
+                job = f", job {owner['job_id']} of workspace {owner['workspace']}" if owner.get("job_id") else ""
+                problems.append(f"{where} is in use by {who}{job}: {_fix(e['setting'])}")
+            elif e["state"] == "ok":
+                problems.append(f"{where} belongs to job {claim['job_id']} of workspace {claim['workspace']} "
+                                f"({claim['what']}), running here: {_fix(e['setting'])}")
+            else:
+                problems.append(f"{where}: cannot listen: {e.get('error')}: set {PORT_SETTINGS[e['setting']]} "
+                                f"to a port >= 1024, or auto")
+    return problems, notes, closed
+
+
+def _reach_findings(cluster: Cluster, replies: dict[str, Reply], closed: set) -> list[str]:
+    problems = []
+    for name, r in replies.items():
+        if not r.ok:
+            continue
+        for t in r.value["reach"]:
+            if t["state"] == "ok" or not replies[t["node"]].ok or (t["node"], t["port"]) in closed:
+                continue  # the node, or its listener there, is reported already
+            target = f"{t['node']} {t['address']}:{t['port']} ({t['what']})"
+            via = f" from {t['local']}" if t.get("local") else ""
+            why = {
+                "refused": f"connection refused while the check listened there: a firewall on {t['node']} or on "
+                           f"the way rejects it; allow TCP {t['port']}{via}",
+                "timeout": f"no answer within the check's time: a firewall drops it; allow TCP {t['port']}{via}",
+                "other": f"another program answered: is {t['address']} really {t['node']}'s address? (nodes[].address)",
+            }.get(t["state"], f"{t.get('error')}: check nodes[].address of {t['node']}")
+            problems.append(f"{name}: cannot reach {target}: {why}")
+    return problems
+
+
+def _node_findings(cluster: Cluster, replies: dict[str, Reply], starting: bool) -> tuple[list[str], list[str]]:
+    problems, notes = [], []
+    env = dict(cluster.job.env)
+    for node in cluster.nodes:
+        r = replies[node.name]
+        if not r.ok:
+            if not starting:  # a start reports it itself, node by node
+                problems.append(f"{r.error} (its network is not checked)")
+            continue
+        v = r.value
+        if not v.get("address_ip"):
+            problems.append(f"{node.name}: its address {node.address} does not resolve there: set nodes[].address")
+            continue
+        if not v.get("address_local"):
+            notes.append(f"{node.name}: {node.address} is not an address of that machine (NAT?): listeners take "
+                         f"every address; gloo/NCCL use {v.get('iface') or '?'}, the way to the other nodes")
+        if not (node.iface or v.get("iface") or all(var in env for var in IFACE_VARS)):
+            problems.append(f"{node.name}: no interface carries {node.address} there: set nodes[].iface")
+        for peer, route in (v.get("routes") or {}).items():
+            if not route.get("local"):
+                problems.append(f"{node.name}: no route to {peer} (another node's address): check its network")
+    return problems, notes
+
+
+def assess(cluster: Cluster, network: Network, replies: dict[str, Reply], starting: bool = False,
+           hosts: set[str] | None = None) -> NetworkCheck:
+    """The verdict on a netcheck fan-out; `hosts`: judge only the ports these nodes hold."""
+    uses = port_uses(cluster, network.ports)
+    if hosts is not None:
+        replies = {n: r if n in hosts or not r.ok else Reply(n, True, {**r.value, "listen": []})
+                   for n, r in replies.items()}
+    problems, notes = _node_findings(cluster, replies, starting)
+    listen_problems, listen_notes, closed = _listen_findings(cluster, uses, replies, starting)
+    problems += clashes(uses) + listen_problems
+    if not starting:
+        problems += _reach_findings(cluster, replies, closed)
+    return NetworkCheck(network, uses, replies, problems, notes + listen_notes)
+
+
+# -- the three users ---------------------------------------------------------------------------
+
+
+def network_check(session: Session) -> NetworkCheck:
+    """`fab check`'s network section: one fan-out.
+
+    `auto` ports are picked blind for it (a start picks again, among the free
+    ones): the fan-out's reply says what is busy, and only when a blind pick
+    turns out taken (rare, in a window of 12,768) does a second one run.
+    """
+    cluster, token = session.cluster, secrets.token_hex(8)
+    network = choose_ports(cluster, {})
+
+    def exchange(network: Network) -> dict[str, Reply]:
+        return _fan_out(session, _payloads(cluster, port_uses(cluster, network.ports), True, None, token))
+
+    replies = exchange(network)
+    if _auto_collides(network, replies):
+        network = choose_ports(cluster, replies)
+        replies = exchange(network)
+    found = {n: r.value["iface"] for n, r in replies.items() if r.ok and r.value.get("iface")}
+    return assess(cluster, Network(ports=network.ports, auto=network.auto, ifaces=found), replies)
+
+
+def _auto_collides(network: Network, replies: dict[str, Reply]) -> bool:
+    """Whether an `auto` port picked blind was taken, or claimed by another job, on its node."""
+    busy = _busy(replies)
+    return any(e["setting"] in network.auto and (e["state"] != "ok" or e["port"] in busy.get(name, set()))
+               for name, r in replies.items() if r.ok for e in r.value["listen"])
+
+
+def probe(session: Session, job_id: str | None, hosts: set[str] | None = None) -> tuple[Network, NetworkCheck]:
+    """One fan-out, nothing listened on for long: the Network of a job about to start, and what was found
+    (about the ports that `hosts` hold; all when None)."""
+    cluster = session.cluster
+    configured = configured_ports(cluster)
+    replies = _fan_out(session, _payloads(cluster, port_uses(cluster, configured), False, job_id,
+                                          secrets.token_hex(8)))
+    network = choose_ports(cluster, replies)
+    return network, assess(cluster, network, replies, starting=True, hosts=hosts)
+
+
+def prepare_start(session: Session, job_id: str, roles: tuple[str, ...]) -> Network:
+    """Before a start: refuse (one line naming node and port) when a fixed port that this
+    step's nodes will hold is taken; choose the `auto` ports; find each node's interface.
+
+    Only this step's nodes: the watchdog's port on a first node that runs only
+    trainers is bound by start-trainers, and checked there by its agent (the
+    coordinator refuses a port someone holds, in one line)."""
+    hosts = {n.name for n in session.cluster.nodes if set(n.roles) & set(roles)}
+    network, found = probe(session, job_id, hosts)
+    if found.problems:
+        more = f" (and {len(found.problems) - 1} more)" if len(found.problems) > 1 else ""
+        raise UserError(f"{found.problems[0]}{more}; nothing was started (fab check shows every port)")
+    return network
+
+
+def plan_network(session: Session) -> tuple[Network, list[str]]:
+    """For `fab plan`: the Network a start would use now, and what could not be found."""
+    network, found = probe(session, None)
+    notes = [r.error for r in found.replies.values() if not r.ok]
+    return network, notes + found.notes + found.problems
+
+
+def recorded_ports(cluster_name: str, job_id: str | None) -> dict | None:
+    """The ports the controller started job `job_id` with (None: unknown here): for fab status and /api/job."""
+    from fabtrain.controller import state
+    saved = state.load(cluster_name)
+    network = saved.get("network") if isinstance(saved.get("network"), dict) else None
+    if not network or job_id is None or saved.get("job_id") != job_id:
+        return None
+    return {**network.get("ports", {}), "auto": list(network.get("auto", []))}
+
+
+# -- fab check --bandwidth ------------------------------------------------------------------
+
+
+@dataclass
+class Bandwidth:
+    """A short all-reduce across the nodes: what the bus carried, and the slowest link."""
+    nodes: list[str]
+    rendezvous: str = ""  # rank 0's address:port, where the ranks met
+    backend: str = ""
+    bytes: int = 0
+    seconds: float = 0.0  # one all-reduce, the slowest rank's
+    bus_gbps: float = 0.0  # nccl-tests' bus bandwidth: algorithm bandwidth x 2(n-1)/n
+    slowest: tuple[str, float] | None = None  # (node, Gb/s of its link to the next node)
+    promised_mbps: int | None = None  # the slowest interface's /sys/class/net/<if>/speed
+    problems: list[str] = field(default_factory=list)
+
+
+def _free_port(busy: set[int], avoid: set[int]) -> int:
+    lo, hi = AUTO_WINDOW
+    rng = random.Random(secrets.randbits(64))
+    for port in [rng.randint(lo, hi) for _ in range(200)] + list(range(lo, hi + 1)):
+        if port not in busy and port not in avoid:
+            return port
+    raise UserError(f"no free port in {lo}-{hi} on the first node for the bandwidth test")
+
+
+def bandwidth(session: Session, check: NetworkCheck, probes: dict[str, dict], size_mb: float = 16,
+              iterations: int = 5, timeout: float = 30) -> Bandwidth:
+    """One rank per node, all at once (fabtrain/node/bandwidth.py); NCCL when every node has a GPU."""
+    cluster = session.cluster
+    up = [n for n in cluster.nodes if check.replies.get(n.name) and check.replies[n.name].ok]
+    result = Bandwidth([n.name for n in up])
+    for n in up:
+        if not (probes.get(n.name) or {}).get("torch"):
+            result.problems.append(f"{n.name}: torch is not installed for {n.python}: the bandwidth test needs it")
+    if len(up) < len(cluster.nodes) or result.problems or not up:
+        result.problems.append("bandwidth: not measured (every node must take part)")
+        return result
+    backend = "nccl" if all((probes.get(n.name) or {}).get("gpus") for n in up) else "gloo"
+    port = _free_port(_busy(check.replies).get(up[0].name, set()), {p for u in check.uses for p in u.ports})
+    env = dict(cluster.job.env)
+    result.rendezvous = f"{up[0].address}:{port}"
+
+    def one(t):
+        rank = [n.name for n in up].index(t.node.name)
+        iface = t.node.iface or check.network.ifaces.get(t.node.name)
+        pins = {var: env.get(var) or iface for var in IFACE_VARS if env.get(var) or iface}
+        return t.call("bandwidth", {"rank": rank, "world_size": len(up), "master": up[0].address, "port": port,
+                                    "backend": backend, "env": pins, "size_mb": size_mb, "iterations": iterations,
+                                    "timeout": timeout}, timeout=timeout * 3 + 60)
+
+    replies = fan_out([session.transport(n) for n in up], one, len(up))  # every rank at once
+    failed = [r for r in replies if not r.ok]
+    if failed:
+        result.problems += [f"bandwidth: {r.error}" for r in failed]
+        return result
+    v, n = replies[0].value, len(up)
+    result.backend, result.bytes = v["backend"], v["bytes"]
+    result.seconds = max(v["allreduce_s"])
+    algbw = v["bytes"] / result.seconds
+    result.bus_gbps = algbw * (2 * (n - 1) / n if n > 1 else 1) * 8 / 1e9
+    if v.get("link_s"):
+        # link_s[r] is rank r receiving from rank r-1: the slowest one names its sender.
+        r = max(range(n), key=lambda i: v["link_s"][i])
+        result.slowest = (up[(r - 1) % n].name, v["bytes"] * 8 / v["link_s"][r] / 1e9)
+    speeds = [check.replies[x.name].value.get("speed") for x in up]
+    result.promised_mbps = min(speeds) if all(speeds) else None
+    return result

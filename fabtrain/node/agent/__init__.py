@@ -1,0 +1,17 @@
+"""The node agent (watchdog): ``python -m fabtrain.node.agent <job_dir>``.
+
+One per job per node, started with the job by node ops through the launcher.
+It watches the job's processes and acts on what it sees, on every node at
+once through the coordinator (coordination.py); see docs/watchdog.md.
+
+    loop.py        the run loop: observe, decide, execute
+    policy.py      the rules, pure: observation + ledger in, actions out
+    supervisor.py  process contexts: find, poll and stop a job process (also used by `fab kill-all`)
+    events.py      events.jsonl, its one writer
+    snapshot.py    health.json and the heartbeat
+    samplers.py    host and GPU readings
+    keeper.py      the agent's own life: lock, run record, the keeper that restarts it
+
+Kept small on purpose: standard library only (plus nvidia-ml-py where an
+NVIDIA driver is present); no torch, no psutil.
+"""

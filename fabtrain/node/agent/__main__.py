@@ -1,0 +1,33 @@
+"""``python -m fabtrain.node.agent <job_dir> [--restarted]``"""
+from __future__ import annotations
+
+import sys
+import traceback
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: python -m fabtrain.node.agent <job_dir> [--restarted]", file=sys.stderr)
+        return 2
+    from .loop import Agent
+    agent = None
+    try:
+        agent = Agent(argv[0], restarted="--restarted" in argv[1:])
+        return agent.run()
+    except SystemExit:
+        raise
+    except BaseException:
+        # A bug, not a kill: say so, and do not let the keeper restart us into the same bug.
+        traceback.print_exc()
+        if agent is not None:
+            try:
+                agent.events.write("agent_error", "the agent crashed: %s"
+                                   % traceback.format_exc().strip().splitlines()[-1])
+                agent.shutdown(1)
+            except Exception:
+                pass
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

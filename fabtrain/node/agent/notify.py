@@ -1,0 +1,146 @@
+"""Alerts: the agents tell a webhook or a command when a job fails, hangs, restarts or finishes.
+
+The agents send them themselves, since the controller (a laptop, `fab watch`)
+may be long gone when a job fails at night. job.json's watchdog.notify says
+where: {"webhook": URL, "command": [argv], "on": ["failed", "hang", ...]}.
+
+Once per job event, not once per node: every agent writes job_failed and
+finished, but only the one that hosts the coordinator (nodes[0]) sends them;
+a hang is sent by the node that saw it. Each alert goes out on its own
+thread (the watchdog's loop never waits on a slow webhook): one POST of a
+JSON body, a Slack-compatible `text` line and the event itself, tried a few
+times over about five seconds; `command` gets the same JSON on its stdin
+(argv, no shell). One that still fails is written as a `notify_failed`
+event; it never stops the agent. Standard library only.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+# events.jsonl kinds -> the names cluster.yaml's notify.on uses
+KINDS = {"job_failed": "failed", "hang": "hang", "restarting": "restart", "restarted": "restart",
+         "finished": "finished"}
+JOB_LEVEL = ("failed", "finished", "restart")  # every agent writes these: only nodes[0]'s agent sends
+TRIES = 3
+BACKOFF = (1.0, 2.0)  # seconds between tries: three within about five seconds
+HTTP_TIMEOUT = 2.0
+COMMAND_TIMEOUT = 30.0
+
+
+class Notifier:
+    def __init__(self, job: dict, report):
+        """job: job.json; report(kind, reason): writes an event (the EventLog's write)."""
+        w = job.get("watchdog") or {}
+        cfg = w.get("notify") or {}
+        self.webhook = cfg.get("webhook")
+        self.command = [str(a) for a in cfg.get("command") or []]
+        self.on = set(cfg.get("on") or ("failed", "hang", "restart", "finished"))
+        self.job_id, self.node, self.cluster = job.get("job_id"), job.get("node"), job.get("cluster")
+        nodes = [n.get("name") for n in job.get("nodes") or [] if isinstance(n, dict)]
+        self.hosts_coordinator = not nodes or nodes[0] == self.node
+        self.report = report
+        self.sent: set = set()
+        self.threads: list[threading.Thread] = []
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.on and (self.webhook or self.command))
+
+    def wants(self, ev: dict):
+        """The notify.on name of an event this agent must send, else None."""
+        what = KINDS.get(ev.get("kind"))
+        if what is None or what not in self.on:
+            return None
+        if what in JOB_LEVEL and not self.hosts_coordinator:
+            return None
+        # A job fails or finishes once: the coordinator's word and the agent's own note are one event.
+        key = what if what in ("failed", "finished") else (what, ev.get("name"), ev.get("ts"))
+        if key in self.sent:
+            return None
+        self.sent.add(key)
+        return what
+
+    def __call__(self, ev: dict) -> None:
+        what = self.wants(ev) if self.enabled else None
+        if what is None:
+            return
+        body = self.body(what, ev)
+        # Not a daemon: an agent that exits right after `finished` still sends it (each try is bounded).
+        t = threading.Thread(target=self.send, args=(body,), name="notify", daemon=False)
+        t.start()
+        self.threads = [x for x in self.threads if x.is_alive()] + [t]
+
+    def body(self, what: str, ev: dict) -> dict:
+        where = ev.get("origin") or ev.get("node") or self.node
+        subject = (" %s" % ev["name"]) if ev.get("name") else ""
+        text = "fabtrain: job %s %s%s on %s: %s" % (self.job_id, what, subject, where, ev.get("reason") or what)
+        return {"text": text, "kind": what, "job_id": self.job_id, "cluster": self.cluster, "node": self.node,
+                "event": ev}
+
+    def send(self, body: dict) -> None:
+        data = json.dumps(body).encode()
+        if self.webhook:
+            error = post(self.webhook, data)
+            if error:
+                self.report("notify_failed", "webhook %s: %s (alert: %s)" % (self.webhook, error, body["text"]))
+        if self.command:
+            error = run(self.command, data)
+            if error:
+                self.report("notify_failed", "command %s: %s (alert: %s)" % (self.command[0], error, body["text"]))
+
+    def wait(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+
+def post(url: str, data: bytes):
+    """POST data to url, tried TRIES times; None when it got a 2xx, else why not (one line)."""
+    error = None
+    for attempt in range(TRIES):
+        if attempt:
+            time.sleep(BACKOFF[min(attempt - 1, len(BACKOFF) - 1)])
+        req = urllib.request.Request(url, data=data, method="POST",
+                                     headers={"Content-Type": "application/json", "User-Agent": "fabtrain-agent"})
+        try:
+            with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as r:
+                r.read(65536)
+            return None
+        except urllib.error.HTTPError as e:
+            error = "HTTP %d %s" % (e.code, e.reason)
+            if 400 <= e.code < 500 and e.code not in (408, 429):
+                return error  # the request is wrong: trying again will not help
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            error = str(getattr(e, "reason", None) or e)
+    return "%s (after %d tries)" % (error, TRIES)
+
+
+def run(argv: list, data: bytes):
+    """Run argv with data on stdin; None if it exited 0, else why not (one line)."""
+    try:
+        p = subprocess.run(argv, input=data, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           timeout=COMMAND_TIMEOUT, start_new_session=True)
+    except (OSError, subprocess.SubprocessError) as e:
+        return str(e)
+    if p.returncode != 0:
+        last = (p.stderr or b"").decode("utf-8", "replace").strip().splitlines()[-1:]
+        return "exited %d%s" % (p.returncode, (": " + last[0][:200]) if last else "")
+    return None
+
+
+def from_job_dir(job_dir: str, report):
+    """The job's Notifier (job.json beside events.jsonl), or None when it asks for no alerts."""
+    import os
+
+    try:
+        with open(os.path.join(job_dir, "job.json")) as f:
+            job = json.load(f)
+    except (OSError, ValueError):
+        return None
+    n = Notifier(job if isinstance(job, dict) else {}, report)
+    return n if n.enabled else None

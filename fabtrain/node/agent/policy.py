@@ -1,0 +1,484 @@
+"""What the agent decides, as data: an observation and a ledger in, actions and a new ledger out.
+
+Pure: no /proc, no clock, no signals, no files. The loop (loop.py) observes,
+calls `decide`, and executes the actions it returns; tests/test_policy.py
+checks the rules with made-up observations and no process at all. The rules
+are the table in docs/watchdog.md.
+"""
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field, replace
+
+from fabtrain.node.states import ProcessState, describe_end, signame, signal_of
+
+FINAL = ("failed", "finished")
+ORPHAN_MIN_AGE = 5.0  # a process younger than this may be one node ops is starting right now
+
+
+# -- what the agent sees ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    node: str
+    job_id: str = ""
+    interval: float = 1.0
+    hang_timeout: float = 120.0
+    startup_timeout: float = 600.0
+    grace: float = 5.0
+    on_failure: str = "kill-job"
+    coordinator_node: str = ""
+    coordinator: str = ""  # host:port, for messages
+
+    @property
+    def peer_timeout(self) -> float:
+        return max(5 * self.interval, 5.0)
+
+
+@dataclass(frozen=True)
+class ProcFacts:
+    """One job process of this node, as the supervisor saw it."""
+    name: str
+    role: str
+    rank: int
+    state: ProcessState = ProcessState.NOT_STARTED
+    pid: int | None = None  # the program: the pid fabtrain shows
+    launcher: int | None = None
+    exit_code: int | None = None
+    launcher_lost: bool = False  # the launcher died without recording an exit code
+    last_record: float | None = None  # its last new metrics record (None: none yet)
+    last_activity: float | None = None  # start, records, log output or CPU time
+    stopped_since: float | None = None
+    term_at: float | None = None  # when the agent sent it SIGTERM
+    kill_signal: str | None = None
+    close_reason: str | None = None
+    leftovers: tuple = ()  # (pid, create time) still alive after it ended
+    zombies: tuple = ()  # (pid, parent pid, create time) of defunct descendants
+
+    @property
+    def started(self) -> bool:
+        return self.state is not ProcessState.NOT_STARTED
+
+    @property
+    def ended(self) -> bool:
+        return self.state.ended
+
+    @property
+    def live(self) -> bool:
+        return self.started and not self.ended
+
+
+@dataclass(frozen=True)
+class Stray:
+    """A process with this workspace's job marker that no live job process here owns."""
+    pid: int
+    ctime: float
+    job: str
+    role: str
+    rank: str
+    age: float
+    job_running: bool  # its job still has a live process on this node
+
+
+@dataclass(frozen=True)
+class Peers:
+    """The coordinator, as this agent's connection to it knows it."""
+    ever_connected: bool = False
+    silent_for: float | None = None  # seconds since its last line
+    error: str | None = None
+    seen: tuple = ()  # nodes whose agents have spoken to it
+    trainers_running: int = 0
+
+
+@dataclass(frozen=True)
+class Observation:
+    now: float
+    procs: tuple = ()
+    strays: tuple = ()
+    orphans_alive: frozenset = frozenset()  # pids of the ledger's orphans still alive
+    killed_by_fab: bool = False
+    peers: Peers = Peers()
+    must_join: tuple = ()  # nodes whose agents must reach the coordinator
+    startup_deadline: float | None = None
+    disk_full: str | None = None  # "<path>" when the workspace's disk has no space left
+
+
+# -- what it remembers ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Status:
+    status: str = "running"
+    reason: str | None = None
+    origin: str | None = None
+
+
+@dataclass(frozen=True)
+class Orphan:
+    pid: int
+    ctime: float
+    reason: str
+    name: str
+    job: str
+    term_at: float
+    signal: str = "SIGTERM"
+
+
+@dataclass(frozen=True)
+class Ledger:
+    status: Status = Status()
+    failure: str | None = None  # this node's own failure (its beats carry it)
+    acted: bool = False  # teardown, keep or finish done
+    reported: frozenset = frozenset()  # processes whose end is in events.jsonl
+    hung: frozenset = frozenset()
+    zombies_seen: frozenset = frozenset()
+    zombie_parents: frozenset = frozenset()
+    orphans: tuple = ()
+    quiet: tuple = ()  # (name, since): pservers waiting in silence for trainers
+    coordinator_lost: bool = False
+    startup_failed: bool = False
+
+
+# -- what it does ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Note:
+    """An event for events.jsonl."""
+    kind: str
+    reason: str
+    name: str | None = None
+    fields: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Stop:
+    """SIGTERM to a job process and everything it started; the grace starts."""
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Escalate:
+    """SIGKILL to what of a job process survived its grace."""
+    name: str
+
+
+@dataclass(frozen=True)
+class KillLauncher:
+    name: str
+
+
+@dataclass(frozen=True)
+class Signal:
+    """A signal to one process that is not a job process of its own (an orphan, a zombie's parent)."""
+    pid: int
+    ctime: float | None
+    signal: int
+
+
+# -- the rules -------------------------------------------------------------------------------
+
+
+def decide(obs: Observation, ledger: Ledger, cfg: Config) -> tuple[list, Ledger]:
+    d = _Decision(obs, ledger, cfg)
+    d.exits()
+    if d.ledger.status.status == "running" or cfg.on_failure == "keep":
+        d.hangs()
+    d.startup()
+    d.coordinator()
+    d.orphans()
+    d.act()
+    d.zombies()
+    d.escalations()
+    return d.actions, d.ledger
+
+
+def fail(ledger: Ledger, cfg: Config, reason: str) -> tuple[list, Ledger]:
+    """Something on this node failed the job (first failure wins)."""
+    if ledger.status.status in FINAL:
+        return [], ledger
+    note = Note("job_failed", reason, fields={"origin": cfg.node, "on_failure": cfg.on_failure})
+    return [note], replace(ledger, failure=reason, status=Status("failed", reason, cfg.node))
+
+
+def on_status(msg: dict, job_id: str, ledger: Ledger, cfg: Config) -> tuple[list, Ledger]:
+    """A status line from the coordinator."""
+    if msg.get("op") != "status" or msg.get("job_id") != job_id:
+        return [], ledger
+    st = msg.get("status")
+    if st not in FINAL or ledger.status.status != "running":
+        return [], ledger
+    ledger = replace(ledger, status=Status(st, msg.get("reason"), msg.get("node")))
+    if st != "failed":
+        return [], ledger
+    note = Note("job_failed", msg.get("reason") or "failed",
+                fields={"origin": msg.get("node"), "on_failure": cfg.on_failure})
+    return [note], ledger
+
+
+def progress_at(p: ProcFacts, ledger: Ledger) -> float | None:
+    """When the process last made progress, by the hang rule.
+
+    After its first metrics record, only new records count. Before it (its
+    startup, and a process that never writes metrics) any activity counts:
+    a record, log output, CPU time.
+    """
+    t = p.last_record if p.last_record is not None else p.last_activity
+    quiet = dict(ledger.quiet).get(p.name)
+    return max(t, quiet) if t is not None and quiet is not None else t
+
+
+def next_deadline(obs: Observation, ledger: Ledger, cfg: Config) -> float | None:
+    """The soonest moment a rule may fire without anything else happening."""
+    times = []
+    watching = ledger.status.status == "running" or cfg.on_failure == "keep"
+    for p in obs.procs:
+        if not p.live:
+            continue
+        if p.term_at is not None:
+            times.append(p.term_at + cfg.grace + (1 if p.kill_signal == "SIGKILL" else 0))
+        elif watching and p.name not in ledger.hung:
+            since = progress_at(p, ledger)
+            if since is not None:
+                times.append(since + cfg.hang_timeout)
+            if p.stopped_since is not None:
+                times.append(p.stopped_since + cfg.hang_timeout)
+    times += [o.term_at + cfg.grace for o in ledger.orphans if o.signal == "SIGTERM"]
+    if ledger.status.status == "running" and not ledger.startup_failed and obs.startup_deadline:
+        times.append(obs.startup_deadline)
+    return min(times) if times else None
+
+
+class _Decision:
+    """One call of `decide`: accumulates actions and the new ledger (nothing outside it changes)."""
+
+    def __init__(self, obs: Observation, ledger: Ledger, cfg: Config):
+        self.obs, self.ledger, self.cfg = obs, ledger, cfg
+        self.actions: list = []
+        self.by_name = {p.name: p for p in obs.procs}
+
+    def note(self, kind: str, reason: str, p: ProcFacts | None = None, **fields) -> None:
+        if p is not None:
+            fields = dict(role=p.role, rank=p.rank, **fields)
+        self.actions.append(Note(kind, reason, p.name if p else None,
+                                 {k: v for k, v in fields.items() if v is not None}))
+
+    def fail(self, reason: str) -> None:
+        actions, self.ledger = fail(self.ledger, self.cfg, reason)
+        self.actions += actions
+
+    def update(self, **changes) -> None:
+        self.ledger = replace(self.ledger, **changes)
+
+    # -- exits -------------------------------------------------------------------------------
+
+    def exits(self) -> None:
+        for p in self.obs.procs:
+            if not p.ended or p.name in self.ledger.reported:
+                continue
+            self.update(reported=self.ledger.reported | {p.name})
+            how = describe_end(p.exit_code, launcher=p.launcher if p.launcher_lost else None)
+            if p.exit_code not in (0, None) and signal_of(p.exit_code) is None and self.obs.disk_full:
+                how += " (No space left on device: %s on %s is full)" % (self.obs.disk_full, self.cfg.node)
+            sig = signame(signal_of(p.exit_code)) if signal_of(p.exit_code) else None
+            if p.close_reason:
+                self.note("killed", "%s: %s" % (how, p.close_reason), p, signal=p.kill_signal,
+                          exit_code=p.exit_code, pid=p.pid)
+            elif self.obs.killed_by_fab:
+                self.note("exited", "%s: stopped by fab kill-all" % how, p, exit_code=p.exit_code, signal=sig, pid=p.pid)
+                self.fail("%s on %s: stopped by fab kill-all" % (p.name, self.cfg.node))
+            else:
+                self.note("exited", how, p, exit_code=p.exit_code, signal=sig, pid=p.pid)
+                if p.exit_code != 0:
+                    self.fail("%s on %s %s" % (p.name, self.cfg.node, how))
+
+    # -- hangs -------------------------------------------------------------------------------
+
+    def hangs(self) -> None:
+        now, cfg = self.obs.now, self.cfg
+        trainers = any(p.role == "trainer" and p.live for p in self.obs.procs) or self.obs.peers.trainers_running > 0
+        for p in self.obs.procs:
+            if not p.live or p.name in self.ledger.hung or p.term_at is not None:
+                continue
+            if p.role != "trainer" and not trainers and p.stopped_since is None:
+                # A pserver waits for trainers in silence: only a hang while trainers run counts.
+                quiet = dict(self.ledger.quiet)
+                quiet[p.name] = now
+                self.update(quiet=tuple(sorted(quiet.items())))
+                continue
+            reason = self._hang_reason(p, now)
+            if reason is None:
+                continue
+            self.update(hung=self.ledger.hung | {p.name})
+            if cfg.on_failure == "keep":
+                self.note("hang", reason + "; not killed: on_failure is keep", p, pid=p.pid)
+            else:
+                self.note("hang", reason, p, signal="SIGTERM", pid=p.pid)
+                self.actions.append(Stop(p.name, "hang: " + reason))
+            self.fail("%s on %s hung: %s" % (p.name, cfg.node, reason))
+
+    def _hang_reason(self, p: ProcFacts, now: float) -> str | None:
+        timeout = self.cfg.hang_timeout
+        since = progress_at(p, self.ledger)
+        if since is None:
+            return None
+        if p.stopped_since is not None and now - min(p.stopped_since, since) >= timeout:
+            return "stopped (SIGSTOP) for %.0f s; hang_timeout %g s" % (now - min(p.stopped_since, since), timeout)
+        if now - since < timeout:
+            return None
+        if p.last_record is not None:
+            return ("no progress for %.0f s: no new metrics record (after its first record only new records "
+                    "count; log output and CPU time do not; hang_timeout %g s)" % (now - since, timeout))
+        return "no progress for %.0f s (no metrics record, no log output, no CPU time; hang_timeout %g s)" % (
+            now - since, timeout)
+
+    # -- startup -----------------------------------------------------------------------------
+
+    def startup(self) -> None:
+        obs, cfg = self.obs, self.cfg
+        if self.ledger.status.status != "running" or self.ledger.startup_failed or obs.startup_deadline is None \
+                or obs.now < obs.startup_deadline:
+            return
+        missing = [n for n in obs.must_join if n not in obs.peers.seen]
+        never = [p.name for p in obs.procs if not p.started]
+        if not obs.peers.ever_connected and obs.must_join:
+            reason = ("node %s never joined: no coordinator answered at %s within startup_timeout (%g s)%s"
+                      % (cfg.coordinator_node, cfg.coordinator, cfg.startup_timeout,
+                         ": %s" % obs.peers.error if obs.peers.error else ""))
+        elif missing:
+            reason = "node%s %s never joined: no agent of %s reached the coordinator within startup_timeout (%g s)" % (
+                "s" if len(missing) > 1 else "", ", ".join(missing), "theirs" if len(missing) > 1 else "its",
+                cfg.startup_timeout)
+        elif never:
+            reason = "%s on %s never started within startup_timeout (%g s)" % (", ".join(never), cfg.node,
+                                                                             cfg.startup_timeout)
+        else:
+            return
+        self.update(startup_failed=True)
+        self.note("not_joined", reason)
+        self.fail(reason)
+
+    # -- the coordinator -----------------------------------------------------------------------
+
+    def coordinator(self) -> None:
+        peers, cfg = self.obs.peers, self.cfg
+        if not peers.ever_connected or self.ledger.coordinator_lost or self.ledger.status.status in FINAL:
+            return
+        if peers.silent_for is None or peers.silent_for <= cfg.peer_timeout:
+            return
+        if not any(p.live for p in self.obs.procs):
+            return
+        self.update(coordinator_lost=True)
+        reason = "coordinator %s (agent of %s) unreachable for %.0f s: %s" % (
+            cfg.coordinator, cfg.coordinator_node, peers.silent_for, peers.error or "no answer")
+        self.note("peer_lost", reason, peer=cfg.coordinator_node)
+        self.fail(reason)
+
+    # -- orphans -------------------------------------------------------------------------------
+
+    def orphans(self) -> None:
+        now, grace = self.obs.now, self.cfg.grace
+        orphans = {o.pid: o for o in self.ledger.orphans if o.pid in self.obs.orphans_alive}
+        for s in self.obs.strays:
+            reason = self._stray_reason(s)
+            if reason is None or s.pid in orphans:
+                continue
+            orphans[s.pid] = Orphan(s.pid, s.ctime, reason, "%s-%s" % (s.role, s.rank), s.job, now)
+            self.actions += [Signal(s.pid, s.ctime, signal.SIGTERM), Signal(s.pid, s.ctime, signal.SIGCONT)]
+            self.note("orphan", reason + "; killing it", pid=s.pid, role=s.role,
+                      rank=int(s.rank) if s.rank.isdigit() else s.rank, job=s.job, signal="SIGTERM")
+        for p in self.obs.procs:
+            for pid, ctime in p.leftovers:
+                if pid in orphans:
+                    continue
+                reason = "outlived its main process %s (pid %s, which %s)" % (
+                    p.name, p.pid, describe_end(p.exit_code, launcher=p.launcher if p.launcher_lost else None))
+                orphans[pid] = Orphan(pid, ctime, reason, p.name, "", now)
+                self.actions += [Signal(pid, ctime, signal.SIGTERM), Signal(pid, ctime, signal.SIGCONT)]
+                self.note("orphan", reason + "; killing it", p, pid=pid, signal="SIGTERM")
+        for pid, o in list(orphans.items()):
+            if o.signal == "SIGTERM" and now - o.term_at >= grace:
+                orphans[pid] = replace(o, signal="SIGKILL")
+                self.actions += [Signal(pid, o.ctime, signal.SIGKILL), Signal(pid, o.ctime, signal.SIGCONT)]
+                self.note("orphan", "pid %d still alive %g s after SIGTERM (grace)" % (pid, grace), pid=pid,
+                          signal="SIGKILL")
+        self.update(orphans=tuple(orphans[k] for k in sorted(orphans)))
+
+    def _stray_reason(self, s: Stray) -> str | None:
+        if s.role == "agent":
+            return None
+        if s.job == self.cfg.job_id:
+            p = self.by_name.get("%s-%s" % (s.role, s.rank))
+            if p is None:
+                if s.age > ORPHAN_MIN_AGE:
+                    return "carries job %s's marker but %s-%s is not a process of this job here" % (s.job, s.role, s.rank)
+                return None
+            if p.ended:
+                return "outlived its main process %s (pid %s, which %s)" % (
+                    p.name, p.pid, describe_end(p.exit_code, launcher=p.launcher if p.launcher_lost else None))
+            return None
+        if s.age > ORPHAN_MIN_AGE and not s.job_running:
+            return "belongs to job %s, which is not running" % s.job
+        return None
+
+    # -- acting on the job's status -----------------------------------------------------------
+
+    def act(self) -> None:
+        st = self.ledger.status
+        if st.status not in FINAL or self.ledger.acted:
+            return
+        self.update(acted=True)
+        live = [p for p in self.obs.procs if p.live]
+        if st.status == "finished":
+            names = ", ".join(p.name for p in live)
+            self.note("finished", "every trainer exited with code 0" + ("; stopping %s" % names if names else ""))
+            self.actions += [Stop(p.name, "the job finished") for p in live]
+            return
+        if self.cfg.on_failure == "keep":
+            names = ", ".join("%s (pid %s)" % (p.name, p.pid) for p in live)
+            self.note("kept", "on_failure is keep: leaving %s running for debugging; stop them with `fab kill-all`"
+                      % (names or "nothing (no process left here)"))
+            return
+        names = ", ".join(p.name for p in live)
+        self.note("teardown", "job failed (%s); %s" % (st.reason, ("stopping " + names) if names else
+                                                        "nothing else of it runs here"), origin=st.origin)
+        self.actions += [Stop(p.name, "teardown: job failed (%s)" % st.reason) for p in live if p.term_at is None]
+
+    # -- zombies -----------------------------------------------------------------------------
+
+    def zombies(self) -> None:
+        st = self.ledger.status.status
+        ending = (st in FINAL and self.cfg.on_failure != "keep") or st == "finished"
+        now = self.obs.now
+        for p in self.obs.procs:
+            for pid, ppid, ctime in p.zombies:
+                if (pid, ctime) not in self.ledger.zombies_seen:
+                    self.update(zombies_seen=self.ledger.zombies_seen | {(pid, ctime)})
+                    self.note("zombie", "pid %d is defunct: its parent pid %d has not reaped it" % (pid, ppid), p,
+                              pid=pid, parent=ppid)
+                if ppid == p.pid:
+                    # The program itself gets its SIGTERM first, and an interval to act on it.
+                    ending_here = p.term_at is not None and now - p.term_at >= min(self.cfg.grace, self.cfg.interval)
+                else:
+                    ending_here = ending or p.term_at is not None
+                if ending_here and ppid not in self.ledger.zombie_parents:
+                    self.update(zombie_parents=self.ledger.zombie_parents | {ppid})
+                    self.actions += [Signal(ppid, None, signal.SIGKILL), Signal(ppid, None, signal.SIGCONT)]
+                    self.note("killed", "pid %d left defunct children unreaped while the job is ending; killed so "
+                              "they are reaped" % ppid, p, pid=ppid, signal="SIGKILL")
+
+    # -- escalation ----------------------------------------------------------------------------
+
+    def escalations(self) -> None:
+        now, grace = self.obs.now, self.cfg.grace
+        for p in self.obs.procs:
+            if not p.live or p.term_at is None:
+                continue
+            if p.kill_signal == "SIGTERM" and now - p.term_at >= grace:
+                self.actions.append(Escalate(p.name))
+                self.note("killed", "still alive %g s after SIGTERM (grace); SIGKILL" % grace, p, signal="SIGKILL",
+                          pid=p.pid)
+            elif p.kill_signal == "SIGKILL" and now - p.term_at >= grace + 1:
+                self.actions.append(KillLauncher(p.name))

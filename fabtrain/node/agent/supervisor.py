@@ -1,0 +1,364 @@
+"""Process contexts: the one place on a node that knows how to find and stop a job process.
+
+A job process is three things: its launcher (fabtrain/node/launch.py, the
+session and group leader, a child subreaper), its program (the launcher's
+child, the pid fabtrain shows), and everything the program started, which
+stays among the launcher's descendants even when it leaves the process group
+or clears its environment. A `ProcessContext` follows one of them for the
+agent (poll), and stops it (close: SIGTERM now, escalate: SIGKILL after the
+grace). `stop_all` is the same escalation, blocking, for ``fab kill-all``.
+
+Standard library only: node ops ship this module to nodes with no deployed code.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from fabtrain.node import launch, procfs
+from fabtrain.node.atomic import read_json
+from fabtrain.node.states import ProcessState, decide, signal_of
+
+CPU_PROGRESS = 0.01  # CPU seconds per second (1% of a core) that count as activity
+NO_RECORD_WAIT = 2.0  # a launcher that outlives its program this long without recording an exit code is broken
+
+
+def send(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def signal_all(pids, sig: int) -> None:
+    """sig, then SIGCONT, so a stopped process acts on its SIGTERM."""
+    for pid in pids:
+        send(pid, sig)
+    if sig != signal.SIGCONT:
+        for pid in pids:
+            send(pid, signal.SIGCONT)
+
+
+def family(record: dict, procs: dict, kids: dict) -> list[int]:
+    """Live processes of one job process, its launcher excepted: the launcher's descendants and its group."""
+    launcher = record.get("pid")
+    if not procfs.alive(launcher, record.get("create_time"), procs):
+        launcher = None
+    found = set(procfs.descendants(launcher, kids)) if launcher else set()
+    pgid = record.get("pgid") or record.get("pid")
+    if pgid:
+        found.update(procfs.group(pgid, procs))
+    found.discard(record.get("pid"))
+    return sorted(p for p in found if p in procs and not procs[p].dead)
+
+
+def trusted(record: dict, procs: dict, workspace: str) -> bool:
+    """A run record may be acted on: its pid is alive, started when the record says, leads its own
+    process group, and carries this workspace's job marker. A planted or stale record names none of ours,
+    and fabtrain never signals a group on its word."""
+    pid = record.get("pid")
+    p = procs.get(pid) if isinstance(pid, int) else None
+    return (p is not None and not p.dead and p.is_(record.get("create_time")) and p.pgid == record.get("pgid") == pid
+            and procfs.carries(procfs.environ_raw(pid), procfs.marker(workspace)))
+
+
+def stop_all(find, grace: float, settle: float = 5.0) -> tuple[dict[int, str], list[int]]:
+    """SIGTERM whatever find() returns, grace, SIGKILL what is left; blocking (``fab kill-all``).
+
+    find() is asked again while waiting, so a process forked during the grace
+    is stopped too. Returns ({pid: the signal that ended it}, pids still alive).
+    """
+    sent: dict[int, str] = {}
+    deadline = time.time() + grace
+    while True:
+        alive = find()
+        fresh = [p for p in alive if p not in sent]
+        signal_all(fresh, signal.SIGTERM)
+        sent.update((p, "SIGTERM") for p in fresh)
+        if not alive or time.time() >= deadline:
+            break
+        time.sleep(0.05)
+    deadline = time.time() + settle
+    while alive and time.time() < deadline:
+        signal_all(alive, signal.SIGKILL)
+        sent.update((p, "SIGKILL") for p in alive)
+        time.sleep(0.05)
+        alive = find()
+    return sent, alive
+
+
+class Progress:
+    """What counts as a process's progress (docs/watchdog.md, "The hang rule")."""
+
+    def __init__(self, floor: float):
+        self.floor = floor  # its start, or a restarted agent's
+        self.records_size = 0
+        self.first_record: float | None = None
+        self.last_record: float | None = None
+        self.last_activity = floor
+        self.cpu_seen: float | None = None
+        self.cpu_percent = 0.0
+
+    def records(self, path: str | None) -> None:
+        try:
+            st = os.stat(path) if path else None
+        except OSError:
+            st = None
+        if st is None or st.st_size <= self.records_size:
+            return
+        self.records_size = st.st_size
+        self.last_record = max(st.st_mtime, self.floor)
+        self.first_record = self.first_record or self.last_record
+        self.last_activity = max(self.last_activity, self.last_record)
+
+    def output(self, path: str | None) -> None:
+        try:
+            self.last_activity = max(self.last_activity, os.stat(path).st_mtime) if path else self.last_activity
+        except OSError:
+            pass
+
+    def cpu(self, seconds: float, now: float, interval: float) -> None:
+        if self.cpu_seen is not None:
+            delta = seconds - self.cpu_seen
+            self.cpu_percent = round(100.0 * max(0.0, delta) / max(1e-3, interval), 1)
+            if delta >= max(CPU_PROGRESS * interval, 1.0 / procfs.CLK_TCK):
+                self.last_activity = max(self.last_activity, now)
+        self.cpu_seen = seconds
+
+
+class ProcessContext:
+    """One process of the job on this node (a job.json `processes` entry)."""
+
+    def __init__(self, spec: dict, job_dir: str, workspace: str, floor: float | None = None):
+        self.name, self.role, self.rank = spec["name"], spec["role"], spec["rank"]
+        self.workspace = workspace
+        self.trusted = False  # its record named a live launcher of ours when loaded: its group is ours
+        self.launcher_up = False
+        self.run_path = os.path.join(job_dir, "run", self.name + ".json")
+        self.exit_path = os.path.join(job_dir, "run", self.name + ".exit")
+        self.metrics_path = (spec.get("metrics") or "").replace("$WS", workspace) or None
+        self.log_path = (spec.get("log") or "").replace("$WS", workspace) or None
+        self.floor = floor  # a restarted agent counts progress from its own start
+        self.record: dict | None = None
+        self.launcher: int | None = None
+        self.program: int | None = None
+        self.program_ctime: float | None = None
+        self.family: dict[int, float] = {}  # pid -> create time: everything seen under the launcher
+        self.state = ProcessState.NOT_STARTED
+        self.exit_code: int | None = None
+        self.ended_at: float | None = None
+        self.launcher_lost = False
+        self.program_gone_at: float | None = None
+        self.progress: Progress | None = None
+        self.stopped_since: float | None = None
+        self.members: list[int] = []
+        self.tree: list[int] = []
+        self.zombies: list[tuple[int, int, float]] = []
+        self.rss = 0
+        self.gpu_mem: int | None = None
+        self.close_reason: str | None = None
+        self.kill_signal: str | None = None
+        self.term_at: float | None = None
+
+    # -- what it is now ------------------------------------------------------------------
+
+    @property
+    def started(self) -> bool:
+        return self.record is not None
+
+    @property
+    def ended(self) -> bool:
+        return self.ended_at is not None
+
+    @property
+    def live(self) -> bool:
+        return self.started and not self.ended
+
+    @property
+    def pid(self) -> int | None:
+        """The pid fabtrain shows: the program, or its launcher until the program is known."""
+        return self.program or self.launcher
+
+    def launcher_alive(self, procs: dict) -> bool:
+        return self.trusted and procfs.alive(self.launcher, self.record.get("create_time"), procs)
+
+    def watched_pids(self) -> list[int]:
+        """Pids whose end the agent should hear of at once (pidfds): the program while it runs, the
+        launcher until it has gone (it outlives the program while anything the program started lives)."""
+        pids = [self.program] if self.live and self.program else []
+        if self.launcher and self.launcher_up:
+            pids.append(self.launcher)
+        return pids
+
+    # -- poll ----------------------------------------------------------------------------
+
+    def poll(self, procs: dict, kids: dict, now: float, tick: bool, interval: float) -> None:
+        if self.record is None and not self._load(now, procs):
+            return
+        launcher_alive = self.launcher_up = self.launcher_alive(procs)
+        self._find_program(procs, kids, launcher_alive)
+        self._remember_family(procs, kids, launcher_alive)
+        if self.ended:
+            return
+        program_alive = procfs.alive(self.program, self.program_ctime, procs)
+        code = launch.read_exit(self.exit_path)
+        if code is not None or not launcher_alive:
+            self._end(now, code, launcher_alive)
+            return
+        if not program_alive and self.program is not None:
+            # Between the program's end and its launcher's record: a moment, unless the launcher is broken.
+            self.program_gone_at = self.program_gone_at or now
+            if now - self.program_gone_at > NO_RECORD_WAIT:
+                self._end(now, None, launcher_alive)
+                return
+        main = procs[self.program] if program_alive else procs[self.launcher]
+        self.state = decide(True, main.state)
+        self.stopped_since = (self.stopped_since or now) if self.state is ProcessState.STOPPED else None
+        self.tree = [p for p in ([self.program] + procfs.descendants(self.program, kids)) if p in procs] \
+            if program_alive else []
+        self.zombies = [(p, procs[p].ppid, procs[p].create_time) for p in self.tree
+                        if procs[p].dead and procs[p].ppid != 1]
+        live_tree = [p for p in self.tree if not procs[p].dead]
+        self.rss = sum(procs[p].rss for p in live_tree)
+        self.progress.records(self.metrics_path)
+        self.progress.output(self.log_path)
+        if tick or self.progress.cpu_seen is None:
+            self.progress.cpu(sum(procs[p].cpu for p in live_tree), now, interval)
+
+    def _load(self, now: float, procs: dict) -> bool:
+        record = read_json(self.run_path)
+        if not isinstance(record, dict) or not isinstance(record.get("pid"), int):
+            return False
+        if record["pid"] not in procs:
+            # Started after this step's /proc listing (node ops starts the coordinator's
+            # agent before the job): read it now, or it would look as if it had ended.
+            fresh = procfs.stat(record["pid"])
+            if fresh is not None:
+                procs[record["pid"]] = fresh
+        self.trusted = trusted(record, procs, self.workspace)
+        if not self.trusted and procfs.alive(record["pid"], None, procs) and \
+                procfs.alive(record["pid"], record.get("create_time"), procs):
+            return False  # alive but not ours (no marker, not its own group): a planted record; wait for ops'
+        self.record, self.launcher = record, record["pid"]
+        self.program = record.get("program_pid")
+        self.program_ctime = record.get("program_create_time")
+        self.state = ProcessState.RUNNING
+        self.progress = Progress(max(record.get("started_at") or now, self.floor or 0))
+        return True
+
+    def _find_program(self, procs: dict, kids: dict, launcher_alive: bool) -> None:
+        if self.program is not None or not launcher_alive:
+            return
+        children = [procs[k] for k in kids.get(self.launcher, ()) if k in procs]
+        if children:  # the first child the launcher forked: later ones are re-parented orphans
+            first = min(children, key=lambda p: (p.start_ticks, p.pid))
+            self.program, self.program_ctime = first.pid, first.create_time
+
+    def _remember_family(self, procs: dict, kids: dict, launcher_alive: bool) -> None:
+        for pid in list(self.family):
+            if not procfs.alive(pid, self.family[pid], procs):
+                del self.family[pid]
+        # Only a group we saw our launcher lead is ours to scan (never a pgid a record merely claims).
+        self.members = procfs.group(self.launcher, procs) if self.trusted else []
+        # A group member born after the end may be a new group that reuses the pid: not ours.
+        found = {pid for pid in self.members if self.ended_at is None or procs[pid].create_time <= self.ended_at}
+        if launcher_alive:  # whatever is under the launcher is ours, however it got there
+            found.update(procfs.descendants(self.launcher, kids))
+        found.discard(self.launcher)
+        for pid in found:
+            p = procs.get(pid)
+            if p is not None and not p.dead:
+                self.family.setdefault(pid, p.create_time)
+
+    def _end(self, now: float, code: int | None, launcher_alive: bool) -> None:
+        self.ended_at = now
+        self.exit_code = code
+        self.launcher_lost = code is None and not launcher_alive
+        before_boot = (self.record.get("create_time") or now) < procfs.BOOT_TIME
+        self.state = decide(False, exit_code=code, before_boot=before_boot)
+        self.tree, self.zombies, self.rss = [], [], 0
+        if self.progress:
+            self.progress.cpu_percent = 0.0
+
+    def leftovers(self, procs: dict) -> list[tuple[int, float]]:
+        """Live family members once the process has ended: what it left behind."""
+        if not self.ended:
+            return []
+        return [(pid, ctime) for pid, ctime in sorted(self.family.items())
+                if pid != self.launcher and procfs.alive(pid, ctime, procs)]
+
+    @property
+    def signal(self) -> int | None:
+        return signal_of(self.exit_code)
+
+    # -- stop ----------------------------------------------------------------------------
+
+    def targets(self, procs: dict) -> list[int]:
+        """Everything of this process to signal, its launcher excepted (it stays to record the exit)."""
+        live = {pid for pid, ctime in self.family.items() if procfs.alive(pid, ctime, procs)}
+        if self.program and procfs.alive(self.program, self.program_ctime, procs):
+            live.add(self.program)
+        live.discard(self.launcher)
+        return sorted(live)
+
+    def close(self, reason: str, now: float, procs: dict) -> None:
+        """SIGTERM (and SIGCONT) to everything of it; the grace starts now."""
+        if self.term_at is not None or not self.live:
+            return
+        self.close_reason, self.kill_signal, self.term_at = reason, "SIGTERM", now
+        targets = self.targets(procs) or ([self.launcher] if self.launcher else [])
+        signal_all(targets, signal.SIGTERM)
+
+    def escalate(self, procs: dict) -> None:
+        """SIGKILL to whatever of it survived the grace."""
+        self.kill_signal = "SIGKILL"
+        targets = self.targets(procs) or ([self.launcher] if self.launcher else [])
+        signal_all(targets, signal.SIGKILL)
+
+    def kill_launcher(self) -> None:
+        """A launcher that cannot even record the exit code after its program is gone."""
+        if self.launcher:
+            send(self.launcher, signal.SIGKILL)
+
+
+class Markers:
+    """Which processes carry this workspace's job marker; each process's environment is read once."""
+
+    def __init__(self, workspace: str):
+        self.ws = workspace.encode()
+        self.cache: dict[tuple[int, float], tuple | None] = {}
+
+    def of(self, p) -> tuple | None:
+        """(job id, role, rank) if the process carries the marker, else None."""
+        key = (p.pid, p.create_time)
+        if key not in self.cache:
+            env = procfs.environ(p.pid)
+            self.cache[key] = (env.get(b"FABTRAIN_JOB_ID", b"?").decode(), env.get(b"FABTRAIN_ROLE", b"?").decode(),
+                               env.get(b"FABTRAIN_RANK", b"?").decode()) \
+                if env.get(b"FABTRAIN_WORKSPACE") == self.ws else None
+        return self.cache[key]
+
+    def prune(self, procs: dict) -> None:
+        live = {(p.pid, p.create_time) for p in procs.values()}
+        for key in [k for k in self.cache if k not in live]:
+            del self.cache[key]
+
+    def marked(self) -> list[int]:
+        return [key[0] for key, m in self.cache.items() if m is not None]
+
+
+def job_running(run_dir: str, procs: dict) -> bool:
+    """A job still has a process on this node whose launcher lives and has not recorded an exit."""
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return False
+    for name in names:
+        if name.endswith(".json"):
+            record = read_json(os.path.join(run_dir, name))
+            if isinstance(record, dict) and procfs.alive(record.get("pid"), record.get("create_time"), procs) \
+                    and launch.read_exit(os.path.join(run_dir, name[:-5] + ".exit")) is None:
+                return True
+    return False

@@ -1,0 +1,188 @@
+"""What a node keeps of its past jobs: the `jobs` and `job` ops (standard library only).
+
+Every job a node ran has its directory, jobs/<id>/, kept after it ends:
+job.json (what was run), run/ (when each process started), events.jsonl
+(how it went and ended), metrics/<name>.jsonl and logs/. These ops read
+them back for the controller's run history (fabtrain.controller.history):
+`jobs` a summary a job, `job` one job's series, events and last log lines.
+Neither writes anything, and neither ever returns the job's secret.
+"""
+import json
+import os
+
+from fabtrain.node import atomic, ops
+
+# The events that tell how a job went, as opposed to the watchdog's running commentary.
+OUTCOME_KINDS = ("job_failed", "finished", "kept", "killed", "restarting", "restarted")
+SERIES_KEYS = ("ts", "step", "epoch", "loss", "samples_per_s", "eval_loss", "lr")
+MAX_POINTS = 2000  # per trainer in a `job` reply: a long run is thinned evenly, its last point kept
+MAX_EVENTS = 500
+MAX_JOBS = 500
+
+
+def summary(job):
+    """job.json without its secret, and without what only the agent needs (launch argv, run paths)."""
+    watchdog = dict(job.get("watchdog") or {})
+    watchdog.pop("coordinator", None)  # holds the secret
+    procs = []
+    for p in job.get("processes") or []:
+        if isinstance(p, dict):
+            env = {k: v for k, v in (p.get("env") or {}).items() if not k.startswith("FABTRAIN_")}
+            procs.append({"name": p.get("name"), "role": p.get("role"), "rank": p.get("rank"),
+                          "argv": p.get("argv"), "env": env})
+    keep = ("job_id", "cluster", "node", "mode", "sgd", "trainers", "code")
+    out = {k: job.get(k) for k in keep if k in job}
+    out["nodes"] = [n.get("name") for n in job.get("nodes") or [] if isinstance(n, dict)]
+    out["watchdog"] = watchdog
+    out["processes"] = procs
+    return out
+
+
+def read_events(jd, kinds=None, limit=None):
+    """events.jsonl's records (only `kinds` if given; the last `limit`), skipping lines that do not parse."""
+    out = []
+    try:
+        f = open(os.path.join(jd, "events.jsonl"), "rb")
+    except OSError:
+        return out
+    with f:
+        for line in f:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(ev, dict) and (kinds is None or ev.get("kind") in kinds):
+                out.append(ev)
+    return out[-limit:] if limit else out
+
+
+def metric_files(jd):
+    mdir = os.path.join(jd, "metrics")
+    try:
+        return sorted(f[:-6] for f in os.listdir(mdir) if f.endswith(".jsonl"))
+    except OSError:
+        return []
+
+
+def last_record(path):
+    for line in reversed(ops.tail_lines(path, 5)):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            return rec
+    return None
+
+
+def started_at(jd):
+    """When the job started here: its earliest run record, else when job.json was written."""
+    times = [r.get("started_at") for _, r in ops.run_records(jd)]
+    times = [t for t in times if isinstance(t, (int, float))]
+    if times:
+        return min(times)
+    try:
+        return os.path.getmtime(os.path.join(jd, "job.json"))
+    except OSError:
+        return None
+
+
+def ended_at(jd):
+    """The last time anything of the job was written here (events, metrics, logs)."""
+    latest = None
+    for sub in ("events.jsonl", "metrics", "logs"):
+        path = os.path.join(jd, sub)
+        paths = [os.path.join(path, f) for f in os.listdir(path)] if os.path.isdir(path) else [path]
+        for p in paths:
+            try:
+                t = os.path.getmtime(p)
+            except OSError:
+                continue
+            latest = t if latest is None else max(latest, t)
+    return latest
+
+
+def job_entry(ws, job_id):
+    jd = os.path.join(ws, "jobs", job_id)
+    job = atomic.read_json(os.path.join(jd, "job.json"), {})
+    status = ops.op_status({"workspace": ws, "job_id": job_id, "health": True})
+    return {
+        "job_id": job_id,
+        "job": summary(job if isinstance(job, dict) else {}),
+        "started": started_at(jd),
+        "last_write": ended_at(jd),
+        "status": status,
+        "events": read_events(jd, OUTCOME_KINDS, 200),
+        "last_metrics": {name: last_record(os.path.join(jd, "metrics", name + ".jsonl"))
+                         for name in metric_files(jd)},
+    }
+
+
+def valid_id(job_id):
+    return isinstance(job_id, str) and job_id and "/" not in job_id and not job_id.startswith(".")
+
+
+def op_jobs(payload):
+    """Every job this node has a directory for, newest first: summary, status, outcome events, last metrics."""
+    ws = ops.workspace(payload)
+    root = os.path.join(ws, "jobs")
+    try:
+        ids = sorted((d for d in os.listdir(root) if valid_id(d) and os.path.isdir(os.path.join(root, d))),
+                     reverse=True)
+    except OSError:
+        ids = []
+    limit = int(payload.get("limit", MAX_JOBS))
+    return {"jobs": [job_entry(ws, i) for i in ids[:limit]], "current": os.path.basename(ops.job_dir(ws) or "")}
+
+
+def thin(records, max_points):
+    """At most max_points of records, evenly spaced, the last one always kept."""
+    if len(records) <= max_points:
+        return records
+    stride = -(-len(records) // max_points)
+    picked = records[::stride]
+    if picked[-1] is not records[-1]:
+        picked.append(records[-1])
+    return picked
+
+
+def series(path, max_points):
+    out = []
+    try:
+        f = open(path, "rb")
+    except OSError:
+        return out
+    with f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                out.append({k: rec[k] for k in SERIES_KEYS if k in rec})
+    return thin(out, max_points)
+
+
+def op_job(payload):
+    """One job's story on this node: summary, status, metrics series, events and each log's last lines."""
+    job_id = payload.get("job_id")
+    if not valid_id(job_id):
+        raise ops.UserFacing("job id %r is not a job id" % (job_id,))
+    ws = ops.workspace(payload)
+    jd = os.path.join(ws, "jobs", job_id)
+    if not os.path.isdir(jd):
+        return {"job_id": job_id, "found": False}
+    entry = job_entry(ws, job_id)
+    max_points = int(payload.get("max_points", MAX_POINTS))
+    entry["found"] = True
+    entry["series"] = {name: series(os.path.join(jd, "metrics", name + ".jsonl"), max_points)
+                       for name in metric_files(jd)}
+    entry["events"] = read_events(jd, None, int(payload.get("max_events", MAX_EVENTS)))
+    lines = int(payload.get("lines", 50))
+    logs = {}
+    ldir = os.path.join(jd, "logs")
+    for f in sorted(os.listdir(ldir)) if os.path.isdir(ldir) else []:
+        if f.endswith(".log"):
+            logs[f[:-4]] = ops.tail_lines(os.path.join(ldir, f), lines)
+    entry["logs"] = logs
+    return entry

@@ -1,0 +1,213 @@
+"""The one launcher: how every job process, and the node agent, is started.
+
+    python -I -S <job_dir>/launch.py --exit <job_dir>/run/<name>.exit [--no-subreaper] -- ARGV...
+
+`command()` builds that argv (the plan puts it in job.json); node ops writes
+this very file into the job directory at start, so it runs before and without
+`fab deploy`, with nothing but the standard library. The launcher:
+
+- starts its own session (setsid): the process's group id is the launcher's pid;
+- reserves the exit record before anything runs (``<name>.exit.pending.<pid>``,
+  written and fsync'ed), so the exit code can be recorded on a full disk: it
+  is overwritten in place and renamed to ``<name>.exit``, which needs no new
+  disk block;
+- becomes a child subreaper (prctl PR_SET_CHILD_SUBREAPER): whatever the
+  program orphans, even a process that starts its own session and clears its
+  environment, is re-parented to the launcher instead of PID 1, so the agent
+  and ``fab kill-all`` still find it among the launcher's descendants;
+- forks the program with PR_SET_PDEATHSIG = SIGKILL: a launcher killed
+  outright takes the program with it, so nothing runs unsupervised;
+- forwards SIGTERM and SIGINT to the program, so stopping either pid stops
+  the process; SIGHUP is ignored by both (nohup);
+- records the program's exit status the shell's way (128 + n for signal n),
+  then reaps orphans until it has no child left, and exits with that status.
+
+The program is run under ``stdbuf -oL -eL`` where stdbuf exists, so C stdio
+writes the log a line at a time.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+SCRIPT = "launch.py"  # its name in the job directory
+RESERVE = 64  # bytes reserved for the exit record
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def command(python: str, job_dir: str, exit_path: str, argv, subreaper: bool = True) -> list:
+    """The launch argv of one process: what job.json's ``launch`` holds."""
+    flags = ["--exit", exit_path] + ([] if subreaper else ["--no-subreaper"])
+    return [python, "-I", "-S", job_dir + "/" + SCRIPT] + flags + ["--"] + list(argv)
+
+
+def is_launcher(argv) -> bool:
+    """A command line that is this launcher's."""
+    return "--exit" in argv[:8] and any(a.endswith("/" + SCRIPT) for a in argv[:4])
+
+
+def source() -> str:
+    """This file's text, which node ops writes into the job directory."""
+    text = globals().get("__source__")  # set when shipped inside node ops' bundle
+    if text:
+        return text
+    with open(__file__) as f:
+        return f.read()
+
+
+def read_exit(path: str):
+    """The exit code recorded at path, or None while the process has not ended."""
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    try:
+        return int(text.split()[0]) if text else None
+    except ValueError:
+        return None
+
+
+class ExitRecord:
+    """An exit code that survives a full disk: space reserved first, overwritten in place, renamed."""
+
+    def __init__(self, path: str):
+        # Its own pending name: a restarted agent's launcher may reserve while the old one records.
+        self.path, self.pending = path, "%s.pending.%d" % (path, os.getpid())
+        self.fd = None
+
+    def reserve(self) -> None:
+        fd = os.open(self.pending, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b" " * (RESERVE - 1) + b"\n")
+            os.fsync(fd)
+        except OSError:
+            os.close(fd)
+            raise
+        self.fd = fd
+
+    def write(self, code: int) -> None:
+        data = b"%d\n" % code
+        if self.fd is None:
+            self.reserve()
+        os.pwrite(self.fd, data, 0)
+        os.ftruncate(self.fd, len(data))  # frees the rest: needs no space
+        os.fsync(self.fd)
+        os.close(self.fd)
+        self.fd = None
+        os.replace(self.pending, self.path)
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, value, 0, 0, 0) == 0
+    except Exception:  # no ctypes, not Linux: run without it
+        return False
+
+
+def _exit_code(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def _parse(argv):
+    exit_path, subreaper = None, True
+    while argv and argv[0] != "--":
+        flag = argv.pop(0)
+        if flag == "--exit" and argv:
+            exit_path = argv.pop(0)
+        elif flag == "--no-subreaper":
+            subreaper = False
+        else:
+            raise SystemExit("fabtrain launch: unknown flag %s" % flag)
+    program = argv[1:]
+    if not exit_path or not program:
+        raise SystemExit("usage: launch.py --exit FILE [--no-subreaper] -- ARGV...")
+    return exit_path, subreaper, program
+
+
+def _start(program) -> int:
+    import shutil  # here: the agent imports this module too, and keeps small
+    parent = os.getpid()
+    if shutil.which("stdbuf"):
+        program = ["stdbuf", "-oL", "-eL"] + program
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os._exit(128 + signal.SIGKILL)
+        # Python ignores SIGPIPE and SIGXFSZ; a program expects the defaults. SIGHUP stays ignored (nohup).
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        os.execvp(program[0], program)
+    except OSError as e:
+        os.write(2, ("fabtrain launch: cannot run %s: %s\n" % (program[0], e.strerror)).encode())
+        os._exit(127 if e.errno == 2 else 126)
+    except BaseException:
+        pass
+    os._exit(127)
+
+
+def main(argv) -> int:
+    exit_path, subreaper, program = _parse(list(argv))
+    try:
+        os.setsid()
+    except OSError:
+        pass  # already a session leader (started by the agent's keeper)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    record = ExitRecord(exit_path)
+    try:
+        record.reserve()
+    except OSError as e:
+        sys.stderr.write("fabtrain launch: cannot reserve the exit record %s: %s\n" % (record.pending, e.strerror))
+        return 1
+    if subreaper:
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    child = _start(program)
+    state = {"code": None}
+
+    def forward(sig, frame):
+        if state["code"] is None:
+            targets = [child]
+        else:  # the program is gone: pass it on to what it left behind
+            targets = _children(os.getpid())
+        for pid in targets:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        if pid == child and state["code"] is None:
+            state["code"] = _exit_code(status)
+            try:
+                record.write(state["code"])
+            except OSError as e:
+                sys.stderr.write("fabtrain launch: cannot record exit code %d in %s: %s\n"
+                                 % (state["code"], exit_path, e.strerror))
+    return state["code"] if state["code"] is not None else 1
+
+
+def _children(pid: int):
+    try:
+        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

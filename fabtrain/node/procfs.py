@@ -1,0 +1,189 @@
+"""The one /proc reader of the node side: node ops, the agent and the tests use it.
+
+Standard library only; psutil would do the same with more memory and an
+import the nodes may not have.
+"""
+from __future__ import annotations
+
+import os
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _boot_time() -> float:
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return 0.0
+
+
+BOOT_TIME = _boot_time()
+
+
+class Proc:
+    """The fields of /proc/<pid>/stat that fabtrain uses."""
+
+    __slots__ = ("pid", "state", "ppid", "pgid", "sid", "cpu", "create_time", "start_ticks", "rss")
+
+    def __init__(self, pid, state, ppid, pgid, sid, cpu, start_ticks, rss):
+        self.pid, self.state, self.ppid, self.pgid, self.sid = pid, state, ppid, pgid, sid
+        self.cpu, self.start_ticks, self.rss = cpu, start_ticks, rss
+        self.create_time = BOOT_TIME + start_ticks / CLK_TCK
+
+    @property
+    def dead(self) -> bool:
+        # A zombie holds no memory, port or GPU; PID 1 reaps lazily in containers.
+        return self.state in ("Z", "X")
+
+    def is_(self, create_time: float | None) -> bool:
+        """This is the process started at create_time, not another that reuses its pid."""
+        return create_time is None or abs(self.create_time - create_time) < 1.0
+
+
+def stat(pid: int) -> Proc | None:
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    try:
+        rest = data[data.rindex(b")") + 2:].split()  # the command name may hold spaces and ')'
+        return Proc(pid, rest[0].decode(), int(rest[1]), int(rest[2]), int(rest[3]),
+                    (int(rest[11]) + int(rest[12])) / CLK_TCK, int(rest[19]), int(rest[21]) * PAGE_SIZE)
+    except (ValueError, IndexError):
+        return None
+
+
+def pids() -> list[int]:
+    return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+
+
+def scan() -> dict[int, Proc]:
+    """Every process on the machine, by pid."""
+    procs = {}
+    for pid in pids():
+        p = stat(pid)
+        if p is not None:
+            procs[pid] = p
+    return procs
+
+
+def alive(pid: int | None, create_time: float | None = None, procs: dict[int, Proc] | None = None) -> bool:
+    """pid is a live (not zombie) process, and the one started at create_time if given."""
+    if not pid:
+        return False
+    p = procs.get(pid) if procs is not None else stat(pid)
+    return p is not None and not p.dead and p.is_(create_time)
+
+
+class ProcTable:
+    """/proc, read cheaply once a second.
+
+    Reading every /proc/<pid>/stat costs ~20 µs a process, every tick, on a
+    busy machine most of the agent's CPU. Instead: list /proc (new pids are
+    read once, gone ones dropped) and re-read only the `hot` pids the agent
+    cares about (its job's processes and their families); the others keep the
+    ppid/pgid they were born with, which is all the agent asks of them (a
+    process can join a job's process group or family only by being forked
+    into it: then it is new). Every `full_every` refreshes, everything is
+    re-read, in case a pid was reused between two listings.
+    """
+
+    def __init__(self, full_every: int = 10):
+        self.procs: dict[int, Proc] = {}
+        self.full_every = full_every
+        self.count = 0
+
+    def refresh(self, hot=()) -> dict[int, Proc]:
+        full = self.count % self.full_every == 0
+        self.count += 1
+        now = set(pids())
+        for pid in [p for p in self.procs if p not in now]:
+            del self.procs[pid]
+        new = now - self.procs.keys()
+        for pid in (now if full else new | (set(hot) & now)):
+            p = stat(pid)
+            if p is None:
+                self.procs.pop(pid, None)
+            else:
+                self.procs[pid] = p
+        return self.procs
+
+
+def environ_raw(pid: int) -> bytes:
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def environ(pid: int) -> dict[bytes, bytes]:
+    return dict(kv.split(b"=", 1) for kv in environ_raw(pid).split(b"\0") if b"=" in kv)
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return [a.decode("utf-8", "replace") for a in f.read().split(b"\0")[:-1]]
+    except OSError:
+        return []
+
+
+def marker(workspace: str) -> bytes:
+    """The job marker every job process carries in its environment."""
+    return ("FABTRAIN_WORKSPACE=%s" % workspace).encode()
+
+
+def carries(env: bytes, mark: bytes) -> bool:
+    entry = mark + b"\0"
+    return env.startswith(entry) or (b"\0" + entry) in env or env == mark or env.endswith(b"\0" + mark)
+
+
+def marked(workspace: str, procs: dict[int, Proc] | None = None, skip=()) -> list[int]:
+    """Every live process whose environment carries this workspace's job marker."""
+    mark = marker(workspace)
+    procs = scan() if procs is None else procs
+    return [pid for pid, p in procs.items()
+            if pid not in skip and not p.dead and carries(environ_raw(pid), mark)]
+
+
+def children_map(procs: dict[int, Proc]) -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for p in procs.values():
+        kids.setdefault(p.ppid, []).append(p.pid)
+    return kids
+
+
+def descendants(pid: int, kids: dict[int, list[int]]) -> list[int]:
+    out, todo, seen = [], list(kids.get(pid, ())), {pid}
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        out.append(p)
+        todo.extend(kids.get(p, ()))
+    return out
+
+
+def group(pgid: int, procs: dict[int, Proc]) -> list[int]:
+    """Live members of a process group."""
+    return [p.pid for p in procs.values() if p.pgid == pgid and not p.dead]
+
+
+def ancestors(pid: int | None = None) -> set[int]:
+    """pid (default: this process) and every process above it."""
+    out, pid = set(), pid or os.getpid()
+    while pid and pid > 1 and pid not in out:
+        out.add(pid)
+        p = stat(pid)
+        if p is None:
+            break
+        pid = p.ppid
+    return out

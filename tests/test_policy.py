@@ -1,0 +1,200 @@
+"""The agent's rules, checked as data: made-up observations in, actions out. No process, no clock."""
+from __future__ import annotations
+
+import signal
+from dataclasses import replace
+
+from fabtrain.node.agent.policy import (Config, Escalate, Ledger, Note, Observation, Orphan, Peers, ProcFacts, Signal,
+                                        Status, Stop, Stray, decide, next_deadline, on_status)
+from fabtrain.node.states import ProcessState, decide as state_of, describe_end
+
+CFG = Config(node="n2", job_id="J", interval=1.0, hang_timeout=3.0, startup_timeout=60.0, grace=2.0,
+             coordinator_node="n1", coordinator="10.0.0.1:7180")
+RUNNING = ProcessState.RUNNING
+
+
+def trainer(name="trainer-0", **kw) -> ProcFacts:
+    base = dict(role=name.split("-")[0], rank=int(name.split("-")[1]), state=RUNNING, pid=200, launcher=100,
+                last_activity=0.0)
+    return ProcFacts(name=name, **{**base, **kw})
+
+
+def run(*procs, now=10.0, ledger=Ledger(), cfg=CFG, **obs):
+    return decide(Observation(now=now, procs=procs, **obs), ledger, cfg)
+
+
+def notes(actions, kind=None):
+    return [a for a in actions if isinstance(a, Note) and (kind is None or a.kind == kind)]
+
+
+# -- one meaning for an exit code --------------------------------------------------------------
+
+
+def test_an_exit_code_means_the_same_everywhere():
+    assert state_of(False, exit_code=137) is ProcessState.KILLED
+    assert state_of(False, exit_code=-9) is ProcessState.KILLED
+    assert state_of(False, exit_code=3) is ProcessState.EXITED
+    assert state_of(False) is ProcessState.KILLED  # no exit record: its launcher was killed, and the program with it
+    assert state_of(False, before_boot=True) is ProcessState.LOST
+    assert state_of(True, "S") is RUNNING and state_of(True, "T") is ProcessState.STOPPED
+    assert state_of(True, "Z") is ProcessState.ZOMBIE and state_of(False, started=False) is ProcessState.NOT_STARTED
+    assert describe_end(137) == "killed by SIGKILL (exit code 137)" == describe_end(None, signal=9)
+    assert describe_end(0) == "exited with code 0"
+    assert "str" == type(str(ProcessState.NOT_STARTED)).__name__ and ProcessState.NOT_STARTED == "not started"
+
+
+# -- exits ----------------------------------------------------------------------------------
+
+
+def test_a_non_zero_exit_fails_the_job_once():
+    p = trainer(state=ProcessState.KILLED, exit_code=137)
+    actions, ledger = run(p)
+    (exited,) = notes(actions, "exited")
+    assert exited.reason == "killed by SIGKILL (exit code 137)" and exited.fields["signal"] == "SIGKILL"
+    assert ledger.status == Status("failed", "trainer-0 on n2 killed by SIGKILL (exit code 137)", "n2")
+    assert [n.kind for n in notes(actions)][:2] == ["exited", "job_failed"]
+    assert [a for a in actions if isinstance(a, Stop)] == []  # nothing else lives here
+    again, _ = run(p, ledger=ledger)
+    assert notes(again, "exited") == []
+
+
+def test_exit_0_is_not_a_failure():
+    actions, ledger = run(trainer(state=ProcessState.EXITED, exit_code=0))
+    assert notes(actions, "exited")[0].reason == "exited with code 0" and ledger.status.status == "running"
+
+
+def test_a_killed_launcher_is_the_processs_failure_not_a_lost_process():
+    p = trainer(state=ProcessState.KILLED, launcher_lost=True, launcher=4242)
+    actions, ledger = run(p)
+    assert ledger.status.status == "failed"
+    assert ledger.status.reason == "trainer-0 on n2 killed: its launcher (pid 4242) died without recording an exit code"
+
+
+def test_a_failure_on_a_full_disk_says_so_and_where():
+    actions, ledger = run(trainer(state=ProcessState.EXITED, exit_code=1), disk_full="/ws")
+    assert "No space left on device: /ws on n2 is full" in ledger.status.reason
+    assert "No space left on device" in notes(actions, "exited")[0].reason
+
+
+# -- the hang rule --------------------------------------------------------------------------
+
+
+def test_after_the_first_record_only_records_are_progress():
+    busy = trainer(last_record=5.0, last_activity=9.9)  # CPU and log lines up to now, last record 5 s ago
+    actions, ledger = run(busy, now=8.1)
+    (hang,) = notes(actions, "hang")
+    assert "no new metrics record" in hang.reason and "no progress" in hang.reason
+    assert Stop("trainer-0", "hang: " + hang.reason) in actions
+    assert ledger.status.reason.startswith("trainer-0 on n2 hung: no progress for 3 s")
+    actions, _ = run(busy, now=7.9)
+    assert notes(actions, "hang") == []
+
+
+def test_before_the_first_record_log_output_and_cpu_count():
+    starting = trainer(last_record=None, last_activity=9.0)  # prints, or burns CPU, while it starts
+    assert notes(run(starting, now=11.9)[0], "hang") == []
+    (hang,) = notes(run(starting, now=12.1)[0], "hang")
+    assert "no metrics record, no log output, no CPU time" in hang.reason
+
+
+def test_a_stopped_process_is_a_hang():
+    stopped = trainer(state=ProcessState.STOPPED, stopped_since=8.0, last_record=7.9)
+    assert notes(run(stopped, now=9.6)[0], "hang") == []
+    assert "stopped (SIGSTOP) for 3 s" in notes(run(stopped, now=10.9)[0], "hang")[0].reason
+
+
+def test_a_pserver_waiting_for_trainers_is_not_hung_and_keep_kills_nothing():
+    ps = trainer("pserver-0", last_record=0.0)
+    actions, ledger = run(ps, now=100.0)
+    assert notes(actions, "hang") == [] and dict(ledger.quiet)["pserver-0"] == 100.0
+    # Trainers start: its silence counts from then.
+    actions, _ = run(ps, trainer(last_record=100.0), now=102.0, ledger=ledger)
+    assert notes(actions, "hang") == []
+    keep = replace(CFG, on_failure="keep")
+    actions, ledger = run(trainer(last_record=0.0), now=5.0, cfg=keep)
+    assert "not killed: on_failure is keep" in notes(actions, "hang")[0].reason
+    assert not [a for a in actions if isinstance(a, Stop)]
+    assert notes(actions, "kept")
+
+
+def test_the_next_deadline_is_the_hang_deadline():
+    obs = Observation(now=6.0, procs=(trainer(last_record=5.0),))
+    assert next_deadline(obs, Ledger(), CFG) == 8.0
+
+
+# -- startup ----------------------------------------------------------------------------------
+
+
+def test_a_node_that_never_joins_fails_the_job_by_name():
+    peers = Peers(ever_connected=True, seen=("n1", "n2"))
+    obs = dict(peers=peers, must_join=("n1", "n2", "n3"), startup_deadline=60.0)
+    assert notes(run(trainer(last_activity=58.0), now=59.0, **obs)[0], "not_joined") == []
+    actions, ledger = run(trainer(last_record=59.0), now=60.0, **obs)
+    assert "node n3 never joined" in ledger.status.reason and notes(actions, "not_joined")
+    # A process of this node that was never started.
+    actions, ledger = run(trainer(last_activity=59.9), trainer("trainer-1", state=ProcessState.NOT_STARTED), now=60.0,
+                          peers=Peers(ever_connected=True, seen=("n2",)), must_join=("n2",), startup_deadline=60.0)
+    assert ledger.status.reason == "trainer-1 on n2 never started within startup_timeout (60 s)"
+    # No coordinator ever answered.
+    actions, ledger = run(trainer(last_record=59.5), now=60.0, peers=Peers(error="connection refused"),
+                          must_join=("n1", "n2"), startup_deadline=60.0)
+    assert ledger.status.reason.startswith("node n1 never joined: no coordinator answered at 10.0.0.1:7180")
+
+
+# -- the job's status, teardown, escalation ----------------------------------------------------
+
+
+def test_a_failure_elsewhere_tears_down_here_and_escalates_after_the_grace():
+    _, ledger = on_status({"op": "status", "job_id": "J", "status": "failed", "reason": "boom", "node": "n3"},
+                          "J", Ledger(), CFG)
+    actions, ledger = run(trainer(last_record=9.9), ledger=ledger)
+    assert Stop("trainer-0", "teardown: job failed (boom)") in actions and notes(actions, "teardown")
+    closing = trainer(last_record=9.9, term_at=10.0, kill_signal="SIGTERM")
+    assert not [a for a in run(closing, now=11.9, ledger=ledger)[0] if isinstance(a, Escalate)]
+    actions, _ = run(closing, now=12.0, ledger=ledger)
+    assert Escalate("trainer-0") in actions
+    assert on_status({"op": "status", "job_id": "other", "status": "failed"}, "J", Ledger(), CFG)[1] == Ledger()
+
+
+def test_finished_stops_the_pservers():
+    ledger = Ledger(status=Status("finished", "every trainer exited with code 0"))
+    actions, _ = run(trainer("pserver-0"), trainer(state=ProcessState.EXITED, exit_code=0), ledger=ledger)
+    assert Stop("pserver-0", "the job finished") in actions
+
+
+def test_a_silent_coordinator_fails_the_job():
+    actions, ledger = run(trainer(last_record=9.9), peers=Peers(ever_connected=True, silent_for=6.0, error="reset"))
+    assert notes(actions, "peer_lost")[0].fields["peer"] == "n1"
+    assert ledger.status.reason.startswith("coordinator 10.0.0.1:7180 (agent of n1) unreachable for 6 s: reset")
+
+
+# -- orphans and zombies ------------------------------------------------------------------------
+
+
+def test_orphans_get_sigterm_then_sigkill_after_the_grace():
+    old = Stray(pid=77, ctime=1.0, job="OLD", role="trainer", rank="7", age=30.0, job_running=False)
+    young = replace(old, pid=78, age=1.0)
+    actions, ledger = run(strays=(old, young))
+    assert Signal(77, 1.0, signal.SIGTERM) in actions and not [a for a in actions if getattr(a, "pid", 0) == 78]
+    assert "belongs to job OLD, which is not running" in notes(actions, "orphan")[0].reason
+    actions, ledger = run(now=12.0, ledger=ledger, orphans_alive=frozenset({77}))
+    assert Signal(77, 1.0, signal.SIGKILL) in actions
+    _, ledger = run(now=13.0, ledger=ledger, orphans_alive=frozenset())
+    assert ledger.orphans == ()
+
+
+def test_what_a_process_left_behind_is_killed_as_an_orphan():
+    done = trainer(state=ProcessState.EXITED, exit_code=3, leftovers=((300, 2.0),))
+    actions, ledger = run(done)
+    orphan = notes(actions, "orphan")[0]
+    assert "outlived its main process trainer-0 (pid 200, which exited with code 3)" in orphan.reason
+    assert ledger.orphans == (Orphan(300, 2.0, orphan.reason.replace("; killing it", ""), "trainer-0", "", 10.0),)
+
+
+def test_zombies_are_reported_once_and_their_parent_killed_when_the_job_ends():
+    p = trainer(zombies=((301, 250, 3.0),), last_record=9.9)
+    actions, ledger = run(p)
+    assert len(notes(actions, "zombie")) == 1 and not [a for a in actions if isinstance(a, Signal)]
+    ledger = replace(ledger, status=Status("failed", "x"))
+    actions, ledger = run(p, ledger=ledger)
+    assert notes(actions, "zombie") == [] and Signal(250, None, signal.SIGKILL) in actions
