@@ -1,0 +1,78 @@
+"""Run a benchmark and keep its raw output in bench/results/<name>.txt.
+
+    .venv/bin/python bench/record.py NAME [--runs K] -- COMMAND...
+
+The file starts with what the figures depend on: the commit measured (and
+whether the tree differed from it), the date, `nproc`, and for each run the
+load average before and after (other work on a shared machine shows in every
+figure). The output also goes to the terminal as it comes. The README's
+performance table quotes these files and nothing else.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True).stdout.strip()
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def header(command: list[str], runs: int) -> str:
+    # bench/results/ itself is left out: it is what this run writes.
+    dirty = git("status", "--porcelain", "--untracked-files=normal", "--", ".", ":(exclude)bench/results")
+    return "".join([
+        f"commit: {git('rev-parse', 'HEAD')}{' (with uncommitted changes)' if dirty else ''}\n",
+        f"date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}\n",
+        f"nproc: {os.cpu_count()}\n",
+        f"command: {' '.join(command)}   ({runs} run{'s' if runs > 1 else ''})\n",
+    ])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 usage="record.py NAME [--runs K] -- COMMAND...")
+    ap.add_argument("name")
+    ap.add_argument("--runs", type=int, default=1)
+    # Everything after the first -- is the command, its own flags included.
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, command = ap.parse_args(argv[:cut]), argv[cut + 1:]
+    if not command:
+        ap.error("give the command after --")
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{args.name}.txt"
+    worst = 0
+    with path.open("w") as out:
+        def emit(text: str) -> None:
+            out.write(text)
+            out.flush()
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        emit(header(command, args.runs))
+        for run in range(1, args.runs + 1):
+            emit(f"\n--- run {run} of {args.runs}: load average before {loadavg()}\n")
+            t0 = time.time()
+            proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for line in proc.stdout:
+                emit(line)
+            code = proc.wait()
+            worst = worst or code
+            emit(f"--- run {run}: exit code {code}, {time.time() - t0:.0f} s, load average after {loadavg()}\n")
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(main())
