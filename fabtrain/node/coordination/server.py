@@ -23,6 +23,7 @@ from .connections import Conn, Connections
 from .protocol import Channel, ProtocolError
 
 BIND_WAIT = 3.0  # how long a busy port is retried before the coordinator gives up
+_WAKE = object()  # the selector key of stop()'s wake-up pipe
 
 
 class Coordinator(threading.Thread):
@@ -47,6 +48,10 @@ class Coordinator(threading.Thread):
         self.settled = threading.Event()  # set once the port is ours, or given up on
         self._stopping = threading.Event()
         self._sel = selectors.DefaultSelector()
+        # stop() writes here so the loop ends now, not at its next timeout: kill-all waits for this agent.
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
         self._server: socket.socket | None = None
         self.connections = Connections(self._sel, self.on_event)
         self._load()
@@ -183,6 +188,8 @@ class Coordinator(threading.Thread):
         last_check = time.monotonic()
         while not self._stopping.is_set():
             for key, mask in self._sel.select(timeout=period):
+                if key.data is _WAKE:
+                    continue  # stop(): the loop's condition sees it
                 if key.data is None:
                     self.connections.accept(self._server)
                 else:
@@ -199,6 +206,10 @@ class Coordinator(threading.Thread):
 
     def stop(self) -> None:
         self._stopping.set()
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
 
     def _serve(self, conn: Conn, mask: int) -> None:
         # One connection's trouble stays its own: whatever goes wrong while serving it,
