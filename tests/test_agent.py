@@ -71,6 +71,18 @@ def test_the_job_is_finished_when_every_trainer_exited_0():
     assert reply["status"] == "running"
 
 
+def test_stop_ends_the_coordinator_at_once_not_at_its_next_wake_up():
+    """kill-all waits for the first node's agent, which waits for its coordinator's thread."""
+    co = Coordinator("j1", "127.0.0.1", 0, ["n0"], 10.0, 30.0)  # its loop wakes every 0.5 s on its own
+    co.start()
+    assert co.wait_listening(5)
+    time.sleep(0.1)  # in select() now
+    t0 = time.monotonic()
+    co.stop()
+    co.join(2)
+    assert not co.is_alive() and time.monotonic() - t0 < 0.3
+
+
 def test_a_silent_agent_is_a_lost_node_and_fails_the_job():
     events = []
     co = Coordinator("j1", "127.0.0.1", 0, ["n0", "n1"], 0.1, 0.3, on_event=lambda k, **kw: events.append((k, kw)))
