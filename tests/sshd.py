@@ -37,16 +37,25 @@ def ensure_openssh() -> list[str]:
     return missing
 
 
+BLOCK = 16  # callers use port, port + 1, ... (a pserver per port, the coordinator's): the whole block is free
+_handed_out: list[int] = []
+
+
 def free_port(addresses: list[str]) -> int:
-    for port in range(22000 + os.getpid() % 5000, 65000):
+    """The first of BLOCK ports that nobody holds on any of these addresses, and that no earlier call of this
+    test run handed out. Probed without SO_REUSEADDR, as a plain program binds: a port an earlier test's
+    connection left in TIME_WAIT is taken, not free, for such a program."""
+    first = max(22000 + os.getpid() % 5000, max(_handed_out, default=0) + BLOCK)
+    for port in [*range(first, 65000 - BLOCK), *range(20000, first)]:
         try:
             for a in addresses:
-                with socket.socket() as s:
-                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                    s.bind((a, port))
-            return port
+                for p in range(port, port + BLOCK):
+                    with socket.socket() as s:
+                        s.bind((a, p))
         except OSError:
             continue
+        _handed_out.append(port)
+        return port
     raise RuntimeError("no free port")
 
 

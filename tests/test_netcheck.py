@@ -55,7 +55,7 @@ def test_a_taken_port_names_the_process_and_its_job():
 
 
 def test_listeners_answer_the_other_node_and_leave_no_time_wait_on_their_port():
-    ports = {"a": free_port(["127.0.0.2"]), "b": free_port(["127.0.0.3"]) + 7}
+    ports = {"a": free_port(["127.0.0.2"]), "b": free_port(["127.0.0.3"])}
     replies = {}
 
     def node(name, address, other, other_address):
