@@ -215,3 +215,19 @@ def test_a_failure_followed_by_a_restart_is_not_the_jobs_verdict():
     gone = ({"name": "trainer-0", "state": "killed", "exit_code": 143},)
     v = job_verdict([NodeObservation("n1", True, "J", gone, agent=restarting, agent_age=0.5, events=tuple(ev[:2]))])
     assert v.state == JobState.RESTARTING and not v.ended
+
+
+def test_metrics_has_a_restarts_counter_for_a_restarting_job():
+    from types import SimpleNamespace
+
+    from fabtrain.controller.jobstate import Verdict
+    from fabtrain.dashboard.prometheus import render
+    snap = SimpleNamespace(cluster="c", verdict=Verdict(JobState.RUNNING, job_id="J", generation=2, restarts_left=1),
+                           nodes=(), progress={}, dropped={})
+    text = render(snap, 0.0)
+    assert "# TYPE fabtrain_job_restarts_total counter" in text
+    assert 'fabtrain_job_restarts_total{cluster="c",job="J"} 2' in text
+    assert 'fabtrain_job_restarts_left{cluster="c",job="J"} 1' in text
+    plain = SimpleNamespace(cluster="c", verdict=Verdict(JobState.RUNNING, job_id="J"), nodes=(), progress={},
+                            dropped={})
+    assert "restarts" not in render(plain, 0.0)  # a job that does not restart has no such series
