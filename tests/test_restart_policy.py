@@ -231,3 +231,15 @@ def test_metrics_has_a_restarts_counter_for_a_restarting_job():
     plain = SimpleNamespace(cluster="c", verdict=Verdict(JobState.RUNNING, job_id="J"), nodes=(), progress={},
                             dropped={})
     assert "restarts" not in render(plain, 0.0)  # a job that does not restart has no such series
+
+
+def test_a_restartable_failure_is_not_the_jobs_end_until_the_coordinator_says_so():
+    actions, ledger = fail(Ledger(), CFG, "trainer-0 on n2 exited with code 1", "exit", 1)
+    assert [a.kind for a in actions] == ["failure"] and ledger.pending  # not job_failed: it may be restarted
+    final = {"op": "status", "job_id": "J", "status": "failed", "node": "n1",
+             "reason": "trainer-0 on n2 exited with code 1; not restarted: max_restarts (3) spent"}
+    actions, ledger = on_status(final, "J", ledger, CFG, now=1.0)
+    assert [a.kind for a in actions] == ["job_failed"] and "max_restarts" in actions[0].reason
+    assert not ledger.pending and ledger.status.status == "failed"
+    actions, _ = fail(Ledger(), CFG, "stopped by fab kill-all", "kill-all")
+    assert [a.kind for a in actions] == ["job_failed"]  # never restarted: final at once

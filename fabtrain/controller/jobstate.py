@@ -269,7 +269,7 @@ def _facts(nodes: list[NodeObservation]) -> _Facts:
             elif e["kind"] == "kept":
                 f.kept = True
         job = (n.agent or {}).get("job") or {}
-        if job.get("status") == "failed":
+        if job.get("status") == "failed" and job.get("pending") is not True:  # pending: may be restarted
             failures.append((float("inf"), job.get("reason") or "failed"))
             f.on_failure = f.on_failure or job.get("on_failure")
             f.kept |= job.get("kept") is True

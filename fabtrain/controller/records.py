@@ -190,7 +190,7 @@ HEALTH = obj({
                   "keeper_pid": integer}, lenient=True),
     "peers": NUMBERS,
     "job": obj({"status": NAME, "reason": text(MAX_REASON), "origin": NAME, "on_failure": NAME, "kept": flag,
-                "generation": integer, "restarts_left": integer},
+                "generation": integer, "restarts_left": integer, "pending": flag},
                lenient=True),
     "coordinator": obj({"host": NAME, "port": integer, "hosted_here": flag, "connected": flag,
                         "last_contact": number, "error": text(MAX_REASON), "lost": list_of(NAME, lenient=True),

@@ -143,6 +143,7 @@ class Ledger:
     failure_code: int | None = None
     generation: int = 0  # the job's generation this agent works on (the one it runs, or is about to start)
     restart_at: float | None = None  # restarting: when the backoff ends (epoch)
+    pending: bool = False  # our failure may be restarted: the coordinator's word on it is still to come
 
 
 # -- what it does ---------------------------------------------------------------------------
@@ -217,9 +218,12 @@ def fail(ledger: Ledger, cfg: Config, reason: str, kind: str = "other", exit_cod
     """
     if ledger.status.status in FINAL or (ledger.status.status == RESTARTING and kind not in ("kill-all", "start")):
         return [], ledger
-    note = Note("job_failed", reason, fields={"origin": cfg.node, "on_failure": cfg.on_failure,
-                                              "generation": ledger.generation})
-    return [note], replace(ledger, failure=reason, failure_kind=kind, failure_code=exit_code,
+    # Under on_failure restart an exit or a hang is a `failure` until the coordinator says what
+    # follows (`restarting`, or `job_failed` from on_status): `fab status` must not call it the end.
+    pending = cfg.on_failure == "restart" and kind in ("exit", "hang")
+    note = Note("failure" if pending else "job_failed", reason,
+                fields={"origin": cfg.node, "on_failure": cfg.on_failure, "generation": ledger.generation})
+    return [note], replace(ledger, failure=reason, failure_kind=kind, failure_code=exit_code, pending=pending,
                            status=Status("failed", reason, cfg.node), restart_at=None)
 
 
@@ -242,7 +246,7 @@ def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list
         cause, g, " (%s left after it)" % left if isinstance(left, int) else "", backoff),
         fields={"origin": msg.get("node"), "generation": g, "backoff": backoff, "restarts_left": left})
     return [note], replace(ledger, status=Status(RESTARTING, cause, msg.get("node")), generation=g, failure=None,
-                           failure_kind=None, failure_code=None, restart_at=now + backoff, acted=False)
+                           failure_kind=None, failure_code=None, restart_at=now + backoff, acted=False, pending=False)
 
 
 def replay_restart(ev: dict, now: float) -> Ledger:
@@ -260,6 +264,11 @@ def on_status(msg: dict, job_id: str, ledger: Ledger, cfg: Config, now: float = 
     st = msg.get("status")
     if st == RESTARTING:
         return restarting(msg, ledger, cfg, now)
+    if st == "failed" and ledger.pending:  # not restarted: now our failure is the job's end
+        reason = msg.get("reason") or ledger.failure or "failed"
+        ledger = replace(ledger, pending=False, status=Status("failed", reason, msg.get("node")))
+        return [Note("job_failed", reason, fields={"origin": msg.get("node"), "on_failure": cfg.on_failure,
+                                                   "generation": ledger.generation})], ledger
     if st not in FINAL or ledger.status.status not in ("running", RESTARTING):
         return [], ledger
     ledger = replace(ledger, status=Status(st, msg.get("reason"), msg.get("node")))

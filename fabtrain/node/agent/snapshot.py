@@ -61,7 +61,7 @@ class Health:
             "peers": view.get("peers") or {},
             "job": {"status": ledger.status.status, "reason": ledger.status.reason, "origin": ledger.status.origin,
                     "on_failure": agent.cfg.on_failure, "generation": ledger.generation,
-                    "restarts_left": view.get("restarts_left"),
+                    "restarts_left": view.get("restarts_left"), "pending": ledger.pending,
                     "kept": agent.cfg.on_failure == "keep" and ledger.status.status == "failed"},
             "coordinator": {"host": agent.coord_host, "port": agent.coord_port, "hosted_here": co is not None,
                             "connected": bool(c and c.connected),
