@@ -30,7 +30,7 @@ def test_the_first_failure_wins_and_the_status_never_goes_back():
     assert out.changed and out.reply["status"] == "running" and out.reply["ack"] == 1  # a new peer is news
     out = b.beat(beat("n1", failure={"reason": "trainer-1 on n1 exited with code 3"}), now=1, wall=101)
     assert out.changed and b.status == {"status": "failed", "reason": "trainer-1 on n1 exited with code 3",
-                                        "node": "n1", "ts": 101}
+                                        "node": "n1", "ts": 101, "generation": 0, "restarts_left": 0, "backoff": None}
     out = b.beat(beat("n0", failure={"reason": "second"}, final={"status": "finished"}), now=2, wall=102)
     assert not out.changed and b.status["reason"] == "trainer-1 on n1 exited with code 3"
 

@@ -25,7 +25,7 @@ DEFAULT_CLUSTER_FILE = "cluster.yaml"
 ROLES = ("pserver", "trainer")
 MODES = ("pserver", "collective")
 HOST_KEY_POLICIES = ("strict", "accept-new")
-ON_FAILURE = ("kill-job", "keep")
+ON_FAILURE = ("kill-job", "keep", "restart")
 NOTIFY_ON = ("failed", "hang", "restart", "finished")
 WEBHOOK_RE = re.compile(r"^https?://[^\s/?#]+[^\s]*$")
 
@@ -62,7 +62,8 @@ FIELDS: dict[str, set[str]] = {
     "job.pserver": {"port", "ports_num", "ports_num_for_sparse", "per_node", "command"},
     "job.trainer": {"per_node", "command", "use_gpu", "trainer_count"},
     "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq", "max_extract_mb", "max_expansion"},
-    "job.watchdog": {"enabled", "interval", "hang_timeout", "startup_timeout", "grace", "on_failure", "port", "notify"},
+    "job.watchdog": {"enabled", "interval", "hang_timeout", "startup_timeout", "grace", "on_failure", "port", "notify",
+                     "max_restarts", "restart_backoff", "restart_on_exit_codes"},
     "job.watchdog.notify": {"webhook", "command", "on"},
 }
 
@@ -146,6 +147,10 @@ class WatchdogSpec:
     on_failure: str = "kill-job"
     port: int | None = 7180  # the agents' shared store, on the first node
     notify: NotifySpec | None = None
+    # on_failure restart: how many times, the first backoff (doubled each time), which exit codes (None: any).
+    max_restarts: int = 3
+    restart_backoff: float = 10.0
+    restart_on_exit_codes: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -298,6 +303,13 @@ class _Checks:
         if not isinstance(value, bool):
             raise self.fail(where, f"must be true or false, got {_kind(value)}")
         return value
+
+    def exit_codes(self, value: Any, where: str) -> tuple[int, ...] | None:
+        if value is None:
+            return None
+        if not isinstance(value, list) or not value:
+            raise self.fail(where, f"must be a non-empty list of exit codes (1-255), got {_kind(value)}")
+        return tuple(self.integer(v, f"{where}[{i}]", 1, 255) for i, v in enumerate(value))
 
     def choice(self, value: Any, where: str, choices: tuple[str, ...]) -> str:
         if value not in choices:
@@ -496,6 +508,10 @@ class _Parser(_Checks):
             on_failure=self.choice(w.get("on_failure", dw.on_failure), "job.watchdog.on_failure", ON_FAILURE),
             port=self.port(w.get("port", dw.port), "job.watchdog.port"),
             notify=self.notify(w["notify"]) if w.get("notify") is not None else None,
+            max_restarts=self.integer(w.get("max_restarts", dw.max_restarts), "job.watchdog.max_restarts", 0, 1000),
+            restart_backoff=self.number(w.get("restart_backoff", dw.restart_backoff), "job.watchdog.restart_backoff",
+                                        0, 3600),
+            restart_on_exit_codes=self.exit_codes(w.get("restart_on_exit_codes"), "job.watchdog.restart_on_exit_codes"),
         )
 
         env_doc = d.get("env") or {}

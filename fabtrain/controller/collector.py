@@ -117,6 +117,7 @@ class Snapshot:
     progress: dict[str, TrainerSnapshot]  # by process name
     events: tuple[dict, ...]  # newest first
     dropped: dict[str, dict]  # node -> Dropped.as_dict()
+    restarts: tuple[dict, ...] = ()  # on_failure restart: {generation, ts, reason, step} for the charts' marks
 
     @property
     def job_id(self) -> str | None:
@@ -165,6 +166,7 @@ class Collector:
         self.lock = threading.RLock()
         self.nodes = {n.name: NodeView(n.name) for n in session.cluster.nodes}
         self.progress: dict[str, TrainerProgress] = {}  # by process name
+        self.restarts: dict[int, dict] = {}  # generation -> its mark (on_failure restart)
         self.series = SeriesBook(max_points)
         self.events: deque = deque(maxlen=max_events)  # newest first
         self.dropped: dict[str, Dropped] = {}  # by node
@@ -297,6 +299,10 @@ class Collector:
                 continue
             rec["node"] = view.name  # where it was read, whatever the line says
             self.events.appendleft(rec)
+            g = rec.get("generation")
+            if rec["kind"] == "restarting" and isinstance(g, int) and g not in self.restarts:
+                # Marked on the step charts at the first step recorded after it (see _metric).
+                self.restarts[g] = {"generation": g, "ts": rec.get("ts") or 0, "reason": rec.get("reason"), "step": None}
             if rec["kind"] in JOB_EVENTS and len(view.milestones) < self.MAX_MILESTONES:
                 view.milestones.append(rec)
 
@@ -316,6 +322,7 @@ class Collector:
             del self.logs[key]
         self._mid_line = {k for k in self._mid_line if k[0] != node}
         self.nodes[node].milestones.clear()
+        self.restarts.clear()
         kept = [e for e in self.events if e.get("node") != node]
         self.events.clear()
         self.events.extend(kept)
@@ -327,6 +334,9 @@ class Collector:
             p = self.progress[name] = TrainerProgress(node, name, role, rec.get("rank"))
         p.last, p.last_ts, p.records = rec, time.time(), p.records + 1
         step = rec.get("step")
+        for mark in self.restarts.values():
+            if mark["step"] is None and step is not None and (rec.get("ts") or 0) >= mark["ts"]:
+                mark["step"] = step
         if step is not None:
             for key in self.METRIC_KEYS:
                 if rec.get(key) is not None:
@@ -379,8 +389,9 @@ class Collector:
                         for name, p in self.progress.items()}
             events = tuple(self.events)
             dropped = {node: d.as_dict() for node, d in self.dropped.items()}
+            restarts = tuple(dict(self.restarts[g]) for g in sorted(self.restarts))
         return Snapshot(cluster.name, time.time(), job_verdict(observations, self.job_id), tuple(nodes), progress,
-                        events, dropped)
+                        events, dropped, restarts)
 
     # -- background mode (dashboard) ------------------------------------------------------
 

@@ -34,6 +34,7 @@ class JobState(str, Enum):
     FINISHED = "finished"
     FAILED = "failed"
     KILLED = "killed"
+    RESTARTING = "restarting"  # on_failure restart: torn down, the next generation starts after the backoff
 
     def __str__(self) -> str:
         return self.value
@@ -41,7 +42,7 @@ class JobState(str, Enum):
 
 TERMINAL = frozenset({JobState.FINISHED, JobState.FAILED, JobState.KILLED})
 WATCH_EXIT = {JobState.FINISHED: 0, JobState.FAILED: 1, JobState.KILLED: 3}
-JOB_EVENTS = ("job_failed", "finished", "kept")
+JOB_EVENTS = ("job_failed", "finished", "kept", "restarting", "restarted")
 
 
 def signal_text(exit_code: int | None) -> str | None:
@@ -136,6 +137,17 @@ class Verdict:
     processes: tuple[ProcessView, ...] = ()
     unreachable: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    generation: int = 0  # on_failure restart: how many times the job was restarted
+    restarts_left: int | None = None  # None: the job does not restart
+
+    @property
+    def restarts(self) -> str:
+        """"generation 1, 2 restarts left", or "" for a job that does not restart."""
+        if self.restarts_left is None and not self.generation:
+            return ""
+        left = self.restarts_left
+        return f"generation {self.generation}" + (f", {left} restart{'s' if left != 1 else ''} left"
+                                                  if left is not None else "")
 
     @property
     def exit_code(self) -> int | None:
@@ -147,7 +159,7 @@ class Verdict:
         if self.state != JobState.FAILED or not self.on_failure:
             return self.reason
         what = "on_failure keep: survivors left running for debugging (fab status, fab kill-all)" if self.kept \
-            else "torn down on every node (on_failure kill-job)"
+            else f"torn down on every node (on_failure {self.on_failure})"
         return f"{self.reason}; {what}"
 
     def process(self, node: str, name: str) -> ProcessView | None:
@@ -214,13 +226,39 @@ class _Facts:
     finished_by: list = field(default_factory=list)
     kept: bool = False
     on_failure: str | None = None
+    restarting: str | None = None  # why, while an agent says the job is restarting
+    generation: int = 0
+    restarts_left: int | None = None
+
+
+def _since_restart(events) -> list[dict]:
+    """A node's job-level events after its last restart: a failure before it was restarted, not final."""
+    events = sorted(events, key=lambda e: e.get("ts") or 0)
+    last = max((i for i, e in enumerate(events) if e["kind"] in ("restarting", "restarted")), default=-1)
+    return events[last + 1:]
+
+
+def _restart_facts(f: _Facts, n: NodeObservation) -> None:
+    job = (n.agent or {}).get("job") or {}
+    if job.get("on_failure") == "restart":
+        g = job.get("generation")
+        f.generation = max(f.generation, g if isinstance(g, int) else 0)
+        if isinstance(job.get("restarts_left"), int):
+            f.restarts_left = job["restarts_left"] if f.restarts_left is None else min(f.restarts_left,
+                                                                                         job["restarts_left"])
+    for e in n.events:
+        if e["kind"] in ("restarting", "restarted") and isinstance(e.get("generation"), int):
+            f.generation = max(f.generation, e["generation"])
+    if job.get("status") == "restarting":
+        f.restarting = f.restarting or f"restarting after: {job.get('reason') or 'a failure'}"
 
 
 def _facts(nodes: list[NodeObservation]) -> _Facts:
     f = _Facts()
     failures = []
     for n in nodes:
-        for e in n.events:
+        _restart_facts(f, n)
+        for e in _since_restart(n.events):
             if e["kind"] == "job_failed":
                 failures.append((e.get("ts") or 0, e.get("reason") or "failed"))
                 f.on_failure = f.on_failure or e.get("on_failure")
@@ -231,7 +269,7 @@ def _facts(nodes: list[NodeObservation]) -> _Facts:
             elif e["kind"] == "kept":
                 f.kept = True
         job = (n.agent or {}).get("job") or {}
-        if job.get("status") == "failed":
+        if job.get("status") == "failed" and job.get("pending") is not True:  # pending: may be restarted
             failures.append((float("inf"), job.get("reason") or "failed"))
             f.on_failure = f.on_failure or job.get("on_failure")
             f.kept |= job.get("kept") is True
@@ -252,6 +290,8 @@ def _decide(nodes: list[NodeObservation], ours: list[NodeObservation], procs: li
         return JobState.KILLED, KILLED_BY_FAB, []
     if facts.failed is not None:
         return JobState.FAILED, facts.failed, facts.failed_by
+    if facts.restarting is not None:
+        return JobState.RESTARTING, facts.restarting, []
     if facts.finished is not None:
         return JobState.FINISHED, facts.finished, facts.finished_by
     if not any(n.reachable for n in nodes):
@@ -289,4 +329,5 @@ def job_verdict(nodes: Iterable[NodeObservation], job_id: str | None = None) -> 
     notes = tuple(f"{p.name} on {p.node}: its launcher is gone; its agent still sees it {p.state.value}"
                   for p in procs if p.launcher_gone)
     return Verdict(state, reason, ended or kept, kept, facts.on_failure if state == JobState.FAILED else None,
-                   job_id, tuple(said_by), tuple(procs), tuple(n.name for n in nodes if n.reachable is False), notes)
+                   job_id, tuple(said_by), tuple(procs), tuple(n.name for n in nodes if n.reachable is False), notes,
+                   facts.generation, facts.restarts_left)

@@ -166,7 +166,8 @@ def obj(schema: dict[str, Callable], required: tuple = (), extra: Callable | Non
 NAME = text(MAX_NAME)
 EVENT = obj({"kind": kind, "ts": number, "node": NAME, "name": NAME, "role": NAME, "rank": rank,
              "reason": text(MAX_REASON), "signal": text(32), "exit_code": integer, "pid": integer,
-             "pids": list_of(integer), "peer": NAME, "origin": NAME, "on_failure": NAME},
+             "pids": list_of(integer), "peer": NAME, "origin": NAME, "on_failure": NAME,
+             "generation": integer, "backoff": number, "restarts_left": integer},
             required=("kind",), extra=scalar)
 METRIC = obj({"ts": number, "step": number, "epoch": number, "loss": number, "samples_per_s": number,
               "eval_loss": number, "lr": number, "role": NAME, "rank": rank}, extra=scalar)
@@ -188,7 +189,8 @@ HEALTH = obj({
     "agent": obj({"pid": integer, "rss": number, "cpu_percent": number, "started": number, "restarted": flag,
                   "keeper_pid": integer}, lenient=True),
     "peers": NUMBERS,
-    "job": obj({"status": NAME, "reason": text(MAX_REASON), "origin": NAME, "on_failure": NAME, "kept": flag},
+    "job": obj({"status": NAME, "reason": text(MAX_REASON), "origin": NAME, "on_failure": NAME, "kept": flag,
+                "generation": integer, "restarts_left": integer, "pending": flag},
                lenient=True),
     "coordinator": obj({"host": NAME, "port": integer, "hosted_here": flag, "connected": flag,
                         "last_contact": number, "error": text(MAX_REASON), "lost": list_of(NAME, lenient=True),

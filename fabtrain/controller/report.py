@@ -250,6 +250,8 @@ def _verdict_lines(verdict: Verdict) -> list[str]:
         return [f"JOB FAILED: {verdict.summary()}{said}"]
     if verdict.state == JobState.FINISHED:
         return [f"job finished: {verdict.reason}{said}"]
+    if verdict.state == JobState.RESTARTING:
+        return [f"JOB RESTARTING: {verdict.reason}"]
     return list(verdict.notes)
 
 
@@ -283,7 +285,7 @@ def status_text(replies: list[Reply]) -> tuple[str, bool]:
         notes += more
         problem |= wrong
     job_ids = sorted({o.job_id for o in observations if o.job_id})
-    head = f"job {', '.join(job_ids) or '-'}: {verdict.state}"
+    head = f"job {', '.join(job_ids) or '-'}: {verdict.state}" + (f" ({verdict.restarts})" if verdict.restarts else "")
     codes = {code_text(r.value.get("code")) for r in replies if r.ok and isinstance(r.value, dict) and r.value.get("job_id")}
     if codes:
         head += f"  code {', '.join(sorted(codes))}"  # more than one: nodes run different code

@@ -58,6 +58,7 @@ def frame(snap: Snapshot, now: float, began: float, fresh: dict | None = None) -
     verdict = snap.verdict
     why = verdict.summary()
     lines = [f"job {snap.job_id or '-'}: {verdict.state}{' (' + why + ')' if why and verdict.state != 'running' else ''}"
+             f"{'  [' + verdict.restarts + ']' if verdict.restarts else ''}"
              f"   watching {now - began:.0f}s"]
     lines += [f"note: {note}" for note in verdict.notes]
     for node, d in sorted(snap.dropped.items()):

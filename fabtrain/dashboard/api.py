@@ -150,6 +150,9 @@ def job_view(snap, stale_after: float, ended: dict, now: float | None = None) ->
         "stale": [t["name"] for t in trainers if t["stale"]], "unreachable": list(verdict.unreachable),
         "dropped": dropped, "dropped_total": sum(d["count"] for d in dropped.values()),
         "ports": recorded_ports(snap.cluster, job_id),  # the ports it started with, `auto` ones chosen
+        # on_failure restart: the generation, restarts left, and each restart (marked on the step charts)
+        "generation": verdict.generation, "restarts_left": verdict.restarts_left,
+        "restarts": [dict(r) for r in getattr(snap, "restarts", ())],
     }
 
 

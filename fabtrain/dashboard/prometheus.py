@@ -1,6 +1,7 @@
 """/metrics: the collector's view in Prometheus text format (version 0.0.4).
 
-Gauges, and one counter (records dropped as malformed, per node); every
+Gauges, and two counters (records dropped as malformed, per node; the job's
+restarts under on_failure restart); every
 series named fabtrain_*. States are one-hot gauges with a `state` label (as
 kube-state-metrics does), so a Grafana panel can show "which processes are
 not running" with a plain selector. The job's state is the collector's
@@ -91,6 +92,11 @@ def render(snap, now: float) -> str:
               "wrong field types, over-long lines) since the dashboard started", {"cluster": cluster_name, "node": n.name},
               d["count"], kind="counter")
     jl = {"cluster": cluster_name, "job": verdict.job_id or ""}
+    if verdict.restarts:
+        w.add("fabtrain_job_restarts_total", "Times the watchdog restarted the job (on_failure restart): its generation",
+              jl, verdict.generation, kind="counter")
+        w.add("fabtrain_job_restarts_left", "Restarts left before the next failure fails the job", jl,
+              verdict.restarts_left)
     for s in JOB_STATES:
         w.add("fabtrain_job_state", "1 for the job's current state (the verdict fab status and fab watch show)",
               jl | {"state": s}, verdict.state.value == s)

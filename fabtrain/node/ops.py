@@ -23,16 +23,13 @@ from fabtrain.node import atomic, launch, procfs
 from fabtrain.node.workspace import (check_workspace, claim_workspace, job_dir, make_private_dirs, snapshot_code,
                                      workspace)
 from fabtrain.node.agent.supervisor import family, send, stop_all, trusted
+from fabtrain.node.spawn import expand, name_programs, program_of, spawn
 from fabtrain.node.states import ProcessState, decide, signame, signal_of
 
 PROGRAM_WAIT = 3.0  # seconds a start waits for each launcher to fork its program
 
 
 # -- small helpers ------------------------------------------------------------------
-
-
-def expand(value, ws):
-    return value.replace("$WS", ws)
 
 
 def tail_lines(path, n, max_bytes=65536):
@@ -58,15 +55,6 @@ def run_records(jd):
             if isinstance(record, dict) and isinstance(record.get("pid"), int):
                 out.append((name[:-5], record))
     return out
-
-
-def program_of(record, procs, kids):
-    """The program a launcher runs: from its record, or the first child it forked."""
-    pid = record.get("program_pid")
-    if pid and procfs.alive(pid, record.get("program_create_time"), procs):
-        return pid
-    children = [procs[k] for k in kids.get(record["pid"], ()) if k in procs and not procs[k].dead]
-    return min(children, key=lambda p: (p.start_ticks, p.pid)).pid if children else None
 
 
 # -- process state -----------------------------------------------------------------
@@ -191,34 +179,6 @@ def live_job_processes(jd, procs=None):
     return [name for name, run in run_records(jd) if procfs.alive(run["pid"], run.get("create_time"), procs)]
 
 
-def spawn(proc, ws, base_env):
-    """Start one process through the launcher (its own session, nohup, line-buffered), stdin /dev/null."""
-    env = dict(base_env)
-    for k, v in proc["env"].items():
-        v = expand(v, ws)
-        if k == "PATH":
-            v = v.replace("$PATH", base_env.get("PATH", "/usr/bin:/bin"))
-            v = ":".join(os.path.expanduser(part) for part in v.split(":"))
-        env[k] = v
-    argv = [expand(a, ws) for a in proc["launch"]]
-    argv[0] = os.path.expanduser(argv[0])
-    cwd = expand(proc["cwd"], ws)
-    if not os.path.isdir(cwd):
-        os.makedirs(cwd, exist_ok=True)
-    log = os.open(expand(proc["log"], ws), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        p = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                             stderr=subprocess.STDOUT, close_fds=True)
-    finally:
-        os.close(log)
-    st = procfs.stat(p.pid)
-    record = {"name": proc["name"], "role": proc["role"], "rank": proc["rank"], "pid": p.pid,
-              "pgid": p.pid, "create_time": st.create_time if st else time.time(),
-              "argv": [expand(a, ws) for a in proc["argv"]], "started_at": time.time()}
-    atomic.write_json(expand(proc["run"], ws), record)
-    return p, record
-
-
 def start_agent(agent, job, jd, ws, base_env, warnings):
     """Start the agent; on the node that hosts the coordinator, first, and only once it holds the port.
 
@@ -255,24 +215,6 @@ def start_agent(agent, job, jd, ws, base_env, warnings):
         time.sleep(0.05)
     warnings.append("the agent has not started its coordinator within 15 s (see `fab status`)")
     return p, record
-
-
-def name_programs(started, ws, procs_by_name, deadline):
-    """Add each launcher's program to its run record (the pid to show), once it has forked it."""
-    pending = list(started)
-    while pending:
-        procs = procfs.scan()
-        kids = procfs.children_map(procs)
-        for p, record in list(pending):
-            program = program_of(record, procs, kids)
-            if program is not None:
-                record.update(program_pid=program, program_create_time=procs[program].create_time)
-                atomic.write_json(expand(procs_by_name[record["name"]]["run"], ws), record)
-            if program is not None or p.poll() is not None:
-                pending.remove((p, record))
-        if not pending or time.time() > deadline:
-            return
-        time.sleep(0.01)
 
 
 def op_start(payload):

@@ -174,11 +174,15 @@ function renderJob(j) {
   document.getElementById("job-id").textContent = j.job_id || "–";
   const badge = document.getElementById("job-state");
   badge.textContent = j.state;
-  badge.className = "badge state-" + (["running", "starting", "finished", "failed", "killed"].includes(j.state) ? j.state : "none");
+  badge.className = "badge state-" + (["running", "starting", "finished", "failed", "killed", "restarting"].includes(j.state) ? j.state : "none");
   document.getElementById("job-elapsed").textContent = duration(j.elapsed);
   const p = j.processes;
   document.getElementById("job-counts").textContent =
-    `${p.running}/${p.total} processes running` + (p.failed ? ` · ${p.failed} failed` : "") + (p.killed ? ` · ${p.killed} killed` : "");
+    `${p.running}/${p.total} processes running` + (p.failed ? ` · ${p.failed} failed` : "") + (p.killed ? ` · ${p.killed} killed` : "") +
+    (j.restarts_left != null || j.generation ? ` · generation ${j.generation || 0}` +
+      (j.restarts_left != null ? `, ${j.restarts_left} restart${j.restarts_left === 1 ? "" : "s"} left` : "") : "");
+  const marks = JSON.stringify(j.restarts || []);
+  if (marks !== state.restartMarks) { state.restartMarks = marks; state.chartsDirty = true; }
   document.getElementById("kill").disabled = !j.job_id;
   const rows = j.trainers.map(t => el("tr", {class: t.stale ? "stale" : "", "data-trainer": t.name},
     el("td", {}, el("b", {}, t.name), t.stale ? el("span", {class: "tag stale", title: `no metrics record for over ${j.stale_after}s`}, "stale") : null),
@@ -251,6 +255,17 @@ function layout(title, xtitle, ytitle, empty, percent) {
   return l;
 }
 
+// Each restart (on_failure restart) as a dashed line at the first step recorded after it, on the step charts.
+function withRestarts(l) {
+  const marks = ((state.job || {}).restarts || []).filter(r => r.step !== null && r.step !== undefined);
+  l.shapes = marks.map(r => ({type: "line", xref: "x", yref: "paper", x0: r.step, x1: r.step, y0: 0, y1: 1,
+                              line: {color: "#e0a030", width: 1, dash: "dash"}}));
+  l.annotations = (l.annotations || []).concat(marks.map(r => ({x: r.step, xref: "x", y: 1, yref: "paper",
+    text: `restart ${r.generation}`, showarrow: false, yanchor: "bottom", font: {size: 10, color: "#e0a030"},
+    hovertext: r.reason || ""})));
+  return l;
+}
+
 function drawCharts() {
   if (!window.Plotly || !state.chartsDirty) return;
   state.chartsDirty = false;
@@ -262,7 +277,8 @@ function drawCharts() {
     ["chart-gpu", traces(state.nodes, "gpu", true), "node GPU utilisation % (mean of the node's GPUs)", "", "%", "no GPUs reported", true],
   ];
   for (const [id, data, title, xt, yt, empty, percent] of charts) {
-    Plotly.react(id, data, layout(title, xt, yt, data.length ? null : empty, percent), conf);
+    const l = layout(title, xt, yt, data.length ? null : empty, percent);
+    Plotly.react(id, data, xt === "step" ? withRestarts(l) : l, conf);
   }
 }
 

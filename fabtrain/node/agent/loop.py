@@ -19,11 +19,13 @@ from dataclasses import replace
 from fabtrain.node import procfs
 from fabtrain.node.atomic import read_json
 from fabtrain.node.coordination import FINAL, Client, Coordinator
+from fabtrain.node.coordination.restart import RestartPolicy
 from fabtrain.node.states import signame
 
 from . import policy, snapshot
 from .events import EventLog
 from .keeper import AgentLife
+from .relaunch import start_generation
 from .samplers import GpuSampler, HostSampler
 from .supervisor import Markers, ProcessContext, job_running, send
 
@@ -139,6 +141,8 @@ class Agent:
         self.final_since: float | None = None
         self.last_seq = 0
         self.last_beat_key = None
+        self.started_generation = 0  # the job's generation this node last started (beats carry it)
+        self.launchers: list = []  # launchers this agent started (a restart): reaped here
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -158,6 +162,7 @@ class Agent:
             self.coordinator = Coordinator(
                 self.job_id, self.coord_host, self.coord_port, self.nodes, self.cfg.interval, self.cfg.peer_timeout,
                 os.path.join(self.jd, "coordinator.json"), secret=self.coord_secret,
+                restart=RestartPolicy.from_watchdog(self.job.get("watchdog") or {}),
                 on_event=lambda kind, reason, node=None: self.events.write(kind, reason, peer=node))
             self.coordinator.start()
             if not self.coordinator.wait_listening(self.coordinator.bind_wait + 5):
@@ -175,6 +180,10 @@ class Agent:
         ledger = self.ledger
         for ev in self.events.replay():
             kind = ev.get("kind")
+            if kind in (policy.RESTARTING, "restarted") and ev.get("node") == self.node:
+                ledger = policy.replay_restart(ev, time.time())
+                self.started_generation = ledger.generation if kind == "restarted" else self.started_generation
+                continue
             if kind == "agent_started" and ev.get("node") == self.node:
                 self.startup_deadline = min(self.startup_deadline, ev.get("ts", self.started) + self.cfg.startup_timeout)
             if kind in ("job_failed", "finished") and ledger.status.status == "running":
@@ -258,6 +267,7 @@ class Agent:
             self.health.write(self, now)
         self.beat(urgent=not tick)
         self._update_hot()
+        self.launchers = [p for p in self.launchers if p.poll() is None]  # reap the ones that ended
 
     # -- execute -------------------------------------------------------------------------------
 
@@ -272,6 +282,8 @@ class Agent:
                 self.by_name[a.name].escalate(self.procs)
             elif isinstance(a, policy.KillLauncher):
                 self.by_name[a.name].kill_launcher()
+            elif isinstance(a, policy.Relaunch):
+                start_generation(self, a.generation)
             elif isinstance(a, policy.Signal):
                 if a.pid not in protected and (a.ctime is None or procfs.alive(a.pid, a.ctime, self.procs)):
                     send(a.pid, a.signal)
@@ -284,7 +296,7 @@ class Agent:
         for msg in msgs:
             if msg.get("op") == "status" and msg.get("job_id") == self.job_id:
                 self.coord_view = msg
-            actions, self.ledger = policy.on_status(msg, self.job_id, self.ledger, self.cfg)
+            actions, self.ledger = policy.on_status(msg, self.job_id, self.ledger, self.cfg, time.time())
             self.execute(actions, time.time())
         return self.ledger.status != before
 
@@ -323,13 +335,16 @@ class Agent:
         return not pending or self.ledger.status.status in FINAL
 
     def should_exit(self) -> bool:
-        if not self.local_done():
+        if not self.local_done() or self.ledger.status.status == policy.RESTARTING:
             self.done_since, self.is_done = None, False
             return False
         now = time.monotonic()
         if self.done_since is None:
             self.done_since, self.is_done = now, True
             self.beat()
+        if self.cfg.on_failure == "restart" and self.ledger.failure and self.coord_view.get("status") not in FINAL \
+                and now - self.done_since < 2 * self.cfg.peer_timeout + self.cfg.grace:
+            return False  # our failure may be restarted: wait for the coordinator's word on it
         c = self.client
         acked = c is not None and c.acked_seq >= self.last_seq
         co = self.coordinator

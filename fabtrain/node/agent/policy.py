@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from fabtrain.node.states import KILLED_BY_FAB, ProcessState, describe_end, signame, signal_of
 
 FINAL = ("failed", "finished")
+RESTARTING = "restarting"  # on_failure restart: the coordinator chose a new generation; tear down, wait, start again
 ORPHAN_MIN_AGE = 5.0  # a process younger than this may be one node ops is starting right now
 
 
@@ -138,6 +139,11 @@ class Ledger:
     quiet: tuple = ()  # (name, since): pservers waiting in silence for trainers
     coordinator_lost: bool = False
     startup_failed: bool = False
+    failure_kind: str | None = None  # exit, hang, kill-all, other: whether the coordinator may restart the job
+    failure_code: int | None = None
+    generation: int = 0  # the job's generation this agent works on (the one it runs, or is about to start)
+    restart_at: float | None = None  # restarting: when the backoff ends (epoch)
+    pending: bool = False  # our failure may be restarted: the coordinator's word on it is still to come
 
 
 # -- what it does ---------------------------------------------------------------------------
@@ -171,6 +177,12 @@ class KillLauncher:
 
 
 @dataclass(frozen=True)
+class Relaunch:
+    """Start this node's processes again as generation `generation` (on_failure restart)."""
+    generation: int
+
+
+@dataclass(frozen=True)
 class Signal:
     """A signal to one process that is not a job process of its own (an orphan, a zombie's parent)."""
     pid: int
@@ -190,25 +202,74 @@ def decide(obs: Observation, ledger: Ledger, cfg: Config) -> tuple[list, Ledger]
     d.coordinator()
     d.orphans()
     d.act()
+    d.relaunch()
     d.zombies()
     d.escalations()
     return d.actions, d.ledger
 
 
-def fail(ledger: Ledger, cfg: Config, reason: str) -> tuple[list, Ledger]:
-    """Something on this node failed the job (first failure wins)."""
-    if ledger.status.status in FINAL:
+def fail(ledger: Ledger, cfg: Config, reason: str, kind: str = "other", exit_code: int | None = None
+         ) -> tuple[list, Ledger]:
+    """Something on this node failed the job (first failure wins).
+
+    While the job restarts, the old generation's processes ending are the
+    teardown's doing: only `fab kill-all` (kind kill-all) or a relaunch that
+    cannot start (kind start) fails it then.
+    """
+    if ledger.status.status in FINAL or (ledger.status.status == RESTARTING and kind not in ("kill-all", "start")):
         return [], ledger
-    note = Note("job_failed", reason, fields={"origin": cfg.node, "on_failure": cfg.on_failure})
-    return [note], replace(ledger, failure=reason, status=Status("failed", reason, cfg.node))
+    # Under on_failure restart an exit or a hang is a `failure` until the coordinator says what
+    # follows (`restarting`, or `job_failed` from on_status): `fab status` must not call it the end.
+    pending = cfg.on_failure == "restart" and kind in ("exit", "hang")
+    note = Note("failure" if pending else "job_failed", reason,
+                fields={"origin": cfg.node, "on_failure": cfg.on_failure, "generation": ledger.generation})
+    return [note], replace(ledger, failure=reason, failure_kind=kind, failure_code=exit_code, pending=pending,
+                           status=Status("failed", reason, cfg.node), restart_at=None)
 
 
-def on_status(msg: dict, job_id: str, ledger: Ledger, cfg: Config) -> tuple[list, Ledger]:
+def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list, Ledger]:
+    """The coordinator's `restarting` line: tear down, then start generation g after the backoff.
+
+    Taken once per generation, and only while the job runs here or failed by
+    this node's own word (its failure is what the coordinator restarts for):
+    a failure the coordinator itself declared is final.
+    """
+    g = msg.get("generation")
+    if cfg.on_failure != "restart" or not isinstance(g, int) or g <= ledger.generation:
+        return [], ledger
+    if ledger.status.status == "finished" or (ledger.status.status == "failed" and ledger.failure is None):
+        return [], ledger
+    backoff = float(msg.get("backoff") or 0.0)
+    cause = msg.get("reason") or "failed"
+    left = msg.get("restarts_left")
+    note = Note(RESTARTING, "job failed (%s); restart %d%s in %g s" % (
+        cause, g, " (%s left after it)" % left if isinstance(left, int) else "", backoff),
+        fields={"origin": msg.get("node"), "generation": g, "backoff": backoff, "restarts_left": left})
+    return [note], replace(ledger, status=Status(RESTARTING, cause, msg.get("node")), generation=g, failure=None,
+                           failure_kind=None, failure_code=None, restart_at=now + backoff, acted=False, pending=False)
+
+
+def replay_restart(ev: dict, now: float) -> Ledger:
+    """The ledger after a `restarting` or `restarted` event of this node (a restarted agent reads its story)."""
+    g = ev.get("generation") if isinstance(ev.get("generation"), int) else 0
+    if ev.get("kind") == "restarted":
+        return Ledger(generation=g)
+    return Ledger(generation=g, status=Status(RESTARTING, ev.get("reason"), ev.get("origin")), restart_at=now)
+
+
+def on_status(msg: dict, job_id: str, ledger: Ledger, cfg: Config, now: float = 0.0) -> tuple[list, Ledger]:
     """A status line from the coordinator."""
     if msg.get("op") != "status" or msg.get("job_id") != job_id:
         return [], ledger
     st = msg.get("status")
-    if st not in FINAL or ledger.status.status != "running":
+    if st == RESTARTING:
+        return restarting(msg, ledger, cfg, now)
+    if st == "failed" and ledger.pending:  # not restarted: now our failure is the job's end
+        reason = msg.get("reason") or ledger.failure or "failed"
+        ledger = replace(ledger, pending=False, status=Status("failed", reason, msg.get("node")))
+        return [Note("job_failed", reason, fields={"origin": msg.get("node"), "on_failure": cfg.on_failure,
+                                                   "generation": ledger.generation})], ledger
+    if st not in FINAL or ledger.status.status not in ("running", RESTARTING):
         return [], ledger
     ledger = replace(ledger, status=Status(st, msg.get("reason"), msg.get("node")))
     if st != "failed":
@@ -248,6 +309,8 @@ def next_deadline(obs: Observation, ledger: Ledger, cfg: Config) -> float | None
     times += [o.term_at + cfg.grace for o in ledger.orphans if o.signal == "SIGTERM"]
     if ledger.status.status == "running" and not ledger.startup_failed and obs.startup_deadline:
         times.append(obs.startup_deadline)
+    if ledger.status.status == RESTARTING and ledger.restart_at is not None:
+        times.append(ledger.restart_at)
     return min(times) if times else None
 
 
@@ -265,8 +328,8 @@ class _Decision:
         self.actions.append(Note(kind, reason, p.name if p else None,
                                  {k: v for k, v in fields.items() if v is not None}))
 
-    def fail(self, reason: str) -> None:
-        actions, self.ledger = fail(self.ledger, self.cfg, reason)
+    def fail(self, reason: str, kind: str = "other", exit_code: int | None = None) -> None:
+        actions, self.ledger = fail(self.ledger, self.cfg, reason, kind, exit_code)
         self.actions += actions
 
     def update(self, **changes) -> None:
@@ -288,11 +351,11 @@ class _Decision:
                           exit_code=p.exit_code, pid=p.pid)
             elif self.obs.killed_by_fab:
                 self.note("exited", "%s: %s" % (how, KILLED_BY_FAB), p, exit_code=p.exit_code, signal=sig, pid=p.pid)
-                self.fail("%s on %s: %s" % (p.name, self.cfg.node, KILLED_BY_FAB))
+                self.fail("%s on %s: %s" % (p.name, self.cfg.node, KILLED_BY_FAB), "kill-all")
             else:
                 self.note("exited", how, p, exit_code=p.exit_code, signal=sig, pid=p.pid)
                 if p.exit_code != 0:
-                    self.fail("%s on %s %s" % (p.name, self.cfg.node, how))
+                    self.fail("%s on %s %s" % (p.name, self.cfg.node, how), "exit", p.exit_code)
 
     # -- hangs -------------------------------------------------------------------------------
 
@@ -317,7 +380,7 @@ class _Decision:
             else:
                 self.note("hang", reason, p, signal="SIGTERM", pid=p.pid)
                 self.actions.append(Stop(p.name, "hang: " + reason))
-            self.fail("%s on %s hung: %s" % (p.name, cfg.node, reason))
+            self.fail("%s on %s hung: %s" % (p.name, cfg.node, reason), "hang")
 
     def _hang_reason(self, p: ProcFacts, now: float) -> str | None:
         timeout = self.cfg.hang_timeout
@@ -427,7 +490,7 @@ class _Decision:
 
     def act(self) -> None:
         st = self.ledger.status
-        if st.status not in FINAL or self.ledger.acted:
+        if st.status not in FINAL + (RESTARTING,) or self.ledger.acted:
             return
         self.update(acted=True)
         live = [p for p in self.obs.procs if p.live]
@@ -442,15 +505,37 @@ class _Decision:
                       % (names or "nothing (no process left here)"))
             return
         names = ", ".join(p.name for p in live)
-        self.note("teardown", "job failed (%s); %s" % (st.reason, ("stopping " + names) if names else
-                                                        "nothing else of it runs here"), origin=st.origin)
-        self.actions += [Stop(p.name, "teardown: job failed (%s)" % st.reason) for p in live if p.term_at is None]
+        what = "restarting the job" if st.status == RESTARTING else "job failed"
+        self.note("teardown", "%s (%s); %s" % (what, st.reason, ("stopping " + names) if names else
+                                                "nothing else of it runs here"), origin=st.origin)
+        self.actions += [Stop(p.name, "teardown: %s (%s)" % (what, st.reason)) for p in live if p.term_at is None]
+
+    # -- restart: once the teardown is done and the backoff over, start the next generation --------
+
+    def relaunch(self) -> None:
+        ledger, obs, cfg = self.ledger, self.obs, self.cfg
+        if ledger.status.status != RESTARTING or ledger.restart_at is None:
+            return
+        if obs.killed_by_fab:
+            self.fail("%s during the restart to generation %d: the job is not restarted"
+                      % (KILLED_BY_FAB, ledger.generation), "kill-all")
+            return
+        silent = obs.peers.silent_for
+        if obs.peers.ever_connected and silent is not None and silent > cfg.peer_timeout:
+            self.fail("cannot restart: coordinator %s (agent of %s) unreachable for %.0f s"
+                      % (cfg.coordinator, cfg.coordinator_node, silent), "start")
+            return
+        left = any(p.live or p.leftovers for p in obs.procs) or ledger.orphans
+        if left or obs.now < ledger.restart_at:
+            return
+        self.update(restart_at=None)
+        self.actions.append(Relaunch(ledger.generation))
 
     # -- zombies -----------------------------------------------------------------------------
 
     def zombies(self) -> None:
         st = self.ledger.status.status
-        ending = (st in FINAL and self.cfg.on_failure != "keep") or st == "finished"
+        ending = (st in FINAL and self.cfg.on_failure != "keep") or st in ("finished", RESTARTING)
         now = self.obs.now
         for p in self.obs.procs:
             for pid, ppid, ctime in p.zombies:

@@ -60,7 +60,8 @@ class Health:
                       "keeper_pid": agent.life.keeper_pid, "launcher_pid": agent.life.launcher},
             "peers": view.get("peers") or {},
             "job": {"status": ledger.status.status, "reason": ledger.status.reason, "origin": ledger.status.origin,
-                    "on_failure": agent.cfg.on_failure,
+                    "on_failure": agent.cfg.on_failure, "generation": ledger.generation,
+                    "restarts_left": view.get("restarts_left"), "pending": ledger.pending,
                     "kept": agent.cfg.on_failure == "keep" and ledger.status.status == "failed"},
             "coordinator": {"host": agent.coord_host, "port": agent.coord_port, "hosted_here": co is not None,
                             "connected": bool(c and c.connected),
@@ -90,5 +91,7 @@ def beat(agent) -> dict:
         if status.status in FINAL else None
     return {"op": "beat", "job_id": agent.job_id, "node": agent.node,
             "ts": time.time(), "procs": procs, "done": agent.is_done,
-            "failure": {"reason": ledger.failure} if ledger.failure else None, "final": final,
+            "failure": {"reason": ledger.failure, "kind": ledger.failure_kind, "exit_code": ledger.failure_code,
+                        "generation": ledger.generation} if ledger.failure else None, "final": final,
+            "generation": agent.started_generation,
             "trainers_expected": agent.job.get("trainers")}

@@ -92,9 +92,9 @@ def stop_all(find, grace: float, settle: float = 5.0) -> tuple[dict[int, str], l
 class Progress:
     """What counts as a process's progress (docs/watchdog.md, "The hang rule")."""
 
-    def __init__(self, floor: float):
+    def __init__(self, floor: float, records_size: int = 0):
         self.floor = floor  # its start, or a restarted agent's
-        self.records_size = 0
+        self.records_size = records_size  # a restarted job's metrics file holds the last generation's records
         self.first_record: float | None = None
         self.last_record: float | None = None
         self.last_activity = floor
@@ -106,6 +106,8 @@ class Progress:
             st = os.stat(path) if path else None
         except OSError:
             st = None
+        if st is not None and st.st_size < self.records_size:
+            self.records_size = 0  # the program started its file anew
         if st is None or st.st_size <= self.records_size:
             return
         self.records_size = st.st_size
@@ -131,7 +133,7 @@ class Progress:
 class ProcessContext:
     """One process of the job on this node (a job.json `processes` entry)."""
 
-    def __init__(self, spec: dict, job_dir: str, workspace: str, floor: float | None = None):
+    def __init__(self, spec: dict, job_dir: str, workspace: str, floor: float | None = None, records_from: int = 0):
         self.name, self.role, self.rank = spec["name"], spec["role"], spec["rank"]
         self.workspace = workspace
         self.trusted = False  # its record named a live launcher of ours when loaded: its group is ours
@@ -141,6 +143,7 @@ class ProcessContext:
         self.metrics_path = (spec.get("metrics") or "").replace("$WS", workspace) or None
         self.log_path = (spec.get("log") or "").replace("$WS", workspace) or None
         self.floor = floor  # a restarted agent counts progress from its own start
+        self.records_from = records_from  # metrics bytes of earlier generations: not this one's progress
         self.record: dict | None = None
         self.launcher: int | None = None
         self.program: int | None = None
@@ -245,7 +248,7 @@ class ProcessContext:
         self.program = record.get("program_pid")
         self.program_ctime = record.get("program_create_time")
         self.state = ProcessState.RUNNING
-        self.progress = Progress(max(record.get("started_at") or now, self.floor or 0))
+        self.progress = Progress(max(record.get("started_at") or now, self.floor or 0), self.records_from)
         return True
 
     def _find_program(self, procs: dict, kids: dict, launcher_alive: bool) -> None:

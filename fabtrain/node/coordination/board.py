@@ -8,12 +8,20 @@ a reply, whether to push the new status to every agent, and events to write.
 
 The job's status only moves from running to failed or finished, never back;
 the first failure wins. A peer silent for `peer_timeout` that did not say it
-was done is lost, and a lost node fails a running job.
+was done is lost, and a lost node fails a running job. Under `on_failure:
+restart` (restart.py decides) a failure of the current generation moves it to
+``restarting`` instead, with the next generation's number: every agent tears
+down, waits the backoff and starts its part again; once every node that ran
+processes has said so the status is ``running`` again, and if one has not
+within the restart's deadline the job fails naming it. A failure of an older
+generation (an agent that has not heard yet) changes nothing.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
+
+from .restart import RestartPolicy
 
 FINAL = ("failed", "finished")
 LIVE_STATES = ("running", "sleeping", "stopped", "zombie")
@@ -42,6 +50,8 @@ class Peer:
     lost: bool = False
     procs: dict = field(default_factory=dict)
     expected: int | None = None  # trainers the job has (WORLD_SIZE), if the node knows
+    had_procs: bool = False  # it has run job processes: it must start its part of every generation
+    generation: int = 0  # the last generation it said it started
 
 
 def beat_error(msg: dict) -> str | None:
@@ -66,11 +76,14 @@ def _text(value, default: str) -> str:
 
 
 class Board:
-    def __init__(self, job_id: str, nodes: list[str], peer_timeout: float):
+    def __init__(self, job_id: str, nodes: list[str], peer_timeout: float, restart: RestartPolicy | None = None):
         self.job_id = job_id
         self.nodes = list(nodes)
         self.peer_timeout = peer_timeout
-        self.status: dict = {"status": "running", "reason": None, "node": None, "ts": None}
+        self.restart = restart or RestartPolicy()
+        self.status: dict = {"status": "running", "reason": None, "node": None, "ts": None, "generation": 0,
+                             "restarts_left": self.restart.restarts_left(0), "backoff": None}
+        self.restart_due: float | None = None  # monotonic: every node's part of the generation started by then
         self.peers: dict[str, Peer] = {}
         self.superseded = False  # a newer job asked for this port while ours is over
 
@@ -110,11 +123,40 @@ class Board:
 
     # -- what changes it ------------------------------------------------------------------------
 
-    def _set_status(self, status: str, reason: str, node: str | None, wall: float) -> bool:
+    def _set_status(self, status: str, reason: str | None, node: str | None, wall: float, generation: int | None = None,
+                    backoff: float | None = None) -> bool:
         if self.status["status"] in FINAL:
             return False
-        self.status = {"status": status, "reason": reason, "node": node, "ts": wall}
+        g = self.status["generation"] if generation is None else generation
+        self.status = {"status": status, "reason": reason, "node": node, "ts": wall, "generation": g,
+                       "restarts_left": self.restart.restarts_left(g), "backoff": backoff}
+        if status != "restarting":
+            self.restart_due = None
         return True
+
+    def _failure(self, failure: dict, node: str, now: float, wall: float) -> bool:
+        """A failure an agent reported: restart the job (a new generation) or fail it."""
+        generation = self.status["generation"]
+        if failure.get("generation", 0) != generation:
+            return False  # of an older generation, already acted on (or of one this board never started)
+        reason = _text(failure.get("reason"), "failed") or "failed"
+        decision = self.restart.decide(failure, generation)
+        if not decision.restart:
+            return self._set_status("failed", reason + ("; not restarted: %s" % decision.why_not
+                                                        if decision.why_not else ""), node, wall)
+        for p in self.peers.values():
+            p.had_procs = p.had_procs or bool(p.procs)
+        changed = self._set_status("restarting", reason, node, wall, decision.generation, decision.backoff)
+        self.restart_due = now + self.restart.start_deadline(decision.generation)
+        return changed
+
+    def _restarted(self, wall: float) -> bool:
+        """Every node that runs processes has started its part of the new generation: running again."""
+        g = self.status["generation"]
+        if self.status["status"] != "restarting" or \
+                any(p.had_procs and p.generation < g for p in self.peers.values()):
+            return False
+        return self._set_status("running", None, None, wall)
 
     def beat(self, msg: dict, now: float, wall: float) -> Outcome:
         """Take in one agent's beat (already authenticated as coming from msg["node"])."""
@@ -135,9 +177,14 @@ class Board:
         # Process states change all the time; they travel with each reply, not in broadcasts.
         peer.procs = msg.get("procs") or {}
         peer.expected = msg.get("trainers_expected")
+        peer.had_procs = peer.had_procs or bool(peer.procs)
+        started = msg.get("generation")
+        if isinstance(started, int) and not isinstance(started, bool) and started > peer.generation:
+            peer.generation = started
+            changed |= self._restarted(wall)
         failure, final = msg.get("failure"), msg.get("final")
         if failure:
-            changed |= self._set_status("failed", _text(failure.get("reason"), "failed") or "failed", node, wall)
+            changed |= self._failure(failure, node, now, wall)
         elif final and final.get("status") in FINAL:
             changed |= self._set_status(final["status"], _text(final.get("reason"), ""),
                                         _text(final.get("node"), node), wall)
@@ -156,6 +203,14 @@ class Board:
                 name, now - p.seen, self.peer_timeout)
             events.append(Event("peer_lost", name, reason))
             self._set_status("failed", "node %s lost: %s" % (name, reason), name, wall)
+        if self.status["status"] == "restarting" and self.restart_due is not None and now >= self.restart_due:
+            g = self.status["generation"]
+            late = sorted(n for n, p in self.peers.items() if p.had_procs and p.generation < g)
+            reason = ("restart to generation %d failed: node%s %s did not start %s part within %.0f s (%s)" % (
+                g, "s" if len(late) > 1 else "", ", ".join(late), "their" if len(late) > 1 else "its",
+                self.restart.start_deadline(g), self.status["reason"]))
+            self._set_status("failed", reason, late[0] if late else None, wall)
+            events.append(Event("restart_failed", late[0] if late else None, reason))
         return events
 
     def wrong_job(self, job_id: str) -> dict:
@@ -171,14 +226,21 @@ class Board:
                 "peers": {n: {k: v for k, v in asdict(p).items() if k != "seen"} for n, p in self.peers.items()}}
 
     @classmethod
-    def restore(cls, saved, job_id: str, nodes: list[str], peer_timeout: float, now: float) -> Board | None:
+    def restore(cls, saved, job_id: str, nodes: list[str], peer_timeout: float, now: float,
+                restart: RestartPolicy | None = None) -> Board | None:
         """The board a previous coordinator of this job saved, or None (another job's, or unreadable)."""
         if not isinstance(saved, dict) or saved.get("job_id") != job_id:
             return None
-        board = cls(job_id, nodes, peer_timeout)
+        board = cls(job_id, nodes, peer_timeout, restart)
         status = saved.get("status")
-        if isinstance(status, dict) and status.get("status") in ("running",) + FINAL:
-            board.status = {k: status.get(k) for k in ("status", "reason", "node", "ts")}
+        if isinstance(status, dict) and status.get("status") in ("running", "restarting") + FINAL:
+            board.status.update({k: status.get(k) for k in ("status", "reason", "node", "ts")})
+            g = status.get("generation")
+            board.status["generation"] = g if isinstance(g, int) and not isinstance(g, bool) and g >= 0 else 0
+            board.status["restarts_left"] = board.restart.restarts_left(board.status["generation"])
+            board.status["backoff"] = status.get("backoff")
+            if board.status["status"] == "restarting":  # a fresh deadline, as peers get a fresh peer_timeout
+                board.restart_due = now + board.restart.start_deadline(board.status["generation"])
         peers = saved.get("peers")
         for name, p in (peers if isinstance(peers, dict) else {}).items():
             if not isinstance(p, dict):
@@ -187,5 +249,7 @@ class Board:
             procs = p.get("procs") if isinstance(p.get("procs"), dict) else {}
             board.peers[name] = Peer(seen=now, ts=p.get("ts"), done=bool(p.get("done")), lost=bool(p.get("lost")),
                                      procs={k: v for k, v in procs.items() if isinstance(v, dict)},
-                                     expected=p.get("expected") if isinstance(p.get("expected"), int) else None)
+                                     expected=p.get("expected") if isinstance(p.get("expected"), int) else None,
+                                     had_procs=bool(p.get("had_procs")),
+                                     generation=p.get("generation") if isinstance(p.get("generation"), int) else 0)
         return board

@@ -19,6 +19,7 @@ from typing import Callable
 
 from . import protocol
 from .board import Board, Event
+from .restart import RestartPolicy
 from .connections import Conn, Connections
 from .protocol import Channel, ProtocolError
 
@@ -32,7 +33,7 @@ class Coordinator(threading.Thread):
     def __init__(self, job_id: str, host: str, port: int, nodes: list[str], interval: float,
                  peer_timeout: float, state_path: str | None = None,
                  on_event: Callable[..., None] | None = None, secret: str | None = None,
-                 bind_wait: float = BIND_WAIT):
+                 bind_wait: float = BIND_WAIT, restart: RestartPolicy | None = None):
         super().__init__(name="coordinator", daemon=True)
         self.job_id, self.host, self.port = job_id, host, port
         # The job's secret (job.json, mode 0600 on the nodes): it keys every MAC and never travels.
@@ -41,7 +42,8 @@ class Coordinator(threading.Thread):
         self.state_path, self.bind_wait = state_path, bind_wait
         self.on_event = on_event or (lambda *a, **k: None)
         self.lock = threading.Lock()
-        self.board = Board(job_id, nodes, peer_timeout)
+        self.restart = restart
+        self.board = Board(job_id, nodes, peer_timeout, restart)
         self.restored = False
         self.bound = False
         self.bind_error: str | None = None
@@ -135,7 +137,8 @@ class Coordinator(threading.Thread):
                 saved = json.load(f)
         except (OSError, ValueError, RecursionError):
             return
-        board = Board.restore(saved, self.job_id, self.board.nodes, self.peer_timeout, time.monotonic())
+        board = Board.restore(saved, self.job_id, self.board.nodes, self.peer_timeout, time.monotonic(),
+                              self.restart)
         if board is not None:
             self.board, self.restored = board, True
 

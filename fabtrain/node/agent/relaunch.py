@@ -1,0 +1,91 @@
+"""The next generation: an agent starts its own node's processes of the job again (on_failure restart).
+
+The coordinator decided the restart; the policy said when (teardown done,
+backoff over). This starts the job.json specs that ran here through the one
+starter node ops uses (fabtrain/node/spawn.py), with FABTRAIN_RESTART_COUNT
+and TORCHELASTIC_RESTART_COUNT set to the generation. Logs are appended to,
+after a marker line, so one file keeps every generation; the previous
+generation's exit records are removed first (the launcher writes a new one).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+
+from fabtrain.node.spawn import expand, name_programs, spawn
+
+from . import policy
+from .supervisor import ProcessContext
+
+PROGRAM_WAIT = 3.0  # as node ops: seconds to wait for each launcher to fork its program
+
+
+def marker(generation: int, cause: str | None) -> str:
+    """The line each log gets where a generation begins."""
+    return "==== fabtrain: restart %d (FABTRAIN_RESTART_COUNT=%d) at %s: %s ====\n" % (
+        generation, generation, time.strftime("%Y-%m-%d %H:%M:%S"), cause or "job failed")
+
+
+def _size(path: str | None) -> int:
+    try:
+        return os.path.getsize(path) if path else 0
+    except OSError:
+        return 0
+
+
+def _clear(job_dir: str, name: str) -> None:
+    """The previous generation's exit record (and any reservation left by a launcher killed outright)."""
+    run = os.path.join(job_dir, "run")
+    for entry in os.listdir(run):
+        if entry == name + ".exit" or entry.startswith(name + ".exit.pending."):
+            try:
+                os.unlink(os.path.join(run, entry))
+            except OSError:
+                pass
+
+
+def relaunch(contexts: list, job: dict, job_dir: str, workspace: str, generation: int, cause: str | None):
+    """Start again what ran here; (new contexts, Popen objects to reap, names started, one line per failure)."""
+    specs = {p["name"]: p for p in job.get("processes", [])}
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("FABTRAIN_")}
+    fresh, started, errors = [], [], []
+    for old in contexts:
+        spec = specs[old.name]
+        if not old.started:  # never started in the last generation (its start-* has not run): leave it to fab
+            fresh.append(ProcessContext(spec, job_dir, workspace))
+            continue
+        _clear(job_dir, old.name)
+        log = expand(spec["log"], workspace)
+        try:
+            with open(log, "a") as f:
+                f.write(marker(generation, cause))
+        except OSError:
+            pass
+        ctx = ProcessContext(spec, job_dir, workspace, records_from=_size(old.metrics_path))
+        fresh.append(ctx)
+        try:
+            started.append(spawn(spec, workspace, base_env, generation))
+        except OSError as e:
+            errors.append("cannot start %s: %s: %s" % (old.name, spec["launch"][0], e.strerror))
+    name_programs(started, workspace, specs, time.time() + PROGRAM_WAIT)
+    return fresh, [p for p, _ in started], [r["name"] for _, r in started], errors
+
+
+def start_generation(agent, generation: int) -> None:
+    """The agent's part of a restart: start this node's processes as `generation`; the job runs here again."""
+    cause = agent.ledger.status.reason
+    agent.contexts, launchers, names, errors = relaunch(agent.contexts, agent.job, agent.jd, agent.ws, generation,
+                                                        cause)
+    agent.by_name = {ctx.name: ctx for ctx in agent.contexts}
+    agent.launchers += launchers
+    agent.started_generation = generation
+    agent.ledger = replace(policy.Ledger(), generation=generation, orphans=agent.ledger.orphans)
+    agent.obs = policy.Observation(now=time.time())
+    agent.events.write("restarted", "generation %d: started %s" % (generation, ", ".join(names) or "nothing"),
+                       generation=generation)
+    if errors:
+        actions, agent.ledger = policy.fail(agent.ledger, agent.cfg, "restart %d on %s: %s" % (
+            generation, agent.node, "; ".join(errors)), "start")
+        agent.execute(actions, time.time())
+    agent.beat(urgent=True)

@@ -1,0 +1,68 @@
+"""The restart policy (`job.watchdog.on_failure: restart`), pure: a failure and a generation in, a decision out.
+
+The coordinator's board asks it once per failure of the job's current
+generation; tests/test_restart_policy.py checks it with no process. A failure
+is what an agent's beat carries: ``{"reason", "generation", "kind",
+"exit_code"}``, where kind is ``exit`` (a process ended non-zero or by a
+signal), ``hang`` (the agent stopped a hung process) or anything else (a lost
+node, a start that never joined, ``fab kill-all``, a relaunch that could not
+start): only the first two are restarted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BACKOFF_CAP = 300.0  # the doubling stops here (or at restart_backoff, if that is larger)
+START_WINDOW = 15.0  # after backoff + teardown, how long every node has to report its part started
+RESTARTABLE = ("exit", "hang")
+
+
+@dataclass(frozen=True)
+class Decision:
+    restart: bool
+    generation: int  # the generation to start (restart), else the current one
+    backoff: float = 0.0
+    why_not: str | None = None  # why a failure under on_failure restart is not restarted
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    enabled: bool = False  # on_failure is restart
+    max_restarts: int = 3
+    backoff: float = 10.0
+    exit_codes: tuple | None = None  # None: any exit code
+    grace: float = 5.0  # the teardown's SIGTERM -> SIGKILL, before a node can start again
+
+    @classmethod
+    def from_watchdog(cls, w: dict) -> RestartPolicy:
+        """From job.json's `watchdog` (the plan's copy of cluster.yaml's job.watchdog)."""
+        codes = w.get("restart_on_exit_codes")
+        return cls(enabled=w.get("on_failure") == "restart", max_restarts=int(w.get("max_restarts", 3)),
+                   backoff=float(w.get("restart_backoff", 10.0)),
+                   exit_codes=tuple(int(c) for c in codes) if isinstance(codes, list) else None,
+                   grace=float(w.get("grace", 5.0)))
+
+    def backoff_for(self, generation: int) -> float:
+        """Seconds before generation g (1, 2, ...) starts: restart_backoff, doubled each time, capped."""
+        return min(self.backoff * 2 ** max(0, generation - 1), max(BACKOFF_CAP, self.backoff))
+
+    def restarts_left(self, generation: int) -> int:
+        return max(0, self.max_restarts - generation) if self.enabled else 0
+
+    def start_deadline(self, generation: int) -> float:
+        """Seconds from the decision until every node must have started its part of generation g."""
+        return self.backoff_for(generation) + self.grace + 1.0 + START_WINDOW
+
+    def decide(self, failure: dict, generation: int) -> Decision:
+        """Restart after this failure of generation `generation`, or not (and why not)."""
+        if not self.enabled:
+            return Decision(False, generation)
+        kind, code = failure.get("kind"), failure.get("exit_code")
+        if kind not in RESTARTABLE:
+            return Decision(False, generation, why_not="not a restartable failure (only an exit or a hang is)")
+        if kind == "exit" and self.exit_codes is not None and code not in self.exit_codes:
+            return Decision(False, generation, why_not="exit code %s is not in restart_on_exit_codes %s"
+                            % (code, list(self.exit_codes)))
+        if generation >= self.max_restarts:
+            return Decision(False, generation, why_not="max_restarts (%d) spent" % self.max_restarts)
+        return Decision(True, generation + 1, self.backoff_for(generation + 1))

@@ -1,0 +1,76 @@
+"""The one way a job process is started on a node: node ops' `start`, and the agent's restart.
+
+Both run a job.json process spec (``launch``, ``env``, ``cwd``, ``log``,
+``run``) through the launcher (launch.py), append its output to its log and
+write its run record; the agent, on `on_failure: restart`, starts the same
+specs again as the next generation. Standard library only.
+"""
+import os
+import subprocess
+import time
+
+from fabtrain.node import atomic, procfs
+
+
+def expand(value, ws):
+    return value.replace("$WS", ws)
+
+
+def program_of(record, procs, kids):
+    """The program a launcher runs: from its record, or the first child it forked."""
+    pid = record.get("program_pid")
+    if pid and procfs.alive(pid, record.get("program_create_time"), procs):
+        return pid
+    children = [procs[k] for k in kids.get(record["pid"], ()) if k in procs and not procs[k].dead]
+    return min(children, key=lambda p: (p.start_ticks, p.pid)).pid if children else None
+
+
+def spawn(proc, ws, base_env, generation=0):
+    """Start one process through the launcher (its own session, nohup, line-buffered), stdin /dev/null.
+
+    `generation` is the job's restart count (0 at `fab start-*`, g for the
+    agents' g-th restart): programs read it as torchrun's workers do.
+    """
+    env = dict(base_env)
+    env.update(FABTRAIN_RESTART_COUNT=str(generation), TORCHELASTIC_RESTART_COUNT=str(generation))
+    for k, v in proc["env"].items():
+        v = expand(v, ws)
+        if k == "PATH":
+            v = v.replace("$PATH", base_env.get("PATH", "/usr/bin:/bin"))
+            v = ":".join(os.path.expanduser(part) for part in v.split(":"))
+        env[k] = v
+    argv = [expand(a, ws) for a in proc["launch"]]
+    argv[0] = os.path.expanduser(argv[0])
+    cwd = expand(proc["cwd"], ws)
+    if not os.path.isdir(cwd):
+        os.makedirs(cwd, exist_ok=True)
+    log = os.open(expand(proc["log"], ws), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        p = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                             stderr=subprocess.STDOUT, close_fds=True)
+    finally:
+        os.close(log)
+    st = procfs.stat(p.pid)
+    record = {"name": proc["name"], "role": proc["role"], "rank": proc["rank"], "pid": p.pid,
+              "pgid": p.pid, "create_time": st.create_time if st else time.time(),
+              "argv": [expand(a, ws) for a in proc["argv"]], "started_at": time.time()}
+    atomic.write_json(expand(proc["run"], ws), record)
+    return p, record
+
+
+def name_programs(started, ws, procs_by_name, deadline):
+    """Add each launcher's program to its run record (the pid to show), once it has forked it."""
+    pending = list(started)
+    while pending:
+        procs = procfs.scan()
+        kids = procfs.children_map(procs)
+        for p, record in list(pending):
+            program = program_of(record, procs, kids)
+            if program is not None:
+                record.update(program_pid=program, program_create_time=procs[program].create_time)
+                atomic.write_json(expand(procs_by_name[record["name"]]["run"], ws), record)
+            if program is not None or p.poll() is not None:
+                pending.remove((p, record))
+        if not pending or time.time() > deadline:
+            return
+        time.sleep(0.01)
