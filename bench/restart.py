@@ -32,19 +32,15 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
-import shutil  # noqa: E402
 import signal  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.procscan import live_marked  # noqa: E402
-from tests.sshd import SshdCluster, free_port, write_cluster  # noqa: E402
+from bench.sshd_job import SshdJob  # noqa: E402
 
-FAB = str(Path(sys.executable).parent / "fab")
 PROGRAMS = {
     "workload": {"pserver": "python -m workload.pserver --checkpoint_every 10",
                  "trainer": "python -m workload.trainer --model word2vec --num_passes 200"},
@@ -53,43 +49,24 @@ PROGRAMS = {
 TRAINERS = (("node2", "trainer-0"), ("node3", "trainer-1"))
 
 
-class Bench:
+class Bench(SshdJob):
     def __init__(self, root: Path, program: str, backoff: float, trials: int):
-        self.root, self.sshd = root, SshdCluster(root / "sshd", count=3)
-        self.ws = {n.name: root / f"ws-{n.name}" for n in self.sshd.nodes}
-        self.path = root / "cluster.yaml"
-        self.env = {**os.environ, "FABTRAIN_CLUSTER": str(self.path), "FABTRAIN_STATE_DIR": str(root / "state")}
         cmd = PROGRAMS[program]
         job = {"name": "restart", "mode": "pserver", "sgd": "sync",
                "pserver": {"port": 7631, "command": cmd["pserver"]}, "trainer": {"command": cmd["trainer"]},
                "watchdog": {"interval": 1, "hang_timeout": 60, "grace": 3, "on_failure": "restart",
-                            "restart_backoff": backoff, "max_restarts": trials,
-                            "port": free_port([n.address for n in self.sshd.nodes])}}
+                            "restart_backoff": backoff, "max_restarts": trials}}
         if program == "workload":
             job["data"] = {"dir": str(root / "data"), "input": "sample"}
-        write_cluster(self.path, self.sshd, ssh_nodes=[("node1", ["pserver"]), ("node2", ["trainer"]),
-                                                       ("node3", ["trainer"])], job=job)
+        super().__init__(root, 3, lambda names: [(names[0], ["pserver"])] + [(n, ["trainer"]) for n in names[1:]], job)
         self.prepare = ("split-data", "deploy", "copy-data") if program == "workload" else ("deploy",)
-        self.job_id = None
-
-    def fab(self, *args) -> str:
-        out = subprocess.run([FAB, *args], cwd=REPO, env=self.env, capture_output=True, text=True, timeout=600)
-        if out.returncode != 0:
-            raise SystemExit(f"fab {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
-        return out.stdout
-
-    def close(self) -> None:
-        if live_marked(self.ws.values()):
-            subprocess.run([FAB, "kill-all", "--grace", "1"], cwd=REPO, env=self.env, capture_output=True)
-        self.sshd.close()
-        shutil.rmtree(self.root, ignore_errors=True)
 
     def run_record(self, node: str, name: str) -> dict:
-        return json.loads((self.ws[node] / "jobs" / self.job_id / "run" / f"{name}.json").read_text())
+        return json.loads((self.jd(node) / "run" / f"{name}.json").read_text())
 
     def first_record(self, node: str, name: str, since: float) -> float | None:
         """The ts of the trainer's first metrics record written at or after `since` (a generation's start)."""
-        path = self.ws[node] / "jobs" / self.job_id / "metrics" / f"{name}.jsonl"
+        path = self.jd(node) / "metrics" / f"{name}.jsonl"
         try:
             lines = path.read_text().splitlines()
         except OSError:
@@ -110,7 +87,7 @@ class Bench:
         while time.time() < deadline:
             starts = {}
             for node in self.ws:
-                for f in (self.ws[node] / "jobs" / self.job_id / "run").glob("*.json"):
+                for f in (self.jd(node) / "run").glob("*.json"):
                     if f.stem != "agent":
                         try:
                             starts[(node, f.stem)] = json.loads(f.read_text())["started_at"]

@@ -31,20 +31,17 @@ import argparse
 import json
 import os
 import re
-import shutil
 import signal
 import statistics
-import subprocess
 import tempfile
 import time
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.sshd_job import SshdJob  # noqa: E402
 from tests.procscan import live_marked, stat  # noqa: E402
-from tests.sshd import SshdCluster, free_port, write_cluster  # noqa: E402
 
-FAB = str(Path(sys.executable).parent / "fab")
 FAKE = "python tests/programs/fakejob.py"
 
 
@@ -63,37 +60,13 @@ def gone(pid: int, start: int) -> bool:
     return st is None or st[3] != start or (st[0] in "ZX" and st[1] == 1)
 
 
-class Bench:
+class Bench(SshdJob):
     def __init__(self, root: Path, n: int, interval: float, hang_timeout: float):
         self.n = n
-        self.sshd = SshdCluster(root / "sshd", count=n)
-        self.root = root
-        self.names = [node.name for node in self.sshd.nodes]
-        self.ws = {name: root / f"ws-{name}" for name in self.names}
-        self.path = root / "cluster.yaml"
-        self.env = {**os.environ, "FABTRAIN_CLUSTER": str(self.path), "FABTRAIN_STATE_DIR": str(root / "state")}
-        port = free_port([node.address for node in self.sshd.nodes])
-        nodes = [(self.names[0], ["pserver"])] + [(name, ["trainer"]) for name in self.names[1:]]
-        write_cluster(self.path, self.sshd, ssh_nodes=nodes, job={
-            "name": "bench", "pserver": {"port": 7600, "command": FAKE}, "trainer": {"command": FAKE},
-            "watchdog": {"interval": interval, "hang_timeout": hang_timeout, "grace": 2, "port": port}})
+        super().__init__(root, n, lambda names: [(names[0], ["pserver"])] + [(name, ["trainer"]) for name in names[1:]],
+                         {"name": "bench", "pserver": {"port": 7600, "command": FAKE}, "trainer": {"command": FAKE},
+                          "watchdog": {"interval": interval, "hang_timeout": hang_timeout, "grace": 2}})
         self.fab("deploy")
-        self.job_id = None
-
-    def fab(self, *args) -> str:
-        out = subprocess.run([FAB, *args], cwd=REPO, env=self.env, capture_output=True, text=True, timeout=300)
-        if out.returncode != 0:
-            raise SystemExit(f"fab {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
-        return out.stdout
-
-    def close(self) -> None:
-        if live_marked(self.ws.values()):
-            subprocess.run([FAB, "kill-all", "--grace", "1"], cwd=REPO, env=self.env, capture_output=True)
-        self.sshd.close()
-        shutil.rmtree(self.root, ignore_errors=True)
-
-    def jd(self, name: str) -> Path:
-        return self.ws[name] / "jobs" / self.job_id
 
     def health(self, name: str) -> dict:
         try:

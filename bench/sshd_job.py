@@ -1,0 +1,48 @@
+"""One job on real sshd nodes (root's account, 127.0.0.x), for the benchmarks that break a running job
+(teardown.py, restart.py): the nodes, the cluster file, `fab` run as a user runs it, and a close that
+leaves nothing behind."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.procscan import live_marked  # noqa: E402
+from tests.sshd import SshdCluster, free_port, write_cluster  # noqa: E402
+
+FAB = str(Path(sys.executable).parent / "fab")
+
+
+class SshdJob:
+    def __init__(self, root: Path, count: int, roles, job: dict):
+        """count sshd nodes; roles(names) -> [(node, [roles])]; job: the cluster file's job section,
+        its watchdog's port chosen here."""
+        self.root, self.sshd = root, SshdCluster(root / "sshd", count=count)
+        self.names = [node.name for node in self.sshd.nodes]
+        self.ws = {name: root / f"ws-{name}" for name in self.names}
+        self.path = root / "cluster.yaml"
+        self.env = {**os.environ, "FABTRAIN_CLUSTER": str(self.path), "FABTRAIN_STATE_DIR": str(root / "state")}
+        job["watchdog"]["port"] = free_port([node.address for node in self.sshd.nodes])
+        write_cluster(self.path, self.sshd, ssh_nodes=roles(self.names), job=job)
+        self.job_id = None
+
+    def fab(self, *args: str) -> str:
+        out = subprocess.run([FAB, *args], cwd=REPO, env=self.env, capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            raise SystemExit(f"fab {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
+        return out.stdout
+
+    def jd(self, name: str) -> Path:
+        """The job's directory on node `name`."""
+        return self.ws[name] / "jobs" / self.job_id
+
+    def close(self) -> None:
+        if live_marked(self.ws.values()):
+            subprocess.run([FAB, "kill-all", "--grace", "1"], cwd=REPO, env=self.env, capture_output=True)
+        self.sshd.close()
+        shutil.rmtree(self.root, ignore_errors=True)
