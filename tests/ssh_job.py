@@ -1,5 +1,5 @@
 """A job on three real sshd nodes, as the fault tests drive it (tests/test_faults_ssh.py,
-tests/test_watchdog_ssh.py): pserver on node1 (the coordinator's node), trainers on node2
+tests/test_watchdog_ssh.py, tests/test_restart_ssh.py): pserver on node1 (the coordinator's node), trainers on node2
 and node3, each node its own workspace, the agents on."""
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from fabtrain.node import procfs
@@ -130,6 +131,11 @@ class Job:
     def kinds(self, node: str | None = None) -> list[str]:
         return [e["kind"] for e in self.events(node)]
 
+    def clean(self) -> None:
+        """Whatever a test left running (it failed half-way): gone before the next one."""
+        if self.leftovers():
+            self.fab("kill-all", "--grace", "1")
+
     def leftovers(self, agents: bool = True) -> list:
         """Job processes alive: by the job marker, and every process the test named (/proc, not only the marker)."""
         found = live_marked(self.ws.values())
@@ -152,6 +158,18 @@ class Job:
                 lines.append(f"--- {n} {f.name}\n{f.read_text()[-1500:]}")
         lines += [json.dumps(e) for e in self.events()] if self.job_id else []
         return "\n".join(lines)
+
+
+@contextmanager
+def deployed(root: Path, sshd, program: str):
+    """A test module's Job: configured with the defaults, deployed once, cleaned at the end."""
+    job = Job(root, sshd, program)
+    job.configure()
+    job.fab("deploy", check=True)
+    try:
+        yield job
+    finally:
+        job.clean()
 
 
 def pids():

@@ -18,26 +18,21 @@ import pytest
 
 from tests.conftest import FAB, REPO
 from tests.procscan import live_marked, stat, wait_for
-from tests.ssh_job import HANG_TIMEOUT, NODES, Job, assert_failed_status, pids, ppid
+from tests.ssh_job import HANG_TIMEOUT, NODES, assert_failed_status, deployed, pids, ppid
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(120)]
 
 @pytest.fixture(scope="module")
 def job(sshd, tmp_path_factory):
-    j = Job(tmp_path_factory.mktemp("faults"), sshd, program="python tests/programs/fakejob.py")
-    j.configure()
-    j.fab("deploy", check=True)
-    yield j
-    if j.leftovers():
-        j.fab("kill-all", "--grace", "1")
+    with deployed(tmp_path_factory.mktemp("faults"), sshd, "python tests/programs/fakejob.py") as j:
+        yield j
 
 
 @pytest.fixture
 def fresh(job):
     """Each test leaves the nodes clean; if it fails half-way, clean up for the next one."""
     yield job
-    if job.leftovers():
-        job.fab("kill-all", "--grace", "1")
+    job.clean()
 
 
 def test_normal_end_stops_pservers_and_agents_and_watch_exits_0(fresh):
@@ -176,7 +171,7 @@ def test_kill_all_escalates_to_sigkill_for_a_process_that_ignores_sigterm(fresh)
     stubborn = job.program("node1", "pserver-0")
     assert ignores_sigterm(stubborn)
     t0 = time.time()
-    out = job.fab("kill-all", "--grace", "2", check=True)
+    job.fab("kill-all", "--grace", "2", check=True)
     took = time.time() - t0
     assert gone(stubborn), f"pid {stubborn} survived kill-all: {stat(stubborn)}"
     assert took >= 2, f"kill-all took {took:.2f} s: it did not wait the grace before SIGKILL"

@@ -28,6 +28,22 @@ def hook():
     r.close()
 
 
+def test_a_restart_is_one_alert_a_generation_when_it_is_decided(tmp_path, hook):
+    notify = {"webhook": hook.url, "on": ["restart"]}
+    first, second = job_dir(tmp_path, "node1", notify), job_dir(tmp_path, "node2", notify)
+    for generation in (1, 2):
+        for log in (first, second):
+            for _ in range(2):  # the agent's own note and the coordinator's word
+                log.write("restarting", "trainer-1 on node2 killed by SIGKILL", generation=generation, backoff=1.0,
+                          restarts_left=3 - generation)
+            log.write("restarted", "generation %d" % generation, generation=generation)  # not a second alert
+    assert wait_for(lambda: len(hook.got) >= 2, timeout=5)
+    time.sleep(0.5)
+    assert sorted((b["kind"], b["node"], b["event"]["generation"]) for _, b in hook.got) == [
+        ("restart", "node1", 1), ("restart", "node1", 2)]
+    assert all("killed by SIGKILL" in b["text"] and b["event"]["backoff"] == 1.0 for _, b in hook.got)
+
+
 def test_job_events_from_the_first_node_only_and_hangs_from_any(tmp_path, hook):
     notify = {"webhook": hook.url, "on": ["failed", "hang", "finished"]}
     first, second = job_dir(tmp_path, "node1", notify), job_dir(tmp_path, "node2", notify)

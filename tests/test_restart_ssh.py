@@ -15,10 +15,14 @@ import time
 
 import pytest
 
+from fabtrain.config.cluster import load_cluster
+from fabtrain.controller.history import list_jobs
 from fabtrain.node import procfs
+from fabtrain.remote.session import Session
 from tests.procscan import live_marked, wait_for
-from tests.ssh_job import NODES, Job
+from tests.ssh_job import NODES, Job, deployed
 from tests.sshd import write_cluster
+from tests.test_history_ssh import Receiver
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(300)]
 
@@ -29,12 +33,8 @@ RESTART = {"on_failure": "restart", "restart_backoff": BACKOFF, "max_restarts": 
 
 @pytest.fixture(scope="module")
 def job(sshd, tmp_path_factory):
-    j = Job(tmp_path_factory.mktemp("restart"), sshd, program=STANDIN)
-    j.configure()
-    j.fab("deploy", check=True)
-    yield j
-    if j.leftovers():
-        j.fab("kill-all", "--grace", "1")
+    with deployed(tmp_path_factory.mktemp("restart"), sshd, STANDIN) as j:
+        yield j
 
 
 @pytest.fixture
@@ -74,9 +74,16 @@ def restarted_within(job: Job, t0: float, generation: int, limit: float) -> dict
     return pids
 
 
-def test_a_killed_trainer_restarts_the_job_until_max_restarts_is_spent(fresh):
+@pytest.fixture
+def hook():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def test_a_killed_trainer_restarts_the_job_until_max_restarts_is_spent(fresh, hook, monkeypatch):
     job = fresh
-    job.start(**RESTART)
+    job.start(**RESTART, notify={"webhook": hook.url, "on": ["restart", "failed"]})
     log = job.jd("node3") / "logs" / "trainer-1.log"
     for generation in (1, 2):
         t0 = time.time()
@@ -102,6 +109,19 @@ def test_a_killed_trainer_restarts_the_job_until_max_restarts_is_spent(fresh):
     assert text.count("==== fabtrain: restart") == 2 and text.index("restart 1") < text.index("restart 2")
     out = job.fab("status")
     assert out.returncode == 1 and "max_restarts (2) spent" in out.stdout, out.stdout
+    # The agents told the webhook themselves (no fab ran during the restarts): one alert a restart, then the failure.
+    assert wait_for(lambda: len(hook.got) >= 3, timeout=10), hook.got
+    time.sleep(1)
+    alerts = sorted((b["kind"], b["event"].get("generation")) for _, b in hook.got)
+    assert alerts == [("failed", None), ("restart", 1), ("restart", 2)], alerts
+    # The jobs list counts the restarts once each, not once a node.
+    monkeypatch.setenv("FABTRAIN_STATE_DIR", str(job.state))
+    session = Session(load_cluster(str(job.path)))
+    try:
+        (row,) = [j for j in list_jobs(session)["jobs"] if j["job_id"] == job.job_id]
+    finally:
+        session.close()
+    assert row["restarts"] == 2 and row["outcome"] == "failed", row
 
 
 def test_a_hung_trainer_restarts_the_job_too(fresh):

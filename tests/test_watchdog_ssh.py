@@ -20,7 +20,7 @@ import pytest
 
 from fabtrain.node import procfs
 from tests.procscan import wait_for
-from tests.ssh_job import HANG_TIMEOUT, NODES, Job, assert_failed_status
+from tests.ssh_job import HANG_TIMEOUT, NODES, Job, assert_failed_status, deployed
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(150)]
 
@@ -30,19 +30,14 @@ TEARDOWN = 2.0
 
 @pytest.fixture(scope="module")
 def job(sshd, tmp_path_factory):
-    j = Job(tmp_path_factory.mktemp("watchdog"), sshd, program=STANDIN)
-    j.configure()
-    j.fab("deploy", check=True)
-    yield j
-    if j.leftovers():
-        j.fab("kill-all", "--grace", "1")
+    with deployed(tmp_path_factory.mktemp("watchdog"), sshd, STANDIN) as j:
+        yield j
 
 
 @pytest.fixture
 def fresh(job):
     yield job
-    if job.leftovers():
-        job.fab("kill-all", "--grace", "1")
+    job.clean()
 
 
 def printed_pids(out: str) -> dict[tuple[str, str], int]:

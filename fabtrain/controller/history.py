@@ -70,9 +70,9 @@ def _mean(values: list[float]) -> float | None:
 
 
 def _restarts(entries: dict[str, dict]) -> int:
-    seen = {(e.get("node"), e.get("name"), e.get("ts")) for entry in entries.values()
-            for e in entry.get("events") or [] if isinstance(e, dict) and e.get("kind") == "restarted"}
-    return len(seen)
+    """How many times the job restarted: its generations (every node writes `restarted` for each)."""
+    return len({e.get("generation") for entry in entries.values() for e in entry.get("events") or []
+                if isinstance(e, dict) and e.get("kind") == "restarted" and isinstance(e.get("generation"), int)})
 
 
 def _job_summary(job_id: str, entries: dict[str, dict], unreachable: dict[str, str], now: float) -> dict:

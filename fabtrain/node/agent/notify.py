@@ -26,8 +26,9 @@ import urllib.request
 from fabtrain.node.states import KILLED_BY_FAB
 
 # events.jsonl kinds -> the names cluster.yaml's notify.on uses
-KINDS = {"job_failed": "failed", "hang": "hang", "restarting": "restart", "restarted": "restart",
-         "finished": "finished"}
+# A restart is told once, when it is decided (`restarting`: the cause, the backoff, the restarts left); a
+# next generation that cannot start is a `failed` of its own.
+KINDS = {"job_failed": "failed", "hang": "hang", "restarting": "restart", "finished": "finished"}
 JOB_LEVEL = ("failed", "finished", "restart")  # every agent writes these: only nodes[0]'s agent sends
 TRIES = 3
 BACKOFF = (1.0, 2.0)  # seconds between tries: three within about five seconds
@@ -65,8 +66,10 @@ class Notifier:
             return None
         if what == "failed" and self.stopped_by_user(ev):
             return None  # kill-all is the user's own act, not a failure to be told about
-        # A job fails or finishes once: the coordinator's word and the agent's own note are one event.
-        key = what if what in ("failed", "finished") else (what, ev.get("name"), ev.get("ts"))
+        # A job fails or finishes once, and restarts once a generation: the coordinator's word and the
+        # agent's own note are one event.
+        key = what if what in ("failed", "finished") else (what, ev.get("generation")) if what == "restart" \
+            else (what, ev.get("name"), ev.get("ts"))
         if key in self.sent:
             return None
         self.sent.add(key)
