@@ -17,7 +17,9 @@ import pytest
 import yaml
 
 from fabtrain.config.cluster import load_cluster
-from fabtrain.controller import lifecycle, report
+from fabtrain.controller import lifecycle, report, watch
+from fabtrain.controller.collector import Collector
+from fabtrain.dashboard import create_app
 from fabtrain.remote import rpc
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import NO_REPLY, UNREACHABLE
@@ -155,6 +157,19 @@ def test_a_node_that_connects_but_answers_slowly_is_slow_not_unreachable(tmp_pat
         assert failed
         assert re.search(r"^node1\s+-\s+NO REPLY", text, re.M) and re.search(r"^local0\s+-\s+NO REPLY", text, re.M), text
         assert re.search(r"^gone\s+-\s+UNREACHABLE", text, re.M) and re.search(r"^node2\s+-\s+no job", text, re.M), text
+        # fab check, fab watch and the dashboard say it the same way.
+        probes = {c.node: c for c in lifecycle.check(session, timeout=4)}
+        text = report.check_text(list(probes.values()))
+        assert re.search(r"^node1\s+NO REPLY", text, re.M) and re.search(r"^gone\s+UNREACHABLE", text, re.M), text
+        collector = Collector(session)
+        for node in ("node1", "local0", "node2", "gone"):
+            collector.poll_node(node, timeout=4)
+        text = "\n".join(watch.frame(collector.snapshot(), time.time(), time.time()))
+        assert re.search(r"^node1\s+NO REPLY", text, re.M) and re.search(r"^gone\s+UNREACHABLE", text, re.M), text
+        app = create_app({"COLLECTOR": collector, "DASHBOARD_TOKEN": "t" * 32})
+        nodes = {n["name"]: n for n in app.test_client().get(
+            "/api/cluster", headers={"Authorization": "Bearer " + "t" * 32, "Host": "127.0.0.1"}).get_json()["nodes"]}
+        assert (nodes["node1"]["down"], nodes["gone"]["down"], nodes["node2"]["down"]) == ("no reply", "unreachable", None)
         # Given the time, the slow nodes answer.
         replies = {r.node: r for r in lifecycle.status(session, timeout=30)}
         assert replies["node1"].ok and replies["local0"].ok, replies

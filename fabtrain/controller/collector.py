@@ -41,6 +41,7 @@ class NodeView:
     up: bool | None = None  # None: not polled yet
     since: float | None = None  # when `up` last changed
     error: str | None = None
+    down: str | None = None  # NodeError.kind of the last failed poll (transport.down_label says it)
     last_seen: float | None = None
     job_id: str | None = None
     health: dict | None = None  # health.json, checked (records.health)
@@ -87,6 +88,7 @@ class NodeSnapshot:
     up: bool | None
     since: float | None
     error: str | None
+    down: str | None  # NodeError.kind while up is False
     last_seen: float | None
     job_id: str | None
     killed: bool
@@ -202,12 +204,12 @@ class Collector:
             with self.lock:
                 if view.up is not False:
                     view.since = time.time()
-                view.up, view.error = False, str(e)
+                view.up, view.error, view.down = False, str(e), e.kind
             return
         with self.lock:
             if view.up is not True:
                 view.since = time.time()
-            view.up, view.error, view.last_seen = True, None, time.time()
+            view.up, view.error, view.down, view.last_seen = True, None, None, time.time()
             if not isinstance(reply, dict):
                 self._drop(name, "collect", "the reply is not an object")
                 return
@@ -382,7 +384,7 @@ class Collector:
             nodes = []
             for n in cluster.nodes:
                 v = self.nodes[n.name]
-                nodes.append(NodeSnapshot(n.name, n.host, tuple(n.roles), v.up, v.since, v.error, v.last_seen,
+                nodes.append(NodeSnapshot(n.name, n.host, tuple(n.roles), v.up, v.since, v.error, v.down, v.last_seen,
                                           v.job_id, v.killed, v.health, tuple(v.processes)))
             observations = [v.observation() for v in self.nodes.values()]
             progress = {name: TrainerSnapshot(p.node, p.name, p.role, p.rank, dict(p.last), p.last_ts, p.records)

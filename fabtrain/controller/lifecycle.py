@@ -44,20 +44,22 @@ class NodeCheck:
     probe: dict = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     clock_offset: tuple[float, float] | None = None  # (lo, hi) bounds, seconds
+    down: str | None = None  # NodeError.kind when the probe got no answer
 
 
-def check(session: Session) -> list[NodeCheck]:
+def check(session: Session, timeout: float | None = None) -> list[NodeCheck]:
+    """timeout: for each node's answer (None: the transport's own)."""
     cluster = session.cluster
 
     def probe(t: Transport):
         t0 = time.time()
-        result = t.call("probe", {"cluster": cluster.name})
+        result = t.call("probe", {"cluster": cluster.name}, timeout=timeout)
         return result, t0, time.time()
 
     checks = []
     for reply in session.map(probe):
         if not reply.ok:
-            checks.append(NodeCheck(reply.node, False, problems=[reply.error]))
+            checks.append(NodeCheck(reply.node, False, problems=[reply.error], down=reply.kind))
             continue
         result, t0, t1 = reply.value
         c = NodeCheck(reply.node, True, result, clock_offset=(result["time"] - t1, result["time"] - t0))

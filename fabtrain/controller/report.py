@@ -9,7 +9,7 @@ from fabtrain.controller.lifecycle import NodeCheck, StartResult
 from fabtrain.controller.preflight import Bandwidth, NetworkCheck
 from fabtrain.node.states import LIVE
 from fabtrain.plan.plan import IFACE_VARS, Plan, render_shell
-from fabtrain.remote.transport import FAILED, NO_REPLY, Reply
+from fabtrain.remote.transport import Reply, down_label
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -72,7 +72,7 @@ def network_text(check: NetworkCheck, cluster) -> str:
     for node in cluster.nodes:
         r = check.replies.get(node.name)
         if r is None or not r.ok:
-            rows.append([node.name, node.address, "", "", "", "UNREACHABLE"])
+            rows.append([node.name, node.address, "", "", "", down_label(r.kind if r else None)])
             continue
         v = r.value
         pinned = [env[var] + f" ({var} in job.env)" for var in IFACE_VARS if var in env][:1]
@@ -129,7 +129,7 @@ def check_text(checks: list[NodeCheck]) -> str:
     for c in checks:
         p = c.probe
         if not p:
-            rows.append([c.node, "UNREACHABLE", "", "", "", "", "", "", ""])
+            rows.append([c.node, down_label(c.down), "", "", "", "", "", "", ""])
             continue
         differs = set(p.get("differs", []))
 
@@ -269,9 +269,7 @@ def status_text(replies: list[Reply]) -> tuple[str, bool]:
     rows, notes, problem = [], [], verdict.state == JobState.FAILED
     for r, obs in zip(replies, observations):
         if not r.ok:
-            # A node that connected but was slow to answer (a busy machine) is not a lost one.
-            label = {NO_REPLY: "NO REPLY", FAILED: "ERROR"}.get(r.kind, "UNREACHABLE")
-            rows.append([r.node, "-", label, "", "", "", ""])
+            rows.append([r.node, "-", down_label(r.kind), "", "", "", ""])
             notes.append(r.error)
             problem = True
             continue

@@ -17,6 +17,7 @@ from fabtrain.controller.collector import Collector, NodeSnapshot, Snapshot
 from fabtrain.controller.jobstate import WATCH_EXIT, JobState, Verdict
 from fabtrain.controller.report import human_bytes
 from fabtrain.remote.session import Session
+from fabtrain.remote.transport import down_label
 
 EXIT_FINISHED, EXIT_FAILED, EXIT_KILLED = (WATCH_EXIT[s] for s in (JobState.FINISHED, JobState.FAILED, JobState.KILLED))
 EXIT_TIMEOUT = 124
@@ -81,7 +82,7 @@ def frame(snap: Snapshot, now: float, began: float, fresh: dict | None = None) -
 
 def _node_row(v: NodeSnapshot, verdict: Verdict, now: float, fresh: dict) -> list[str]:
     if v.up is False:
-        return [v.name, "UNREACHABLE", "", "", "", "", (v.error or "")[:90]]
+        return [v.name, down_label(v.down), "", "", "", "", (v.error or "")[:90]]
     h = v.health if v.health and v.health.get("job_id") in (None, v.job_id) else {}
     host = h.get("host") or {}
     gpu = ",".join(f"{_pct(g.get('util'))}/{_bytes(g.get('mem_used'))}" for g in h.get("gpus") or []) or "-"

@@ -18,6 +18,7 @@ from fabtrain.controller.jobstate import TERMINAL, JobState, process_role, signa
 from fabtrain.controller.preflight import recorded_ports
 from fabtrain.controller.series import NODES, TRAINERS
 from fabtrain.node.states import ProcessState
+from fabtrain.remote.transport import down_label
 
 __all__ = ["number", "short", "signal_name", "process_role", "process_label", "cluster_view", "job_view",
            "MetricsCursor", "events_view"]
@@ -87,6 +88,7 @@ def _node_view(n, verdict, now: float) -> dict:
     out = {
         "name": n.name, "host": n.host, "roles": list(n.roles),
         "up": n.up, "since": n.since, "error": n.error, "last_seen": n.last_seen,
+        "down": down_label(n.down).lower() if n.up is False else None,  # "unreachable", "no reply", "error"
         "job_id": n.job_id, "killed": n.killed, "health": None,
         "processes": [_process_json(n.name, p, by_name.get(p["name"], {}), verdict) for p in n.processes],
     }

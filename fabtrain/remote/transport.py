@@ -36,6 +36,12 @@ NO_REPLY = "no-reply"        # connected, but no answer in time: a busy node, no
 FAILED = "failed"            # the node answered with an error, or the command failed there
 
 
+def down_label(kind: str | None) -> str:
+    """What every report (fab status, check, watch, the dashboard) calls a node that did not answer:
+    a busy node that was reached but slow is NO REPLY, not a lost one."""
+    return {NO_REPLY: "NO REPLY", FAILED: "ERROR"}.get(kind, "UNREACHABLE")
+
+
 class NodeError(Exception):
     """Something went wrong on, or on the way to, one node. One line, says which; `kind` says how."""
 

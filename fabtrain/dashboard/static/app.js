@@ -126,7 +126,7 @@ function renderCluster(c) {
     if (n.up === true) {
       status = el("span", {}, el("span", {class: "dot up"}), "up", el("span", {class: "muted small"}, " since " + clock(n.since)));
     } else if (n.up === false) {
-      status = el("span", {}, el("span", {class: "dot down"}), "unreachable",
+      status = el("span", {}, el("span", {class: "dot down"}), n.down || "unreachable",
         el("span", {class: "muted small"}, " since " + clock(n.since)), el("div", {class: "err"}, n.error || ""));
     } else {
       status = el("span", {}, el("span", {class: "dot unknown"}), "connecting…");
