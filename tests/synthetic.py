@@ -16,7 +16,9 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -167,3 +169,30 @@ def _atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+@contextmanager
+def dashboard(cluster_file: Path, token: str, **config):
+    """The dashboard as `fab dashboard` serves it (the streaming collector polling every 0.5 s,
+    waitress in a thread) over the cluster file's nodes; yields its URL."""
+    from fabtrain.config.cluster import load_cluster
+    from fabtrain.controller.streaming import StreamingCollector
+    from fabtrain.dashboard import create_app
+    from fabtrain.dashboard.serve import MAX_POINTS, make_server
+    from fabtrain.remote.session import Session
+    from tests.sshd import free_port
+
+    session = Session(load_cluster(str(cluster_file)))
+    collector = StreamingCollector(session, max_points=MAX_POINTS)
+    collector.start(0.5)
+    port = free_port(["127.0.0.1"])
+    app = create_app({"COLLECTOR": collector, "DASHBOARD_TOKEN": token, "ALLOWED_HOSTS": [f"127.0.0.1:{port}"],
+                      **config})
+    server = make_server(app, "127.0.0.1", port, threads=4)
+    threading.Thread(target=server.run, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+        collector.stop()
+        session.close()

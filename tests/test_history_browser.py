@@ -6,17 +6,10 @@ nodes, differing in one job.env value; the dashboard is served by waitress as
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
-from fabtrain.config.cluster import load_cluster
-from fabtrain.controller.streaming import StreamingCollector
-from fabtrain.dashboard import create_app
-from fabtrain.dashboard.serve import MAX_POINTS, make_server
-from fabtrain.remote.session import Session
-from tests.sshd import free_port
-from tests.synthetic import SyntheticJob, local_cluster
+from tests.synthetic import SyntheticJob, dashboard, local_cluster
 from tests.test_dashboard_browser import browser, chromium  # noqa: F401  (fixtures)
 
 TOKEN = "history-browser-token-0123456789abcdef"
@@ -43,21 +36,12 @@ def ended_job(root, job_id, lr, outcome):
 def served(tmp_path):
     path = local_cluster(tmp_path, {"node1": ["pserver", "trainer"], "node2": ["trainer"]})
     jobs = [ended_job(tmp_path, A, "0.1", "finished"), ended_job(tmp_path, B, "0.01", "failed")]
-    session = Session(load_cluster(str(path)))
-    collector = StreamingCollector(session, max_points=MAX_POINTS)
-    collector.start(0.5)
-    port = free_port(["127.0.0.1"])
-    app = create_app({"COLLECTOR": collector, "DASHBOARD_TOKEN": TOKEN, "ALLOWED_HOSTS": [f"127.0.0.1:{port}"]})
-    server = make_server(app, "127.0.0.1", port, threads=4)
-    threading.Thread(target=server.run, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{port}"
+        with dashboard(path, TOKEN) as url:
+            yield url
     finally:
-        server.close()
-        collector.stop()
         for j in jobs:
             j.close()
-        session.close()
 
 
 def test_jobs_list_open_one_and_overlay_two(served, browser):  # noqa: F811

@@ -8,18 +8,11 @@ next generation's records from step 210 (it resumed from a checkpoint). The dash
 waitress as `fab dashboard` serves it and reads the nodes through node ops."""
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 
-from fabtrain.config.cluster import load_cluster
-from fabtrain.controller.streaming import StreamingCollector
-from fabtrain.dashboard import create_app
-from fabtrain.dashboard.serve import MAX_POINTS, make_server
-from fabtrain.remote.session import Session
-from tests.sshd import free_port
-from tests.synthetic import SyntheticJob, local_cluster
+from tests.synthetic import SyntheticJob, dashboard, local_cluster
 from tests.test_dashboard_browser import browser, chromium  # noqa: F401  (fixtures)
 
 TOKEN = "restart-browser-token-0123456789abcdef"
@@ -44,21 +37,11 @@ def served(tmp_path):
     for node, (_, (name,)) in nodes.items():
         job.metrics(node, name, range(210, 400, 10), t0=failed_at + 12)  # generation 1 resumed at step 210
         job.health(node, job={"status": "running", "on_failure": "restart", "generation": 1, "restarts_left": 2})
-    session = Session(load_cluster(str(path)))
-    collector = StreamingCollector(session, max_points=MAX_POINTS)
-    collector.start(0.5)
-    port = free_port(["127.0.0.1"])
-    app = create_app({"COLLECTOR": collector, "DASHBOARD_TOKEN": TOKEN, "REFRESH_MS": 500,
-                      "ALLOWED_HOSTS": [f"127.0.0.1:{port}"]})
-    server = make_server(app, "127.0.0.1", port, threads=4)
-    threading.Thread(target=server.run, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{port}"
+        with dashboard(path, TOKEN, REFRESH_MS=500) as url:
+            yield url
     finally:
-        server.close()
-        collector.stop()
         job.close()
-        session.close()
 
 
 def test_a_restart_is_marked_on_the_charts_in_the_header_and_in_the_events(served, browser):  # noqa: F811
