@@ -12,16 +12,16 @@ its own shell on its own CPU, so the plain account is what a user feels.
 """
 from __future__ import annotations
 
-import os
 import pwd
 import shutil
 import socket
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from tests.sshd import login_account
 
 BENCH_USER = "fabtrain-bench"
 # The stand-in every job process runs: needs no torch, no project code, no CPU.
@@ -44,24 +44,7 @@ ACCOUNTS = {
 
 def ensure_bench_user(user_key: Path) -> pwd.struct_passwd:
     """The plain account, made if missing, that logs in with the sshd cluster's user key."""
-    try:
-        pwd.getpwnam(BENCH_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", BENCH_USER], check=True)
-    # useradd locks the account ("!"), and sshd refuses a locked account even with a key.
-    subprocess.run(["usermod", "-p", "*", BENCH_USER], check=True)
-    user = pwd.getpwnam(BENCH_USER)
-    # The test sshd reads <root-only file> then ~/.ssh/authorized_keys as the user: the key goes there.
-    ssh_dir = Path(user.pw_dir) / ".ssh"
-    ssh_dir.mkdir(mode=0o700, exist_ok=True)
-    keys = ssh_dir / "authorized_keys"
-    pub = Path(f"{user_key}.pub").read_text()
-    old = keys.read_text() if keys.exists() else ""
-    if pub not in old:
-        keys.write_text(old + pub)
-    for path in (ssh_dir, keys):
-        os.chown(path, user.pw_uid, user.pw_gid)
-    return user
+    return login_account(BENCH_USER, user_key)
 
 
 def home(account: Account) -> Path:

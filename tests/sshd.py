@@ -8,6 +8,7 @@ listen on one port, each on its own loopback address.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -35,6 +36,29 @@ def ensure_openssh() -> list[str]:
     if not missing:
         os.makedirs("/run/sshd", exist_ok=True)
     return missing
+
+
+def login_account(name: str, user_key: Path) -> "pwd.struct_passwd":
+    """A non-root account (shell /bin/sh) that the sshd nodes let in with the tests' user key; made if
+    missing, the key added if it is not there yet."""
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True)
+    # useradd locks the account ("!"), and sshd refuses a locked account even with a key: no password instead.
+    subprocess.run(["usermod", "-p", "*", name], check=True)
+    user = pwd.getpwnam(name)
+    # sshd reads authorized keys as the user: the key goes in the user's own ~/.ssh.
+    ssh_dir = Path(user.pw_dir) / ".ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    keys = ssh_dir / "authorized_keys"
+    pub = Path(f"{user_key}.pub").read_text()
+    old = keys.read_text() if keys.exists() else ""
+    if pub not in old:
+        keys.write_text(old + pub)
+    for path in (ssh_dir, keys):
+        os.chown(path, user.pw_uid, user.pw_gid)
+    return user
 
 
 BLOCK = 16  # callers use port, port + 1, ... (a pserver per port, the coordinator's): the whole block is free

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import pytest
 import yaml
 
 from tests.procscan import wait_for
-from tests.sshd import free_port
+from tests.sshd import free_port, login_account
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.ssh
@@ -151,20 +150,7 @@ TEST_USER = "fabtrain-user"
 @pytest.fixture(scope="module")
 def plain_user(sshd):
     """A non-root account whose default workspace two sshd "nodes" on this machine share a home for."""
-    try:
-        pwd.getpwnam(TEST_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", TEST_USER], check=True)
-    # useradd locks the account ("!"), and sshd refuses a locked account even with a key: no password instead.
-    subprocess.run(["usermod", "-p", "*", TEST_USER], check=True)
-    user = pwd.getpwnam(TEST_USER)
-    # sshd reads authorized keys as the user: the tests' key goes in the user's own ~/.ssh.
-    ssh_dir = Path(user.pw_dir) / ".ssh"
-    ssh_dir.mkdir(mode=0o700, exist_ok=True)
-    (ssh_dir / "authorized_keys").write_text(Path(f"{sshd.user_key}.pub").read_text())
-    for path in (ssh_dir, ssh_dir / "authorized_keys"):
-        os.chown(path, user.pw_uid, user.pw_gid)
-    return user
+    return login_account(TEST_USER, sshd.user_key)
 
 
 def user_cluster(sshd, project: Path, **workspace) -> Path:
