@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.sshd import SshdCluster, ensure_openssh
+from tests.support.sshd import SshdCluster, ensure_openssh
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO  # noqa: E402,F401 (re-exported: tests import REPO from here)
 FAB = str(Path(sys.executable).parent / "fab")
 
 CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")

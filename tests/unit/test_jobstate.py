@@ -1,0 +1,145 @@
+"""One job state everywhere: `fab status`, `fab watch`, /api/job and /metrics over the same node files.
+
+Each case writes a job's files on three local nodes (tests.synthetic: real
+node ops, real `sleep` stand-ins for live processes, health.json and
+events.jsonl as the agent writes them), then asks all four outputs through
+their real code paths and checks that they name the same state.
+"""
+from __future__ import annotations
+
+import io
+import re
+import time
+
+import pytest
+
+from fabtrain.config.cluster import load_cluster
+from fabtrain.controller import lifecycle, report, watch
+from fabtrain.controller.collector import Collector
+from fabtrain.dashboard import create_app
+from fabtrain.remote.session import Session
+from tests.support.synthetic import SyntheticJob, local_cluster
+
+pytestmark = pytest.mark.timeout(60)
+
+TOKEN = "jobstate-token-0123456789abcdef"
+HOST = "127.0.0.1:8265"
+NAMES = {"node0": ["pserver-0"], "node1": ["trainer-0"], "node2": ["trainer-1"]}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("jobstate")
+    cluster = load_cluster(local_cluster(root, {"node0": ["pserver"], "node1": ["trainer"], "node2": ["trainer"]}))
+    session = Session(cluster)
+    collector = Collector(session)  # the dashboard's: kept across jobs, as `fab dashboard` keeps it
+    app = create_app({"COLLECTOR": collector, "DASHBOARD_TOKEN": TOKEN, "ALLOWED_HOSTS": [HOST],
+                      "KILL": lambda grace: [], "TESTING": True})
+    jobs: list[SyntheticJob] = []
+
+    def new_job(n: int) -> SyntheticJob:
+        for old in jobs:
+            old.close()  # its live stand-ins go; the new job's `current` link replaces it
+        job = SyntheticJob(f"20261122-05{n:02d}00-0001", {node: (cluster.node(node).workspace, names)
+                                                          for node, names in NAMES.items()}).start()
+        jobs.append(job)
+        return job
+
+    yield {"session": session, "collector": collector, "client": app.test_client(), "new_job": new_job}
+    for job in jobs:
+        job.close()
+    session.close()
+
+
+def four_states(world) -> dict[str, str]:
+    """The job's state as each output names it, and fab watch's exit code."""
+    text, _ = report.status_text(lifecycle.status(world["session"], health=True))
+    out = io.StringIO()
+    code = watch.watch(world["session"], interval=0.05, timeout=0, out=out, tty=False)
+    last = out.getvalue().splitlines()[-1]
+    said = re.fullmatch(r"(?:job \S+: |watch: timed out after 0 s; the job is )([a-z ]+?)( \(.*)?", last)
+    world["collector"].poll()
+    headers = {"Host": HOST, "Authorization": f"Bearer {TOKEN}"}
+    job = world["client"].get("/api/job", headers=headers).get_json()
+    metrics = world["client"].get("/metrics", headers=headers).get_data(as_text=True)
+    on = re.findall(r'^fabtrain_job_state\{.*state="([a-z ]+)"\} 1$', metrics, re.M)
+    return {"status": re.match(r"job \S+: ([a-z ]+?)(  code .*)?$", text.splitlines()[0]).group(1),
+            "watch": said.group(1) if said else last, "api": job["state"], "metrics": on[0] if len(on) == 1 else on,
+            "watch_exit": code, "status_text": text, "job": job}
+
+
+def agent_health(job: SyntheticJob, status: str = "running", states: dict | None = None, **job_fields) -> None:
+    """Each node's health.json as its agent writes it: the job's status, and each process's state."""
+    states = states or {}
+    for node, names in NAMES.items():
+        job.health(node, processes=[{"name": n, "state": states.get(n, "running")} for n in names],
+                   job={"status": status, "reason": None, "on_failure": "kill-job", "kept": False} | job_fields)
+
+
+def test_running(world):
+    job = world["new_job"](1)
+    agent_health(job)
+    s = four_states(world)
+    assert (s["status"], s["watch"], s["api"], s["metrics"]) == ("running",) * 4, s["status_text"]
+    assert s["watch_exit"] == watch.EXIT_TIMEOUT
+
+
+def test_a_launcher_gone_while_the_agents_still_see_it_running_is_failed_everywhere(world):
+    """The fault once seen: trainer-1's launcher was killed (the pid fabtrain printed), its agent (and
+    every other) still saw it run; the dashboard said failed while the agents and fab watch said
+    running. The launcher takes its program with it (PR_SET_PDEATHSIG), so /proc's word is final:
+    all four say failed, naming the process, even before the agents' next look."""
+    job = world["new_job"](2)
+    job.vanish("node2", "trainer-1")
+    agent_health(job)
+    s = four_states(world)
+    assert (s["status"], s["watch"], s["api"], s["metrics"]) == ("failed",) * 4, s["status_text"]
+    assert re.search(r"^node2\s+trainer-1\s+killed", s["status_text"], re.M), s["status_text"]
+    assert "trainer-1 on node2" in s["job"]["reason"], s["job"]
+
+
+def test_a_sigkill_without_an_agent_is_failed_everywhere(world):
+    job = world["new_job"](3)
+    job.exit("node2", "trainer-1", 137)
+    s = four_states(world)
+    assert (s["status"], s["watch"], s["api"], s["metrics"]) == ("failed",) * 4, s["status_text"]
+    assert "JOB FAILED: trainer-1 on node2 killed by SIGKILL" in s["status_text"]
+    assert re.search(r"^node2\s+trainer-1\s+killed \(SIGKILL\)", s["status_text"], re.M)
+    assert s["job"]["reason"] == "trainer-1 on node2 killed by SIGKILL" and s["watch_exit"] == watch.EXIT_TIMEOUT
+
+
+def test_a_normal_end_is_finished_everywhere_though_the_pserver_was_stopped(world):
+    job = world["new_job"](4)
+    for node, name, code in (("node1", "trainer-0", 0), ("node2", "trainer-1", 0), ("node0", "pserver-0", 143)):
+        job.exit(node, name, code)
+    for node in NAMES:
+        job.event(node, kind="finished", reason="every trainer exited with code 0")
+    agent_health(job, "finished", {"trainer-0": "exited", "trainer-1": "exited", "pserver-0": "killed"})
+    s = four_states(world)
+    assert (s["status"], s["watch"], s["api"], s["metrics"]) == ("finished",) * 4, s["status_text"]
+    assert s["watch_exit"] == 0
+
+
+def test_on_failure_keep_is_failed_and_over_everywhere(world):
+    job = world["new_job"](5)
+    job.exit("node2", "trainer-1", 4)
+    for node in NAMES:
+        job.event(node, kind="job_failed", reason="trainer-1 on node2 exited with code 4", on_failure="keep",
+                  ts=time.time() - 1)
+    job.event("node1", kind="kept", reason="on_failure is keep: leaving trainer-0 running")
+    agent_health(job, "failed", {"trainer-1": "exited"}, reason="trainer-1 on node2 exited with code 4",
+                 on_failure="keep", kept=True)
+    s = four_states(world)
+    assert (s["status"], s["watch"], s["api"], s["metrics"]) == ("failed",) * 4, s["status_text"]
+    assert "survivors left running for debugging" in s["status_text"] and s["watch_exit"] == 1
+    assert s["job"]["ended"] is True
+
+
+def test_kill_all_is_killed_everywhere(world):
+    job = world["new_job"](6)
+    agent_health(job)
+    assert all(r.ok for r in lifecycle.kill_all(world["session"], grace=1))
+    job.sleepers.clear()  # reaped by kill-all's SIGTERM; nothing left to close
+    s = four_states(world)
+    assert (s["status"], s["watch"], s["api"], s["metrics"]) == ("killed",) * 4, s["status_text"]
+    assert s["watch_exit"] == 3
