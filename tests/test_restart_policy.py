@@ -6,12 +6,12 @@ from dataclasses import replace
 import pytest
 
 from fabtrain.config.cluster import parse_cluster
-from fabtrain.controller.jobstate import JobState, NodeObservation, job_verdict
-from fabtrain.node.agent.policy import (RESTARTING, Config, Ledger, Note, Observation, Peers, ProcFacts, Relaunch,
+from fabtrain.controller.jobstate import NodeObservation, job_verdict
+from fabtrain.node.agent.policy import (Config, Ledger, Note, Observation, Peers, ProcFacts, Relaunch,
                                         Status, Stop, decide, fail, on_status)
 from fabtrain.node.coordination.board import Board
 from fabtrain.node.coordination.restart import BACKOFF_CAP, RestartPolicy
-from fabtrain.node.states import ProcessState
+from fabtrain.node.states import JobState, ProcessState
 
 POLICY = RestartPolicy(enabled=True, max_restarts=3, backoff=10.0, grace=2.0)
 CFG = Config(node="n2", job_id="J", interval=1.0, hang_timeout=3.0, grace=2.0, on_failure="restart",
@@ -163,8 +163,8 @@ def trainer(**kw):
 
 def test_an_agent_tears_down_waits_the_backoff_then_relaunches():
     actions, ledger = on_status(restarting_msg(), "J", Ledger(), CFG, now=100.0)
-    assert [a.kind for a in actions] == [RESTARTING] and actions[0].fields["backoff"] == 10.0
-    assert ledger.status.status == RESTARTING and ledger.generation == 1 and ledger.restart_at == 110.0
+    assert [a.kind for a in actions] == [JobState.RESTARTING] and actions[0].fields["backoff"] == 10.0
+    assert ledger.status.status == JobState.RESTARTING and ledger.generation == 1 and ledger.restart_at == 110.0
     actions, ledger = decide(Observation(now=100.1, procs=(trainer(),)), ledger, CFG)
     assert [a for a in actions if isinstance(a, Stop)] and any(
         isinstance(a, Note) and a.kind == "teardown" for a in actions)
@@ -188,7 +188,7 @@ def test_kill_all_during_the_backoff_fails_the_job_instead_of_relaunching():
 def test_an_agent_whose_own_failure_started_it_takes_the_restart_but_not_after_a_final_failure():
     _, mine = fail(Ledger(), CFG, "trainer-0 on n2 killed by SIGKILL", "exit", 137)
     assert mine.failure_kind == "exit" and mine.failure_code == 137
-    assert on_status(restarting_msg(), "J", mine, CFG, now=1.0)[1].status.status == RESTARTING
+    assert on_status(restarting_msg(), "J", mine, CFG, now=1.0)[1].status.status == JobState.RESTARTING
     final = Ledger(status=Status("failed", "node n3 lost", "n3"))
     assert on_status(restarting_msg(), "J", final, CFG, now=1.0)[1] == final
     assert on_status(restarting_msg(), "J", Ledger(), replace(CFG, on_failure="kill-job"), now=1.0)[1] == Ledger()

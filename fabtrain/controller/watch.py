@@ -14,8 +14,9 @@ import time
 from typing import TextIO
 
 from fabtrain.controller.collector import Collector, NodeSnapshot, Snapshot
-from fabtrain.controller.jobstate import WATCH_EXIT, JobState, Verdict
+from fabtrain.controller.jobstate import WATCH_EXIT, Verdict
 from fabtrain.controller.report import human_bytes
+from fabtrain.node.states import JobState
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import down_label
 
@@ -58,7 +59,7 @@ def frame(snap: Snapshot, now: float, began: float, fresh: dict | None = None) -
     fresh = {} if fresh is None else fresh
     verdict = snap.verdict
     why = verdict.summary()
-    lines = [f"job {snap.job_id or '-'}: {verdict.state}{' (' + why + ')' if why and verdict.state != 'running' else ''}"
+    lines = [f"job {snap.job_id or '-'}: {verdict.state}{' (' + why + ')' if why and verdict.state != JobState.RUNNING else ''}"
              f"{'  [' + verdict.restarts + ']' if verdict.restarts else ''}"
              f"   watching {now - began:.0f}s"]
     lines += [f"note: {note}" for note in verdict.notes]

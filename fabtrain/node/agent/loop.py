@@ -18,9 +18,9 @@ from dataclasses import replace
 
 from fabtrain.node import procfs
 from fabtrain.node.atomic import read_json
-from fabtrain.node.coordination import FINAL, Client, Coordinator
+from fabtrain.node.coordination import Client, Coordinator
 from fabtrain.node.coordination.restart import RestartPolicy
-from fabtrain.node.states import signame
+from fabtrain.node.states import FINAL, JobState, signal_name
 
 from . import policy, snapshot
 from .events import EventLog
@@ -180,7 +180,7 @@ class Agent:
         ledger = self.ledger
         for ev in self.events.replay():
             kind = ev.get("kind")
-            if kind in (policy.RESTARTING, "restarted") and ev.get("node") == self.node:
+            if kind in (JobState.RESTARTING, "restarted") and ev.get("node") == self.node:
                 ledger = policy.replay_restart(ev, time.time())
                 self.started_generation = ledger.generation if kind == "restarted" else self.started_generation
                 continue
@@ -225,7 +225,7 @@ class Agent:
             if tick or needed:
                 self.step(tick)
             if self.stop_signal is not None:
-                return self.stop(signame(self.stop_signal))
+                return self.stop(signal_name(self.stop_signal))
             if self.should_exit():
                 return self.finish()
             deadline = min(next_tick, self.next_deadline())
@@ -335,7 +335,7 @@ class Agent:
         return not pending or self.ledger.status.status in FINAL
 
     def should_exit(self) -> bool:
-        if not self.local_done() or self.ledger.status.status == policy.RESTARTING:
+        if not self.local_done() or self.ledger.status.status == JobState.RESTARTING:
             self.done_since, self.is_done = None, False
             return False
         now = time.monotonic()
@@ -373,7 +373,7 @@ class Agent:
 
     def stop(self, why: str) -> int:
         live = [ctx.name for ctx in self.contexts if ctx.live]
-        if live and self.ledger.status.status == "running" and not os.path.exists(os.path.join(self.jd, "killed")):
+        if live and self.ledger.status.status == JobState.RUNNING and not os.path.exists(os.path.join(self.jd, "killed")):
             actions, self.ledger = policy.fail(self.ledger, self.cfg, "the agent on %s was stopped (%s) while %s "
                                                "still ran" % (self.node, why, ", ".join(live)))
             self.execute(actions, time.time())

@@ -10,9 +10,7 @@ import os
 import time
 
 from fabtrain.node import atomic, procfs
-from fabtrain.node.states import signame
-
-from .policy import FINAL
+from fabtrain.node.states import FINAL, JobState, signal_name
 
 
 def process_view(ctx, ledger, procs: dict, gpu_pids: dict) -> dict:
@@ -23,7 +21,7 @@ def process_view(ctx, ledger, procs: dict, gpu_pids: dict) -> dict:
         last = progress.last_record if progress.last_record is not None else progress.last_activity
     return {"name": ctx.name, "role": ctx.role, "rank": ctx.rank, "pid": ctx.pid,
             "launcher_pid": ctx.launcher, "state": str(ctx.state), "exit_code": ctx.exit_code,
-            "signal": signame(ctx.signal) if ctx.signal else None,
+            "signal": signal_name(ctx.signal),
             "cpu_percent": progress.cpu_percent if progress and ctx.live else 0.0, "rss": ctx.rss,
             "children": max(0, len(live_tree) - 1) if ctx.live else 0, "zombies": len(ctx.zombies),
             "last_progress": round(last, 3) if last else None,
@@ -62,7 +60,7 @@ class Health:
             "job": {"status": ledger.status.status, "reason": ledger.status.reason, "origin": ledger.status.origin,
                     "on_failure": agent.cfg.on_failure, "generation": ledger.generation,
                     "restarts_left": view.get("restarts_left"), "pending": ledger.pending,
-                    "kept": agent.cfg.on_failure == "keep" and ledger.status.status == "failed"},
+                    "kept": agent.cfg.on_failure == "keep" and ledger.status.status == JobState.FAILED},
             "coordinator": {"host": agent.coord_host, "port": agent.coord_port, "hosted_here": co is not None,
                             "connected": bool(c and c.connected),
                             "last_contact": round(c.last_contact_epoch, 3) if c and c.last_contact_epoch else None,

@@ -18,7 +18,7 @@ import time
 
 from fabtrain.node import launch, procfs
 from fabtrain.node.atomic import read_json
-from fabtrain.node.states import ProcessState, decide, signal_of
+from fabtrain.node.states import ProcessState, signal_of, state_of
 
 CPU_PROGRESS = 0.01  # CPU seconds per second (1% of a core) that count as activity
 NO_RECORD_WAIT = 2.0  # a launcher that outlives its program this long without recording an exit code is broken
@@ -217,7 +217,7 @@ class ProcessContext:
                 self._end(now, None, launcher_alive)
                 return
         main = procs[self.program] if program_alive else procs[self.launcher]
-        self.state = decide(True, main.state)
+        self.state = state_of(True, main.state)
         self.stopped_since = (self.stopped_since or now) if self.state is ProcessState.STOPPED else None
         self.tree = [p for p in ([self.program] + procfs.descendants(self.program, kids)) if p in procs] \
             if program_alive else []
@@ -280,7 +280,7 @@ class ProcessContext:
         self.exit_code = code
         self.launcher_lost = code is None and not launcher_alive
         before_boot = (self.record.get("create_time") or now) < procfs.BOOT_TIME
-        self.state = decide(False, exit_code=code, before_boot=before_boot)
+        self.state = state_of(False, exit_code=code, before_boot=before_boot)
         self.tree, self.zombies, self.rss = [], [], 0
         if self.progress:
             self.progress.cpu_percent = 0.0
