@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from fabtrain.controller.jobstate import process_role
-from fabtrain.controller.preflight import recorded_ports
+from fabtrain.controller.state import recorded_ports
 from fabtrain.controller.series import NODES, TRAINERS
 from fabtrain.node.states import TERMINAL, JobState, ProcessState, signal_name, signal_of
 from fabtrain.remote.transport import down_label

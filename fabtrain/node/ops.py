@@ -22,7 +22,7 @@ import time
 from fabtrain.node import atomic, launch, procfs
 from fabtrain.node.workspace import (check_workspace, claim_workspace, job_dir, make_private_dirs, snapshot_code,
                                      workspace)
-from fabtrain.node.agent.supervisor import family, send, stop_all, trusted
+from fabtrain.node.kill import family, send, stop_all, trusted
 from fabtrain.node.spawn import expand, name_programs, program_of, spawn
 from fabtrain.node.states import ProcessState, signal_name, signal_of, state_of
 

@@ -20,6 +20,7 @@ from fabtrain.node import procfs
 from fabtrain.node.atomic import read_json
 from fabtrain.node.coordination import Client, Coordinator
 from fabtrain.node.coordination.restart import RestartPolicy
+from fabtrain.node.kill import send
 from fabtrain.node.states import FINAL, JobState, signal_name
 
 from . import policy, snapshot
@@ -27,7 +28,7 @@ from .events import EventLog
 from .keeper import AgentLife
 from .relaunch import start_generation
 from .samplers import GpuSampler, HostSampler
-from .supervisor import Markers, ProcessContext, job_running, send
+from .supervisor import Markers, ProcessContext, job_running
 
 DISK_FULL_BYTES = 1 << 20  # less than this free in the workspace: a full disk, for the events' reasons
 
