@@ -163,8 +163,9 @@ def observe_status(reply) -> NodeObservation:
         pass
     node_time = v.get("time") if records.finite(v.get("time")) else None
     age = node_time - agent["ts"] if agent and node_time is not None else None
-    return NodeObservation(reply.node, True, job_id, tuple(processes), v.get("killed") is True, agent, age,
-                           tuple(e for e in events if e.get("kind") in JOB_EVENTS))
+    return NodeObservation(name=reply.node, reachable=True, job_id=job_id, processes=tuple(processes),
+                           killed=v.get("killed") is True, agent=agent, agent_age=age,
+                           events=tuple(e for e in events if e.get("kind") in JOB_EVENTS))
 
 
 def _process_view(obs: NodeObservation, p: dict, seen: dict | None) -> ProcessView:
@@ -180,9 +181,9 @@ def _process_view(obs: NodeObservation, p: dict, seen: dict | None) -> ProcessVi
             gone = agent_state in LIVE
             state, code = agent_state, seen.get("exit_code")
             sig = seen.get("signal") or signal_name(signal_of(code))
-    return ProcessView(obs.name, p["name"], state, code if state != ProcessState.LOST else None,
-                       sig if state == ProcessState.KILLED else None, gone,
-                       (seen or {}).get("killed_by_agent"), obs.reachable is True)
+    return ProcessView(node=obs.name, name=p["name"], state=state, exit_code=code if state != ProcessState.LOST else None,
+                       signal=sig if state == ProcessState.KILLED else None, launcher_gone=gone,
+                       stopped_by_agent=(seen or {}).get("killed_by_agent"), reachable=obs.reachable is True)
 
 
 def _processes(obs: NodeObservation) -> list[ProcessView]:
@@ -301,6 +302,8 @@ def job_verdict(nodes: Iterable[NodeObservation], job_id: str | None = None) -> 
     kept = state == JobState.FAILED and facts.kept
     notes = tuple(f"{p.name} on {p.node}: its launcher is gone; its agent still sees it {p.state.value}"
                   for p in procs if p.launcher_gone)
-    return Verdict(state, reason, ended or kept, kept, facts.on_failure if state == JobState.FAILED else None,
-                   job_id, tuple(said_by), tuple(procs), tuple(n.name for n in nodes if n.reachable is False), notes,
-                   facts.generation, facts.restarts_left)
+    return Verdict(state=state, reason=reason, ended=ended or kept, kept=kept,
+                   on_failure=facts.on_failure if state == JobState.FAILED else None, job_id=job_id,
+                   said_by=tuple(said_by), processes=tuple(procs),
+                   unreachable=tuple(n.name for n in nodes if n.reachable is False), notes=notes,
+                   generation=facts.generation, restarts_left=facts.restarts_left)

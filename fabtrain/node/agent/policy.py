@@ -20,13 +20,14 @@ ORPHAN_MIN_AGE = 5.0  # a process younger than this may be one node ops is start
 
 @dataclass(frozen=True)
 class Config:
+    """job.json's watchdog settings (no defaults here: cluster.yaml's config holds the only copy)."""
     node: str
-    job_id: str = ""
-    interval: float = 1.0
-    hang_timeout: float = 120.0
-    startup_timeout: float = 600.0
-    grace: float = 5.0
-    on_failure: str = "kill-job"
+    job_id: str
+    interval: float
+    hang_timeout: float
+    startup_timeout: float
+    grace: float
+    on_failure: str
     coordinator_node: str = ""
     coordinator: str = ""  # host:port, for messages
 
@@ -254,6 +255,11 @@ def replay_restart(ev: dict, now: float) -> Ledger:
     if ev.get("kind") == "restarted":
         return Ledger(generation=g)
     return Ledger(generation=g, status=Status(JobState.RESTARTING, ev.get("reason"), ev.get("origin")), restart_at=now)
+
+
+def relaunched(ledger: Ledger, generation: int) -> Ledger:
+    """The ledger once this node started its part of `generation`: a fresh one, the orphans still followed."""
+    return Ledger(generation=generation, orphans=ledger.orphans)
 
 
 def on_status(msg: dict, job_id: str, ledger: Ledger, cfg: Config, now: float = 0.0) -> tuple[list, Ledger]:

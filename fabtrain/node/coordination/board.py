@@ -80,7 +80,7 @@ class Board:
         self.job_id = job_id
         self.nodes = list(nodes)
         self.peer_timeout = peer_timeout
-        self.restart = restart or RestartPolicy()
+        self.restart = restart or RestartPolicy.never()
         self.status: dict = {"status": JobState.RUNNING, "reason": None, "node": None, "ts": None, "generation": 0,
                              "restarts_left": self.restart.restarts_left(0), "backoff": None}
         self.restart_due: float | None = None  # monotonic: every node's part of the generation started by then
