@@ -48,6 +48,8 @@ def settings(job: dict, nodes: list[str]) -> tuple[policy.Config, RestartPolicy]
     """The watchdog's settings from job.json, strictly: the plan writes every one of them from
     cluster.yaml, whose config holds the only defaults; a job.json without them is refused."""
     w = job.get("watchdog")
+    if not isinstance(w, dict) or not isinstance(w.get("coordinator"), dict):
+        raise SystemExit("agent: job.json of job %s has no watchdog settings" % job.get("job_id"))
     try:
         coord = w["coordinator"]
         cfg = policy.Config(
