@@ -19,8 +19,26 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 from fabtrain.data.cli import main  # noqa: E402
+from fabtrain.data.errors import PrepareError  # noqa: E402
 
-__all__ = ["main"]
+__all__ = ["main", "cluster_trainers"]
+
+
+def cluster_trainers() -> int:
+    """--split-count's default: the trainers of the cluster file ($FABTRAIN_CLUSTER or ./cluster.yaml)."""
+    try:
+        from fabtrain.config.cluster import load_cluster
+        from fabtrain.errors import UserError
+    except ImportError as exc:
+        raise PrepareError(f"--split-count not given and the cluster file cannot be read "
+                           f"({exc}); give --split-count N") from None
+    try:
+        cluster = load_cluster(None)
+    except UserError as exc:
+        raise PrepareError(f"--split-count not given and {exc}") from None
+    if cluster.trainer_count < 1:
+        raise PrepareError("--split-count not given and the cluster has no trainers; give --split-count N")
+    return cluster.trainer_count
 
 
 def _on_sigterm(signum, frame):
@@ -30,4 +48,4 @@ def _on_sigterm(signum, frame):
 if __name__ == "__main__":
     import signal
     signal.signal(signal.SIGTERM, _on_sigterm)
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], split_count_default=cluster_trainers))

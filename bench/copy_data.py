@@ -44,7 +44,7 @@ from fabtrain.data import load_manifest  # noqa: E402
 from fabtrain.remote.session import Session  # noqa: E402
 from fabtrain.remote.rsync import Rsync  # noqa: E402
 from fabtrain.remote.transport import Transport  # noqa: E402
-from tests.sshd import SshdCluster  # noqa: E402
+from tests.support.sshd import SshdCluster  # noqa: E402
 
 
 def make_corpus(path: Path, size_mb: int) -> None:

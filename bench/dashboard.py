@@ -169,8 +169,8 @@ class Page:
 
 
 def build(root: Path, nodes: int, records: int, transport: str):
-    from tests.synthetic import SyntheticJob
-    from tests.sshd import SshdCluster, write_cluster
+    from tests.support.synthetic import SyntheticJob
+    from tests.support.sshd import SshdCluster, write_cluster
 
     sshd = None
     names = [f"node{i + 1}" for i in range(nodes)]
@@ -218,7 +218,7 @@ class Writer(threading.Thread):
 
 
 def run_one(kind: str, args, cluster: Path, sshd_pids: list[int], nodes: int, records: int) -> dict:
-    from tests.sshd import free_port
+    from tests.support.sshd import free_port
 
     port = free_port(["127.0.0.1"])
     token = secrets.token_hex(16)

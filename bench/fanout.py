@@ -52,7 +52,7 @@ from fabtrain.config.cluster import load_cluster  # noqa: E402
 from fabtrain.controller import lifecycle  # noqa: E402
 from fabtrain.remote.session import Session  # noqa: E402
 from fabtrain.remote.transport import fan_out  # noqa: E402
-from tests.sshd import SshdCluster  # noqa: E402
+from tests.support.sshd import SshdCluster  # noqa: E402
 
 FAN_OUTS = 4  # deploy, start-pserver, start-trainers, kill-all: one step per node each
 

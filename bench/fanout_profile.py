@@ -19,6 +19,7 @@ from pathlib import Path
 
 from bench import nodes
 from fabtrain.controller import lifecycle
+from fabtrain.remote import rpc
 from fabtrain.remote.rsync import Rsync
 from fabtrain.remote.transport import Transport
 
@@ -104,7 +105,7 @@ def unit_costs(path: Path, repeat: int, python: str) -> dict[str, list[float]]:
             costs.setdefault(label, []).append(time.perf_counter() - t0)
     timed("round trip `true` (open connection)", lambda: t.run("true"))
     timed(f"round trip `{python} -c pass`", lambda: t.run(f"{python} -c pass"))
-    timed("round trip node-ops call (status, no job)", lambda: t.call("status", {"job_id": None}))
+    timed("round trip node-ops call (status, no job)", lambda: rpc.call(t, "status", {"job_id": None}))
     ssh = [*nodes.openssh_argv(t, path.parent), "true"]
     timed("OpenSSH `ssh node true`, default kex (sntrup761x25519)", lambda: subprocess.run(ssh, check=True))
     fast = ssh[:1] + ["-o", "KexAlgorithms=curve25519-sha256"] + ssh[1:]

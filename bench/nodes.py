@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.sshd import login_account
+from tests.support.sshd import login_account
 
 BENCH_USER = "fabtrain-bench"
 # The stand-in every job process runs: needs no torch, no project code, no CPU.

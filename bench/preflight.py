@@ -31,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fabtrain.config.cluster import load_cluster  # noqa: E402
 from fabtrain.controller import preflight  # noqa: E402
+from fabtrain.remote import rpc  # noqa: E402
 from fabtrain.remote.session import Session  # noqa: E402
-from tests.sshd import SshdCluster, free_port, write_cluster  # noqa: E402
+from tests.support.sshd import SshdCluster, free_port, write_cluster  # noqa: E402
 
 
 def timed(fn) -> float:
@@ -48,14 +49,14 @@ def all_ok(replies):
 
 def measure(path: Path, repeat: int) -> dict[str, list[float]]:
     s = Session(load_cluster(path))
-    all_ok(s.map(lambda t: t.call("status", {"job_id": None})))  # open every connection first
+    all_ok(s.map(lambda t: rpc.call(t, "status", {"job_id": None})))  # open every connection first
     auto = Session(load_cluster(path.parent.parent / "auto" / "cluster.yaml"))
-    all_ok(auto.map(lambda t: t.call("status", {"job_id": None})))
+    all_ok(auto.map(lambda t: rpc.call(t, "status", {"job_id": None})))
     runs = {"shell": [], "noop": [], "check": [], "check+": [], "start": []}
     for _ in range(repeat):
         # Interleaved, so a burst of load on the shared machine hits every kind alike.
         runs["shell"].append(timed(lambda: all_ok(s.map(lambda t: t.run("true")))))
-        runs["noop"].append(timed(lambda: all_ok(s.map(lambda t: t.call("status", {"job_id": None})))))
+        runs["noop"].append(timed(lambda: all_ok(s.map(lambda t: rpc.call(t, "status", {"job_id": None})))))
 
         def check():
             found = preflight.network_check(s)

@@ -48,8 +48,8 @@ from bench import nodes  # noqa: E402
 from bench.fanout import session, spread  # noqa: E402
 from fabtrain.controller import lifecycle, report  # noqa: E402
 from fabtrain.remote.transport import fan_out  # noqa: E402
-from tests.procscan import stat  # noqa: E402
-from tests.sshd import SshdCluster  # noqa: E402
+from tests.support.procscan import stat  # noqa: E402
+from tests.support.sshd import SshdCluster  # noqa: E402
 
 ACCOUNT = nodes.ACCOUNTS["plain"]
 INTERVAL = 1.0  # watchdog and collector

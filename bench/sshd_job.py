@@ -12,8 +12,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.procscan import live_marked  # noqa: E402
-from tests.sshd import SshdCluster, free_port, write_cluster  # noqa: E402
+from tests.support.procscan import live_marked  # noqa: E402
+from tests.support.sshd import SshdCluster, free_port, write_cluster  # noqa: E402
 
 FAB = str(Path(sys.executable).parent / "fab")
 

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.sshd_job import SshdJob  # noqa: E402
-from tests.procscan import live_marked, stat  # noqa: E402
+from tests.support.procscan import live_marked, stat  # noqa: E402
 
 FAKE = "python tests/programs/fakejob.py"
 

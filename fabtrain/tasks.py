@@ -10,7 +10,7 @@ import sys
 
 from invoke import Exit, task
 
-from fabtrain.controller import lifecycle, preflight; from fabtrain.controller import report
+from fabtrain.controller import lifecycle, preflight, state; from fabtrain.controller import report
 from fabtrain.errors import UserError
 from fabtrain.plan.plan import make_plan, new_job_id
 from fabtrain.remote.session import get_session
@@ -142,7 +142,7 @@ def status(c, job=None):
     text, failed = report.status_text(replies)
     print(text)
     shown = {r.value["job_id"] for r in replies if r.ok and r.value["job_id"]}
-    ports = preflight.recorded_ports(s.cluster.name, shown.pop()) if len(shown) == 1 else None
+    ports = state.recorded_ports(s.cluster.name, shown.pop()) if len(shown) == 1 else None
     if ports:
         print(report.ports_text({k: v for k, v in ports.items() if k != "auto"}, ports["auto"]))
     fail_if(failed, "status: the job has failed processes or unreachable nodes")

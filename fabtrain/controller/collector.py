@@ -29,6 +29,7 @@ from typing import Any
 from fabtrain.controller import records
 from fabtrain.controller.jobstate import JOB_EVENTS, NodeObservation, Verdict, job_verdict
 from fabtrain.controller.series import NODES, TRAINERS, Series, SeriesBook, SeriesDelta
+from fabtrain.remote import rpc
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import NodeError
 
@@ -217,7 +218,7 @@ class Collector:
 
     def _collect(self, name: str, transport, payload: dict, timeout: float) -> dict:
         """One `collect` on one node (a subclass may keep a channel open instead)."""
-        return transport.call("collect", payload, timeout=timeout)
+        return rpc.call(transport, "collect", payload, timeout=timeout)
 
     def _apply(self, view: NodeView, reply: dict, asked: dict[str, int]) -> None:
         """Take in one `collect` reply (under the lock): every part checked before it is kept."""

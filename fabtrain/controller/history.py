@@ -17,6 +17,7 @@ from typing import Any
 
 from fabtrain.controller import records, state
 from fabtrain.controller.jobstate import JOB_EVENTS, NodeObservation, job_verdict, observe_status
+from fabtrain.remote import rpc
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import Reply
 
@@ -25,7 +26,7 @@ SERIES_KEYS = ("ts", "step", "loss", "samples_per_s", "eval_loss", "lr")
 
 
 def _ask(session: Session, op: str, payload: dict) -> list[Reply]:
-    return session.map(lambda t: t.call(op, payload, timeout=TIMEOUT))
+    return session.map(lambda t: rpc.call(t, op, payload, timeout=TIMEOUT))
 
 
 def _observation(node: str, entry: dict) -> NodeObservation:

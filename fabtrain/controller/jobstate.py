@@ -17,43 +17,16 @@ sees it running is running: the agent watches the program itself.
 """
 from __future__ import annotations
 
-import signal as signals
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Iterable
 
 from fabtrain.controller import records
-from fabtrain.node.states import KILLED_BY_FAB, LIVE, ProcessState, exit_signal, process_state
+from fabtrain.node.states import (KILLED_BY_FAB, LIVE, TERMINAL, JobState, ProcessState, recorded_state, signal_name,
+                                  signal_of)
 
 
-class JobState(str, Enum):
-    NO_JOB = "no job"
-    UNKNOWN = "unknown"  # no node could be reached, and nothing says how the job ended
-    STARTING = "starting"
-    RUNNING = "running"
-    FINISHED = "finished"
-    FAILED = "failed"
-    KILLED = "killed"
-    RESTARTING = "restarting"  # on_failure restart: torn down, the next generation starts after the backoff
-
-    def __str__(self) -> str:
-        return self.value
-
-
-TERMINAL = frozenset({JobState.FINISHED, JobState.FAILED, JobState.KILLED})
 WATCH_EXIT = {JobState.FINISHED: 0, JobState.FAILED: 1, JobState.KILLED: 3}
 JOB_EVENTS = ("job_failed", "finished", "kept", "restarting", "restarted")
-
-
-def signal_text(exit_code: int | None) -> str | None:
-    """"SIGKILL" for exit code 137 (or -9); None for an exit of the program's own."""
-    n = exit_signal(exit_code)
-    if n is None:
-        return None
-    try:
-        return signals.Signals(n).name
-    except ValueError:
-        return f"signal {n}"
 
 
 def process_role(name: str) -> tuple[str, int | None]:
@@ -190,26 +163,27 @@ def observe_status(reply) -> NodeObservation:
         pass
     node_time = v.get("time") if records.finite(v.get("time")) else None
     age = node_time - agent["ts"] if agent and node_time is not None else None
-    return NodeObservation(reply.node, True, job_id, tuple(processes), v.get("killed") is True, agent, age,
-                           tuple(e for e in events if e.get("kind") in JOB_EVENTS))
+    return NodeObservation(name=reply.node, reachable=True, job_id=job_id, processes=tuple(processes),
+                           killed=v.get("killed") is True, agent=agent, agent_age=age,
+                           events=tuple(e for e in events if e.get("kind") in JOB_EVENTS))
 
 
 def _process_view(obs: NodeObservation, p: dict, seen: dict | None) -> ProcessView:
     """One process: node ops' look, and the agent's where node ops lost the launcher."""
-    alive = p["state"] in {s.value for s in LIVE}
-    state = process_state(alive, p["state"], p.get("exit_code"), None)
-    code, sig = p.get("exit_code"), p.get("signal") or signal_text(p.get("exit_code"))
+    alive = p["state"] in LIVE
+    state = recorded_state(alive, p["state"], p.get("exit_code"), None)
+    code, sig = p.get("exit_code"), p.get("signal") or signal_name(signal_of(p.get("exit_code")))
     gone = False
     if state == ProcessState.LOST and seen and seen.get("state") and obs.agent_fresh:
-        agent_state = process_state(seen["state"] in {s.value for s in LIVE}, seen["state"],
+        agent_state = recorded_state(seen["state"] in LIVE, seen["state"],
                                     seen.get("exit_code"), None)
         if agent_state != ProcessState.LOST:
             gone = agent_state in LIVE
             state, code = agent_state, seen.get("exit_code")
-            sig = seen.get("signal") or signal_text(code)
-    return ProcessView(obs.name, p["name"], state, code if state != ProcessState.LOST else None,
-                       sig if state == ProcessState.KILLED else None, gone,
-                       (seen or {}).get("killed_by_agent"), obs.reachable is True)
+            sig = seen.get("signal") or signal_name(signal_of(code))
+    return ProcessView(node=obs.name, name=p["name"], state=state, exit_code=code if state != ProcessState.LOST else None,
+                       signal=sig if state == ProcessState.KILLED else None, launcher_gone=gone,
+                       stopped_by_agent=(seen or {}).get("killed_by_agent"), reachable=obs.reachable is True)
 
 
 def _processes(obs: NodeObservation) -> list[ProcessView]:
@@ -249,7 +223,7 @@ def _restart_facts(f: _Facts, n: NodeObservation) -> None:
     for e in n.events:
         if e["kind"] in ("restarting", "restarted") and isinstance(e.get("generation"), int):
             f.generation = max(f.generation, e["generation"])
-    if job.get("status") == "restarting":
+    if job.get("status") == JobState.RESTARTING:
         f.restarting = f.restarting or f"restarting after: {job.get('reason') or 'a failure'}"
 
 
@@ -269,12 +243,12 @@ def _facts(nodes: list[NodeObservation]) -> _Facts:
             elif e["kind"] == "kept":
                 f.kept = True
         job = (n.agent or {}).get("job") or {}
-        if job.get("status") == "failed" and job.get("pending") is not True:  # pending: may be restarted
+        if job.get("status") == JobState.FAILED and job.get("pending") is not True:  # pending: may be restarted
             failures.append((float("inf"), job.get("reason") or "failed"))
             f.on_failure = f.on_failure or job.get("on_failure")
             f.kept |= job.get("kept") is True
             f.failed_by.append(n.name)
-        elif job.get("status") == "finished":
+        elif job.get("status") == JobState.FINISHED:
             f.finished = f.finished or "every trainer exited with code 0"
             f.finished_by.append(n.name)
     if failures:
@@ -328,6 +302,8 @@ def job_verdict(nodes: Iterable[NodeObservation], job_id: str | None = None) -> 
     kept = state == JobState.FAILED and facts.kept
     notes = tuple(f"{p.name} on {p.node}: its launcher is gone; its agent still sees it {p.state.value}"
                   for p in procs if p.launcher_gone)
-    return Verdict(state, reason, ended or kept, kept, facts.on_failure if state == JobState.FAILED else None,
-                   job_id, tuple(said_by), tuple(procs), tuple(n.name for n in nodes if n.reachable is False), notes,
-                   facts.generation, facts.restarts_left)
+    return Verdict(state=state, reason=reason, ended=ended or kept, kept=kept,
+                   on_failure=facts.on_failure if state == JobState.FAILED else None, job_id=job_id,
+                   said_by=tuple(said_by), processes=tuple(procs),
+                   unreachable=tuple(n.name for n in nodes if n.reachable is False), notes=notes,
+                   generation=facts.generation, restarts_left=facts.restarts_left)

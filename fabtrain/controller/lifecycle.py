@@ -19,7 +19,9 @@ from pathlib import Path
 from fabtrain.controller import preflight, state
 from fabtrain.errors import UserError
 from fabtrain.plan.runtime import PACKAGE_ROOT, runtime_files, runtime_version
-from fabtrain.plan.plan import Network, Plan, configured_ports, make_plan, needed_ports, new_job_id
+from fabtrain.plan.plan import Network, Plan, make_plan, new_job_id
+from fabtrain.plan.ports import configured_ports, needed_ports
+from fabtrain.remote import rpc
 from fabtrain.remote.rsync import Rsync, rsync
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import Reply, Transport
@@ -53,7 +55,7 @@ def check(session: Session, timeout: float | None = None) -> list[NodeCheck]:
 
     def probe(t: Transport):
         t0 = time.time()
-        result = t.call("probe", {"cluster": cluster.name}, timeout=timeout)
+        result = rpc.call(t, "probe", {"cluster": cluster.name}, timeout=timeout)
         return result, t0, time.time()
 
     checks = []
@@ -105,7 +107,7 @@ def provision(session: Session, venv: bool = False, wheelhouse: str | None = Non
     def one(t: Transport):
         if wheelhouse:
             rsync(t, [str(Path(wheelhouse).expanduser()) + "/"], t.node.workspace + "/wheelhouse")
-        return t.call("provision", {"venv": venv, "wheelhouse": bool(wheelhouse), "requirements": reqs})
+        return rpc.call(t, "provision", {"venv": venv, "wheelhouse": bool(wheelhouse), "requirements": reqs})
 
     return session.map(one)
 
@@ -234,7 +236,7 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
         payload = {"job": plan.job_json(t.node.name), "roles": list(roles)}
         if cluster.job.watchdog.enabled:
             payload["agent"] = plan.agent_process(t.node.name)
-        return t.call("start", payload, timeout=120)
+        return rpc.call(t, "start", payload, timeout=120)
 
     replies = session.map(one, [cluster.node(n.node) for n in targets])
     if any(r.ok and r.value["started"] for r in replies):  # a start every node refused is no job
@@ -249,7 +251,7 @@ def _require_pservers(session: Session, job_id: str) -> None:
     """start-trainers joins a pserver job only while every one of its pservers runs."""
     nodes = [n for n in session.cluster.nodes if "pserver" in n.roles]
     problems = []
-    for r in session.map(lambda t: t.call("status", {"job_id": job_id}, timeout=60), nodes):
+    for r in session.map(lambda t: rpc.call(t, "status", {"job_id": job_id}, timeout=60), nodes):
         if not r.ok:
             problems.append(r.error)
             continue
@@ -283,14 +285,14 @@ def _start_network(session: Session, job_id: str, previous: dict, roles: tuple[s
 
 
 def status(session: Session, job_id: str | None = None, health: bool = False, timeout: float = 60) -> list[Reply]:
-    return session.map(lambda t: t.call("status", {"job_id": job_id, "health": health}, timeout=timeout))
+    return session.map(lambda t: rpc.call(t, "status", {"job_id": job_id, "health": health}, timeout=timeout))
 
 
 def logs(session: Session, lines: int = 20, follow: bool = False, job_id: str | None = None, out=None) -> list[Reply]:
     out = out or sys.stdout
     payload = {"lines": lines, "follow": follow, "job_id": job_id}
-    return session.map(lambda t: t.call("logs", payload, stream=out))
+    return session.map(lambda t: rpc.call(t, "logs", payload, stream=out))
 
 
 def kill_all(session: Session, grace: float = 5.0) -> list[Reply]:
-    return session.map(lambda t: t.call("kill", {"grace": grace}, timeout=grace + 60))
+    return session.map(lambda t: rpc.call(t, "kill", {"grace": grace}, timeout=grace + 60))

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 
 from fabtrain.config.cluster import Cluster
 from fabtrain.errors import UserError
-from fabtrain.plan.plan import (IFACE_VARS, PORT_SETTINGS, Network, PortUse, configured_ports, needed_ports,
-                                port_uses)
+from fabtrain.plan.plan import IFACE_VARS, Network
+from fabtrain.plan.ports import AUTO_WINDOW, PORT_SETTINGS, PortUse, choose_auto, clashes, configured_ports, port_uses
+from fabtrain.remote import rpc
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import Reply, fan_out
 
-AUTO_WINDOW = (20000, 32767)  # where `auto` ports come from: below the kernel's usual ephemeral range
 EXCHANGE_DEADLINE = 8.0  # seconds a node waits for the others' listeners and connections
 
 
@@ -72,7 +72,7 @@ def _fan_out(session: Session, payloads: dict[str, dict]) -> dict[str, Reply]:
     # Every node at once, whatever ssh.parallel says: a node's listeners must be
     # up while the others connect to them.
     replies = fan_out([session.transport(n) for n in nodes],
-                      lambda t: t.call("netcheck", payloads[t.node.name], timeout=EXCHANGE_DEADLINE + 60),
+                      lambda t: rpc.call(t, "netcheck", payloads[t.node.name], timeout=EXCHANGE_DEADLINE + 60),
                       max(session.cluster.parallel, len(nodes)))
     return {r.node: r for r in replies}
 
@@ -93,48 +93,11 @@ def _busy(replies: dict[str, Reply]) -> dict[str, set[int]]:
 
 
 def choose_ports(cluster: Cluster, replies: dict[str, Reply], rng: random.Random | None = None) -> Network:
-    """The job's ports: fixed ones as given, each `auto` one free on every node concerned.
-
-    Random within AUTO_WINDOW rather than the lowest free: two jobs started
-    moments apart (before the first has bound its ports) rarely pick alike,
-    and a running job's claims (its job.json) are avoided as well.
-    """
-    rng = rng or random.Random(secrets.randbits(64))
-    configured = configured_ports(cluster)
-    ports, auto = dict(configured), [k for k in needed_ports(cluster) if configured[k] is None]
-    busy = _busy(replies)
-    held: dict[str, set[int]] = {}
-    for u in port_uses(cluster, configured, unchecked=True):
-        held.setdefault(u.node, set()).update(u.ports)
-    lo, hi = AUTO_WINDOW
-    for setting in auto:
-        tries = [rng.randint(lo, hi) for _ in range(200)] + list(range(lo, hi + 1))
-        for base in tries:
-            trial = port_uses(cluster, {setting: base}, unchecked=True)
-            if all(u.port + u.count - 1 <= hi and not set(u.ports) & (busy.get(u.node, set()) | held.get(u.node, set()))
-                   for u in trial):
-                ports[setting] = base
-                for u in trial:
-                    held.setdefault(u.node, set()).update(u.ports)
-                break
-        else:
-            raise UserError(f"{cluster.path}: {PORT_SETTINGS[setting]}: auto: no free port in "
-                            f"{lo}-{hi} on the nodes concerned; give a port")
+    """The job's Network from the probe's replies: its ports (plan/ports.py chooses the `auto` ones among
+    those free on the nodes concerned), and the interface found carrying each node's address."""
+    ports, auto = choose_auto(cluster, _busy(replies), rng or random.Random(secrets.randbits(64)))
     ifaces = {name: r.value["iface"] for name, r in replies.items() if r.ok and r.value.get("iface")}
-    return Network(ports=ports, auto=tuple(auto), ifaces=ifaces)
-
-
-def clashes(uses: list[PortUse]) -> list[str]:
-    """Two of the job's own ports that are one port on one node (master_port = watchdog.port)."""
-    seen: dict[tuple[str, int], PortUse] = {}
-    out = []
-    for u in uses:
-        for p in u.ports:
-            other = seen.setdefault((u.node, p), u)
-            if other is not u and other.setting != u.setting:
-                out.append(f"{u.node}: port {p} is both {other.what} ({PORT_SETTINGS[other.setting]}) and "
-                           f"{u.what} ({PORT_SETTINGS[u.setting]}): change one, or set it to auto")
-    return out
+    return Network(ports=ports, auto=auto, ifaces=ifaces)
 
 
 # -- the verdict -----------------------------------------------------------------------------
@@ -305,16 +268,6 @@ def plan_network(session: Session) -> tuple[Network, list[str]]:
     return network, notes + found.notes + found.problems
 
 
-def recorded_ports(cluster_name: str, job_id: str | None) -> dict | None:
-    """The ports the controller started job `job_id` with (None: unknown here): for fab status and /api/job."""
-    from fabtrain.controller import state
-    saved = state.load(cluster_name)
-    network = saved.get("network") if isinstance(saved.get("network"), dict) else None
-    if not network or job_id is None or saved.get("job_id") != job_id:
-        return None
-    return {**network.get("ports", {}), "auto": list(network.get("auto", []))}
-
-
 # -- fab check --bandwidth ------------------------------------------------------------------
 
 
@@ -362,7 +315,7 @@ def bandwidth(session: Session, check: NetworkCheck, probes: dict[str, dict], si
         rank = [n.name for n in up].index(t.node.name)
         iface = t.node.iface or check.network.ifaces.get(t.node.name)
         pins = {var: env.get(var) or iface for var in IFACE_VARS if env.get(var) or iface}
-        return t.call("bandwidth", {"rank": rank, "world_size": len(up), "master": up[0].address, "port": port,
+        return rpc.call(t, "bandwidth", {"rank": rank, "world_size": len(up), "master": up[0].address, "port": port,
                                     "backend": backend, "env": pins, "size_mb": size_mb, "iterations": iterations,
                                     "timeout": timeout}, timeout=timeout * 3 + 60)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import time
 
 from fabtrain.controller import records
-from fabtrain.controller.jobstate import JobState, NodeObservation, Verdict, job_verdict, observe_status
+from fabtrain.controller.jobstate import NodeObservation, Verdict, job_verdict, observe_status
 from fabtrain.controller.lifecycle import NodeCheck, StartResult
 from fabtrain.controller.preflight import Bandwidth, NetworkCheck
-from fabtrain.node.states import LIVE
+from fabtrain.node.states import LIVE, JobState, ProcessState
 from fabtrain.plan.plan import IFACE_VARS, Plan, render_shell
 from fabtrain.remote.transport import Reply, down_label
 
@@ -171,7 +171,6 @@ def start_text(result: StartResult, roles: tuple[str, ...]) -> str:
 
 
 ROUTINE_EVENTS = ("agent_started", "agent_exit", "agent_stopped")
-LIVE_STATES = {s.value for s in LIVE}
 
 
 def _ago(ts: float | None, now: float) -> str:
@@ -211,13 +210,13 @@ def _node_notes(obs: NodeObservation, value: dict, now: float) -> tuple[list[str
     if obs.killed:
         notes.append(f"{obs.name}: job {obs.job_id} was stopped by kill-all")
     agent = next((p for p in obs.processes if p["name"] == "agent"), None)
-    live = [p["name"] for p in obs.processes if p["name"] != "agent" and p["state"] in LIVE_STATES]
+    live = [p["name"] for p in obs.processes if p["name"] != "agent" and p["state"] in LIVE]
     interval = h.get("interval") or 1.0
     health_ts = h.get("ts") or (value.get("health_ts") if records.finite(value.get("health_ts")) else None)
-    if agent and agent["state"] == "running" and health_ts and now - health_ts > max(10.0, 3 * interval + 2):
+    if agent and agent["state"] == ProcessState.RUNNING and health_ts and now - health_ts > max(10.0, 3 * interval + 2):
         notes.append(f"{obs.name}: STALE agent heartbeat: health.json is {now - health_ts:.0f}s old (interval {interval:g}s)")
         problem = True
-    if live and (agent is None or agent["state"] not in ("running", "sleeping", "stopped")):
+    if live and (agent is None or agent["state"] not in (ProcessState.RUNNING, ProcessState.SLEEPING, ProcessState.STOPPED)):
         notes.append(f"{obs.name}: NO WATCHDOG: the agent is not running while {', '.join(live)} run(s) here"
                      " (fab kill-all stops them)")
     zombies = sum(p.get("zombies") or 0 for p in h.get("processes") or []) or \

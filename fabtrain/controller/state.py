@@ -33,6 +33,15 @@ def save(cluster_name: str, **fields) -> dict:
     return data
 
 
+def recorded_ports(cluster_name: str, job_id: str | None) -> dict | None:
+    """The ports the controller started job `job_id` with (None: unknown here): for fab status and /api/job."""
+    saved = load(cluster_name)
+    network = saved.get("network") if isinstance(saved.get("network"), dict) else None
+    if not network or job_id is None or saved.get("job_id") != job_id:
+        return None
+    return {**network.get("ports", {}), "auto": list(network.get("auto", []))}
+
+
 def data_on_nodes(cluster_name: str) -> dict[str, str]:
     """Node name -> sha256 of the MANIFEST.json the last copy-data verified there."""
     try:

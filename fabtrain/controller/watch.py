@@ -14,8 +14,9 @@ import time
 from typing import TextIO
 
 from fabtrain.controller.collector import Collector, NodeSnapshot, Snapshot
-from fabtrain.controller.jobstate import WATCH_EXIT, JobState, Verdict
+from fabtrain.controller.jobstate import WATCH_EXIT, Verdict
 from fabtrain.controller.report import human_bytes
+from fabtrain.node.states import JobState, ProcessState
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import down_label
 
@@ -58,7 +59,7 @@ def frame(snap: Snapshot, now: float, began: float, fresh: dict | None = None) -
     fresh = {} if fresh is None else fresh
     verdict = snap.verdict
     why = verdict.summary()
-    lines = [f"job {snap.job_id or '-'}: {verdict.state}{' (' + why + ')' if why and verdict.state != 'running' else ''}"
+    lines = [f"job {snap.job_id or '-'}: {verdict.state}{' (' + why + ')' if why and verdict.state != JobState.RUNNING else ''}"
              f"{'  [' + verdict.restarts + ']' if verdict.restarts else ''}"
              f"   watching {now - began:.0f}s"]
     lines += [f"note: {note}" for note in verdict.notes]
@@ -93,7 +94,7 @@ def _node_row(v: NodeSnapshot, verdict: Verdict, now: float, fresh: dict) -> lis
         if fresh.get(v.name, (None,))[0] != ts:
             fresh[v.name] = (ts, now)
         changed = fresh[v.name][1]
-        stale = now - changed > 3 * (h.get("interval") or 1) + 2 and agent_state == "running"
+        stale = now - changed > 3 * (h.get("interval") or 1) + 2 and agent_state == ProcessState.RUNNING
         agent = f"{'STALE ' if stale else ''}{_age(changed, now)}"
     else:
         agent = agent_state or "-"

@@ -14,13 +14,13 @@ import threading
 import time
 from typing import Any
 
-from fabtrain.controller.jobstate import TERMINAL, JobState, process_role, signal_text
-from fabtrain.controller.preflight import recorded_ports
+from fabtrain.controller.jobstate import process_role
+from fabtrain.controller.state import recorded_ports
 from fabtrain.controller.series import NODES, TRAINERS
-from fabtrain.node.states import ProcessState
+from fabtrain.node.states import TERMINAL, JobState, ProcessState, signal_name, signal_of
 from fabtrain.remote.transport import down_label
 
-__all__ = ["number", "short", "signal_name", "process_role", "process_label", "cluster_view", "job_view",
+__all__ = ["number", "short", "process_role", "process_label", "cluster_view", "job_view",
            "MetricsCursor", "events_view"]
 
 
@@ -44,11 +44,6 @@ def short(value: Any, digits: int = 6) -> float | int | None:
     return float(f"{value:.{digits}g}")
 
 
-def signal_name(code: int | None) -> str | None:
-    """Exit code 128+N of a shell wrapper (or -N) means the program died of signal N."""
-    return signal_text(code)
-
-
 def _process_json(node: str, p: dict, hp: dict, verdict) -> dict:
     """One process as the page shows it: the verdict's state (node ops' and the agent's views merged)."""
     name = p["name"]
@@ -58,7 +53,7 @@ def _process_json(node: str, p: dict, hp: dict, verdict) -> dict:
         "name": name, "role": role, "rank": rank,
         "state": seen.state.value if seen else p["state"],
         "exit_code": seen.exit_code if seen else p.get("exit_code"),
-        "signal": seen.signal if seen else signal_name(p.get("exit_code")),
+        "signal": seen.signal if seen else signal_name(signal_of(p.get("exit_code"))),
         "label": process_label(p, seen), "launcher_gone": bool(seen and seen.launcher_gone),
         "pid": p.get("pid"), "uptime": short(p.get("uptime"), 5),
         "started_at": number(p.get("started_at")), "zombies": p.get("zombies") or 0,

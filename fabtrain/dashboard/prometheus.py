@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from fabtrain.controller.jobstate import JobState
+from fabtrain.node.states import JobState
 from fabtrain.node.states import ProcessState
 
 from .api import number, process_role

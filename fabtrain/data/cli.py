@@ -65,31 +65,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _cluster_split_count() -> int:
-    try:
-        from fabtrain.config.cluster import load_cluster
-    except ImportError as exc:
-        raise PrepareError(f"--split-count not given and the cluster file cannot be read "
-                           f"({exc}); give --split-count N") from None
-    try:
-        from fabtrain.errors import UserError
-    except ImportError:  # pragma: no cover
-        UserError = PrepareError
-    try:
-        cluster = load_cluster(None)
-    except UserError as exc:
-        raise PrepareError(f"--split-count not given and {exc}") from None
-    n = getattr(cluster, "trainer_count", None)
-    if not isinstance(n, int) or n < 1:
-        raise PrepareError("--split-count not given and the cluster has no trainers; "
-                           "give --split-count N")
-    return n
+def _no_split_count() -> int:
+    raise PrepareError("--split-count N is required")
 
 
-def main(argv=None) -> int:
+def main(argv=None, split_count_default=_no_split_count) -> int:
     """Run prepare.py with argv (default sys.argv[1:]); return the exit
     status (0 done or up to date, 2 bad input, 1 I/O failure, 130
-    interrupted).  Never raises for those; safe to call in-process."""
+    interrupted).  Never raises for those; safe to call in-process.
+
+    split_count_default: called for the shard count when --split-count is not
+    given (prepare.py reads the cluster file's trainers: data preparation
+    itself never imports the cluster config); it raises PrepareError to refuse."""
     from .pipeline import prepare
 
     if argv is None:
@@ -102,7 +89,7 @@ def main(argv=None) -> int:
             raise PrepareError(f"--max-extract-mb {args.max_extract_mb}: must be at least 1")
         if args.max_expansion is not None and not args.max_expansion >= 1:
             raise PrepareError(f"--max-expansion {args.max_expansion:g}: must be at least 1")
-        n = args.split_count if args.split_count is not None else _cluster_split_count()
+        n = args.split_count if args.split_count is not None else split_count_default()
         result = prepare(args.out, n, input=args.input, sample=args.sample,
                          strategy=args.strategy, test=args.test, build_dict=not args.no_dict,
                          min_freq=args.min_freq if args.min_freq is not None else 1,

@@ -22,9 +22,9 @@ import time
 from fabtrain.node import atomic, launch, procfs
 from fabtrain.node.workspace import (check_workspace, claim_workspace, job_dir, make_private_dirs, snapshot_code,
                                      workspace)
-from fabtrain.node.agent.supervisor import family, send, stop_all, trusted
+from fabtrain.node.kill import family, send, stop_all, trusted
 from fabtrain.node.spawn import expand, name_programs, program_of, spawn
-from fabtrain.node.states import ProcessState, decide, signame, signal_of
+from fabtrain.node.states import ProcessState, signal_name, signal_of, state_of
 
 PROGRAM_WAIT = 3.0  # seconds a start waits for each launcher to fork its program
 
@@ -60,8 +60,8 @@ def run_records(jd):
 # -- process state -----------------------------------------------------------------
 
 
-def process_state(jd, name, procs, kids):
-    """State of one job process: its run record, whether it lives, how it ended (states.decide)."""
+def process_record(jd, name, procs, kids):
+    """One job process as node ops' status reports it: its run record, whether it lives, how it ended."""
     run = atomic.read_json(os.path.join(jd, "run", name + ".json"))
     if not isinstance(run, dict) or "pid" not in run:
         return {"state": str(ProcessState.NOT_STARTED)}
@@ -71,8 +71,7 @@ def process_state(jd, name, procs, kids):
     code = launch.read_exit(os.path.join(jd, "run", name + ".exit"))
     alive = procfs.alive(launcher, ctime, procs)
     if code is not None:
-        sig = signal_of(code)
-        info.update(state=str(decide(False, exit_code=code)), exit_code=code, signal=signame(sig) if sig else None)
+        info.update(state=str(state_of(False, exit_code=code)), exit_code=code, signal=signal_name(signal_of(code)))
         left = family(run, procs, kids) if alive else []
         if left:
             info["left_behind"] = len(left)  # still under its launcher; the agent or kill-all ends them
@@ -80,13 +79,13 @@ def process_state(jd, name, procs, kids):
     if alive:
         program = program_of(run, procs, kids)
         main = procs.get(program) or procs[launcher]
-        info.update(state=str(decide(True, main.state)), uptime=time.time() - ctime, program_pid=program,
+        info.update(state=str(state_of(True, main.state)), uptime=time.time() - ctime, program_pid=program,
                     pid=program or launcher)
         zombies = [k for k in kids.get(program, ()) if k in procs and procs[k].dead] if program else []
         if zombies:
             info["zombies"] = len(zombies)
         return info
-    info.update(state=str(decide(False, before_boot=(ctime or 0) < procfs.BOOT_TIME)), exit_code=None,
+    info.update(state=str(state_of(False, before_boot=(ctime or 0) < procfs.BOOT_TIME)), exit_code=None,
                 reason="its launcher (pid %d) died without recording an exit code" % launcher)
     return info
 
@@ -301,7 +300,7 @@ def op_status(payload):
         names.append("agent")
     out = []
     for name in names:
-        info = process_state(jd, name, procs, kids)
+        info = process_record(jd, name, procs, kids)
         info["name"] = name
         info["last_line"] = (tail_lines(os.path.join(jd, "logs", name + ".log"), 1) or [""])[0][-200:]
         out.append(info)

@@ -1,11 +1,14 @@
-"""A job process's state, decided in one place.
+"""The vocabulary of how a process and a job end, and what state they are in: one module.
 
-Everything that reports a process (node ops' status, the agent's health.json
-and events, the controller's verdict) calls `decide`, so an exit code of 137
-means "killed by SIGKILL" everywhere, and a process whose launcher vanished
-without recording an exit code is "killed", never silently "lost".
+Node and controller alike use it: node ops' status, the agent's policy,
+health.json and events, the coordinator's board, and the controller's verdict,
+`fab status`, the dashboard and /metrics. So an exit code of 137 means
+"killed by SIGKILL" everywhere, a process whose launcher vanished without
+recording an exit code is "killed", never silently "lost", and a job's
+"failed" is one word, not a string spelled in five places.
 
-The string values are the ones the JSON records have always used.
+Both enums are str-valued: their values are the ones the JSON records have
+always used, and a state read back from JSON compares equal to its member.
 """
 from __future__ import annotations
 
@@ -36,10 +39,30 @@ class ProcessState(str, Enum):
         return self in (ProcessState.EXITED, ProcessState.KILLED, ProcessState.LOST)
 
 
-# The reason a job ends with when a user ran `fab kill-all`: their own act, so no alert is sent for it.
-KILLED_BY_FAB = "stopped by fab kill-all"
+class JobState(str, Enum):
+    """A job's state. The agents and the coordinator move a job between RUNNING, RESTARTING and the
+    FINAL states; the controller's verdict adds what only it can see (no job, unknown, starting, killed)."""
+    NO_JOB = "no job"
+    UNKNOWN = "unknown"  # no node could be reached, and nothing says how the job ended
+    STARTING = "starting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    KILLED = "killed"
+    RESTARTING = "restarting"  # on_failure restart: torn down, the next generation starts after the backoff
+
+    def __str__(self) -> str:
+        return self.value
+
 
 LIVE = (ProcessState.RUNNING, ProcessState.SLEEPING, ProcessState.STOPPED, ProcessState.ZOMBIE)
+# The ends the agents and the coordinator agree on: a job's status never moves on from these.
+FINAL = (JobState.FAILED, JobState.FINISHED)
+# The verdict's ends: FINAL, and `fab kill-all`'s (which only the controller's marker tells).
+TERMINAL = frozenset(FINAL + (JobState.KILLED,))
+
+# The reason a job ends with when a user ran `fab kill-all`: their own act, so no alert is sent for it.
+KILLED_BY_FAB = "stopped by fab kill-all"
 
 # /proc/<pid>/stat's state letter. A training process blocked on I/O or a
 # collective (S, D) is as much "running" as one on a CPU: what the job cares
@@ -48,18 +71,22 @@ _LETTERS = {"T": ProcessState.STOPPED, "t": ProcessState.STOPPED, "Z": ProcessSt
 _MAX_SIGNAL = 64
 
 
-def signame(sig: int) -> str:
+def signal_name(sig: int | None) -> str | None:
+    """"SIGKILL" for 9, "signal 99" for a number with no name, None for no signal."""
+    if sig is None:
+        return None
     try:
         return _signal.Signals(sig).name
     except ValueError:
         return "signal %d" % sig
 
 
-def signal_of(exit_code: int | None) -> int | None:
-    """The signal an exit code stands for (the shell's 128 + n), or None for a plain exit."""
-    if exit_code is None:
+def signal_of(exit_code) -> int | None:
+    """The signal an exit code stands for (the shell's 128 + n, or subprocess' -n), or None for a plain
+    exit; anything but an int (a value read from a node record) means no signal."""
+    if isinstance(exit_code, bool) or not isinstance(exit_code, int):
         return None
-    if exit_code < 0:  # subprocess' convention: -n
+    if exit_code < 0:
         return -exit_code
     if 128 < exit_code <= 128 + _MAX_SIGNAL:
         return exit_code - 128
@@ -75,8 +102,8 @@ def shell_code(exit_code: int | None, signal: int | None = None) -> int | None:
     return exit_code
 
 
-def decide(alive: bool, proc_state: str | None = None, exit_code: int | None = None,
-           signal: int | None = None, started: bool = True, before_boot: bool = False) -> ProcessState:
+def state_of(alive: bool, proc_state: str | None = None, exit_code: int | None = None,
+              signal: int | None = None, started: bool = True, before_boot: bool = False) -> ProcessState:
     """The state of one job process.
 
     alive:       its launcher (or the program) is still there
@@ -103,7 +130,7 @@ def describe_end(exit_code: int | None, signal: int | None = None, launcher: int
     code = shell_code(exit_code, signal)
     sig = signal if signal is not None else signal_of(code)
     if sig is not None:
-        return "killed by %s (exit code %d)" % (signame(sig), code)
+        return "killed by %s (exit code %d)" % (signal_name(sig), code)
     if code is not None:
         return "exited with code %d" % code
     who = "its launcher (pid %d)" % launcher if launcher else "its launcher"
@@ -115,15 +142,8 @@ def describe_end(exit_code: int | None, signal: int | None = None, launcher: int
 _NAMES = {s.value: s for s in ProcessState}
 
 
-def exit_signal(exit_code) -> int | None:
-    """signal_of() for a value read from a node record: anything but an int means no signal."""
-    if isinstance(exit_code, bool) or not isinstance(exit_code, int):
-        return None
-    return signal_of(exit_code)
-
-
-def process_state(alive: bool, proc_state: str | None, exit_code, signal) -> ProcessState:
-    """decide() for a node's record, whose state may already be a name ("killed", "not started")."""
+def recorded_state(alive: bool, proc_state: str | None, exit_code, signal) -> ProcessState:
+    """state_of() for a node's record, whose state may already be a name ("killed", "not started")."""
     named = _NAMES.get(proc_state or "")
     code = exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else None
     signal = signal if isinstance(signal, int) and not isinstance(signal, bool) else None
@@ -132,4 +152,4 @@ def process_state(alive: bool, proc_state: str | None, exit_code, signal) -> Pro
     if not alive and code is None and signal is None and named in (ProcessState.KILLED, ProcessState.LOST):
         return named  # the node knew how it ended without a code (kill-all, a record from before boot)
     # An end is decided by its code: "exited" with 137 from an older node is killed by SIGKILL.
-    return decide(alive, proc_state if alive else None, code, signal)
+    return state_of(alive, proc_state if alive else None, code, signal)

@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from fabtrain.config.cluster import Cluster, Node
+from fabtrain.plan.ports import AddressSlots, PortUse, pserver_layout, port_uses, resolved_ports
 from fabtrain.plan.runtime import runtime_dir
 from fabtrain.node import launch
 
@@ -68,9 +69,9 @@ class Plan:
     watchdog: dict = field(default_factory=dict)
     pserver_endpoints: tuple[str, ...] = ()
     master: str = ""
-    ports: dict = field(default_factory=dict)  # PORT_SETTINGS key -> port
+    ports: dict = field(default_factory=dict)  # ports.PORT_SETTINGS key -> port
     auto_ports: tuple[str, ...] = ()  # the ones chosen at start (`auto`)
-    listens: tuple["PortUse", ...] = ()  # every port the job listens on, node by node
+    listens: tuple[PortUse, ...] = ()  # every port the job listens on, node by node
 
     def node(self, name: str) -> NodePlan:
         return next(n for n in self.nodes if n.node == name)
@@ -130,21 +131,6 @@ def is_torchrun(command: str) -> bool:
     return len(argv) >= 3 and argv[1] == "-m" and argv[2] == "torch.distributed.run"
 
 
-class _PortsByAddress:
-    """Hands out 0, 1, 2, ... per address: the slot of the next endpoint on that address."""
-
-    def __init__(self) -> None:
-        self._used: dict[str, int] = {}
-
-    def next(self, address: str) -> int:
-        slot = self._used.get(address, 0)
-        self._used[address] = slot + 1
-        return slot
-
-
-# The port settings of cluster.yaml, by the name job.json and the controller's state use.
-PORT_SETTINGS = {"master_port": "job.master_port", "pserver_port": "job.pserver.port",
-                 "watchdog_port": "job.watchdog.port"}
 IFACE_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
@@ -152,7 +138,7 @@ IFACE_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 class Network:
     """What the plan takes from the nodes' network, found there by a probe
     (fabtrain.controller.preflight) and handed in, so the plan stays pure."""
-    ports: dict[str, int]  # PORT_SETTINGS key -> the port; `auto` ones chosen
+    ports: dict[str, int]  # ports.PORT_SETTINGS key -> the port; `auto` ones chosen
     auto: tuple[str, ...] = ()  # which of them were `auto` in cluster.yaml
     ifaces: dict[str, str] = field(default_factory=dict)  # node name -> the interface carrying its address
 
@@ -162,83 +148,6 @@ class Network:
     @classmethod
     def from_dict(cls, d: dict) -> "Network":
         return cls(ports=dict(d["ports"]), auto=tuple(d.get("auto", ())), ifaces=dict(d.get("ifaces", {})))
-
-
-@dataclass(frozen=True)
-class PortUse:
-    """A port (or `count` consecutive ports) that a process of the job listens on, on one node."""
-    node: str
-    address: str
-    port: int
-    count: int
-    what: str  # "pserver 0", "master (rank 0)", "watchdog coordinator"
-    setting: str  # a PORT_SETTINGS key: what to change when it is taken
-
-    @property
-    def ports(self) -> range:
-        return range(self.port, self.port + self.count)
-
-
-def configured_ports(cluster: Cluster) -> dict[str, int | None]:
-    """The port settings as cluster.yaml gives them (None: auto)."""
-    job = cluster.job
-    return {"master_port": job.master_port, "pserver_port": job.pserver.port, "watchdog_port": job.watchdog.port}
-
-
-def pserver_layout(cluster: Cluster, base: int) -> list[tuple[Node, int, int]]:
-    """(node, pserver rank, first port) of every pserver, the ranges starting at `base`.
-
-    Pservers that share an address (one node, or several nodes on one machine)
-    take consecutive ranges of ports_num + ports_num_for_sparse, so no two collide.
-    """
-    job = cluster.job
-    if job.mode != "pserver":
-        return []
-    span = job.pserver.ports_num + job.pserver.ports_num_for_sparse
-    taken, pservers = _PortsByAddress(), []
-    for node in cluster.pserver_nodes:
-        for _ in range(job.pserver.per_node):
-            pservers.append((node, len(pservers), base + taken.next(node.address) * span))
-    return pservers
-
-
-def port_uses(cluster: Cluster, ports: dict[str, int | None], unchecked: bool = False) -> list[PortUse]:
-    """Every port the job listens on, node by node, for the given settings.
-
-    Checked: each pserver's range (pserver mode), rank 0's master_port
-    (collective mode: its store), the watchdog's coordinator on the first
-    node. `unchecked` adds master_port in pserver mode: the trainers are told
-    it (MASTER_PORT) though the reference workload never listens there, so
-    only an `auto` one needs choosing. A setting given as None is left out.
-    """
-    job, uses = cluster.job, []
-    span = job.pserver.ports_num + job.pserver.ports_num_for_sparse
-    if ports.get("pserver_port") is not None:
-        uses += [PortUse(n.name, n.address, port, span, f"pserver {rank}", "pserver_port")
-                 for n, rank, port in pserver_layout(cluster, ports["pserver_port"])]
-    master = cluster.trainer_nodes[0]
-    if ports.get("master_port") is not None and (job.mode == "collective" or unchecked):
-        uses.append(PortUse(master.name, master.address, ports["master_port"], 1, "master (rank 0)", "master_port"))
-    first = cluster.nodes[0]
-    if ports.get("watchdog_port") is not None and job.watchdog.enabled:
-        uses.append(PortUse(first.name, first.address, ports["watchdog_port"], 1, "watchdog coordinator",
-                            "watchdog_port"))
-    return uses
-
-
-def needed_ports(cluster: Cluster) -> tuple[str, ...]:
-    """The port settings the plan writes somewhere: an `auto` one among them must be chosen."""
-    job = cluster.job
-    return ("master_port",) + (("pserver_port",) if job.mode == "pserver" else ()) + \
-        (("watchdog_port",) if job.watchdog.enabled else ())
-
-
-def _resolved_ports(cluster: Cluster, network: Network | None) -> dict[str, int | None]:
-    ports = {**configured_ports(cluster), **(network.ports if network else {})}
-    missing = [k for k in needed_ports(cluster) if ports[k] is None]
-    if missing:
-        raise ValueError(f"{', '.join(missing)} is auto: the plan needs the Network a probe chose")
-    return ports
 
 
 def iface_env(cluster: Cluster, node: Node, network: Network | None) -> dict[str, str]:
@@ -261,7 +170,7 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
     per_node = job.trainer.per_node
     world_size = cluster.trainer_count
     master = trainer_nodes[0]  # trainer 0 is the first trainer of the first node (PaddleX)
-    ports = _resolved_ports(cluster, network)
+    ports = resolved_ports(cluster, network.ports if network else None)
     master_port = ports["master_port"]
 
     pservers = pserver_layout(cluster, ports["pserver_port"])  # (node, pserver rank, port)
@@ -281,7 +190,7 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
         "nproc_per_node": per_node,
     }
     # One endpoint per trainer; trainers that share an address differ in port.
-    endpoint_slot = _PortsByAddress()
+    endpoint_slot = AddressSlots()
     paddle_endpoints = ",".join(
         f"{n.address}:{master_port + 1 + endpoint_slot.next(n.address)}"
         for n in trainer_nodes for _ in range(per_node)

@@ -18,7 +18,7 @@ fabtrain.node.serve, which answers each request with the reply frame: a
 SENTINEL line, then one JSON line. What comes before the sentinel is an
 op's streamed output (`logs --follow`) or noise from the login shell.
 
-A `Channel` is one node-side process. `Transport.call` opens one, asks one
+A `Channel` is one node-side process. `call` opens one, asks one
 request and closes it; the dashboard's collector and copy-data keep one open
 per node and ask many, paying the login shell, the interpreter's start and
 the compile once.
@@ -171,7 +171,7 @@ _print_lock = threading.Lock()  # streamed lines from many nodes, each whole
 class Channel:
     """One node-side process on one node: a request, its reply; again, until closed.
 
-    Opening it costs what one `Transport.call` costs (the login shell, the
+    Opening it costs what one `call` costs (the login shell, the
     interpreter, compiling the node code); every request after that costs
     the node only the op's own work. A request that gets no reply in time
     leaves the channel unusable (the late reply would answer the next one):
@@ -257,7 +257,8 @@ class Channel:
 
 
 def call(transport: Transport, op: str, payload: dict, *, timeout: float | None = None, stream=None) -> Any:
-    """One op on one node: open a channel, one request, close it."""
+    """One op on one node: open a channel, one request, close it; its reply's result (NodeError if none).
+    stream: where an op's printed lines go."""
     channel = Channel(transport, timeout)
     try:
         return channel.request(op, payload, timeout, stream=stream, last=True)

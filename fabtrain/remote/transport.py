@@ -193,16 +193,10 @@ def _exit_text(code: int | None) -> str:
 
 
 class Transport:
-    """Runs node code (fabtrain.remote.rpc) and shell commands on one node."""
+    """Connects to one node: runs shell commands and opens streams (rpc.py speaks node ops over them)."""
 
     node: Node
     context: invoke.Context
-
-    def call(self, op: str, payload: dict, *, timeout: float | None = None, stream=None) -> Any:
-        """One node op, its reply's result (NodeError if none). stream: where an op's printed lines go."""
-        from fabtrain.remote import rpc  # rpc builds on this module
-
-        return rpc.call(self, op, payload, timeout=timeout, stream=stream)
 
     def open_stream(self, argv: list[str], timeout: float | None = None):
         """Start argv on the node; a ProcessStream or SSHStream to talk to it."""

@@ -266,16 +266,24 @@ def test_the_agent_exits_at_once_for_an_empty_or_ended_job(tmp_path):
     jd = tmp_path / "ws" / "jobs" / "j1"
     (jd / "run").mkdir(parents=True)
     port = free_port(["127.0.0.1"])
-    (jd / "job.json").write_text(json.dumps({
-        "job_id": "j1", "node": "solo", "node_index": 0, "nodes": [{"name": "solo", "address": "127.0.0.1"}],
-        "watchdog": {"interval": 0.2, "hang_timeout": 5, "grace": 1, "coordinator": {"host": "127.0.0.1", "port": port}},
-        "processes": []}))
+    watchdog = {"interval": 0.2, "hang_timeout": 5, "startup_timeout": 30, "grace": 1, "on_failure": "kill-job",
+                "max_restarts": 0, "restart_backoff": 1, "restart_on_exit_codes": None,
+                "coordinator": {"host": "127.0.0.1", "port": port}}
+    job = {"job_id": "j1", "node": "solo", "node_index": 0, "nodes": [{"name": "solo", "address": "127.0.0.1"}],
+           "watchdog": watchdog, "processes": []}
+    (jd / "job.json").write_text(json.dumps(job))
     out = subprocess.run([sys.executable, "-m", "fabtrain.node.agent", str(jd)], cwd=REPO, capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     kinds = [json.loads(x)["kind"] for x in (jd / "events.jsonl").read_text().splitlines()]
     assert kinds[0] == "agent_started" and kinds[-1] == "agent_exit"
     assert json.loads((jd / "health.json").read_text())["processes"] == []
+    # The node reads every watchdog setting from job.json and defaults none (config holds the only defaults).
+    del watchdog["hang_timeout"]
+    (jd / "job.json").write_text(json.dumps(job))
+    out = subprocess.run([sys.executable, "-m", "fabtrain.node.agent", str(jd)], cwd=REPO, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 1 and out.stderr.strip() == "agent: job.json of job j1 has no watchdog setting 'hang_timeout'"
 
 
 def test_gpus_through_nvml_when_a_driver_is_present(monkeypatch):

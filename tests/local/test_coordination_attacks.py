@@ -1,4 +1,4 @@
-"""Issue 13's attacks on the agents' coordinator, each over a real socket.
+"""Attacks on the agents' coordinator, each over a real socket: forged, replayed and flooding peers.
 
 After each attack the job must survive: a real client's beat still gets an
 answer, no peer is lost, the job still runs, the coordinator's thread lives.
@@ -207,24 +207,39 @@ def test_a_replayed_beat_is_refused(job):
     job.assert_survived()
 
 
-def test_a_squatter_on_the_port_gets_no_secret_and_is_refused():
-    port = free_port(["127.0.0.1"])
-    squatter = socket.create_server(("127.0.0.1", port))
-    heard = []
+class Squatter:
+    """A program that holds the coordinator's port first: it records what each connection says, and answers
+    with forged lines (a job status that, were it believed, would end the job)."""
 
-    def answer():  # what took the job down before: a "failed" status to every beat
+    def __init__(self, port: int, *answers: dict):
+        self.server = socket.create_server(("127.0.0.1", port))
+        self.answers, self.heard = answers, []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
         while True:
             try:
-                conn, _ = squatter.accept()
+                conn, _ = self.server.accept()
             except OSError:
                 return
-            data = conn.recv(65536)
-            heard.append(data)
-            nonce = protocol.new_nonce()
-            conn.sendall(protocol.line({"op": "challenge", "v": 1, "job_id": "j1", "nonce": nonce, "proof": "0" * 64}))
-            conn.sendall(protocol.line({"op": "status", "job_id": "j1", "status": "finished", "reason": "forged"}))
+            conn.settimeout(2)
+            try:
+                self.heard.append(conn.recv(65536))
+                for answer in self.answers:
+                    conn.sendall(protocol.line(answer))
+            except OSError:
+                pass
             conn.close()
-    threading.Thread(target=answer, daemon=True).start()
+
+    def close(self):
+        self.server.close()
+
+
+def test_a_squatter_on_the_port_gets_no_secret_and_is_refused():
+    port = free_port(["127.0.0.1"])
+    squatter = Squatter(port, {"op": "challenge", "v": 1, "job_id": "j1", "nonce": protocol.new_nonce(), "proof": "0" * 64},
+                        {"op": "status", "job_id": "j1", "status": "finished", "reason": "forged"})
+    heard = squatter.heard
     events, seen = [], []
     co = Coordinator("j1", "127.0.0.1", port, ["a"], 0.1, 1.0, secret=SECRET, bind_wait=0.5,
                      on_event=lambda kind, **kw: events.append((kind, kw["reason"])))
@@ -283,23 +298,8 @@ def secret_of(job, node):
 def test_a_squatter_on_the_port_fails_the_start_and_the_agents_refuse_it(local_job):
     """nodes[0] (n0) hosts the coordinator and runs the trainer; n1's pserver and agent start first."""
     port = free_port(["127.0.0.1"])
-    squatter = socket.create_server(("127.0.0.1", port))
-    heard = []
-
-    def answer():  # what took the job down before: a "failed" status to every beat
-        while True:
-            try:
-                conn, _ = squatter.accept()
-            except OSError:
-                return
-            conn.settimeout(2)
-            try:
-                heard.append(conn.recv(65536))
-                conn.sendall(protocol.line({"op": "status", "job_id": "x", "status": "failed", "reason": "forged"}))
-            except OSError:
-                pass
-            conn.close()
-    threading.Thread(target=answer, daemon=True).start()
+    squatter = Squatter(port, {"op": "status", "job_id": "x", "status": "failed", "reason": "forged"})
+    heard = squatter.heard
     job = local_job([("n0", ["trainer"]), ("n1", ["pserver"])], pserver={"port": 7540, "command": FAKE},
                     trainer={"command": FAKE}, watchdog={"interval": 0.5, "hang_timeout": 30, "grace": 1, "port": port})
     try:

@@ -14,24 +14,13 @@ is stopped. Faults name the process they apply to as <role>-<rank> (or "*"):
     --worker-zombies trainer-0:2 start a worker (in the group) that ignores SIGTERM and leaves 2 zombies
     --ignore-term pserver-0      ignore SIGTERM
 """
-import argparse
 import json
 import os
 import signal
 import sys
 import time
 
-role, rank = os.environ.get("FABTRAIN_ROLE", "trainer"), int(os.environ.get("FABTRAIN_RANK", "0"))
-me = f"{role}-{rank}"
-
-
-def mine(spec):
-    """The fault's arguments if it applies to this process, else None."""
-    for item in spec or []:
-        name, _, rest = item.partition(":")
-        if name in (me, "*"):
-            return rest.split(":") if rest else []
-    return None
+from faults import me, mine, parser, rank, role
 
 
 def sleep_forever():
@@ -46,11 +35,8 @@ def make_zombies(n):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = parser("--crash", "--hang", "--child", "--zombies", "--worker-zombies", "--ignore-term")
     ap.add_argument("--steps", type=int, default=0)
-    ap.add_argument("--period", type=float, default=0.2)
-    for flag in ("--crash", "--hang", "--child", "--zombies", "--worker-zombies", "--ignore-term"):
-        ap.add_argument(flag, action="append")
     args = ap.parse_args()
 
     if mine(args.ignore_term) is not None:

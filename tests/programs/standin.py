@@ -1,4 +1,4 @@
-"""The stand-in trainer of issue 12: a loop that prints a line and appends a metrics record every 0.2 s,
+"""A stand-in trainer for the watchdog's fault tests: a loop that prints a line and appends a metrics record every 0.2 s,
 with a child `sleep`. Faults name the process they apply to as <role>-<rank> (or "*"):
 
     python tests/programs/standin.py [--period S] [faults...]
@@ -12,24 +12,15 @@ with a child `sleep`. Faults name the process they apply to as <role>-<rank> (or
 
 Its child sleep's pid goes to $FABTRAIN_WORKSPACE/child-<name>.pid.
 """
-import argparse
 import json
 import os
 import subprocess
 import sys
 import time
 
-role, rank = os.environ.get("FABTRAIN_ROLE", "trainer"), int(os.environ.get("FABTRAIN_RANK", "0"))
-me = f"{role}-{rank}"
+from faults import me, mine, parser, rank, role
+
 ws = os.environ.get("FABTRAIN_WORKSPACE", ".")
-
-
-def mine(spec):
-    for item in spec or []:
-        name, _, rest = item.partition(":")
-        if name in (me, "*"):
-            return rest.split(":") if rest else []
-    return None
 
 
 def at(spec, default=0):
@@ -38,10 +29,7 @@ def at(spec, default=0):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--period", type=float, default=0.2)
-    for flag in ("--escape", "--spin", "--chatter", "--fill-disk", "--silent-start"):
-        ap.add_argument(flag, action="append")
+    ap = parser("--escape", "--spin", "--chatter", "--fill-disk", "--silent-start")
     args = ap.parse_args()
 
     child = subprocess.Popen(["sleep", "1000"])

@@ -1,4 +1,4 @@
-"""on_failure restart (issue 14) on three real sshd nodes, with no `fab` running while it restarts.
+"""on_failure restart on three real sshd nodes, with no `fab` running while it restarts.
 
 The stand-in trainer (tests/programs/standin.py) writes a metrics record every
 0.2 s; the watchdog runs with interval 1 s, hang_timeout 3 s, grace 2 s,

@@ -133,7 +133,7 @@ def test_the_jobs_secret_never_appears_in_any_command_line(tmp_path, sshd):
 
 
 def test_a_node_that_connects_but_answers_slowly_is_slow_not_unreachable(tmp_path, sshd):
-    """Issue 12: under heavy load `fab status` called healthy nodes UNREACHABLE after its timeout.
+    """A node that connects but answers after fab status's timeout is NO REPLY, never UNREACHABLE.
     Here a node's python sleeps before it starts (an sshd node and a local one), next to a node
     with no sshd at all: only that one is unreachable."""
     slow = tmp_path / "slow-python"

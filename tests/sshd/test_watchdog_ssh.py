@@ -1,4 +1,5 @@
-"""Issue 12's faults, performed the way the world performs them, on three real sshd nodes.
+"""Faults the watchdog must catch (kill -9, escapes from the process group, spinning and chatty hangs,
+a full disk, a silent start), performed the way the world performs them, on three real sshd nodes.
 
 The stand-in trainer (tests/programs/standin.py) prints a line and appends a
 metrics record every 0.2 s and has a child `sleep`; the watchdog runs with

@@ -13,7 +13,7 @@ from fabtrain.controller.jobstate import NodeObservation, job_verdict
 from fabtrain.controller.series import Series
 from fabtrain.controller.watch import frame, watch
 from fabtrain.dashboard import create_app
-from fabtrain.node.states import ProcessState, process_state
+from fabtrain.node.states import ProcessState, recorded_state
 from fabtrain.remote.session import Session
 from tests.support.synthetic import SyntheticJob, local_cluster
 
@@ -65,12 +65,12 @@ def test_exit_code_137_is_killed_by_sigkill_not_an_exit():
     trainer = v.process("n0", "trainer-0")
     assert (trainer.state, trainer.signal, trainer.exit_code, trainer.label) == ("killed", "SIGKILL", 137, "killed (SIGKILL)")
     assert v.reason == "trainer-0 on n0 killed by SIGKILL" and not v.ended  # pserver-0 still runs
-    assert process_state(False, None, 137, None) == process_state(False, "killed", None, 9) == ProcessState.KILLED
-    assert process_state(False, None, 3, None) == ProcessState.EXITED
+    assert recorded_state(False, None, 137, None) == recorded_state(False, "killed", None, 9) == ProcessState.KILLED
+    assert recorded_state(False, None, 3, None) == ProcessState.EXITED
     # Gone with no exit record: its launcher was killed, and took the program with it (PDEATHSIG).
-    assert process_state(False, None, None, None) == ProcessState.KILLED
-    assert process_state(False, "lost", None, None) == ProcessState.LOST  # what a node said of a pre-boot record
-    assert process_state(True, "T", None, None) == ProcessState.STOPPED
+    assert recorded_state(False, None, None, None) == ProcessState.KILLED
+    assert recorded_state(False, "lost", None, None) == ProcessState.LOST  # what a node said of a pre-boot record
+    assert recorded_state(True, "T", None, None) == ProcessState.STOPPED
 
 
 def test_a_process_whose_launcher_is_gone_runs_while_its_agent_sees_it():

@@ -4,9 +4,10 @@ import random
 import pytest
 
 from fabtrain.config.cluster import parse_cluster
-from fabtrain.controller.preflight import AUTO_WINDOW, choose_ports, clashes
+from fabtrain.controller.preflight import choose_ports
 from fabtrain.errors import UserError
-from fabtrain.plan.plan import Network, make_plan, port_uses
+from fabtrain.plan.plan import Network, make_plan
+from fabtrain.plan.ports import AUTO_WINDOW, clashes, port_uses
 from fabtrain.remote.transport import Reply
 
 NODES = [{"name": "a", "host": "10.0.0.1", "roles": ["pserver", "trainer"]},

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 from fabtrain.node.agent.policy import (Config, Escalate, Ledger, Note, Observation, Orphan, Peers, ProcFacts, Signal,
                                         Status, Stop, Stray, decide, next_deadline, on_status)
-from fabtrain.node.states import ProcessState, decide as state_of, describe_end
+from fabtrain.node.states import ProcessState, describe_end, state_of
 
-CFG = Config(node="n2", job_id="J", interval=1.0, hang_timeout=3.0, startup_timeout=60.0, grace=2.0,
+CFG = Config(node="n2", job_id="J", interval=1.0, hang_timeout=3.0, startup_timeout=60.0, grace=2.0, on_failure="kill-job",
              coordinator_node="n1", coordinator="10.0.0.1:7180")
 RUNNING = ProcessState.RUNNING
 

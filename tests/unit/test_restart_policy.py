@@ -6,15 +6,16 @@ from dataclasses import replace
 import pytest
 
 from fabtrain.config.cluster import parse_cluster
-from fabtrain.controller.jobstate import JobState, NodeObservation, job_verdict
-from fabtrain.node.agent.policy import (RESTARTING, Config, Ledger, Note, Observation, Peers, ProcFacts, Relaunch,
+from fabtrain.controller.jobstate import NodeObservation, job_verdict
+from fabtrain.plan.plan import make_plan
+from fabtrain.node.agent.policy import (Config, Ledger, Note, Observation, Peers, ProcFacts, Relaunch,
                                         Status, Stop, decide, fail, on_status)
 from fabtrain.node.coordination.board import Board
 from fabtrain.node.coordination.restart import BACKOFF_CAP, RestartPolicy
-from fabtrain.node.states import ProcessState
+from fabtrain.node.states import JobState, ProcessState
 
-POLICY = RestartPolicy(enabled=True, max_restarts=3, backoff=10.0, grace=2.0)
-CFG = Config(node="n2", job_id="J", interval=1.0, hang_timeout=3.0, grace=2.0, on_failure="restart",
+POLICY = RestartPolicy(enabled=True, max_restarts=3, backoff=10.0, exit_codes=None, grace=2.0)
+CFG = Config(node="n2", job_id="J", interval=1.0, hang_timeout=3.0, startup_timeout=60.0, grace=2.0, on_failure="restart",
              coordinator_node="n1", coordinator="10.0.0.1:7180")
 
 
@@ -28,7 +29,7 @@ def exit_failure(code=137, generation=0, kind="exit"):
 def test_the_backoff_doubles_from_restart_backoff_and_is_capped():
     assert [POLICY.backoff_for(g) for g in (1, 2, 3, 4)] == [10, 20, 40, 80]
     assert POLICY.backoff_for(30) == BACKOFF_CAP
-    assert RestartPolicy(enabled=True, backoff=600).backoff_for(3) == 600  # a larger first backoff is its own cap
+    assert replace(POLICY, backoff=600).backoff_for(3) == 600  # a larger first backoff is its own cap
 
 
 def test_an_exit_or_a_hang_is_restarted_until_max_restarts_is_spent():
@@ -55,13 +56,26 @@ def test_restart_on_exit_codes_filters_exits_but_not_hangs():
 
 
 def test_kill_job_and_keep_never_restart():
-    assert not RestartPolicy(enabled=False).decide(exit_failure(), 0).restart
-    assert RestartPolicy.from_watchdog({"on_failure": "kill-job"}).enabled is False
-    w = {"on_failure": "restart", "max_restarts": 2, "restart_backoff": 1.5, "restart_on_exit_codes": [137]}
+    assert not RestartPolicy.never().decide(exit_failure(), 0).restart
+    assert RestartPolicy.from_watchdog(planned_watchdog(on_failure="kill-job")).enabled is False
+    w = planned_watchdog(max_restarts=2, restart_backoff=1.5, restart_on_exit_codes=[137])
     assert RestartPolicy.from_watchdog(w) == RestartPolicy(True, 2, 1.5, (137,), 5.0)
 
 
+def test_the_node_reads_the_restart_settings_strictly_from_job_json():
+    """cluster.yaml's config holds the only defaults: a job.json without a setting is refused, not defaulted."""
+    w = planned_watchdog()
+    del w["max_restarts"]
+    with pytest.raises(KeyError):
+        RestartPolicy.from_watchdog(w)
+
+
 # -- the config -------------------------------------------------------------------------------
+
+def planned_watchdog(**watchdog) -> dict:
+    """job.json's watchdog as the plan writes it from cluster.yaml."""
+    return make_plan(cluster(**watchdog), "J").job_json("n1")["watchdog"]
+
 
 def cluster(**watchdog):
     return parse_cluster({"cluster": {"name": "c"}, "nodes": [{"name": "n1", "host": "127.0.0.2", "roles": ["trainer"]}],
@@ -163,8 +177,8 @@ def trainer(**kw):
 
 def test_an_agent_tears_down_waits_the_backoff_then_relaunches():
     actions, ledger = on_status(restarting_msg(), "J", Ledger(), CFG, now=100.0)
-    assert [a.kind for a in actions] == [RESTARTING] and actions[0].fields["backoff"] == 10.0
-    assert ledger.status.status == RESTARTING and ledger.generation == 1 and ledger.restart_at == 110.0
+    assert [a.kind for a in actions] == [JobState.RESTARTING] and actions[0].fields["backoff"] == 10.0
+    assert ledger.status.status == JobState.RESTARTING and ledger.generation == 1 and ledger.restart_at == 110.0
     actions, ledger = decide(Observation(now=100.1, procs=(trainer(),)), ledger, CFG)
     assert [a for a in actions if isinstance(a, Stop)] and any(
         isinstance(a, Note) and a.kind == "teardown" for a in actions)
@@ -188,7 +202,7 @@ def test_kill_all_during_the_backoff_fails_the_job_instead_of_relaunching():
 def test_an_agent_whose_own_failure_started_it_takes_the_restart_but_not_after_a_final_failure():
     _, mine = fail(Ledger(), CFG, "trainer-0 on n2 killed by SIGKILL", "exit", 137)
     assert mine.failure_kind == "exit" and mine.failure_code == 137
-    assert on_status(restarting_msg(), "J", mine, CFG, now=1.0)[1].status.status == RESTARTING
+    assert on_status(restarting_msg(), "J", mine, CFG, now=1.0)[1].status.status == JobState.RESTARTING
     final = Ledger(status=Status("failed", "node n3 lost", "n3"))
     assert on_status(restarting_msg(), "J", final, CFG, now=1.0)[1] == final
     assert on_status(restarting_msg(), "J", Ledger(), replace(CFG, on_failure="kill-job"), now=1.0)[1] == Ledger()

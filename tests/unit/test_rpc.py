@@ -57,7 +57,7 @@ def test_the_reply_parser_keeps_printed_lines_and_finds_the_reply_in_any_pieces(
 
 def test_a_call_and_a_channel_on_a_local_node(tmp_path):
     t = local_node(tmp_path)
-    assert t.call("status", {}) == {"job_id": None, "processes": []}
+    assert rpc.call(t, "status", {}) == {"job_id": None, "processes": []}
     channel = rpc.Channel(t, timeout=10)
     try:
         pid = None
@@ -77,13 +77,13 @@ def test_a_call_and_a_channel_on_a_local_node(tmp_path):
 def test_an_op_that_raises_is_one_line_naming_the_node(tmp_path):
     t = local_node(tmp_path)
     with pytest.raises(NodeError, match=r"^n0: KeyError: 'dir'$"):
-        t.call("verify", {"files": {}})
+        rpc.call(t, "verify", {"files": {}})
 
 
 def test_a_missing_interpreter_says_so(tmp_path):
     t = local_node(tmp_path, python=str(tmp_path / "no-python"))
     with pytest.raises(NodeError, match=r"^n0: cannot run .*no-python: No such file or directory$"):
-        t.call("status", {})
+        rpc.call(t, "status", {})
 
 
 def test_a_node_side_process_that_dies_gives_its_last_word(tmp_path):
@@ -91,12 +91,12 @@ def test_a_node_side_process_that_dies_gives_its_last_word(tmp_path):
     wrapper.write_text("#!/bin/sh\necho 'python3.2: too old for this' >&2\nexit 3\n")
     wrapper.chmod(0o755)
     with pytest.raises(NodeError, match=r"^n0: node-side command failed: python3.2: too old for this$"):
-        local_node(tmp_path, python=str(wrapper)).call("status", {})
+        rpc.call(local_node(tmp_path, python=str(wrapper)), "status", {})
     silent = tmp_path / "silent"
     silent.write_text("#!/bin/sh\nexit 0\n")
     silent.chmod(0o755)
     with pytest.raises(rpc.ChannelClosed, match=r"^n0: the node-side process ended \(exit code 0\)$"):
-        local_node(tmp_path, python=str(silent)).call("status", {})
+        rpc.call(local_node(tmp_path, python=str(silent)), "status", {})
 
 
 def test_streamed_lines_come_before_the_reply(tmp_path):
@@ -105,7 +105,7 @@ def test_streamed_lines_come_before_the_reply(tmp_path):
     (ws / "trainer-0.log").write_text("".join(f"line {i}\n" for i in range(30)))
     (tmp_path / "ws" / "current").symlink_to("jobs/j1")
     out = io.StringIO()
-    assert local_node(tmp_path).call("logs", {"lines": 5}, stream=out) is None
+    assert rpc.call(local_node(tmp_path), "logs", {"lines": 5}, stream=out) is None
     assert out.getvalue().splitlines() == [f"[n0 trainer-0] line {i}" for i in range(25, 30)]
 
 
@@ -140,7 +140,7 @@ def test_node_code_in_subpackages_is_imported_from_what_was_sent(tmp_path, monke
     rpc.node_modules.cache_clear()
     rpc.code_frame.cache_clear()
     try:
-        assert local_node(tmp_path).call("echo", {"n": 21, "path": str(root / "ops.py")}) == {
+        assert rpc.call(local_node(tmp_path), "echo", {"n": 21, "path": str(root / "ops.py")}) == {
             "rule": "agent package policy", "twice": 42, "file": "<sent>/fabtrain/node/ops.py", "source": True}
     finally:
         rpc.node_modules.cache_clear()

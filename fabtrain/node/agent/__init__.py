@@ -6,7 +6,10 @@ once through the coordinator (coordination.py); see docs/watchdog.md.
 
     loop.py        the run loop: observe, decide, execute
     policy.py      the rules, pure: observation + ledger in, actions out
-    supervisor.py  process contexts: find, poll and stop a job process (also used by `fab kill-all`)
+    supervisor.py  process contexts: find, poll and stop a job process (through fabtrain/node/kill.py,
+                   as `fab kill-all` does)
+    link.py        the coordinator: hosting it on the first node, the client, its status lines
+    relaunch.py    a restart's next generation on this node
     events.py      events.jsonl, its one writer
     snapshot.py    health.json and the heartbeat
     samplers.py    host and GPU readings

@@ -12,22 +12,22 @@ from __future__ import annotations
 import os
 import selectors
 import signal
-import threading
 import time
 from dataclasses import replace
 
 from fabtrain.node import procfs
 from fabtrain.node.atomic import read_json
-from fabtrain.node.coordination import FINAL, Client, Coordinator
 from fabtrain.node.coordination.restart import RestartPolicy
-from fabtrain.node.states import signame
+from fabtrain.node.kill import send
+from fabtrain.node.states import FINAL, JobState, signal_name
 
 from . import policy, snapshot
 from .events import EventLog
 from .keeper import AgentLife
-from .relaunch import start_generation
+from .link import Link
+from .relaunch import relaunch
 from .samplers import GpuSampler, HostSampler
-from .supervisor import Markers, ProcessContext, job_running, send
+from .supervisor import Markers, ProcessContext, job_running
 
 DISK_FULL_BYTES = 1 << 20  # less than this free in the workspace: a full disk, for the events' reasons
 
@@ -42,6 +42,27 @@ def load_job(job_dir: str) -> dict:
         if time.time() > deadline:
             raise SystemExit("agent: no job.json in %s" % job_dir)
         time.sleep(0.1)
+
+
+def settings(job: dict, nodes: list[str]) -> tuple[policy.Config, RestartPolicy]:
+    """The watchdog's settings from job.json, strictly: the plan writes every one of them from
+    cluster.yaml, whose config holds the only defaults; a job.json without them is refused."""
+    w = job.get("watchdog")
+    if not isinstance(w, dict) or not isinstance(w.get("coordinator"), dict):
+        raise SystemExit("agent: job.json of job %s has no watchdog settings" % job.get("job_id"))
+    try:
+        coord = w["coordinator"]
+        cfg = policy.Config(
+            node=job["node"], job_id=job["job_id"], interval=float(w["interval"]),
+            hang_timeout=float(w["hang_timeout"]), startup_timeout=float(w["startup_timeout"]),
+            grace=float(w["grace"]), on_failure=str(w["on_failure"]),
+            coordinator_node=nodes[0], coordinator="%s:%d" % (coord["host"], int(coord["port"])))
+        return cfg, RestartPolicy.from_watchdog(w)
+    except KeyError as e:
+        raise SystemExit("agent: job.json of job %s has no watchdog setting %s" % (job.get("job_id"), e)) from None
+    except (TypeError, ValueError) as e:
+        raise SystemExit("agent: job.json of job %s: a watchdog setting is malformed: %s"
+                         % (job.get("job_id"), e)) from None
 
 
 class PidWatch:
@@ -103,16 +124,8 @@ class Agent:
         self.ws = os.path.dirname(os.path.dirname(self.jd))
         self.job = load_job(self.jd)
         self.job_id, self.node = self.job["job_id"], self.job["node"]
-        w = self.job.get("watchdog") or {}
-        coord = w.get("coordinator") or {}
         self.nodes = [n["name"] for n in self.job.get("nodes", [])] or [self.node]
-        self.coord_host, self.coord_port = coord.get("host", "127.0.0.1"), int(coord.get("port", 7180))
-        self.coord_secret = coord.get("secret")
-        self.cfg = policy.Config(
-            node=self.node, job_id=self.job_id, interval=float(w.get("interval", 1.0)),
-            hang_timeout=float(w.get("hang_timeout", 120.0)), startup_timeout=float(w.get("startup_timeout", 600.0)),
-            grace=float(w.get("grace", 5.0)), on_failure=w.get("on_failure", "kill-job"),
-            coordinator_node=self.nodes[0], coordinator="%s:%d" % (self.coord_host, self.coord_port))
+        self.cfg, restart = settings(self.job, self.nodes)
         self.must_join = tuple(n["name"] for n in self.job.get("nodes", []) if n.get("roles", True))
         self.restarted, self.started, self.pid = restarted, time.time(), os.getpid()
         self.startup_deadline = self.started + self.cfg.startup_timeout
@@ -126,21 +139,16 @@ class Agent:
         self.table, self.procs, self.kids, self.hot = procfs.ProcTable(), {}, {}, set()
         self.markers = Markers(self.ws)
         self.watch = PidWatch()
-        self.host = HostSampler(self.ws if os.path.isdir(self.ws) else "/")
         self.gpus = GpuSampler()
         self.gpu_pids: dict[int, int] = {}
-        self.health = snapshot.Health(os.path.join(self.jd, "health.json"))
-        self.coordinator: Coordinator | None = None
-        self.client: Client | None = None
-        self.coord_view: dict = {}
-        self.msgs: list[dict] = []
-        self.msgs_lock = threading.Lock()
+        self.health = snapshot.Health(os.path.join(self.jd, "health.json"), self.cfg,
+                                      HostSampler(self.ws if os.path.isdir(self.ws) else "/"), self.gpus,
+                                      self.events, self.life, self.started, restarted)
+        self.link = Link(self.job, self.nodes, self.cfg, restart, self.jd, self._peer_event, self.watch.wake)
         self.stop_signal: int | None = None
         self.is_done = False
         self.done_since: float | None = None
         self.final_since: float | None = None
-        self.last_seq = 0
-        self.last_beat_key = None
         self.started_generation = 0  # the job's generation this node last started (beats carry it)
         self.launchers: list = []  # launchers this agent started (a restart): reaped here
 
@@ -151,57 +159,26 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        self._replay()
+        self.ledger, self.started_generation, self.startup_deadline = replay(
+            self.events.replay(), self.node, self.by_name, self.started_generation, self.startup_deadline,
+            self.started, self.cfg.startup_timeout)
         if took_over:
             self.events.write("agent_restarted", took_over)
         error = self.life.start_keeper()
         if error:
             self.events.write("agent_error", error)
         self.events.reserve()
-        if self.nodes[0] == self.node:
-            self.coordinator = Coordinator(
-                self.job_id, self.coord_host, self.coord_port, self.nodes, self.cfg.interval, self.cfg.peer_timeout,
-                os.path.join(self.jd, "coordinator.json"), secret=self.coord_secret,
-                restart=RestartPolicy.from_watchdog(self.job.get("watchdog") or {}),
-                on_event=lambda kind, reason, node=None: self.events.write(kind, reason, peer=node))
-            self.coordinator.start()
-            if not self.coordinator.wait_listening(self.coordinator.bind_wait + 5):
-                # The coordinator wrote why (coordinator_error). Agents refuse whatever holds the
-                # port, so this job has no coordinator: fail the start (node ops reports it).
-                self.shutdown(1)
-                raise SystemExit(1)
-        self.client = Client(self.coord_host, self.coord_port, self.cfg.interval, self._on_message,
-                             secret=self.coord_secret, job_id=self.job_id, node=self.node,
-                             on_event=lambda kind, reason, node=None: self.events.write(kind, reason, peer=node))
-        self.client.start()
+        if not self.link.start():
+            # The coordinator wrote why (coordinator_error). Agents refuse whatever holds the
+            # port, so this job has no coordinator: fail the start (node ops reports it).
+            self.shutdown(1)
+            raise SystemExit(1)
 
-    def _replay(self) -> None:
-        """A restarted agent (or one started into an ended job) learns the job's story from events.jsonl."""
-        ledger = self.ledger
-        for ev in self.events.replay():
-            kind = ev.get("kind")
-            if kind in (policy.RESTARTING, "restarted") and ev.get("node") == self.node:
-                ledger = policy.replay_restart(ev, time.time())
-                self.started_generation = ledger.generation if kind == "restarted" else self.started_generation
-                continue
-            if kind == "agent_started" and ev.get("node") == self.node:
-                self.startup_deadline = min(self.startup_deadline, ev.get("ts", self.started) + self.cfg.startup_timeout)
-            if kind in ("job_failed", "finished") and ledger.status.status == "running":
-                status = "failed" if kind == "job_failed" else "finished"
-                ledger = replace(ledger, status=policy.Status(status, ev.get("reason"), ev.get("origin")))
-            if kind in ("teardown", "kept", "finished"):
-                ledger = replace(ledger, acted=True)
-            if kind in ("exited", "killed") and ev.get("name") in self.by_name and ev.get("node") == self.node:
-                ledger = replace(ledger, reported=ledger.reported | {ev["name"]})
-        self.ledger = ledger
+    def _peer_event(self, kind: str, reason: str, node: str | None = None) -> None:
+        self.events.write(kind, reason, peer=node)
 
     def _on_signal(self, sig, frame) -> None:
         self.stop_signal = sig
-        self.watch.wake()
-
-    def _on_message(self, msg: dict) -> None:
-        with self.msgs_lock:
-            self.msgs.append(msg)
         self.watch.wake()
 
     # -- the loop ---------------------------------------------------------------------------
@@ -215,7 +192,7 @@ class Agent:
                           "startup_timeout %g s, on_failure %s; coordinator %s%s" % (
                               len(self.contexts), self.job_id, self.cfg.interval, self.cfg.hang_timeout,
                               self.cfg.startup_timeout, self.cfg.on_failure, self.cfg.coordinator,
-                              " (hosted here)" if self.coordinator else ""))
+                              " (hosted here)" if self.link.coordinator else ""))
         next_tick, needed = 0.0, True
         while True:
             now = time.monotonic()
@@ -225,7 +202,7 @@ class Agent:
             if tick or needed:
                 self.step(tick)
             if self.stop_signal is not None:
-                return self.stop(signame(self.stop_signal))
+                return self.stop(signal_name(self.stop_signal))
             if self.should_exit():
                 return self.finish()
             deadline = min(next_tick, self.next_deadline())
@@ -251,7 +228,7 @@ class Agent:
         now = time.time()
         for ctx in self.contexts:
             ctx.poll(self.procs, self.kids, now, tick, self.cfg.interval)
-        self.obs = observe(self, now)
+        self.obs = self.observe(now)
         actions, self.ledger = policy.decide(self.obs, self.ledger, self.cfg)
         self.execute(actions, now)
         watched = [p for ctx in self.contexts for p in ctx.watched_pids()]
@@ -264,10 +241,25 @@ class Agent:
             error = self.life.check_keeper()
             if error:
                 self.events.write("agent_error", error)
-            self.health.write(self, now)
+            self.write_health(now)
         self.beat(urgent=not tick)
-        self._update_hot()
+        self.hot = hot_pids(self.pid, self.contexts, self.ledger.orphans, self.markers.marked(), self.kids)
         self.launchers = [p for p in self.launchers if p.poll() is None]  # reap the ones that ended
+
+    def observe(self, now: float) -> policy.Observation:
+        """What the policy is given: every process's facts, strays, the coordinator, the markers."""
+        self.markers.prune(self.procs)
+        mine = {self.pid, os.getppid(), self.life.keeper_pid}
+        for ctx in self.contexts:
+            mine.add(ctx.launcher)
+            if not ctx.ended:
+                mine.update(ctx.family)
+        return policy.Observation(
+            now=now, procs=tuple(facts(ctx, self.procs) for ctx in self.contexts),
+            strays=tuple(strays(self.procs, self.markers, mine, self.job_id, self.ws, now)),
+            orphans_alive=frozenset(o.pid for o in self.ledger.orphans if procfs.alive(o.pid, o.ctime, self.procs)),
+            killed_by_fab=os.path.exists(os.path.join(self.jd, "killed")), peers=self.link.peers(),
+            must_join=self.must_join, startup_deadline=self.startup_deadline, disk_full=disk_full(self.jd, self.ws))
 
     # -- execute -------------------------------------------------------------------------------
 
@@ -283,46 +275,41 @@ class Agent:
             elif isinstance(a, policy.KillLauncher):
                 self.by_name[a.name].kill_launcher()
             elif isinstance(a, policy.Relaunch):
-                start_generation(self, a.generation)
+                self.start_generation(a.generation)
             elif isinstance(a, policy.Signal):
                 if a.pid not in protected and (a.ctime is None or procfs.alive(a.pid, a.ctime, self.procs)):
                     send(a.pid, a.signal)
 
+    def start_generation(self, generation: int) -> None:
+        """This node's part of a restart: its processes start again as `generation`; the job runs here again."""
+        new = relaunch(self.contexts, self.job, self.jd, self.ws, generation, self.ledger.status.reason)
+        self.contexts, self.by_name = new.contexts, {ctx.name: ctx for ctx in new.contexts}
+        self.launchers += new.launchers
+        self.started_generation = generation
+        self.ledger = policy.relaunched(self.ledger, generation)
+        self.obs = policy.Observation(now=time.time())
+        self.events.write("restarted", "generation %d: started %s" % (generation, ", ".join(new.names) or "nothing"),
+                          generation=generation)
+        if new.errors:
+            actions, self.ledger = policy.fail(self.ledger, self.cfg, "restart %d on %s: %s" % (
+                generation, self.node, "; ".join(new.errors)), "start")
+            self.execute(actions, time.time())
+        self.beat(urgent=True)
+
     def _take_messages(self) -> bool:
         """Take in the coordinator's lines; True if the job's status changed."""
-        with self.msgs_lock:
-            msgs, self.msgs = self.msgs, []
         before = self.ledger.status
-        for msg in msgs:
-            if msg.get("op") == "status" and msg.get("job_id") == self.job_id:
-                self.coord_view = msg
+        for msg in self.link.take():
             actions, self.ledger = policy.on_status(msg, self.job_id, self.ledger, self.cfg, time.time())
             self.execute(actions, time.time())
         return self.ledger.status != before
 
-    def _update_hot(self) -> None:
-        hot = {self.pid}
-        for ctx in self.contexts:
-            if ctx.launcher:
-                hot.add(ctx.launcher)
-                hot.update(procfs.descendants(ctx.launcher, self.kids))
-            hot.update(ctx.members)
-            hot.update(ctx.family)
-        hot.update(o.pid for o in self.ledger.orphans)
-        for pid in self.markers.marked():
-            hot.add(pid)
-            hot.update(procfs.descendants(pid, self.kids))
-        self.hot = hot
-
     def beat(self, urgent: bool = False) -> None:
-        if self.client is None:
-            return
-        msg = snapshot.beat(self)
-        key = repr([msg["procs"], msg["done"], msg["failure"], msg["final"]])
-        if urgent and key == self.last_beat_key:
-            return  # nothing new since the last beat; the next tick sends one anyway
-        self.last_beat_key = key
-        self.last_seq = self.client.update(msg)
+        self.link.send(snapshot.beat(self.job, self.ledger, self.contexts, self.is_done, self.started_generation),
+                       urgent)
+
+    def write_health(self, now: float) -> None:
+        self.health.write(now, self.ledger, self.contexts, self.procs, self.gpu_pids, self.link)
 
     # -- the end ------------------------------------------------------------------------------
 
@@ -335,19 +322,17 @@ class Agent:
         return not pending or self.ledger.status.status in FINAL
 
     def should_exit(self) -> bool:
-        if not self.local_done() or self.ledger.status.status == policy.RESTARTING:
+        if not self.local_done() or self.ledger.status.status == JobState.RESTARTING:
             self.done_since, self.is_done = None, False
             return False
         now = time.monotonic()
         if self.done_since is None:
             self.done_since, self.is_done = now, True
             self.beat()
-        if self.cfg.on_failure == "restart" and self.ledger.failure and self.coord_view.get("status") not in FINAL \
+        if self.cfg.on_failure == "restart" and self.ledger.failure and self.link.view.get("status") not in FINAL \
                 and now - self.done_since < 2 * self.cfg.peer_timeout + self.cfg.grace:
             return False  # our failure may be restarted: wait for the coordinator's word on it
-        c = self.client
-        acked = c is not None and c.acked_seq >= self.last_seq
-        co = self.coordinator
+        acked, co = self.link.acked, self.link.coordinator
         if co is not None:  # the coordinator stays while others may still need it
             if co.superseded:
                 return True
@@ -360,12 +345,12 @@ class Agent:
         if acked:
             return True
         # Never reached the coordinator: keep trying a while, or it never learns how this node ended.
-        limit = self.cfg.peer_timeout if (c and c.ever_connected) else max(60.0, 10 * self.cfg.peer_timeout)
+        limit = self.cfg.peer_timeout if self.link.ever_connected else max(60.0, 10 * self.cfg.peer_timeout)
         return now - self.done_since > limit
 
     def finish(self) -> int:
         self.procs = self.table.refresh(self.hot)
-        self.health.write(self, time.time())
+        self.write_health(time.time())
         self.events.write("agent_exit", "nothing of job %s is left on this node (job %s)"
                           % (self.job_id, self.ledger.status.status))
         self.shutdown()
@@ -373,44 +358,65 @@ class Agent:
 
     def stop(self, why: str) -> int:
         live = [ctx.name for ctx in self.contexts if ctx.live]
-        if live and self.ledger.status.status == "running" and not os.path.exists(os.path.join(self.jd, "killed")):
+        if live and self.ledger.status.status == JobState.RUNNING and not os.path.exists(os.path.join(self.jd, "killed")):
             actions, self.ledger = policy.fail(self.ledger, self.cfg, "the agent on %s was stopped (%s) while %s "
                                                "still ran" % (self.node, why, ", ".join(live)))
             self.execute(actions, time.time())
             self.beat(urgent=True)
             deadline = time.monotonic() + 0.5
-            while time.monotonic() < deadline and self.client and self.client.acked_seq < self.last_seq:
+            while time.monotonic() < deadline and self.link.client and not self.link.acked:
                 time.sleep(0.02)
-        self.health.write(self, time.time())
+        self.write_health(time.time())
         self.events.write("agent_stopped", "stopped by %s" % why)
         self.shutdown()
         return 0
 
     def shutdown(self, code: int = 0) -> None:
         self.life.stop_keeper()
-        if self.client:
-            self.client.stop()
-        if self.coordinator:
-            self.coordinator.stop()
-            self.coordinator.join(2)
+        self.link.stop()
         self.life.record_exit(code)
 
 
 # -- observe: what the policy is given -------------------------------------------------------------
 
 
-def observe(agent: Agent, now: float) -> policy.Observation:
-    c, view = agent.client, agent.coord_view
-    peers = policy.Peers(
-        ever_connected=bool(c and c.ever_connected),
-        silent_for=(time.monotonic() - c.last_contact) if c and c.last_contact is not None else None,
-        error=c.error if c else None, seen=tuple(sorted(view.get("peers") or {})),
-        trainers_running=int(view.get("trainers_running") or 0))
-    return policy.Observation(
-        now=now, procs=tuple(facts(ctx, agent.procs) for ctx in agent.contexts), strays=tuple(strays(agent, now)),
-        orphans_alive=frozenset(o.pid for o in agent.ledger.orphans if procfs.alive(o.pid, o.ctime, agent.procs)),
-        killed_by_fab=os.path.exists(os.path.join(agent.jd, "killed")), peers=peers, must_join=agent.must_join,
-        startup_deadline=agent.startup_deadline, disk_full=disk_full(agent.jd, agent.ws))
+def replay(events, node: str, by_name: dict, generation: int, startup_deadline: float, started: float,
+           startup_timeout: float) -> tuple[policy.Ledger, int, float]:
+    """What a restarted agent (or one started into an ended job) learns from events.jsonl: its ledger,
+    the generation this node last started, and its startup deadline."""
+    ledger = policy.Ledger()
+    for ev in events:
+        kind = ev.get("kind")
+        if kind in (JobState.RESTARTING, "restarted") and ev.get("node") == node:
+            ledger = policy.replay_restart(ev, time.time())
+            generation = ledger.generation if kind == "restarted" else generation
+            continue
+        if kind == "agent_started" and ev.get("node") == node:
+            startup_deadline = min(startup_deadline, ev.get("ts", started) + startup_timeout)
+        if kind in ("job_failed", "finished") and ledger.status.status == JobState.RUNNING:
+            status = JobState.FAILED if kind == "job_failed" else JobState.FINISHED
+            ledger = replace(ledger, status=policy.Status(status, ev.get("reason"), ev.get("origin")))
+        if kind in ("teardown", "kept", "finished"):
+            ledger = replace(ledger, acted=True)
+        if kind in ("exited", "killed") and ev.get("name") in by_name and ev.get("node") == node:
+            ledger = replace(ledger, reported=ledger.reported | {ev["name"]})
+    return ledger, generation, startup_deadline
+
+
+def hot_pids(own: int, contexts, orphans, marked, kids: dict) -> set[int]:
+    """The pids /proc is read in full for on the next step: the job's processes, orphans, marked ones."""
+    hot = {own}
+    for ctx in contexts:
+        if ctx.launcher:
+            hot.add(ctx.launcher)
+            hot.update(procfs.descendants(ctx.launcher, kids))
+        hot.update(ctx.members)
+        hot.update(ctx.family)
+    hot.update(o.pid for o in orphans)
+    for pid in marked:
+        hot.add(pid)
+        hot.update(procfs.descendants(pid, kids))
+    return hot
 
 
 def facts(ctx: ProcessContext, procs: dict) -> policy.ProcFacts:
@@ -424,25 +430,19 @@ def facts(ctx: ProcessContext, procs: dict) -> policy.ProcFacts:
         leftovers=tuple(ctx.leftovers(procs)), zombies=tuple(ctx.zombies))
 
 
-def strays(agent: Agent, now: float) -> list[policy.Stray]:
-    """Processes with this workspace's marker that no live job process here owns."""
-    agent.markers.prune(agent.procs)
-    mine = {agent.pid, os.getppid(), agent.life.keeper_pid}
-    for ctx in agent.contexts:
-        mine.add(ctx.launcher)
-        if not ctx.ended:
-            mine.update(ctx.family)
+def strays(procs: dict, markers: Markers, mine: set, job_id: str, workspace: str, now: float) -> list[policy.Stray]:
+    """Processes with this workspace's marker that no live job process here (`mine`) owns."""
     running: dict[str, bool] = {}
     out = []
-    for pid, p in agent.procs.items():
+    for pid, p in procs.items():
         if pid in mine or p.dead or pid < 2:
             continue
-        marker = agent.markers.of(p)
+        marker = markers.of(p)
         if marker is None:
             continue
         job, role, rank = marker
         if job not in running:
-            running[job] = job == agent.job_id or job_running(os.path.join(agent.ws, "jobs", job, "run"), agent.procs)
+            running[job] = job == job_id or job_running(os.path.join(workspace, "jobs", job, "run"), procs)
         out.append(policy.Stray(pid, p.create_time, job, role, rank, now - p.create_time, running[job]))
     return out
 

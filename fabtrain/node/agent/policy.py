@@ -10,10 +10,8 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field, replace
 
-from fabtrain.node.states import KILLED_BY_FAB, ProcessState, describe_end, signame, signal_of
+from fabtrain.node.states import FINAL, KILLED_BY_FAB, JobState, ProcessState, describe_end, signal_name, signal_of
 
-FINAL = ("failed", "finished")
-RESTARTING = "restarting"  # on_failure restart: the coordinator chose a new generation; tear down, wait, start again
 ORPHAN_MIN_AGE = 5.0  # a process younger than this may be one node ops is starting right now
 
 
@@ -22,13 +20,14 @@ ORPHAN_MIN_AGE = 5.0  # a process younger than this may be one node ops is start
 
 @dataclass(frozen=True)
 class Config:
+    """job.json's watchdog settings (no defaults here: cluster.yaml's config holds the only copy)."""
     node: str
-    job_id: str = ""
-    interval: float = 1.0
-    hang_timeout: float = 120.0
-    startup_timeout: float = 600.0
-    grace: float = 5.0
-    on_failure: str = "kill-job"
+    job_id: str
+    interval: float
+    hang_timeout: float
+    startup_timeout: float
+    grace: float
+    on_failure: str
     coordinator_node: str = ""
     coordinator: str = ""  # host:port, for messages
 
@@ -110,7 +109,7 @@ class Observation:
 
 @dataclass(frozen=True)
 class Status:
-    status: str = "running"
+    status: str = JobState.RUNNING
     reason: str | None = None
     origin: str | None = None
 
@@ -196,7 +195,7 @@ class Signal:
 def decide(obs: Observation, ledger: Ledger, cfg: Config) -> tuple[list, Ledger]:
     d = _Decision(obs, ledger, cfg)
     d.exits()
-    if d.ledger.status.status == "running" or cfg.on_failure == "keep":
+    if d.ledger.status.status == JobState.RUNNING or cfg.on_failure == "keep":
         d.hangs()
     d.startup()
     d.coordinator()
@@ -216,7 +215,8 @@ def fail(ledger: Ledger, cfg: Config, reason: str, kind: str = "other", exit_cod
     teardown's doing: only `fab kill-all` (kind kill-all) or a relaunch that
     cannot start (kind start) fails it then.
     """
-    if ledger.status.status in FINAL or (ledger.status.status == RESTARTING and kind not in ("kill-all", "start")):
+    status = ledger.status.status
+    if status in FINAL or (status == JobState.RESTARTING and kind not in ("kill-all", "start")):
         return [], ledger
     # Under on_failure restart an exit or a hang is a `failure` until the coordinator says what
     # follows (`restarting`, or `job_failed` from on_status): `fab status` must not call it the end.
@@ -224,7 +224,7 @@ def fail(ledger: Ledger, cfg: Config, reason: str, kind: str = "other", exit_cod
     note = Note("failure" if pending else "job_failed", reason,
                 fields={"origin": cfg.node, "on_failure": cfg.on_failure, "generation": ledger.generation})
     return [note], replace(ledger, failure=reason, failure_kind=kind, failure_code=exit_code, pending=pending,
-                           status=Status("failed", reason, cfg.node), restart_at=None)
+                           status=Status(JobState.FAILED, reason, cfg.node), restart_at=None)
 
 
 def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list, Ledger]:
@@ -237,15 +237,15 @@ def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list
     g = msg.get("generation")
     if cfg.on_failure != "restart" or not isinstance(g, int) or g <= ledger.generation:
         return [], ledger
-    if ledger.status.status == "finished" or (ledger.status.status == "failed" and ledger.failure is None):
+    if ledger.status.status == JobState.FINISHED or (ledger.status.status == JobState.FAILED and ledger.failure is None):
         return [], ledger
     backoff = float(msg.get("backoff") or 0.0)
     cause = msg.get("reason") or "failed"
     left = msg.get("restarts_left")
-    note = Note(RESTARTING, "job failed (%s); restart %d%s in %g s" % (
+    note = Note(JobState.RESTARTING, "job failed (%s); restart %d%s in %g s" % (
         cause, g, " (%s left after it)" % left if isinstance(left, int) else "", backoff),
         fields={"origin": msg.get("node"), "generation": g, "backoff": backoff, "restarts_left": left})
-    return [note], replace(ledger, status=Status(RESTARTING, cause, msg.get("node")), generation=g, failure=None,
+    return [note], replace(ledger, status=Status(JobState.RESTARTING, cause, msg.get("node")), generation=g, failure=None,
                            failure_kind=None, failure_code=None, restart_at=now + backoff, acted=False, pending=False)
 
 
@@ -254,7 +254,12 @@ def replay_restart(ev: dict, now: float) -> Ledger:
     g = ev.get("generation") if isinstance(ev.get("generation"), int) else 0
     if ev.get("kind") == "restarted":
         return Ledger(generation=g)
-    return Ledger(generation=g, status=Status(RESTARTING, ev.get("reason"), ev.get("origin")), restart_at=now)
+    return Ledger(generation=g, status=Status(JobState.RESTARTING, ev.get("reason"), ev.get("origin")), restart_at=now)
+
+
+def relaunched(ledger: Ledger, generation: int) -> Ledger:
+    """The ledger once this node started its part of `generation`: a fresh one, the orphans still followed."""
+    return Ledger(generation=generation, orphans=ledger.orphans)
 
 
 def on_status(msg: dict, job_id: str, ledger: Ledger, cfg: Config, now: float = 0.0) -> tuple[list, Ledger]:
@@ -262,17 +267,17 @@ def on_status(msg: dict, job_id: str, ledger: Ledger, cfg: Config, now: float = 
     if msg.get("op") != "status" or msg.get("job_id") != job_id:
         return [], ledger
     st = msg.get("status")
-    if st == RESTARTING:
+    if st == JobState.RESTARTING:
         return restarting(msg, ledger, cfg, now)
-    if st == "failed" and ledger.pending:  # not restarted: now our failure is the job's end
+    if st == JobState.FAILED and ledger.pending:  # not restarted: now our failure is the job's end
         reason = msg.get("reason") or ledger.failure or "failed"
-        ledger = replace(ledger, pending=False, status=Status("failed", reason, msg.get("node")))
+        ledger = replace(ledger, pending=False, status=Status(JobState.FAILED, reason, msg.get("node")))
         return [Note("job_failed", reason, fields={"origin": msg.get("node"), "on_failure": cfg.on_failure,
                                                    "generation": ledger.generation})], ledger
-    if st not in FINAL or ledger.status.status not in ("running", RESTARTING):
+    if st not in FINAL or ledger.status.status not in (JobState.RUNNING, JobState.RESTARTING):
         return [], ledger
     ledger = replace(ledger, status=Status(st, msg.get("reason"), msg.get("node")))
-    if st != "failed":
+    if st != JobState.FAILED:
         return [], ledger
     note = Note("job_failed", msg.get("reason") or "failed",
                 fields={"origin": msg.get("node"), "on_failure": cfg.on_failure})
@@ -294,7 +299,7 @@ def progress_at(p: ProcFacts, ledger: Ledger) -> float | None:
 def next_deadline(obs: Observation, ledger: Ledger, cfg: Config) -> float | None:
     """The soonest moment a rule may fire without anything else happening."""
     times = []
-    watching = ledger.status.status == "running" or cfg.on_failure == "keep"
+    watching = ledger.status.status == JobState.RUNNING or cfg.on_failure == "keep"
     for p in obs.procs:
         if not p.live:
             continue
@@ -307,9 +312,9 @@ def next_deadline(obs: Observation, ledger: Ledger, cfg: Config) -> float | None
             if p.stopped_since is not None:
                 times.append(p.stopped_since + cfg.hang_timeout)
     times += [o.term_at + cfg.grace for o in ledger.orphans if o.signal == "SIGTERM"]
-    if ledger.status.status == "running" and not ledger.startup_failed and obs.startup_deadline:
+    if ledger.status.status == JobState.RUNNING and not ledger.startup_failed and obs.startup_deadline:
         times.append(obs.startup_deadline)
-    if ledger.status.status == RESTARTING and ledger.restart_at is not None:
+    if ledger.status.status == JobState.RESTARTING and ledger.restart_at is not None:
         times.append(ledger.restart_at)
     return min(times) if times else None
 
@@ -345,7 +350,7 @@ class _Decision:
             how = describe_end(p.exit_code, launcher=p.launcher if p.launcher_lost else None)
             if p.exit_code not in (0, None) and signal_of(p.exit_code) is None and self.obs.disk_full:
                 how += " (No space left on device: %s on %s is full)" % (self.obs.disk_full, self.cfg.node)
-            sig = signame(signal_of(p.exit_code)) if signal_of(p.exit_code) else None
+            sig = signal_name(signal_of(p.exit_code))
             if p.close_reason:
                 self.note("killed", "%s: %s" % (how, p.close_reason), p, signal=p.kill_signal,
                           exit_code=p.exit_code, pid=p.pid)
@@ -401,7 +406,7 @@ class _Decision:
 
     def startup(self) -> None:
         obs, cfg = self.obs, self.cfg
-        if self.ledger.status.status != "running" or self.ledger.startup_failed or obs.startup_deadline is None \
+        if self.ledger.status.status != JobState.RUNNING or self.ledger.startup_failed or obs.startup_deadline is None \
                 or obs.now < obs.startup_deadline:
             return
         missing = [n for n in obs.must_join if n not in obs.peers.seen]
@@ -490,11 +495,11 @@ class _Decision:
 
     def act(self) -> None:
         st = self.ledger.status
-        if st.status not in FINAL + (RESTARTING,) or self.ledger.acted:
+        if st.status not in FINAL + (JobState.RESTARTING,) or self.ledger.acted:
             return
         self.update(acted=True)
         live = [p for p in self.obs.procs if p.live]
-        if st.status == "finished":
+        if st.status == JobState.FINISHED:
             names = ", ".join(p.name for p in live)
             self.note("finished", "every trainer exited with code 0" + ("; stopping %s" % names if names else ""))
             self.actions += [Stop(p.name, "the job finished") for p in live]
@@ -505,7 +510,7 @@ class _Decision:
                       % (names or "nothing (no process left here)"))
             return
         names = ", ".join(p.name for p in live)
-        what = "restarting the job" if st.status == RESTARTING else "job failed"
+        what = "restarting the job" if st.status == JobState.RESTARTING else "job failed"
         self.note("teardown", "%s (%s); %s" % (what, st.reason, ("stopping " + names) if names else
                                                 "nothing else of it runs here"), origin=st.origin)
         self.actions += [Stop(p.name, "teardown: %s (%s)" % (what, st.reason)) for p in live if p.term_at is None]
@@ -514,7 +519,7 @@ class _Decision:
 
     def relaunch(self) -> None:
         ledger, obs, cfg = self.ledger, self.obs, self.cfg
-        if ledger.status.status != RESTARTING or ledger.restart_at is None:
+        if ledger.status.status != JobState.RESTARTING or ledger.restart_at is None:
             return
         if obs.killed_by_fab:
             self.fail("%s during the restart to generation %d: the job is not restarted"
@@ -535,7 +540,7 @@ class _Decision:
 
     def zombies(self) -> None:
         st = self.ledger.status.status
-        ending = (st in FINAL and self.cfg.on_failure != "keep") or st in ("finished", RESTARTING)
+        ending = (st in FINAL and self.cfg.on_failure != "keep") or st in (JobState.FINISHED, JobState.RESTARTING)
         now = self.obs.now
         for p in self.obs.procs:
             for pid, ppid, ctime in p.zombies:

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
+from typing import NamedTuple
 
 from fabtrain.node.spawn import expand, name_programs, spawn
 
-from . import policy
 from .supervisor import ProcessContext
 
 PROGRAM_WAIT = 3.0  # as node ops: seconds to wait for each launcher to fork its program
@@ -45,8 +44,17 @@ def _clear(job_dir: str, name: str) -> None:
                 pass
 
 
-def relaunch(contexts: list, job: dict, job_dir: str, workspace: str, generation: int, cause: str | None):
-    """Start again what ran here; (new contexts, Popen objects to reap, names started, one line per failure)."""
+class Generation(NamedTuple):
+    """What a relaunch started: the new process contexts, the launchers to reap, the names, one line per failure."""
+    contexts: list
+    launchers: list
+    names: list
+    errors: list
+
+
+def relaunch(contexts: list, job: dict, job_dir: str, workspace: str, generation: int, cause: str | None
+             ) -> Generation:
+    """Start again what ran here as `generation`."""
     specs = {p["name"]: p for p in job.get("processes", [])}
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("FABTRAIN_")}
     fresh, started, errors = [], [], []
@@ -69,23 +77,4 @@ def relaunch(contexts: list, job: dict, job_dir: str, workspace: str, generation
         except OSError as e:
             errors.append("cannot start %s: %s: %s" % (old.name, spec["launch"][0], e.strerror))
     name_programs(started, workspace, specs, time.time() + PROGRAM_WAIT)
-    return fresh, [p for p, _ in started], [r["name"] for _, r in started], errors
-
-
-def start_generation(agent, generation: int) -> None:
-    """The agent's part of a restart: start this node's processes as `generation`; the job runs here again."""
-    cause = agent.ledger.status.reason
-    agent.contexts, launchers, names, errors = relaunch(agent.contexts, agent.job, agent.jd, agent.ws, generation,
-                                                        cause)
-    agent.by_name = {ctx.name: ctx for ctx in agent.contexts}
-    agent.launchers += launchers
-    agent.started_generation = generation
-    agent.ledger = replace(policy.Ledger(), generation=generation, orphans=agent.ledger.orphans)
-    agent.obs = policy.Observation(now=time.time())
-    agent.events.write("restarted", "generation %d: started %s" % (generation, ", ".join(names) or "nothing"),
-                       generation=generation)
-    if errors:
-        actions, agent.ledger = policy.fail(agent.ledger, agent.cfg, "restart %d on %s: %s" % (
-            generation, agent.node, "; ".join(errors)), "start")
-        agent.execute(actions, time.time())
-    agent.beat(urgent=True)
+    return Generation(fresh, [p for p, _ in started], [r["name"] for _, r in started], errors)

@@ -6,7 +6,7 @@ child, the pid fabtrain shows), and everything the program started, which
 stays among the launcher's descendants even when it leaves the process group
 or clears its environment. A `ProcessContext` follows one of them for the
 agent (poll), and stops it (close: SIGTERM now, escalate: SIGKILL after the
-grace). `stop_all` is the same escalation, blocking, for ``fab kill-all``.
+grace), through the kill helpers (fabtrain/node/kill.py) that ``fab kill-all`` uses too.
 
 Standard library only: node ops ship this module to nodes with no deployed code.
 """
@@ -14,79 +14,14 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 from fabtrain.node import launch, procfs
 from fabtrain.node.atomic import read_json
-from fabtrain.node.states import ProcessState, decide, signal_of
+from fabtrain.node.kill import send, signal_all, trusted
+from fabtrain.node.states import ProcessState, signal_of, state_of
 
 CPU_PROGRESS = 0.01  # CPU seconds per second (1% of a core) that count as activity
 NO_RECORD_WAIT = 2.0  # a launcher that outlives its program this long without recording an exit code is broken
-
-
-def send(pid: int, sig: int) -> bool:
-    try:
-        os.kill(pid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def signal_all(pids, sig: int) -> None:
-    """sig, then SIGCONT, so a stopped process acts on its SIGTERM."""
-    for pid in pids:
-        send(pid, sig)
-    if sig != signal.SIGCONT:
-        for pid in pids:
-            send(pid, signal.SIGCONT)
-
-
-def family(record: dict, procs: dict, kids: dict) -> list[int]:
-    """Live processes of one job process, its launcher excepted: the launcher's descendants and its group."""
-    launcher = record.get("pid")
-    if not procfs.alive(launcher, record.get("create_time"), procs):
-        launcher = None
-    found = set(procfs.descendants(launcher, kids)) if launcher else set()
-    pgid = record.get("pgid") or record.get("pid")
-    if pgid:
-        found.update(procfs.group(pgid, procs))
-    found.discard(record.get("pid"))
-    return sorted(p for p in found if p in procs and not procs[p].dead)
-
-
-def trusted(record: dict, procs: dict, workspace: str) -> bool:
-    """A run record may be acted on: its pid is alive, started when the record says, leads its own
-    process group, and carries this workspace's job marker. A planted or stale record names none of ours,
-    and fabtrain never signals a group on its word."""
-    pid = record.get("pid")
-    p = procs.get(pid) if isinstance(pid, int) else None
-    return (p is not None and not p.dead and p.is_(record.get("create_time")) and p.pgid == record.get("pgid") == pid
-            and procfs.carries(procfs.environ_raw(pid), procfs.marker(workspace)))
-
-
-def stop_all(find, grace: float, settle: float = 5.0) -> tuple[dict[int, str], list[int]]:
-    """SIGTERM whatever find() returns, grace, SIGKILL what is left; blocking (``fab kill-all``).
-
-    find() is asked again while waiting, so a process forked during the grace
-    is stopped too. Returns ({pid: the signal that ended it}, pids still alive).
-    """
-    sent: dict[int, str] = {}
-    deadline = time.time() + grace
-    while True:
-        alive = find()
-        fresh = [p for p in alive if p not in sent]
-        signal_all(fresh, signal.SIGTERM)
-        sent.update((p, "SIGTERM") for p in fresh)
-        if not alive or time.time() >= deadline:
-            break
-        time.sleep(0.05)
-    deadline = time.time() + settle
-    while alive and time.time() < deadline:
-        signal_all(alive, signal.SIGKILL)
-        sent.update((p, "SIGKILL") for p in alive)
-        time.sleep(0.05)
-        alive = find()
-    return sent, alive
 
 
 class Progress:
@@ -217,7 +152,7 @@ class ProcessContext:
                 self._end(now, None, launcher_alive)
                 return
         main = procs[self.program] if program_alive else procs[self.launcher]
-        self.state = decide(True, main.state)
+        self.state = state_of(True, main.state)
         self.stopped_since = (self.stopped_since or now) if self.state is ProcessState.STOPPED else None
         self.tree = [p for p in ([self.program] + procfs.descendants(self.program, kids)) if p in procs] \
             if program_alive else []
@@ -280,7 +215,7 @@ class ProcessContext:
         self.exit_code = code
         self.launcher_lost = code is None and not launcher_alive
         before_boot = (self.record.get("create_time") or now) < procfs.BOOT_TIME
-        self.state = decide(False, exit_code=code, before_boot=before_boot)
+        self.state = state_of(False, exit_code=code, before_boot=before_boot)
         self.tree, self.zombies, self.rss = [], [], 0
         if self.progress:
             self.progress.cpu_percent = 0.0

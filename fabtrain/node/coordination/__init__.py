@@ -19,9 +19,9 @@ of RSS and a second of CPU on every node, where the agent must stay under
 40 MB, and a store still needs polling for the "someone failed" key. This is
 a few hundred lines of stdlib: selectors, sockets, json, hmac.
 """
-from .board import FINAL, LIVE_STATES, Board
+from .board import Board
 from .client import Client
 from .protocol import ProtocolError
 from .server import Coordinator
 
-__all__ = ["FINAL", "LIVE_STATES", "Board", "Client", "Coordinator", "ProtocolError"]
+__all__ = ["Board", "Client", "Coordinator", "ProtocolError"]

@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
+from fabtrain.node.states import FINAL, LIVE, JobState, ProcessState
+
 from .restart import RestartPolicy
 
-FINAL = ("failed", "finished")
-LIVE_STATES = ("running", "sleeping", "stopped", "zombie")
 MAX_PROCS = 4096  # processes one node may report; a real node has a handful
 
 
@@ -80,8 +80,8 @@ class Board:
         self.job_id = job_id
         self.nodes = list(nodes)
         self.peer_timeout = peer_timeout
-        self.restart = restart or RestartPolicy()
-        self.status: dict = {"status": "running", "reason": None, "node": None, "ts": None, "generation": 0,
+        self.restart = restart or RestartPolicy.never()
+        self.status: dict = {"status": JobState.RUNNING, "reason": None, "node": None, "ts": None, "generation": 0,
                              "restarts_left": self.restart.restarts_left(0), "backoff": None}
         self.restart_due: float | None = None  # monotonic: every node's part of the generation started by then
         self.peers: dict[str, Peer] = {}
@@ -92,7 +92,7 @@ class Board:
     def view(self) -> dict:
         """The status line as every agent gets it."""
         trainers_running = sum(1 for p in self.peers.values() for proc in p.procs.values()
-                               if proc.get("role") == "trainer" and proc.get("state") in LIVE_STATES)
+                               if proc.get("role") == "trainer" and proc.get("state") in LIVE)
         return {"op": "status", "job_id": self.job_id, **self.status,
                 "peers": {n: p.ts for n, p in self.peers.items()},
                 "done": sorted(n for n, p in self.peers.items() if p.done),
@@ -106,7 +106,7 @@ class Board:
             if p.expected:
                 expected = max(expected or 0, p.expected)
             trainers.update((name, proc) for name, proc in p.procs.items() if proc.get("role") == "trainer")
-        if not trainers or any(t.get("state") != "exited" or t.get("exit_code") != 0 for t in trainers.values()):
+        if not trainers or any(t.get("state") != ProcessState.EXITED or t.get("exit_code") != 0 for t in trainers.values()):
             return False
         return self.every_node_spoke() or (expected is not None and len(trainers) >= expected)
 
@@ -130,7 +130,7 @@ class Board:
         g = self.status["generation"] if generation is None else generation
         self.status = {"status": status, "reason": reason, "node": node, "ts": wall, "generation": g,
                        "restarts_left": self.restart.restarts_left(g), "backoff": backoff}
-        if status != "restarting":
+        if status != JobState.RESTARTING:
             self.restart_due = None
         return True
 
@@ -142,21 +142,21 @@ class Board:
         reason = _text(failure.get("reason"), "failed") or "failed"
         decision = self.restart.decide(failure, generation)
         if not decision.restart:
-            return self._set_status("failed", reason + ("; not restarted: %s" % decision.why_not
+            return self._set_status(JobState.FAILED, reason + ("; not restarted: %s" % decision.why_not
                                                         if decision.why_not else ""), node, wall)
         for p in self.peers.values():
             p.had_procs = p.had_procs or bool(p.procs)
-        changed = self._set_status("restarting", reason, node, wall, decision.generation, decision.backoff)
+        changed = self._set_status(JobState.RESTARTING, reason, node, wall, decision.generation, decision.backoff)
         self.restart_due = now + self.restart.start_deadline(decision.generation)
         return changed
 
     def _restarted(self, wall: float) -> bool:
         """Every node that runs processes has started its part of the new generation: running again."""
         g = self.status["generation"]
-        if self.status["status"] != "restarting" or \
+        if self.status["status"] != JobState.RESTARTING or \
                 any(p.had_procs and p.generation < g for p in self.peers.values()):
             return False
-        return self._set_status("running", None, None, wall)
+        return self._set_status(JobState.RUNNING, None, None, wall)
 
     def beat(self, msg: dict, now: float, wall: float) -> Outcome:
         """Take in one agent's beat (already authenticated as coming from msg["node"])."""
@@ -188,8 +188,8 @@ class Board:
         elif final and final.get("status") in FINAL:
             changed |= self._set_status(final["status"], _text(final.get("reason"), ""),
                                         _text(final.get("node"), node), wall)
-        if self.status["status"] == "running" and self.finished_now():
-            changed |= self._set_status("finished", "every trainer exited with code 0", None, wall)
+        if self.status["status"] == JobState.RUNNING and self.finished_now():
+            changed |= self._set_status(JobState.FINISHED, "every trainer exited with code 0", None, wall)
         return Outcome(dict(self.view(), ack=msg.get("seq")), changed, events)
 
     def check_peers(self, now: float, wall: float) -> list[Event]:
@@ -202,14 +202,14 @@ class Board:
             reason = "no heartbeat from the agent on %s for %.0f s (peer_timeout %.0f s)" % (
                 name, now - p.seen, self.peer_timeout)
             events.append(Event("peer_lost", name, reason))
-            self._set_status("failed", "node %s lost: %s" % (name, reason), name, wall)
-        if self.status["status"] == "restarting" and self.restart_due is not None and now >= self.restart_due:
+            self._set_status(JobState.FAILED, "node %s lost: %s" % (name, reason), name, wall)
+        if self.status["status"] == JobState.RESTARTING and self.restart_due is not None and now >= self.restart_due:
             g = self.status["generation"]
             late = sorted(n for n, p in self.peers.items() if p.had_procs and p.generation < g)
             reason = ("restart to generation %d failed: node%s %s did not start %s part within %.0f s (%s)" % (
                 g, "s" if len(late) > 1 else "", ", ".join(late), "their" if len(late) > 1 else "its",
                 self.restart.start_deadline(g), self.status["reason"]))
-            self._set_status("failed", reason, late[0] if late else None, wall)
+            self._set_status(JobState.FAILED, reason, late[0] if late else None, wall)
             events.append(Event("restart_failed", late[0] if late else None, reason))
         return events
 
@@ -233,13 +233,13 @@ class Board:
             return None
         board = cls(job_id, nodes, peer_timeout, restart)
         status = saved.get("status")
-        if isinstance(status, dict) and status.get("status") in ("running", "restarting") + FINAL:
+        if isinstance(status, dict) and status.get("status") in (JobState.RUNNING, JobState.RESTARTING) + FINAL:
             board.status.update({k: status.get(k) for k in ("status", "reason", "node", "ts")})
             g = status.get("generation")
             board.status["generation"] = g if isinstance(g, int) and not isinstance(g, bool) and g >= 0 else 0
             board.status["restarts_left"] = board.restart.restarts_left(board.status["generation"])
             board.status["backoff"] = status.get("backoff")
-            if board.status["status"] == "restarting":  # a fresh deadline, as peers get a fresh peer_timeout
+            if board.status["status"] == JobState.RESTARTING:  # a fresh deadline, as peers get a fresh peer_timeout
                 board.restart_due = now + board.restart.start_deadline(board.status["generation"])
         peers = saved.get("peers")
         for name, p in (peers if isinstance(peers, dict) else {}).items():

@@ -27,20 +27,27 @@ class Decision:
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    enabled: bool = False  # on_failure is restart
-    max_restarts: int = 3
-    backoff: float = 10.0
-    exit_codes: tuple | None = None  # None: any exit code
-    grace: float = 5.0  # the teardown's SIGTERM -> SIGKILL, before a node can start again
+    """No defaults here: cluster.yaml's config holds the only copy, and job.json carries every setting."""
+    enabled: bool  # on_failure is restart
+    max_restarts: int
+    backoff: float
+    exit_codes: tuple | None  # None: any exit code
+    grace: float  # the teardown's SIGTERM -> SIGKILL, before a node can start again
+
+    @classmethod
+    def never(cls) -> RestartPolicy:
+        """A job that is not restarted (on_failure kill-job or keep)."""
+        return cls(enabled=False, max_restarts=0, backoff=0.0, exit_codes=None, grace=0.0)
 
     @classmethod
     def from_watchdog(cls, w: dict) -> RestartPolicy:
-        """From job.json's `watchdog` (the plan's copy of cluster.yaml's job.watchdog)."""
-        codes = w.get("restart_on_exit_codes")
-        return cls(enabled=w.get("on_failure") == "restart", max_restarts=int(w.get("max_restarts", 3)),
-                   backoff=float(w.get("restart_backoff", 10.0)),
-                   exit_codes=tuple(int(c) for c in codes) if isinstance(codes, list) else None,
-                   grace=float(w.get("grace", 5.0)))
+        """From job.json's `watchdog` (the plan's copy of cluster.yaml's job.watchdog), strictly:
+        KeyError, TypeError or ValueError where a setting is missing or malformed."""
+        codes = w["restart_on_exit_codes"]
+        return cls(enabled=w["on_failure"] == "restart", max_restarts=int(w["max_restarts"]),
+                   backoff=float(w["restart_backoff"]),
+                   exit_codes=tuple(int(c) for c in codes) if codes is not None else None,
+                   grace=float(w["grace"]))
 
     def backoff_for(self, generation: int) -> float:
         """Seconds before generation g (1, 2, ...) starts: restart_backoff, doubled each time, capped."""

@@ -1,0 +1,153 @@
+"""The job's ports, as data: the settings, where each port is listened on, and choosing `auto` ones.
+
+Pure like the rest of the plan: which ports are busy on the nodes is found by
+a probe (fabtrain/controller/preflight.py, node op `netcheck`) and handed in.
+The plan (plan.py) writes the chosen ports into every node's job.json, and the
+controller's state keeps them for `fab status` and the dashboard.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from fabtrain.config.cluster import Cluster, Node
+from fabtrain.errors import UserError
+
+AUTO_WINDOW = (20000, 32767)  # where `auto` ports come from: below the kernel's usual ephemeral range
+
+# The port settings of cluster.yaml, by the name job.json and the controller's state use.
+PORT_SETTINGS = {"master_port": "job.master_port", "pserver_port": "job.pserver.port",
+                 "watchdog_port": "job.watchdog.port"}
+
+
+class AddressSlots:
+    """Hands out 0, 1, 2, ... per address: the slot of the next endpoint on that address."""
+
+    def __init__(self) -> None:
+        self._used: dict[str, int] = {}
+
+    def next(self, address: str) -> int:
+        slot = self._used.get(address, 0)
+        self._used[address] = slot + 1
+        return slot
+
+
+@dataclass(frozen=True)
+class PortUse:
+    """A port (or `count` consecutive ports) that a process of the job listens on, on one node."""
+    node: str
+    address: str
+    port: int
+    count: int
+    what: str  # "pserver 0", "master (rank 0)", "watchdog coordinator"
+    setting: str  # a PORT_SETTINGS key: what to change when it is taken
+
+    @property
+    def ports(self) -> range:
+        return range(self.port, self.port + self.count)
+
+
+def configured_ports(cluster: Cluster) -> dict[str, int | None]:
+    """The port settings as cluster.yaml gives them (None: auto)."""
+    job = cluster.job
+    return {"master_port": job.master_port, "pserver_port": job.pserver.port, "watchdog_port": job.watchdog.port}
+
+
+def pserver_layout(cluster: Cluster, base: int) -> list[tuple[Node, int, int]]:
+    """(node, pserver rank, first port) of every pserver, the ranges starting at `base`.
+
+    Pservers that share an address (one node, or several nodes on one machine)
+    take consecutive ranges of ports_num + ports_num_for_sparse, so no two collide.
+    """
+    job = cluster.job
+    if job.mode != "pserver":
+        return []
+    span = job.pserver.ports_num + job.pserver.ports_num_for_sparse
+    taken, pservers = AddressSlots(), []
+    for node in cluster.pserver_nodes:
+        for _ in range(job.pserver.per_node):
+            pservers.append((node, len(pservers), base + taken.next(node.address) * span))
+    return pservers
+
+
+def port_uses(cluster: Cluster, ports: dict[str, int | None], unchecked: bool = False) -> list[PortUse]:
+    """Every port the job listens on, node by node, for the given settings.
+
+    Checked: each pserver's range (pserver mode), rank 0's master_port
+    (collective mode: its store), the watchdog's coordinator on the first
+    node. `unchecked` adds master_port in pserver mode: the trainers are told
+    it (MASTER_PORT) though the reference workload never listens there, so
+    only an `auto` one needs choosing. A setting given as None is left out.
+    """
+    job, uses = cluster.job, []
+    span = job.pserver.ports_num + job.pserver.ports_num_for_sparse
+    if ports.get("pserver_port") is not None:
+        uses += [PortUse(n.name, n.address, port, span, f"pserver {rank}", "pserver_port")
+                 for n, rank, port in pserver_layout(cluster, ports["pserver_port"])]
+    master = cluster.trainer_nodes[0]
+    if ports.get("master_port") is not None and (job.mode == "collective" or unchecked):
+        uses.append(PortUse(master.name, master.address, ports["master_port"], 1, "master (rank 0)", "master_port"))
+    first = cluster.nodes[0]
+    if ports.get("watchdog_port") is not None and job.watchdog.enabled:
+        uses.append(PortUse(first.name, first.address, ports["watchdog_port"], 1, "watchdog coordinator",
+                            "watchdog_port"))
+    return uses
+
+
+def needed_ports(cluster: Cluster) -> tuple[str, ...]:
+    """The port settings the plan writes somewhere: an `auto` one among them must be chosen."""
+    job = cluster.job
+    return ("master_port",) + (("pserver_port",) if job.mode == "pserver" else ()) + \
+        (("watchdog_port",) if job.watchdog.enabled else ())
+
+
+def resolved_ports(cluster: Cluster, chosen: dict[str, int] | None) -> dict[str, int | None]:
+    """The port settings a plan writes: cluster.yaml's, with the `auto` ones a probe `chosen`."""
+    ports = {**configured_ports(cluster), **(chosen or {})}
+    missing = [k for k in needed_ports(cluster) if ports[k] is None]
+    if missing:
+        raise ValueError(f"{', '.join(missing)} is auto: the plan needs the Network a probe chose")
+    return ports
+
+
+def choose_auto(cluster: Cluster, busy: dict[str, set[int]], rng: random.Random) -> tuple[dict[str, int], tuple]:
+    """The job's ports (fixed ones as given, each `auto` one free on every node concerned) and which were auto.
+
+    busy: per node, the ports a socket holds or a running fabtrain job has
+    claimed. Random within AUTO_WINDOW rather than the lowest free: two jobs
+    started moments apart (before the first has bound its ports) rarely pick
+    alike.
+    """
+    configured = configured_ports(cluster)
+    ports, auto = dict(configured), [k for k in needed_ports(cluster) if configured[k] is None]
+    held: dict[str, set[int]] = {}
+    for u in port_uses(cluster, configured, unchecked=True):
+        held.setdefault(u.node, set()).update(u.ports)
+    lo, hi = AUTO_WINDOW
+    for setting in auto:
+        tries = [rng.randint(lo, hi) for _ in range(200)] + list(range(lo, hi + 1))
+        for base in tries:
+            trial = port_uses(cluster, {setting: base}, unchecked=True)
+            if all(u.port + u.count - 1 <= hi and not set(u.ports) & (busy.get(u.node, set()) | held.get(u.node, set()))
+                   for u in trial):
+                ports[setting] = base
+                for u in trial:
+                    held.setdefault(u.node, set()).update(u.ports)
+                break
+        else:
+            raise UserError(f"{cluster.path}: {PORT_SETTINGS[setting]}: auto: no free port in "
+                            f"{lo}-{hi} on the nodes concerned; give a port")
+    return ports, tuple(auto)
+
+
+def clashes(uses: list[PortUse]) -> list[str]:
+    """Two of the job's own ports that are one port on one node (master_port = watchdog.port)."""
+    seen: dict[tuple[str, int], PortUse] = {}
+    out = []
+    for u in uses:
+        for p in u.ports:
+            other = seen.setdefault((u.node, p), u)
+            if other is not u and other.setting != u.setting:
+                out.append(f"{u.node}: port {p} is both {other.what} ({PORT_SETTINGS[other.setting]}) and "
+                           f"{u.what} ({PORT_SETTINGS[u.setting]}): change one, or set it to auto")
+    return out
