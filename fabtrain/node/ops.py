@@ -19,9 +19,10 @@ import subprocess
 import sys
 import time
 
-from fabtrain.node import atomic, launch, procfs
-from fabtrain.node.workspace import (check_workspace, claim_workspace, job_dir, make_private_dirs, snapshot_code,
-                                     workspace)
+from fabtrain.node import atomic, launch, procfs, runtime
+from fabtrain.node.refusal import UserFacing
+from fabtrain.node.workspace import (check_workspace, claim_workspace, code_refusal, job_dir, make_private_dirs,
+                                     snapshot_code, workspace)
 from fabtrain.node.agent.supervisor import family, send, stop_all, trusted
 from fabtrain.node.spawn import expand, name_programs, program_of, spawn
 from fabtrain.node.states import ProcessState, decide, signame, signal_of
@@ -225,7 +226,10 @@ def op_start(payload):
     refusal = check_workspace(ws) or claim_workspace(ws, job["cluster"], job["node"])
     if refusal:
         raise UserFacing(refusal)
-    jd = os.path.join(ws, "jobs", job["job_id"])
+    jd = job_dir(ws, job["job_id"])
+    refusal = code_refusal(ws, jd)
+    if refusal:
+        raise UserFacing("%s; nothing of job %s was started here" % (refusal, job["job_id"]))
     make_private_dirs(ws, os.path.join(ws, "jobs"), jd, *(os.path.join(jd, sub) for sub in ("logs", "run", "metrics")))
 
     # Refuse to start over a running job unless told (`--force` kills it first on the controller side).
@@ -255,13 +259,9 @@ def op_start(payload):
     started, failed, warnings, by_name = [], [], [], {}
     agent = payload.get("agent")
     if agent and "agent" not in already:
-        runtime = os.path.join(expand(agent["cwd"], ws), "fabtrain", "node")
-        if os.path.isdir(runtime):
-            by_name[agent["name"]] = agent
-            started.append(start_agent(agent, job, jd, ws, base_env, warnings))
-        else:
-            warnings.append("watchdog not started: fabtrain's node runtime %s is missing (run `fab deploy` first)"
-                            % runtime)
+        runtime.install(expand(agent["cwd"], ws))  # a job never runs without its agent: no deploy needed
+        by_name[agent["name"]] = agent
+        started.append(start_agent(agent, job, jd, ws, base_env, warnings))
     for proc in wanted:
         by_name[proc["name"]] = proc
         try:
@@ -523,10 +523,6 @@ def op_collect(payload):
         files[rel] = {"offset": start + end, "size": size, "data": data[:end].decode("utf-8", "replace")}
     reply["files"] = files
     return reply
-
-
-class UserFacing(Exception):
-    """A refusal to report as one line, not a crash."""
 
 
 def _module_op(module, name):
