@@ -284,7 +284,10 @@ def _start_network(session: Session, job_id: str, previous: dict, roles: tuple[s
 
 def status(session: Session, job_id: str | None = None, health: bool = False, timeout: float = 60) -> list[Reply]:
     jobid.checked(job_id, UserError, optional=True)
-    return session.map(lambda t: t.call("status", {"job_id": job_id, "health": health}, timeout=timeout))
+    replies = session.map(lambda t: t.call("status", {"job_id": job_id, "health": health}, timeout=timeout))
+    if job_id and all(r.ok and not r.value["job_id"] for r in replies):
+        raise UserError(f"--job {job_id}: no node has that job")
+    return replies
 
 
 def logs(session: Session, lines: int = 20, follow: bool = False, job_id: str | None = None, out=None) -> list[Reply]:

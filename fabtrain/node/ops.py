@@ -223,10 +223,10 @@ def op_start(payload):
     ws = workspace(job)
     # Logs, metrics, events, health and run records: this user's only (the programs inherit the umask).
     os.umask(0o077)
+    jd = job_dir(ws, job["job_id"])  # a bad id is refused before anything is made
     refusal = check_workspace(ws) or claim_workspace(ws, job["cluster"], job["node"])
     if refusal:
         raise UserFacing(refusal)
-    jd = job_dir(ws, job["job_id"])
     refusal = code_refusal(ws, jd)
     if refusal:
         raise UserFacing("%s; nothing of job %s was started here" % (refusal, job["job_id"]))
@@ -327,7 +327,7 @@ def op_logs(payload):
     ws = workspace(payload)
     jd = job_dir(ws, payload.get("job_id"))
     if not jd or not os.path.isdir(jd):
-        raise UserFacing("no job here yet")
+        raise UserFacing("no job %s here" % payload["job_id"] if payload.get("job_id") else "no job here yet")
     node = payload["node"]
     logs_dir = os.path.join(jd, "logs")
     names = sorted(f[:-4] for f in os.listdir(logs_dir) if f.endswith(".log"))
