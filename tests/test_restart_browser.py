@@ -16,7 +16,7 @@ from tests.synthetic import SyntheticJob, dashboard, local_cluster
 from tests.test_dashboard_browser import browser, chromium  # noqa: F401  (fixtures)
 
 TOKEN = "restart-browser-token-0123456789abcdef"
-JOB = "20260102-100000-rrrr"
+JOB = "20260102-100000-4e57"
 REASON = "trainer-1 on node2 killed by SIGKILL"
 pytestmark = [pytest.mark.timeout(180)]
 
