@@ -11,17 +11,16 @@ running agent's files are never rewritten under it).
 """
 import os
 
+import fabtrain
 from fabtrain.node import atomic
-
-# Set by rpc's bootstrap: {module name: [is_package, source]}, the node code this process was sent.
-SENT = None
 
 
 def sources():
     """{path relative to the folder that holds fabtrain/: source} of every runtime file."""
-    if SENT is not None:
+    sent = getattr(fabtrain, "__sent__", None)  # rpc's bootstrap: {module name: [is_package, source]}
+    if sent is not None:
         out = {}
-        for name, (is_package, source) in SENT.items():
+        for name, (is_package, source) in sent.items():
             if name == "fabtrain" or name.startswith("fabtrain.node"):
                 out[name.replace(".", "/") + ("/__init__.py" if is_package else ".py")] = source
         return out

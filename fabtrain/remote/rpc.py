@@ -106,8 +106,8 @@ class SentModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 code = json.loads(zlib.decompress(data[:size]).decode())
 sys.meta_path.insert(0, SentModules(code["modules"]))
-from fabtrain.node import runtime
-runtime.SENT = code["modules"]
+import fabtrain
+fabtrain.__sent__ = code["modules"]  # what node ops write out as the runtime (fabtrain.node.runtime)
 from fabtrain.node import serve
 sys.exit(serve.main(data[size:], code["idle_exit"]))
 ''' % {"minimum": NODE_PYTHON_MIN, "shown": "%d.%d" % NODE_PYTHON_MIN, "sentinel": SENTINEL}
@@ -127,7 +127,8 @@ def node_modules() -> dict[str, tuple[bool, str]]:
     root = NODE_PACKAGE.parent.parent
     # fabtrain/__init__.py is only a docstring, sent whole: node ops write these very sources out as
     # the runtime (fabtrain.node.runtime), whose version is a hash of the files (fabtrain.plan.runtime).
-    modules: dict[str, tuple[bool, str]] = {"fabtrain": (True, (NODE_PACKAGE.parent / "__init__.py").read_text())}
+    top = NODE_PACKAGE.parent / "__init__.py"
+    modules: dict[str, tuple[bool, str]] = {"fabtrain": (True, top.read_text() if top.exists() else "")}
     for path in sorted(NODE_PACKAGE.rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
         if parts[-1] == "__init__":
