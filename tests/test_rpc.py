@@ -94,6 +94,12 @@ def test_a_node_side_process_that_dies_gives_its_last_word(tmp_path):
     wrapper.chmod(0o755)
     with pytest.raises(NodeError, match=r"^n0: node-side command failed: python3.2: too old for this$"):
         local_node(tmp_path, python=str(wrapper)).call("status", {})
+    crashed = tmp_path / "crashed"
+    crashed.write_text("#!/bin/sh\necho 'Traceback (most recent call last):' >&2\n"
+                       "echo 'SyntaxError: future feature annotations is not defined' >&2\nexit 1\n")
+    crashed.chmod(0o755)
+    with pytest.raises(NodeError, match=r"^n0: node-side command failed: future feature annotations is not defined$"):
+        local_node(tmp_path, python=str(crashed)).call("status", {})  # what it says, not its class name
     silent = tmp_path / "silent"
     silent.write_text("#!/bin/sh\nexit 0\n")
     silent.chmod(0o755)

@@ -29,6 +29,7 @@ import base64
 import collections
 import functools
 import json
+import re
 import threading
 import time
 import zlib
@@ -267,6 +268,8 @@ class Channel:
         """Why the process ended without a reply: its last word on stderr or stdout, else how it exited."""
         last_error, exit_text = self.stream.ended()
         said = last_error or (self.noise[-1] if self.noise else "")
+        # A Python traceback's last line: what it says, not the exception's class name.
+        said = re.sub(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit): ", "", said)
         if said:
             return self._fail(f"node-side command failed: {said}", FAILED)
         self.broken = f"the node-side process ended ({exit_text})"
