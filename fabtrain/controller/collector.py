@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fabtrain.controller import records
-from fabtrain.errors import UserError
-from fabtrain.node import jobid
 from fabtrain.controller.jobstate import JOB_EVENTS, NodeObservation, Verdict, job_verdict
 from fabtrain.controller.series import NODES, TRAINERS, Series, SeriesBook, SeriesDelta
+from fabtrain.errors import UserError
+from fabtrain.node import jobid
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import NodeError
 

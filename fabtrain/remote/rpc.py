@@ -45,7 +45,7 @@ OPEN_TIMEOUT = 60  # for opening a session when the request itself may wait fore
 
 LAUNCHER = "import base64,sys;exec(base64.b64decode(sys.argv[1]))"
 
-# The oldest Python the node side runs on (tests/test_node_stdlib.py imports it there).
+# The oldest Python the node side runs on (README: "Install, and your own project").
 NODE_PYTHON_MIN = (3, 8)
 
 # Runs on the node, from the launcher. Everything down to the version check must run on
