@@ -90,3 +90,24 @@ def test_fab_check_on_an_old_python_says_it_in_one_line(fab, tmp_path):
         said = out.stdout + out.stderr
         assert out.returncode != 0 and f"{olds[0]} is 3." in said and "needs Python 3.8 or newer" in said, said
         assert "SyntaxError" not in said and "Traceback" not in said, said
+
+
+def test_the_runtime_a_start_writes_is_the_version_the_controller_names(tmp_path, monkeypatch):
+    """Node ops write the runtime from the modules they were sent; the folder's version (a hash of its
+    files) is then the one the controller put in the agent's cwd, and a second start writes nothing."""
+    import hashlib
+
+    import fabtrain
+    from fabtrain.node import runtime
+    from fabtrain.plan.runtime import runtime_files, runtime_version
+
+    monkeypatch.setattr(fabtrain, "__sent__", json.loads(json.dumps(rpc.node_modules())), raising=False)
+    target = tmp_path / "runtime" / runtime_version()
+    assert runtime.install(str(target)) == len(runtime_files())
+    digest = hashlib.sha256()
+    for rel in runtime_files():
+        digest.update(str(rel).encode() + b"\0" + (target / rel).read_bytes() + b"\0")
+    assert digest.hexdigest()[:16] == runtime_version()
+    assert runtime.install(str(target)) == 0
+    (target / "fabtrain" / "node" / "ops.py").write_text("# half a deploy\n")
+    assert runtime.install(str(target)) == 1
