@@ -30,6 +30,8 @@ from fabtrain.controller import records
 from fabtrain.controller.jobstate import JOB_EVENTS, NodeObservation, Verdict, job_verdict
 from fabtrain.controller.series import NODES, TRAINERS, Series, SeriesBook, SeriesDelta
 from fabtrain.remote import rpc
+from fabtrain.errors import UserError
+from fabtrain.node import jobid
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import NodeError
 
@@ -164,7 +166,7 @@ class Collector:
     def __init__(self, session: Session, job_id: str | None = None, max_points: int = 1000,
                  max_events: int = 1000, log_lines: int = 200):
         self.session = session
-        self.job_id = job_id
+        self.job_id = jobid.checked(job_id, UserError, optional=True)  # before any node is asked
         self.max_points = max_points
         self.lock = threading.RLock()
         self.nodes = {n.name: NodeView(n.name) for n in session.cluster.nodes}
@@ -224,7 +226,7 @@ class Collector:
         """Take in one `collect` reply (under the lock): every part checked before it is kept."""
         name = view.name
         job_id = reply.get("job_id")
-        if job_id is not None and not (isinstance(job_id, str) and records.NAME_RE.match(job_id)):
+        if job_id is not None and not jobid.is_job_id(job_id):
             self._drop(name, "collect", f"job_id {str(job_id)[:40]!r} is not a job id")
             job_id = None
         # Another job than the offsets were for: what was read at them is not the new job's start.

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from fabtrain.controller import history, records
 from fabtrain.errors import UserError
+from fabtrain.node import jobid
 from fabtrain.remote.session import Session
 
 # metrics record field -> TensorBoard tag
@@ -67,6 +68,7 @@ def _points(columns: dict) -> list[dict]:
 
 def export_tensorboard(session: Session, out_dir: str, job_id: str | None = None) -> Exported:
     _writer_parts()  # say it is missing before asking any node
+    jobid.checked(job_id, UserError, optional=True)
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise UserError(f"--tensorboard {out_dir}: exists and is not a directory")

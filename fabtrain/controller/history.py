@@ -18,6 +18,8 @@ from typing import Any
 from fabtrain.controller import records, state
 from fabtrain.controller.jobstate import JOB_EVENTS, NodeObservation, job_verdict, observe_status
 from fabtrain.remote import rpc
+from fabtrain.errors import UserError
+from fabtrain.node import jobid
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import Reply
 
@@ -117,7 +119,7 @@ def list_jobs(session: Session, now: float | None = None) -> dict:
     per_job: dict[str, dict[str, dict]] = {}
     for node, reply in said.items():
         for entry in reply.get("jobs") or []:
-            if isinstance(entry, dict) and isinstance(entry.get("job_id"), str):
+            if isinstance(entry, dict) and jobid.is_job_id(entry.get("job_id")):
                 per_job.setdefault(entry["job_id"], {})[node] = entry
     jobs = [_job_summary(jid, entries, unreachable, now) for jid, entries in per_job.items()]
     jobs.sort(key=lambda j: (j["started"] or 0, j["job_id"]), reverse=True)
@@ -141,6 +143,7 @@ def job_detail(session: Session, job_id: str, now: float | None = None, max_poin
     """One job in full (series, events, last log lines, outcome); None if no node knows it.
 
     max_points: per trainer (the node thins a longer series evenly); default the node's 2000."""
+    jobid.checked(job_id, UserError)  # it names a file of the controller's state, and a folder on each node
     now = time.time() if now is None else now
     name = session.cluster.name
     suffix = f".job-{job_id}"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import secrets
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from fabtrain.controller import preflight, state
 from fabtrain.errors import UserError
+from fabtrain.node import jobid
 from fabtrain.plan.runtime import PACKAGE_ROOT, runtime_files, runtime_version
 from fabtrain.plan.plan import Network, Plan, make_plan, new_job_id
 from fabtrain.plan.ports import configured_ports, needed_ports
@@ -217,12 +217,12 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
         # start-trainers in pserver mode joins the job whose pservers are up.
         if previous.get("roles") != ["pserver"]:
             raise UserError("no job is waiting for trainers: run `fab start-pserver start-trainers` to start a new job")
-        job_id = previous["job_id"]
+        job_id = jobid.checked(previous.get("job_id"), lambda why: UserError(
+            f"the controller's state of cluster {cluster.name}: {why}; start a new job with `fab start-pserver start-trainers`"))
         _require_pservers(session, job_id)
     if resume_from is None and job_id == previous.get("job_id"):
         resume_from = previous.get("resume_from")
-    if resume_from is not None and not re.match(r"^[A-Za-z0-9_.-]+$", resume_from):
-        raise UserError(f"--resume-from {resume_from!r}: not a job id (see `fab status` or <workspace>/jobs/)")
+    jobid.checked(resume_from, lambda why: UserError(f"--resume-from: {why}"), optional=True)
     if force:
         kill_all(session, grace=grace)
     # The agents' coordinator only listens to beats that carry the job's secret.
@@ -285,12 +285,16 @@ def _start_network(session: Session, job_id: str, previous: dict, roles: tuple[s
 
 
 def status(session: Session, job_id: str | None = None, health: bool = False, timeout: float = 60) -> list[Reply]:
-    return session.map(lambda t: rpc.call(t, "status", {"job_id": job_id, "health": health}, timeout=timeout))
+    jobid.checked(job_id, UserError, optional=True)
+    replies = session.map(lambda t: rpc.call(t, "status", {"job_id": job_id, "health": health}, timeout=timeout))
+    if job_id and all(r.ok and not r.value["job_id"] for r in replies):
+        raise UserError(f"--job {job_id}: no node has that job")
+    return replies
 
 
 def logs(session: Session, lines: int = 20, follow: bool = False, job_id: str | None = None, out=None) -> list[Reply]:
     out = out or sys.stdout
-    payload = {"lines": lines, "follow": follow, "job_id": job_id}
+    payload = {"lines": lines, "follow": follow, "job_id": jobid.checked(job_id, UserError, optional=True)}
     return session.map(lambda t: rpc.call(t, "logs", payload, stream=out))
 
 

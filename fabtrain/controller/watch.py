@@ -17,6 +17,7 @@ from fabtrain.controller.collector import Collector, NodeSnapshot, Snapshot
 from fabtrain.controller.jobstate import WATCH_EXIT, Verdict
 from fabtrain.controller.report import human_bytes
 from fabtrain.node.states import JobState, ProcessState
+from fabtrain.errors import UserError
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import down_label
 
@@ -132,6 +133,8 @@ def watch(session: Session, interval: float = 1.0, timeout: float | None = None,
         now = time.time()
         snap = col.snapshot()
         verdict = snap.verdict
+        if job_id and all(n.up for n in snap.nodes) and not any(n.job_id for n in snap.nodes):
+            raise UserError(f"--job {job_id}: no node has that job")  # not "starting": it never will
         new = []
         for ev in reversed(snap.events):  # oldest first
             key = (ev.get("ts"), ev["node"], ev["kind"], ev.get("name"), ev.get("pid"), ev.get("reason"))

@@ -15,6 +15,8 @@ from flask import (Blueprint, Response, current_app, jsonify, make_response, ren
                    request, send_file)
 from werkzeug.exceptions import HTTPException
 
+from fabtrain.node import jobid
+
 from . import api, prometheus
 
 bp = Blueprint("dashboard", __name__)
@@ -245,8 +247,9 @@ def api_jobs():
 @bp.get("/api/jobs/<job_id>")
 def api_job_history(job_id: str):
     _no_unknown_args()
-    if not NAME_RE.match(job_id):
-        raise ApiError(400, f"bad job id {job_id!r}")
+    why = jobid.problem(job_id)
+    if why:
+        raise ApiError(400, why)
     detail = _history().job(job_id)
     if detail is None:
         raise ApiError(404, f"no node has a job {job_id!r}")

@@ -10,7 +10,7 @@ Neither writes anything, and neither ever returns the job's secret.
 import json
 import os
 
-from fabtrain.node import atomic, ops
+from fabtrain.node import atomic, jobid, ops
 
 # The events that tell how a job went, as opposed to the watchdog's running commentary.
 OUTCOME_KINDS = ("job_failed", "finished", "kept", "killed", "restarting", "restarted")
@@ -118,16 +118,12 @@ def job_entry(ws, job_id):
     }
 
 
-def valid_id(job_id):
-    return isinstance(job_id, str) and job_id and "/" not in job_id and not job_id.startswith(".")
-
-
 def op_jobs(payload):
     """Every job this node has a directory for, newest first: summary, status, outcome events, last metrics."""
     ws = ops.workspace(payload)
     root = os.path.join(ws, "jobs")
     try:
-        ids = sorted((d for d in os.listdir(root) if valid_id(d) and os.path.isdir(os.path.join(root, d))),
+        ids = sorted((d for d in os.listdir(root) if jobid.is_job_id(d) and os.path.isdir(os.path.join(root, d))),
                      reverse=True)
     except OSError:
         ids = []
@@ -165,9 +161,7 @@ def series(path, max_points):
 
 def op_job(payload):
     """One job's story on this node: summary, status, metrics series, events and each log's last lines."""
-    job_id = payload.get("job_id")
-    if not valid_id(job_id):
-        raise ops.UserFacing("job id %r is not a job id" % (job_id,))
+    job_id = jobid.checked(payload.get("job_id"), ops.UserFacing)
     ws = ops.workspace(payload)
     jd = os.path.join(ws, "jobs", job_id)
     if not os.path.isdir(jd):

@@ -19,10 +19,11 @@ import subprocess
 import sys
 import time
 
-from fabtrain.node import atomic, launch, procfs
-from fabtrain.node.workspace import (check_workspace, claim_workspace, job_dir, make_private_dirs, snapshot_code,
-                                     workspace)
+from fabtrain.node import atomic, launch, procfs, runtime
 from fabtrain.node.kill import family, send, stop_all, trusted
+from fabtrain.node.refusal import UserFacing
+from fabtrain.node.workspace import (check_workspace, claim_workspace, code_refusal, job_dir, make_private_dirs,
+                                     snapshot_code, workspace)
 from fabtrain.node.spawn import expand, name_programs, program_of, spawn
 from fabtrain.node.states import ProcessState, signal_name, signal_of, state_of
 
@@ -221,10 +222,13 @@ def op_start(payload):
     ws = workspace(job)
     # Logs, metrics, events, health and run records: this user's only (the programs inherit the umask).
     os.umask(0o077)
+    jd = job_dir(ws, job["job_id"])  # a bad id is refused before anything is made
     refusal = check_workspace(ws) or claim_workspace(ws, job["cluster"], job["node"])
     if refusal:
         raise UserFacing(refusal)
-    jd = os.path.join(ws, "jobs", job["job_id"])
+    refusal = code_refusal(ws, jd)
+    if refusal:
+        raise UserFacing("%s; nothing of job %s was started here" % (refusal, job["job_id"]))
     make_private_dirs(ws, os.path.join(ws, "jobs"), jd, *(os.path.join(jd, sub) for sub in ("logs", "run", "metrics")))
 
     # Refuse to start over a running job unless told (`--force` kills it first on the controller side).
@@ -254,13 +258,9 @@ def op_start(payload):
     started, failed, warnings, by_name = [], [], [], {}
     agent = payload.get("agent")
     if agent and "agent" not in already:
-        runtime = os.path.join(expand(agent["cwd"], ws), "fabtrain", "node")
-        if os.path.isdir(runtime):
-            by_name[agent["name"]] = agent
-            started.append(start_agent(agent, job, jd, ws, base_env, warnings))
-        else:
-            warnings.append("watchdog not started: fabtrain's node runtime %s is missing (run `fab deploy` first)"
-                            % runtime)
+        runtime.install(expand(agent["cwd"], ws))  # a job never runs without its agent: no deploy needed
+        by_name[agent["name"]] = agent
+        started.append(start_agent(agent, job, jd, ws, base_env, warnings))
     for proc in wanted:
         by_name[proc["name"]] = proc
         try:
@@ -326,7 +326,7 @@ def op_logs(payload):
     ws = workspace(payload)
     jd = job_dir(ws, payload.get("job_id"))
     if not jd or not os.path.isdir(jd):
-        raise UserFacing("no job here yet")
+        raise UserFacing("no job %s here" % payload["job_id"] if payload.get("job_id") else "no job here yet")
     node = payload["node"]
     logs_dir = os.path.join(jd, "logs")
     names = sorted(f[:-4] for f in os.listdir(logs_dir) if f.endswith(".log"))
@@ -522,10 +522,6 @@ def op_collect(payload):
         files[rel] = {"offset": start + end, "size": size, "data": data[:end].decode("utf-8", "replace")}
     reply["files"] = files
     return reply
-
-
-class UserFacing(Exception):
-    """A refusal to report as one line, not a crash."""
 
 
 def _module_op(module, name):

@@ -50,20 +50,33 @@ def answer(line):
     """The reply to one request line, as the JSON text of the reply frame."""
     from fabtrain.node.ops import OPS, UserFacing
 
+    name = "?"
     try:
         request = json.loads(line)
-        op = OPS.get(request["op"])
+        name = request["op"]
+        op = OPS.get(name)
         if op is None:
-            raise UserFacing("unknown op %r (the controller's fabtrain is newer than this node code?)" % request["op"])
+            raise UserFacing("unknown op %r (the controller's fabtrain is newer than this node code?)" % name)
         reply = {"ok": True, "result": op(request["payload"])}
     except UserFacing as e:
         reply = {"ok": False, "error": str(e)}
     except Exception as e:  # reported on the controller with the node's name, as one line
-        reply = {"ok": False, "error": "%s: %s" % (type(e).__name__, e)}
+        reply = {"ok": False, "error": in_words(e, name)}
     try:
         return json.dumps(reply)
     except (TypeError, ValueError) as e:
         return json.dumps({"ok": False, "error": "the reply is not JSON: %s" % e})
+
+
+def in_words(e, op):
+    """What went wrong, as a person says it: the path and what the system said of it, never a
+    Python exception's class name or errno tuple."""
+    if isinstance(e, OSError) and e.strerror:
+        where = " ".join("%s" % f for f in (e.filename, e.filename2) if f is not None)
+        return "%s%s (during %s)" % (where + ": " if where else "", e.strerror.lower(), op)
+    if isinstance(e, KeyError):
+        return "%s: the request has no %s (the controller's fabtrain differs from this node code?)" % (op, e)
+    return "%s failed on this node: %s" % (op, str(e) or "no detail")
 
 
 def main(buffered=b"", idle_exit=None):

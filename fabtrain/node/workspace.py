@@ -9,7 +9,8 @@ import json
 import os
 import shutil
 
-from fabtrain.node import atomic
+from fabtrain.node import atomic, jobid
+from fabtrain.node.refusal import UserFacing
 
 
 def workspace(payload):
@@ -84,13 +85,24 @@ def claim_workspace(ws, cluster, node):
 
 
 def job_dir(ws, job_id=None):
-    if job_id:
-        return os.path.join(ws, "jobs", job_id)
+    """<ws>/jobs/<job_id>, or the current job's (None when there is none). An id that is not a
+    job id is refused here, whatever sent it: nothing outside jobs/ is ever read for a job."""
+    if job_id is not None:
+        return os.path.join(ws, "jobs", jobid.checked(job_id, UserFacing))
     cur = os.path.join(ws, "current")
     return os.path.realpath(cur) if os.path.islink(cur) else None
 
 
 CODE_IDENTITY = ".fabtrain-code.json"  # written by `fab deploy`: which code this is
+
+
+def code_refusal(ws, jd):
+    """None when the job has its code (its snapshot, or a deployed <ws>/code to make it from);
+    else the one line that says to deploy. `fab deploy` always writes CODE_IDENTITY, so code/
+    without it (missing, or the empty folder `fab provision` makes) was never deployed."""
+    if os.path.isdir(os.path.join(jd, "code")) or os.path.isfile(os.path.join(ws, "code", CODE_IDENTITY)):
+        return None
+    return "no code deployed to %s: run `fab deploy` first" % os.path.join(ws, "code")
 
 
 def snapshot_code(ws, jd):
@@ -103,10 +115,7 @@ def snapshot_code(ws, jd):
     src, dst = os.path.join(ws, "code"), os.path.join(jd, "code")
     if not os.path.isdir(dst):
         tmp = dst + ".tmp.%d" % os.getpid()
-        if os.path.isdir(src):
-            shutil.copytree(src, tmp, symlinks=True, copy_function=_link_or_copy)
-        else:
-            os.makedirs(tmp)  # nothing deployed: commands that need no shipped code still run
+        shutil.copytree(src, tmp, symlinks=True, copy_function=_link_or_copy)  # deployed: code_refusal
         os.replace(tmp, dst)
     return atomic.read_json(os.path.join(dst, CODE_IDENTITY), {})
 

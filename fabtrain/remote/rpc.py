@@ -29,6 +29,7 @@ import base64
 import collections
 import functools
 import json
+import re
 import threading
 import time
 import zlib
@@ -44,10 +45,13 @@ OPEN_TIMEOUT = 60  # for opening a session when the request itself may wait fore
 
 LAUNCHER = "import base64,sys;exec(base64.b64decode(sys.argv[1]))"
 
-# Runs on the node (Python 3.8+, standard library only), from the launcher.
+# The oldest Python the node side runs on (README: "Install, and your own project").
+NODE_PYTHON_MIN = (3, 8)
+
+# Runs on the node, from the launcher. Everything down to the version check must run on
+# any Python (2.7 too): an older interpreter answers the first request with one line
+# that names it, instead of failing to compile the node code.
 BOOTSTRAP = '''\
-import importlib.abc
-import importlib.util
 import json
 import os
 import sys
@@ -61,6 +65,23 @@ def read_until(data, done):
             sys.exit(0)
         data += chunk
     return data
+
+
+data = read_until(b"", lambda d: b"\\n" in d)
+size, data = data.split(b"\\n", 1)
+size = int(size)
+data = read_until(data, lambda d: len(d) >= size)
+if sys.version_info < %(minimum)r:
+    read_until(data[size:], lambda d: b"\\n" in d)  # the request this answers
+    found = "%%d.%%d.%%d" %% tuple(sys.version_info[:3])
+    error = ("%%s is %%s; fabtrain's node side needs Python %(shown)s or newer: "
+             "set nodes[].python or cluster.python" %% (sys.executable or "python", found))
+    sys.stdout.write("\\n%(sentinel)s\\n%%s\\n" %% json.dumps({"ok": False, "error": error}))
+    sys.stdout.flush()
+    sys.exit(0)
+
+import importlib.abc
+import importlib.util
 
 
 class SentModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -84,15 +105,13 @@ class SentModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         exec(compile(source, module.__file__, "exec"), module.__dict__)
 
 
-data = read_until(b"", lambda d: b"\\n" in d)
-size, data = data.split(b"\\n", 1)
-size = int(size)
-data = read_until(data, lambda d: len(d) >= size)
 code = json.loads(zlib.decompress(data[:size]).decode())
 sys.meta_path.insert(0, SentModules(code["modules"]))
+import fabtrain
+fabtrain.__sent__ = code["modules"]  # what node ops write out as the runtime (fabtrain.node.runtime)
 from fabtrain.node import serve
 sys.exit(serve.main(data[size:], code["idle_exit"]))
-'''
+''' % {"minimum": NODE_PYTHON_MIN, "shown": "%d.%d" % NODE_PYTHON_MIN, "sentinel": SENTINEL}
 
 
 def launcher_argv(python: str) -> list[str]:
@@ -104,10 +123,13 @@ def launcher_argv(python: str) -> list[str]:
 def node_modules() -> dict[str, tuple[bool, str]]:
     """Every module under fabtrain/node/ (subpackages too): name -> (is_package, source).
 
-    `fabtrain` itself is an empty package here: the node gets fabtrain.node
+    `fabtrain` itself is only its docstring here: the node gets fabtrain.node
     and nothing of the controller's code."""
     root = NODE_PACKAGE.parent.parent
-    modules: dict[str, tuple[bool, str]] = {"fabtrain": (True, "")}
+    # fabtrain/__init__.py is only a docstring, sent whole: node ops write these very sources out as
+    # the runtime (fabtrain.node.runtime), whose version is a hash of the files (fabtrain.plan.runtime).
+    top = NODE_PACKAGE.parent / "__init__.py"
+    modules: dict[str, tuple[bool, str]] = {"fabtrain": (True, top.read_text() if top.exists() else "")}
     for path in sorted(NODE_PACKAGE.rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
         if parts[-1] == "__init__":
@@ -246,6 +268,8 @@ class Channel:
         """Why the process ended without a reply: its last word on stderr or stdout, else how it exited."""
         last_error, exit_text = self.stream.ended()
         said = last_error or (self.noise[-1] if self.noise else "")
+        # A Python traceback's last line: what it says, not the exception's class name.
+        said = re.sub(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit): ", "", said)
         if said:
             return self._fail(f"node-side command failed: {said}", FAILED)
         self.broken = f"the node-side process ended ({exit_text})"

@@ -26,14 +26,16 @@ from fabtrain.remote import hostkeys
 from fabtrain.remote.transport import NodeError, SSHTransport, Transport, quote_path
 
 
-def ssh_config_text(t: SSHTransport) -> str:
-    """The config file rsync's ssh reads (-F): the cluster's policy for every host, then Fabric's files."""
+def ssh_config_text(t: SSHTransport, learned_file: str | None = None) -> str:
+    """The config file rsync's ssh reads (-F): the cluster's policy for every host, then Fabric's files.
+    learned_file: where ssh puts keys it learns, for hostkeys.merge_learned."""
     ssh = t.node.ssh
+    policy = hostkeys.openssh_config(ssh.known_hosts, ssh.host_key_policy, learned_file)
     lines = ["# Written by fabtrain for one rsync: the cluster's host-key policy on every hop.",
              "Host *",
              "    BatchMode yes",
              f"    ConnectTimeout {max(1, round(ssh.connect_timeout))}",
-             *(f"    {line}" for line in hostkeys.openssh_config(ssh.known_hosts, ssh.host_key_policy))]
+             *(f"    {line}" for line in policy)]
     lines += [f'    Include "{path}"' for path in t.ssh_config_files()]
     return "\n".join(lines) + "\n"
 
@@ -66,14 +68,18 @@ class Rsync:
                  files_from_stdin: bool = False):
         self.node = t.node.name
         self.config_file: str | None = None
+        self.learned_file: str | None = None  # keys its ssh learns, merged into known_hosts at the end
+        self.known_hosts = t.node.ssh.known_hosts if isinstance(t, SSHTransport) else None
         self.proc: subprocess.Popen | None = None
         self.stderr = tempfile.TemporaryFile()  # read only at the end: no pipe to drain
         self.file_list = None  # our end of its stdin (a pipe of our own: communicate() leaves it alone)
         try:
             if isinstance(t, SSHTransport):
+                fd, self.learned_file = tempfile.mkstemp(prefix="fabtrain-learned-")  # 0600
+                os.close(fd)
                 fd, self.config_file = tempfile.mkstemp(prefix="fabtrain-ssh-", suffix=".conf")  # 0600
                 with os.fdopen(fd, "w") as f:
-                    f.write(ssh_config_text(t))
+                    f.write(ssh_config_text(t, self.learned_file))
                 transport_args, dest = self._ssh_destination(t, remote_dir)
             else:
                 path = Path(remote_dir).expanduser()
@@ -161,12 +167,15 @@ class Rsync:
                 except OSError:
                     pass
         self.stderr.close()
-        if self.config_file:
-            try:
-                os.unlink(self.config_file)
-            except FileNotFoundError:
-                pass
-            self.config_file = None
+        if self.learned_file:
+            hostkeys.merge_learned(self.learned_file, self.known_hosts)
+        for path in (self.config_file, self.learned_file):
+            if path:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+        self.config_file = self.learned_file = None
 
     def __enter__(self) -> "Rsync":
         return self

@@ -329,7 +329,7 @@ def describe_connect_error(node: Node, e: Exception) -> str:
         return f"{where}: ssh error: {e}"
     if isinstance(e, invoke.UnexpectedExit):
         return f"{where}: command failed with exit code {e.result.exited}"
-    return f"{where}: {type(e).__name__}: {e}"
+    return f"{where}: cannot connect: {e or 'no detail from the SSH library'}"  # in words, never a class name
 
 
 _CONNECT_ERRNOS = {

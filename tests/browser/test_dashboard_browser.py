@@ -70,7 +70,7 @@ def live(sshd, fab, tmp_path):
                                       "pserver": {"command": command}, "trainer": {"command": command},
                                       "watchdog": {"enabled": False}})
     cluster = load_cluster(cluster_file)
-    fab("start-pserver", "start-trainers", cluster=cluster_file, check=True)
+    fab("deploy", "start-pserver", "start-trainers", cluster=cluster_file, check=True)
     workspaces = {n.name: n.workspace for n in cluster.nodes}
     job_id = os.path.basename(os.path.realpath(os.path.join(workspaces["node1"], "current")))
     agent = StandInAgent(SyntheticJob(job_id, {n: (ws, []) for n, ws in workspaces.items()}))

@@ -15,7 +15,7 @@ import pytest
 from tests.support.synthetic import SyntheticJob, dashboard, local_cluster
 
 TOKEN = "restart-browser-token-0123456789abcdef"
-JOB = "20260102-100000-rrrr"
+JOB = "20260102-100000-4e57"
 REASON = "trainer-1 on node2 killed by SIGKILL"
 pytestmark = [pytest.mark.timeout(180)]
 

@@ -126,7 +126,7 @@ def test_a_command_that_cannot_start_is_reported_at_once(fab, tmp_path, sshd):
     path = write_cluster(tmp_path / "c.yaml", sshd, ssh_nodes=[("node1", ["trainer"])],
                          job={"mode": "collective", "trainer": {"command": "no-such-program --x"},
                               "watchdog": {"enabled": False}})
-    out = fab("start-trainers", cluster=path)
+    out = fab("deploy", "start-trainers", cluster=path)
     assert out.returncode == 1
     assert re.search(r"node1: trainer-0 exited at once with code 127", out.stdout), out.stdout
     fab("kill-all", cluster=path, check=True)

@@ -168,3 +168,78 @@ job: {{mode: collective, code: {project_code(tmp_path)}, trainer: {{command: "tr
     assert out.returncode == 0, out.stdout + out.stderr
     assert re.search(r"box: code \S+( \S+)? synced", out.stdout), out.stdout
     assert (tmp_path / "ws-box" / "code" / "train.py").exists()  # the project's code arrived
+
+
+PARALLEL_RSYNCS = 8
+
+
+def test_a_bastion_key_learned_by_many_parallel_rsyncs_and_fabric_is_recorded_once(tmp_path, sshd, monkeypatch):
+    """accept-new: eight rsyncs through the bastion, all started before any has learned its key, and a
+    Fabric connection through it too: each ssh learns the new key at once, known_hosts holds it once."""
+    from fabtrain.config.cluster import load_cluster
+    from fabtrain.remote.rsync import Rsync
+
+    path, home, kh, bastion = bastion_world(tmp_path, sshd, "accept-new")
+    pub = (sshd.nodes[0].host_key.parent / f"{sshd.nodes[0].host_key.name}.pub").read_text().split()[1]
+    monkeypatch.setenv("HOME", str(home))
+    node = load_cluster(path).nodes[0]
+    source = project_code(tmp_path) / "train.py"
+    runs = [Rsync(SSHTransport(node), [str(source)], f"{tmp_path}/ws-inner/copy-{i}") for i in range(PARALLEL_RSYNCS)]
+    fabric = SSHTransport(node)
+    try:
+        assert fabric.run("echo via-bastion").stdout.strip() == "via-bastion"
+        for run in runs:
+            run.finish(60)
+    finally:
+        for run in runs:
+            run.cancel()
+        fabric.close()
+    for i in range(PARALLEL_RSYNCS):
+        assert (tmp_path / "ws-inner" / f"copy-{i}" / "train.py").exists()
+    assert [l.split()[-1] for l in recorded(kh, bastion)] == [pub]
+    assert len([l for l in kh.read_text().splitlines() if pub in l]) == 1
+
+
+def test_rsyncs_ssh_learns_keys_into_its_own_file_never_into_known_hosts(tmp_path):
+    """OpenSSH appends what it learns to the first UserKnownHostsFile without a lock: under accept-new
+    that is a file of the one rsync's own, merged through fabtrain's locked writer; strict learns nothing."""
+    from fabtrain.remote.hostkeys import openssh_config
+
+    kh, learned = tmp_path / "known_hosts", tmp_path / "learned"
+    assert f'UserKnownHostsFile "{learned}" "{kh}"' in openssh_config(str(kh), "accept-new", str(learned))
+    assert "HashKnownHosts no" in openssh_config(str(kh), "accept-new", str(learned))  # merged by name
+    assert f'UserKnownHostsFile "{kh}"' in openssh_config(str(kh), "strict", str(learned))
+
+
+def _merge(args):
+    from fabtrain.remote.hostkeys import merge_learned
+    barrier, learned, kh = args
+    barrier.wait()
+    merge_learned(learned, kh)
+
+
+def test_one_key_learned_by_many_processes_at_once_is_recorded_once(tmp_path):
+    import multiprocessing
+
+    import paramiko
+    key = paramiko.Ed25519Key.from_private_key_file(str(_a_key(tmp_path)))
+    kh = tmp_path / "known_hosts"
+    kh.write_text("[127.0.0.9]:22 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOunrher+qseY8sv8RaYeJsuR54HodGqcyhvGeofJOhI\n")
+    files = []
+    for i in range(12):
+        f = tmp_path / f"learned-{i}"
+        f.write_text(f"[127.0.0.8]:22 {key.get_name()} {key.get_base64()}\n")
+        files.append(str(f))
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Manager().Barrier(len(files))
+    with ctx.Pool(len(files)) as pool:
+        pool.map(_merge, [(barrier, f, str(kh)) for f in files])
+    lines = kh.read_text().splitlines()
+    assert lines.count(f"[127.0.0.8]:22 {key.get_name()} {key.get_base64()}") == 1, lines
+    assert len(lines) == 2
+
+
+def _a_key(tmp_path):
+    path = tmp_path / "key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return path

@@ -6,10 +6,11 @@ import json
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import fabtrain.node
 from fabtrain.remote import rpc
-from tests.conftest import REPO
+from tests.conftest import REPO, require
 
 
 def node_modules() -> list[str]:
@@ -42,3 +43,71 @@ def test_node_ops_as_sent_run_on_a_bare_interpreter(tmp_path):
     parser.feed(out.stdout)
     replies = [value for kind, value in parser.events if kind == "reply"]
     assert replies == [{"ok": True, "result": {"job_id": None, "processes": []}}], (out.stdout, out.stderr)
+
+
+def old_interpreters() -> list[str]:
+    """Every Python older than the node side supports on this machine: pyenv's and /usr/bin's."""
+    import glob
+    found = []
+    for path in sorted(glob.glob(str(Path.home() / ".pyenv/versions/*/bin/python")) + glob.glob("/usr/bin/python[23]*")):
+        out = subprocess.run([path, "-c", "import sys; print('%d %d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, timeout=30)
+        if out.returncode == 0 and tuple(map(int, out.stdout.split())) < rpc.NODE_PYTHON_MIN:
+            found.append(path)
+    return found
+
+
+def test_a_node_python_older_than_3_8_is_named_in_one_line(tmp_path):
+    """The bootstrap checks the version before it compiles any node code, so a 3.6 (or 2.7) answers the
+    first request with the one line, not a SyntaxError; every op goes through it."""
+    olds = old_interpreters()
+    require(olds, "a Python older than 3.8", "none under ~/.pyenv/versions or /usr/bin")
+    for python in olds:
+        version = subprocess.run([python, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
+                                 capture_output=True, text=True).stdout.strip()
+        for op in ("probe", "status", "start"):
+            request = json.dumps({"op": op, "payload": {"workspace": str(tmp_path / "ws")}}).encode() + b"\n"
+            out = subprocess.run(rpc.launcher_argv(python), input=rpc.code_frame(None) + request,
+                                 capture_output=True, timeout=60)
+            parser = rpc.ReplyParser()
+            parser.feed(out.stdout)
+            replies = [value for kind, value in parser.events if kind == "reply"]
+            assert replies == [{"ok": False, "error": f"{python} is {version}; fabtrain's node side needs Python 3.8 "
+                                                      "or newer: set nodes[].python or cluster.python"}], out
+            assert out.stderr == b""
+        assert not (tmp_path / "ws").exists()
+
+
+def test_fab_check_on_an_old_python_says_it_in_one_line(fab, tmp_path):
+    olds = [p for p in old_interpreters() if "/3." in p or "python3" in p]
+    require(olds, "a Python 3 older than 3.8", "none under ~/.pyenv/versions or /usr/bin")
+    path = tmp_path / "cluster.yaml"
+    path.write_text(f"cluster: {{name: old, python: {olds[0]}}}\n"
+                    f"nodes: [{{name: a, host: local, roles: [trainer], workspace: {tmp_path}/ws}}]\n"
+                    "job: {mode: collective, trainer: {command: 'true'}}\n")
+    for args in (["check"], ["start-trainers"], ["status"]):
+        out = fab(*args, cluster=path, timeout=120)
+        said = out.stdout + out.stderr
+        assert out.returncode != 0 and f"{olds[0]} is 3." in said and "needs Python 3.8 or newer" in said, said
+        assert "SyntaxError" not in said and "Traceback" not in said, said
+
+
+def test_the_runtime_a_start_writes_is_the_version_the_controller_names(tmp_path, monkeypatch):
+    """Node ops write the runtime from the modules they were sent; the folder's version (a hash of its
+    files) is then the one the controller put in the agent's cwd, and a second start writes nothing."""
+    import hashlib
+
+    import fabtrain
+    from fabtrain.node import runtime
+    from fabtrain.plan.runtime import runtime_files, runtime_version
+
+    monkeypatch.setattr(fabtrain, "__sent__", json.loads(json.dumps(rpc.node_modules())), raising=False)
+    target = tmp_path / "runtime" / runtime_version()
+    assert runtime.install(str(target)) == len(runtime_files())
+    digest = hashlib.sha256()
+    for rel in runtime_files():
+        digest.update(str(rel).encode() + b"\0" + (target / rel).read_bytes() + b"\0")
+    assert digest.hexdigest()[:16] == runtime_version()
+    assert runtime.install(str(target)) == 0
+    (target / "fabtrain" / "node" / "ops.py").write_text("# half a deploy\n")
+    assert runtime.install(str(target)) == 1

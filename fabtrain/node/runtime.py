@@ -1,0 +1,55 @@
+"""fabtrain's node runtime, installed on the node by the node itself.
+
+The agent runs from <workspace>/runtime/<version>/ (fabtrain/__init__.py and
+fabtrain/node/), apart from the user's code. `fab deploy` ships it with rsync,
+but a start must not depend on that: a job never runs without its agents. Node
+ops already hold every file of the runtime -- the controller sends them with
+each call (fabtrain.remote.rpc), and <version> is a hash of exactly those files
+(fabtrain.plan.runtime) -- so a start writes whatever is missing or differs
+from what it was sent. A folder that already matches is left as it is (a
+running agent's files are never rewritten under it).
+"""
+import os
+
+import fabtrain
+from fabtrain.node import atomic
+
+
+def sources():
+    """{path relative to the folder that holds fabtrain/: source} of every runtime file."""
+    sent = getattr(fabtrain, "__sent__", None)  # rpc's bootstrap: {module name: [is_package, source]}
+    if sent is not None:
+        out = {}
+        for name, (is_package, source) in sent.items():
+            if name == "fabtrain" or name.startswith("fabtrain.node"):
+                out[name.replace(".", "/") + ("/__init__.py" if is_package else ".py")] = source
+        return out
+    # Not sent (node code run from a deployed copy, or in-process): the files beside this one.
+    node = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(node))
+    files = [os.path.join(root, "fabtrain", "__init__.py")]
+    for folder, dirs, names in os.walk(node):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        files += [os.path.join(folder, n) for n in sorted(names) if n.endswith(".py")]
+    out = {}
+    for path in files:
+        with open(path) as f:
+            out[os.path.relpath(path, root)] = f.read()
+    return out
+
+
+def install(target):
+    """Make target (<workspace>/runtime/<version>) hold the runtime; returns how many files were written."""
+    written = 0
+    for rel, source in sorted(sources().items()):
+        path = os.path.join(target, rel)
+        try:
+            with open(path) as f:
+                if f.read() == source:
+                    continue
+        except (OSError, UnicodeDecodeError):
+            pass  # missing or unreadable: written below
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        atomic.write(path, source)
+        written += 1
+    return written
