@@ -36,7 +36,8 @@ def fabtask(fn=None, **numbers: Number):
         try:
             return fn(c, *args, **kwargs)
         except UserError as e:
-            raise Exit(f"fab {fn.__name__.replace('_', '-')}: {e}", code=2) from None
+            name = fn.__name__.replace("_", "-")
+            raise Exit("\n".join(f"fab {name}: {line}" for line in str(e).splitlines()), code=2) from None
         except KeyboardInterrupt:
             raise Exit("interrupted", code=130) from None
     return task(wrapper, klass=taskargs.CheckedTask, numbers=numbers)
