@@ -65,7 +65,7 @@ def plan(c, offline=False):
         network, notes = preflight.choose_ports(s.cluster, {}), ["--offline: interfaces and auto ports are found at start"]
     else:
         network, notes = preflight.plan_network(s)
-    print(report.plan_text(make_plan(s.cluster, new_job_id(), network=network), notes))
+    print(report.plan_text(make_plan(s.cluster, new_job_id(), network=network), notes, asked=not offline))
 
 
 @fabtask

@@ -8,7 +8,7 @@ from fabtrain.controller.jobstate import JobState, NodeObservation, Verdict, job
 from fabtrain.controller.lifecycle import NodeCheck, StartResult
 from fabtrain.controller.preflight import Bandwidth, NetworkCheck
 from fabtrain.node.states import LIVE
-from fabtrain.plan.plan import IFACE_VARS, Plan, render_shell
+from fabtrain.plan.plan import IFACE_VARS, Plan, render_shell, render_start
 from fabtrain.remote.transport import Reply, down_label
 
 
@@ -20,13 +20,14 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def plan_text(plan: Plan, notes: list[str] = ()) -> str:
+def plan_text(plan: Plan, notes: list[str] = (), asked: bool = True) -> str:
+    """What `fab plan` prints; `asked`: the nodes were asked which ports are free (not --offline)."""
     out = [f"# job {plan.job_id} on cluster {plan.cluster}: mode {plan.mode}, sgd {plan.sgd}"]
     if plan.pserver_endpoints:
         out.append(f"# pservers: {','.join(plan.pserver_endpoints)}")
     out.append(f"# master (trainer 0): {plan.master}")
-    out.append(f"# {ports_text(plan.ports, plan.auto_ports)}"
-               + ("  (auto: free now; a start chooses again)" if plan.auto_ports else ""))
+    auto_note = "  (auto: free now; a start chooses again)" if asked else "  (auto: picked without asking the nodes; a start chooses among the free ones)"
+    out.append(f"# {ports_text(plan.ports, plan.auto_ports)}" + (auto_note if plan.auto_ports else ""))
     out += [f"# note: {n}" for n in notes]
     for n in plan.nodes:
         out.append("")
@@ -38,6 +39,10 @@ def plan_text(plan: Plan, notes: list[str] = ()) -> str:
         for p in n.processes:
             out.append(f"# {p.name}")
             out.append(render_shell(p))
+        if plan.watchdog.get("enabled"):
+            agent = plan.agent_process(n.node)
+            out.append("# agent (the watchdog; runs from fabtrain's runtime, shipped by fab deploy)")
+            out.append(render_start(agent["env"], agent["launch"], agent["cwd"], agent["log"]))
     return "\n".join(out)
 
 
