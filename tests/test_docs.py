@@ -76,3 +76,22 @@ def test_the_cluster_reference_loads_as_printed_in_fab_plan_offline(tmp_path):
                          env={**__import__("os").environ, "FABTRAIN_CLUSTER": str(tmp_path / "cluster.yaml")})
     assert out.returncode == 0, out.stderr
     assert "# agent" in out.stdout and "launch.py --exit" in out.stdout
+
+
+def test_fabtrain_init_writes_the_train_py_its_cluster_file_runs_and_keeps_one_that_exists(tmp_path):
+    from fabtrain.cli import main
+    assert main(["init", str(tmp_path / "a")]) == 0
+    train = tmp_path / "a" / "train.py"
+    assert "command: python train.py" in (tmp_path / "a" / "cluster.yaml").read_text()
+    metrics = tmp_path / "m.jsonl"
+    run = subprocess.run([sys.executable, "-c", "import time; time.sleep = lambda s: None; "
+                          f"exec(open({str(train)!r}).read())"], capture_output=True, text=True, timeout=60,
+                         env={"FABTRAIN_METRICS": str(metrics), "RANK": "1", "WORLD_SIZE": "2"})
+    assert run.returncode == 0, run.stderr
+    import json
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert len(records) == 60 and records[0]["rank"] == 1 and "loss" in records[-1]
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "train.py").write_text("mine\n")
+    assert main(["init", str(tmp_path / "b")]) == 0
+    assert (tmp_path / "b" / "train.py").read_text() == "mine\n"
