@@ -126,6 +126,14 @@ def copy_data(c, bwlimit=None):
 
 def _start(c, roles, force, resume_from=None):
     result = lifecycle.start(session(c), roles, force=force, resume_from=resume_from)
+    if force:
+        print(report.force_text(result.stopped))
+    refusal = report.running_refusal(result)
+    if refusal:
+        for r in result.replies:
+            if not r.ok and not report.RUNNING_HERE_RE.search(r.error or ""):
+                print(f"{r.node}: FAILED: {r.error}")
+        raise Exit(refusal, code=1)
     print(report.start_text(result, roles))
     failed = any(not r.ok or r.value["failed"] for r in result.replies)
     fail_if(failed, f"job {result.job_id}: could not start everything; see `fab status` and `fab logs`")
@@ -148,6 +156,7 @@ def status(c, job=None):
     """Show every process of the job on every node; exit 1 if one failed."""
     s = session(c)
     replies = lifecycle.status(s, job_id=job, health=True)
+    lifecycle.require_job(replies, job)
     text, failed = report.status_text(replies)
     print(text)
     shown = {r.value["job_id"] for r in replies if r.ok and r.value["job_id"]}
@@ -171,6 +180,7 @@ def watch(c, interval=1.0, timeout=None, job=None):
 def logs(c, lines=20, follow=False, job=None):
     """Print the last --lines of every process's log, prefixed [node role-rank]; --follow streams."""
     replies = lifecycle.logs(session(c), lines=lines, follow=follow, job_id=job)
+    lifecycle.require_job(replies, job)
     for r in replies:
         if not r.ok:
             print(f"{r.node}: FAILED: {r.error}", file=sys.stderr)

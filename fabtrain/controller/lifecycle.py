@@ -196,6 +196,7 @@ class StartResult:
     job_id: str
     plan: Plan
     replies: list[Reply]
+    stopped: list[Reply] = field(default_factory=list)  # --force: kill-all's replies, before the start
 
     @property
     def complete(self) -> bool:
@@ -221,8 +222,8 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
         resume_from = previous.get("resume_from")
     if resume_from is not None and not re.match(r"^[A-Za-z0-9_.-]+$", resume_from):
         raise UserError(f"--resume-from {resume_from!r}: not a job id (see `fab status` or <workspace>/jobs/)")
-    if force:
-        kill_all(session, grace=grace)
+    by = "fab start-pserver --force" if "pserver" in roles else "fab start-trainers --force"
+    stopped = kill_all(session, grace=grace, by=by) if force else []
     # The agents' coordinator only listens to beats that carry the job's secret.
     secret = previous.get("secret") if job_id == previous.get("job_id") else None
     secret = secret or secrets.token_hex(16)
@@ -242,7 +243,7 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
         started_roles = sorted(set(previous.get("roles", [])) | set(roles)) if joined else sorted(roles)
         state.save(cluster.name, job_id=job_id, roles=started_roles, cluster=cluster.path, resume_from=resume_from,
                    secret=secret, network=network.to_dict())
-    return StartResult(job_id, plan, replies)
+    return StartResult(job_id, plan, replies, stopped)
 
 
 def _require_pservers(session: Session, job_id: str) -> None:
@@ -292,5 +293,18 @@ def logs(session: Session, lines: int = 20, follow: bool = False, job_id: str | 
     return session.map(lambda t: t.call("logs", payload, stream=out))
 
 
-def kill_all(session: Session, grace: float = 5.0) -> list[Reply]:
-    return session.map(lambda t: t.call("kill", {"grace": grace}, timeout=grace + 60))
+def no_job(job_id: str | None) -> UserError:
+    """How every task says that the job asked for is on no node (exit 2, as for any id typed wrong)."""
+    return UserError(f"no job {job_id} on any node" if job_id else "no job has started here yet")
+
+
+def require_job(replies: list[Reply], job_id: str | None) -> None:
+    """Raise no_job when every node answered and none has the job (status and logs replies)."""
+    if replies and all(r.ok and not (isinstance(r.value, dict) and r.value.get("job_id")) for r in replies):
+        raise no_job(job_id)
+
+
+def kill_all(session: Session, grace: float = 5.0, by: str = "fab kill-all") -> list[Reply]:
+    """Stop every process of every job on every node; `by` (one of node.states.KILLERS) is who
+    the job's events and state say stopped it."""
+    return session.map(lambda t: t.call("kill", {"grace": grace, "by": by}, timeout=grace + 60))

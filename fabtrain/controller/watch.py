@@ -15,6 +15,7 @@ from typing import TextIO
 
 from fabtrain.controller.collector import Collector, NodeSnapshot, Snapshot
 from fabtrain.controller.jobstate import WATCH_EXIT, JobState, Verdict
+from fabtrain.controller.lifecycle import no_job
 from fabtrain.controller.report import human_bytes
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import down_label
@@ -180,8 +181,7 @@ def watch(session: Session, interval: float = 1.0, timeout: float | None = None,
             out.flush()
             return verdict.exit_code
         if verdict.state == JobState.NO_JOB and all(n.up for n in snap.nodes) and now - began > 5 * interval:
-            out.write("no job on any node\n")
-            return EXIT_FAILED
+            raise no_job(job_id)
         if timeout is not None and now - began >= timeout:
             out.write(f"watch: timed out after {timeout:g} s; the job is {verdict.state}\n")
             out.flush()

@@ -20,7 +20,7 @@ from fabtrain.node import procfs
 from fabtrain.node.atomic import read_json
 from fabtrain.node.coordination import FINAL, Client, Coordinator
 from fabtrain.node.coordination.restart import RestartPolicy
-from fabtrain.node.states import signame
+from fabtrain.node.states import read_killer, signame
 
 from . import policy, snapshot
 from .events import EventLog
@@ -366,8 +366,10 @@ class Agent:
     def finish(self) -> int:
         self.procs = self.table.refresh(self.hot)
         self.health.write(self, time.time())
-        self.events.write("agent_exit", "nothing of job %s is left on this node (job %s)"
-                          % (self.job_id, self.ledger.status.status))
+        # The outcome as this node heard it (its own final word, else the coordinator's); none: say none.
+        status = next((s for s in (self.ledger.status.status, self.coord_view.get("status")) if s in FINAL), None)
+        self.events.write("agent_exit", "nothing of job %s is left on this node%s"
+                          % (self.job_id, " (job %s)" % status if status else ""))
         self.shutdown()
         return 0
 
@@ -409,7 +411,7 @@ def observe(agent: Agent, now: float) -> policy.Observation:
     return policy.Observation(
         now=now, procs=tuple(facts(ctx, agent.procs) for ctx in agent.contexts), strays=tuple(strays(agent, now)),
         orphans_alive=frozenset(o.pid for o in agent.ledger.orphans if procfs.alive(o.pid, o.ctime, agent.procs)),
-        killed_by_fab=os.path.exists(os.path.join(agent.jd, "killed")), peers=peers, must_join=agent.must_join,
+        killed_by=read_killer(os.path.join(agent.jd, "killed")), peers=peers, must_join=agent.must_join,
         startup_deadline=agent.startup_deadline, disk_full=disk_full(agent.jd, agent.ws))
 
 
