@@ -81,7 +81,7 @@ def check_options(collection, contexts) -> None:
             if spec is None or arg.raw_value is None:
                 continue
             try:
-                arg.set_value(spec.read(f"--{arg.name}", arg.raw_value), cast=False)
+                arg.set_value(spec.read(f"--{arg.names[0]}", arg.raw_value), cast=False)
             except UserError as e:
                 raise Exit(f"fab {ctx.name}: {e}", code=2) from None
 
@@ -91,23 +91,31 @@ _UNKNOWN = re.compile(r"No idea what '(.*)' is!")
 _NO_VALUE_TAKEN = re.compile(r"Flag <Argument: ([\w-]+).*doesn't take any value")
 
 
-def parse_error_line(e: ParseError) -> str:
+def parse_error_line(e: ParseError, argv: list[str] = ()) -> str:
     """One line for what the parser refused, naming the task and the option."""
     task = getattr(getattr(e, "context", None), "name", None)
     where = f"fab {task}" if task else "fab"
     text = str(e)
     if m := _UNKNOWN.match(text):
         token = m.group(1)
+        # `--force=x`: the parser splits an on/off switch from its "value" and reads x as a task.
+        switch = next((a.split("=", 1)[0] for a in argv if a.startswith("--") and a.endswith("=" + token)), None)
+        if switch:
+            return f"fab: {switch} is an on/off switch and takes no value (got {switch}={token})"
         if token.startswith("-"):
             return f"{where}: unknown option {token} (`fab --help {task}` lists its options)" if task \
                 else f"fab: unknown option {token} (`fab --help` lists them)"
         return f"fab: no task named {token!r} (`fab --list` shows them)"
     if m := _NO_VALUE_TAKEN.match(text):
-        return f"{where}: --{m.group(1)} is an on/off switch and takes no value"
+        return f"{where}: --{_dashed(m.group(1))} is an on/off switch and takes no value"
     if m := _FLAG_NEEDS_VALUE.match(text):
-        return f"{where}: --{m.group(1)} needs a value (`fab --help {task}`)" if task else \
-            f"fab: --{m.group(1)} needs a value"
+        return f"{where}: --{_dashed(m.group(1))} needs a value (`fab --help {task}`)" if task else \
+            f"fab: --{_dashed(m.group(1))} needs a value"
     return f"{where}: {' '.join(text.split())}"
+
+
+def _dashed(name: str) -> str:
+    return name.replace("_", "-")  # the Argument's attribute name, as it is typed
 
 
 def install() -> None:
@@ -124,7 +132,7 @@ def install() -> None:
         try:
             parse_tasks(self)
         except ParseError as e:
-            raise Exit(parse_error_line(e), code=2) from None
+            raise Exit(parse_error_line(e, list(getattr(self, "argv", None) or ())), code=2) from None
         check_options(self.collection, self.tasks)
 
     parse_tasks_checked.checks_fabtrain_options = True

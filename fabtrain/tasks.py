@@ -199,7 +199,10 @@ def kill_all(c, grace=5.0):
 def dashboard(c, port=8265, host="127.0.0.1", interval=1.0, job=None):
     """Serve the web dashboard on --host (127.0.0.1) --port (8265); prints its URL with the token."""
     from fabtrain.dashboard.serve import serve
-    serve(session(c), host=host, port=port, interval=interval, job_id=job)
+    s = session(c)
+    if job:  # a job no node has would be an empty page, served until interrupted
+        lifecycle.require_job(lifecycle.status(s, job_id=job), job)
+    serve(s, host=host, port=port, interval=interval, job_id=job)
 
 
 @fabtask

@@ -180,7 +180,8 @@ def watch(session: Session, interval: float = 1.0, timeout: float | None = None,
             out.write(f"job {snap.job_id}: {verdict.state}{' (' + why + ')' if why else ''}\n")
             out.flush()
             return verdict.exit_code
-        if verdict.state == JobState.NO_JOB and all(n.up for n in snap.nodes) and now - began > 5 * interval:
+        # Every node answered and none has the job (none yet, or not the --job asked for).
+        if all(n.up for n in snap.nodes) and not any(n.job_id for n in snap.nodes) and now - began > 5 * interval:
             raise no_job(job_id)
         if timeout is not None and now - began >= timeout:
             out.write(f"watch: timed out after {timeout:g} s; the job is {verdict.state}\n")
