@@ -394,6 +394,12 @@ def test_watch_redraws_in_place_on_a_terminal(local_job):
         text = out.getvalue()
         assert "\x1b[" not in text
         assert text.splitlines()[-1].endswith("finished (every trainer exited with code 0)")
+        # Each agent's last word names the outcome it heard, never a job "running" that has ended.
+        exits = lambda: [e for n in ("n0", "n1") for e in job.events(n) if e["kind"] == "agent_exit"]  # noqa: E731
+        assert wait_for(lambda: len(exits()) == 2, timeout=30), [job.events(n)[-3:] for n in ("n0", "n1")]
+        for e in exits():
+            assert e["reason"].startswith(f"nothing of job {job.job_id} is left on this node"), e
+            assert "(job running)" not in e["reason"] and e["reason"].endswith(("node", "(job finished)")), e
     finally:
         session.close()
 
