@@ -47,7 +47,8 @@ INVALID = _Invalid()
 
 
 class FieldError(UserError):
-    pass
+    """A mistake in one field; `line` is the line it is on in the file (0: not known)."""
+    line = 0
 
 
 def reported(check):
