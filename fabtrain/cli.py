@@ -1,6 +1,7 @@
 """The `fabtrain` command: what is not a Fabric task.
 
-    fabtrain init [DIR]     a fabfile.py and a commented cluster.yaml to start a project from
+    fabtrain init [DIR]     a fabfile.py, a commented cluster.yaml and (if there is none) a stand-in
+                            train.py to start a project from
 
 Everything else is a `fab` task, run in the project: `fab --list`.
 """
@@ -46,6 +47,32 @@ job:
 '''
 
 
+TRAIN = '''"""A stand-in for your training program, written by `fabtrain init`: replace it with yours.
+
+It does what fabtrain looks for in any program: reads its rank from the
+environment the plan sets (RANK, WORLD_SIZE, ...) and appends one JSON line of
+progress per step to $FABTRAIN_METRICS, which `fab watch`, the dashboard and
+the watchdog's hang rule read. Standard library only, so it runs on any node.
+
+    fab check deploy start-trainers     # runs `python train.py` on every node
+"""
+import json
+import math
+import os
+import time
+
+rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+metrics = os.environ.get("FABTRAIN_METRICS", os.devnull)
+print(f"rank {rank} of {world}: starting", flush=True)
+for step in range(60):
+    time.sleep(0.5)  # your forward and backward pass
+    loss = 2.0 * math.exp(-step / 20) + 0.1
+    with open(metrics, "a") as f:
+        f.write(json.dumps({"ts": time.time(), "role": "trainer", "rank": rank, "step": step, "loss": loss}) + "\\n")
+print(f"rank {rank}: done", flush=True)
+'''
+
+
 def init(directory: Path, name: str | None) -> int:
     directory.mkdir(parents=True, exist_ok=True)
     files = {directory / "fabfile.py": FABFILE,
@@ -57,6 +84,12 @@ def init(directory: Path, name: str | None) -> int:
     for path, text in files.items():
         path.write_text(text)
         print(f"wrote {path}")
+    train = directory / "train.py"
+    if train.exists():
+        print(f"kept {train}: cluster.yaml runs it as `python train.py`")
+    else:
+        train.write_text(TRAIN)
+        print(f"wrote {train}: a stand-in that writes progress records; cluster.yaml runs it, replace it with yours")
     print("next: edit cluster.yaml, then `fab plan` and `fab check deploy start-trainers`")
     return 0
 
@@ -71,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fabtrain", description="fabtrain: distributed training over SSH. "
                                      "Tasks run with `fab` in a project: `fab --list`.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("init", help="write a fabfile.py and a commented cluster.yaml to start a project")
+    p = sub.add_parser("init", help="write a fabfile.py, a commented cluster.yaml and a stand-in train.py "
+                                    "(unless there is one) to start a project")
     p.add_argument("directory", nargs="?", default=".", type=Path)
     p.add_argument("--name", help="the cluster's name (default: the folder's)")
     args = parser.parse_args(argv)

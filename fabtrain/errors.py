@@ -14,3 +14,12 @@ class UserError(Exception):
     def __str__(self) -> str:  # keep it to one line whatever was passed in
         return " ".join(str(self.args[0]).split()) if self.args else "error"
 
+
+class UserErrors(UserError):
+    """Every mistake found in one thing the user gave (a whole cluster file): one line each."""
+
+    def __init__(self, errors):
+        super().__init__(*errors)
+
+    def __str__(self) -> str:
+        return "\n".join(" ".join(str(e).split()) for e in self.args)

@@ -10,10 +10,14 @@ import sys
 
 from invoke import Exit, task
 
-from fabtrain.controller import lifecycle, preflight, state; from fabtrain.controller import report
+from fabtrain.controller import lifecycle, preflight, report, state
+from fabtrain import taskargs
 from fabtrain.errors import UserError
 from fabtrain.plan.plan import make_plan, new_job_id
 from fabtrain.remote.session import get_session
+from fabtrain.taskargs import Number
+
+taskargs.install()
 
 
 # What a project's `from fabtrain.tasks import *` brings into its fabfile: the tasks only.
@@ -21,17 +25,22 @@ __all__ = ["plan", "provision", "check", "deploy", "split_data", "copy_data", "s
            "start_trainers", "status", "watch", "logs", "kill_all", "dashboard", "export"]
 
 
-def fabtask(fn):
-    """A task whose user errors end in one line and exit code 2, never a traceback."""
+def fabtask(fn=None, **numbers: Number):
+    """A task whose user errors end in one line and exit code 2, never a traceback;
+    `numbers` are its numeric options, checked when the command line is parsed."""
+    if fn is None:
+        return lambda body: fabtask(body, **numbers)
+
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
         try:
             return fn(c, *args, **kwargs)
         except UserError as e:
-            raise Exit(f"fab {fn.__name__.replace('_', '-')}: {e}", code=2) from None
+            name = fn.__name__.replace("_", "-")
+            raise Exit("\n".join(f"fab {name}: {line}" for line in str(e).splitlines()), code=2) from None
         except KeyboardInterrupt:
             raise Exit("interrupted", code=130) from None
-    return task(wrapper)
+    return task(wrapper, klass=taskargs.CheckedTask, numbers=numbers)
 
 
 def session(c):
@@ -56,7 +65,7 @@ def plan(c, offline=False):
         network, notes = preflight.choose_ports(s.cluster, {}), ["--offline: interfaces and auto ports are found at start"]
     else:
         network, notes = preflight.plan_network(s)
-    print(report.plan_text(make_plan(s.cluster, new_job_id(), network=network), notes))
+    print(report.plan_text(make_plan(s.cluster, new_job_id(), network=network), notes, asked=not offline))
 
 
 @fabtask
@@ -101,12 +110,12 @@ def split_data(c, input=None, force=False):
     print(datacopy.split_data(session(c).cluster, input=input, force=force).summary())
 
 
-@fabtask
+@fabtask(bwlimit=Number(whole=True, lo=1, hi=10**9, unit="KB/s"))
 def copy_data(c, bwlimit=None):
     """Copy each trainer's shards to its node (rsync), verify sha256, skip what matches; --bwlimit=KBPS."""
     from fabtrain.controller import datacopy
     replies = datacopy.copy_data(session(c), progress=lambda line: print(line, flush=True),
-                                 bwlimit=int(bwlimit) if bwlimit else None)
+                                 bwlimit=bwlimit)
     text, failed = replies_text(replies, lambda v: (
         "shared data verified" if v.shared else
         f"{v.files} files verified, {len(v.sent)} sent ({v.bytes_sent} bytes, {v.wire_bytes} over the wire)" if v.sent else
@@ -117,6 +126,14 @@ def copy_data(c, bwlimit=None):
 
 def _start(c, roles, force, resume_from=None):
     result = lifecycle.start(session(c), roles, force=force, resume_from=resume_from)
+    if force:
+        print(report.force_text(result.stopped))
+    refusal = report.running_refusal(result)
+    if refusal:
+        for r in result.replies:
+            if not r.ok and not report.RUNNING_HERE_RE.search(r.error or ""):
+                print(f"{r.node}: FAILED: {r.error}")
+        raise Exit(refusal, code=1)
     print(report.start_text(result, roles))
     failed = any(not r.ok or r.value["failed"] for r in result.replies)
     fail_if(failed, f"job {result.job_id}: could not start everything; see `fab status` and `fab logs`")
@@ -139,6 +156,7 @@ def status(c, job=None):
     """Show every process of the job on every node; exit 1 if one failed."""
     s = session(c)
     replies = lifecycle.status(s, job_id=job, health=True)
+    lifecycle.require_job(replies, job)
     text, failed = report.status_text(replies)
     print(text)
     shown = {r.value["job_id"] for r in replies if r.ok and r.value["job_id"]}
@@ -148,38 +166,43 @@ def status(c, job=None):
     fail_if(failed, "status: the job has failed processes or unreachable nodes")
 
 
-@fabtask
+@fabtask(interval=Number(whole=False, lo=0.1, hi=3600, unit="seconds"),
+         timeout=Number(whole=False, lo=0.1, hi=10**7, unit="seconds"))
 def watch(c, interval=1.0, timeout=None, job=None):
     """Follow the job until it ends: node health, trainer progress, watchdog events; exit 0 finished, 1 failed, 3 killed."""
     from fabtrain.controller.watch import watch as follow
-    code = follow(session(c), interval=float(interval), timeout=float(timeout) if timeout else None, job_id=job)
+    code = follow(session(c), interval=interval, timeout=timeout, job_id=job)
     if code:
         raise Exit(code=code)
 
 
-@fabtask
+@fabtask(lines=Number(whole=True, lo=1, hi=10**7))
 def logs(c, lines=20, follow=False, job=None):
     """Print the last --lines of every process's log, prefixed [node role-rank]; --follow streams."""
-    replies = lifecycle.logs(session(c), lines=int(lines), follow=follow, job_id=job)
+    replies = lifecycle.logs(session(c), lines=lines, follow=follow, job_id=job)
+    lifecycle.require_job(replies, job)
     for r in replies:
         if not r.ok:
             print(f"{r.node}: FAILED: {r.error}", file=sys.stderr)
     fail_if(any(not r.ok for r in replies), "logs: some nodes could not be read")
 
 
-@fabtask
+@fabtask(grace=Number(whole=False, lo=0, hi=3600, unit="seconds"))
 def kill_all(c, grace=5.0):
     """Stop every fabtrain process on every node: SIGTERM, --grace seconds, SIGKILL, sweep."""
-    text, clean = report.kill_text(lifecycle.kill_all(session(c), grace=float(grace)))
+    text, clean = report.kill_text(lifecycle.kill_all(session(c), grace=grace))
     print(text)
     fail_if(not clean, "kill-all: some processes may still be alive (see above)")
 
 
-@fabtask
+@fabtask(port=Number(whole=True, lo=1, hi=65535), interval=Number(whole=False, lo=0.1, hi=3600, unit="seconds"))
 def dashboard(c, port=8265, host="127.0.0.1", interval=1.0, job=None):
     """Serve the web dashboard on --host (127.0.0.1) --port (8265); prints its URL with the token."""
     from fabtrain.dashboard.serve import serve
-    serve(session(c), host=host, port=port, interval=interval, job_id=job)
+    s = session(c)
+    if job:  # a job no node has would be an empty page, served until interrupted
+        lifecycle.require_job(lifecycle.status(s, job_id=job), job)
+    serve(s, host=host, port=port, interval=interval, job_id=job)
 
 
 @fabtask

@@ -1,15 +1,13 @@
 """cluster.yaml: load, validate, and turn into a frozen `Cluster`.
 
-Every mistake in the file ends in one `UserError` line that names the file,
-the field and the problem. Nothing here touches the network; paths that live
+Every mistake in the file is reported at once, one line each naming the file,
+the line, the field and the problem (`UserErrors`). Nothing here touches the network; paths that live
 on the nodes are kept as written (``~`` is expanded on the node).
 """
 from __future__ import annotations
 
 import os
 import re
-import shlex
-import string
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +15,11 @@ from typing import Any
 
 import yaml
 
-from fabtrain.config.yamlfile import YAMLFileError, load_yaml
+from fabtrain.config.checks import (ENV_NAME_RE, HOST_RE, IFACE_RE, INVALID, NAME_RE, ONE_LINE_RE, USER_RE, Checks,
+                                    FieldError, kind_of, reported, shown, valid)
+from fabtrain.config.yamlfile import YAMLFileError, load_yaml_with_lines
 from fabtrain.data.archive import DEFAULT_MAX_EXPANSION, DEFAULT_MAX_EXTRACT_MB
-from fabtrain.errors import UserError
+from fabtrain.errors import UserError, UserErrors
 
 DEFAULT_CLUSTER_FILE = "cluster.yaml"
 ROLES = ("pserver", "trainer")
@@ -29,25 +29,6 @@ ON_FAILURE = ("kill-job", "keep", "restart")
 NOTIFY_ON = ("failed", "hang", "restart", "finished")
 WEBHOOK_RE = re.compile(r"^https?://[^\s/?#]+[^\s]*$")
 
-# Placeholders a role's command may name; the plan fills them in.
-PLACEHOLDERS = frozenset(
-    "port ports_num ports_num_for_sparse num_gradient_servers trainer_id pservers "
-    "rank world_size master_addr master_port nnodes node_rank nproc_per_node "
-    "data_dir".split()
-)
-
-# What a name, host, user or path may contain. Anything else (spaces, quotes,
-# $, ;, |, &, backticks, ...) is refused here rather than quoted later: these
-# values also end up in rsync/ssh argument lists and file names.
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.:%-]{0,252})$")
-USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
-PATH_RE = re.compile(r"^(~(?=/|$))?[A-Za-z0-9_./+@%,:=-]*$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# A network interface name as the kernel takes it (IFNAMSIZ: 15 characters).
-IFACE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$")
-AUTO = "auto"  # a port field's value: chosen at start among the ports free on the nodes concerned
-ONE_LINE_RE = re.compile(r"^[^\n\r\0]+$")
 
 
 _SSH_FIELDS = {"user", "port", "key", "known_hosts", "host_key_policy", "connect_timeout"}
@@ -226,7 +207,7 @@ def load_cluster(path: str | os.PathLike | None = None) -> Cluster:
     except OSError as e:
         raise UserError(f"{path}: cannot read: {e.strerror}") from None
     try:
-        doc = load_yaml(raw)
+        doc, lines = load_yaml_with_lines(raw)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -235,157 +216,76 @@ def load_cluster(path: str | os.PathLike | None = None) -> Cluster:
         raise UserError(f"{path}: {where}{kind}{problem}") from None
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text") from None
-    return parse_cluster(doc, path)
+    return parse_cluster(doc, path, lines)
 
 
-def parse_cluster(doc: Any, path: str = DEFAULT_CLUSTER_FILE) -> Cluster:
-    return _Parser(path).cluster(doc)
+def parse_cluster(doc: Any, path: str = DEFAULT_CLUSTER_FILE, lines: dict[str, int] | None = None) -> Cluster:
+    """The Cluster `doc` describes; every mistake in it at once (UserErrors), each on its `lines` line."""
+    return _Parser(path, lines or {}).cluster(doc)
 
 
-class _Checks:
-    """The errors and the primitive checks of one value; each knows the dotted field it is on."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def fail(self, where: str, problem: str) -> UserError:
-        return UserError(f"{self.path}: {where}: {problem}")
-
-    def mapping(self, value: Any, where: str, allowed: set[str], required: set[str] = frozenset()) -> dict:
-        if value is None:
-            value = {}
-        if not isinstance(value, dict):
-            raise self.fail(where, f"must be a mapping, got {_kind(value)}")
-        for key in value:
-            if not isinstance(key, str) or key not in allowed:
-                hint = " (passwords are never kept in cluster.yaml: use ssh-agent, a key, or fab --prompt-for-login-password)" if key in ("password", "passphrase") else ""
-                raise self.fail(f"{where}.{key}" if where else str(key), f"unknown field{hint}; expected one of: {', '.join(sorted(allowed))}")
-        for key in sorted(required):
-            if key not in value:
-                raise self.fail(f"{where}.{key}" if where else key, "missing required field")
-        return value
-
-    def string(self, value: Any, where: str, pattern: re.Pattern | None = None, what: str = "") -> str:
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise self.fail(where, f"must be a string, got {_kind(value)}")
-        value = str(value)
-        if not value:
-            raise self.fail(where, "must not be empty")
-        if pattern is ONE_LINE_RE and not pattern.match(value):
-            raise self.fail(where, "must be a single line")
-        if pattern is not None and not pattern.match(value):
-            raise self.fail(where, f"{_shown(value)} is not a valid {what} (letters, digits and {_allowed_punct(pattern)} only; no spaces or shell metacharacters)")
-        return value
-
-    def integer(self, value: Any, where: str, lo: int, hi: int) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(where, f"must be an integer, got {_kind(value)}")
-        if not lo <= value <= hi:
-            raise self.fail(where, f"must be between {lo} and {hi}, got {_shown(value)}")
-        return value
-
-    def number(self, value: Any, where: str, lo: float, hi: float) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self.fail(where, f"must be a number, got {_kind(value)}")
-        if not lo <= value <= hi:
-            raise self.fail(where, f"must be between {lo:g} and {hi:g}, got {value:g}")
-        return float(value)
-
-    def port(self, value: Any, where: str) -> int | None:
-        """A TCP port, or `auto` (None): chosen at start among the ports free on the nodes concerned."""
-        if value == AUTO:
-            return None
-        if isinstance(value, str):
-            raise self.fail(where, f"must be a port (1-65535) or auto, got {_shown(value)}")
-        return self.integer(value, where, 1, 65535)
-
-    def boolean(self, value: Any, where: str) -> bool:
-        if not isinstance(value, bool):
-            raise self.fail(where, f"must be true or false, got {_kind(value)}")
-        return value
-
-    def exit_codes(self, value: Any, where: str) -> tuple[int, ...] | None:
-        if value is None:
-            return None
-        if not isinstance(value, list) or not value:
-            raise self.fail(where, f"must be a non-empty list of exit codes (1-255), got {_kind(value)}")
-        return tuple(self.integer(v, f"{where}[{i}]", 1, 255) for i, v in enumerate(value))
-
-    def choice(self, value: Any, where: str, choices: tuple[str, ...]) -> str:
-        if value not in choices:
-            raise self.fail(where, f"must be one of {', '.join(choices)}, got {_shown(value)}")
-        return value
-
-    def path_value(self, value: Any, where: str) -> str:
-        p = self.string(value, where, PATH_RE, "path")
-        if p.startswith("-"):
-            # ssh, rsync and python would read it as an option (-oProxyCommand=...).
-            raise self.fail(where, f"{_shown(p)} must not start with '-' (ssh, rsync or python would read it as an option; "
-                                   f"put ./ before a relative path)")
-        if "~" in p[1:]:
-            raise self.fail(where, f"{p!r}: '~' is only allowed at the start of a path")
-        return p
-
-    def command(self, value: Any, where: str) -> str:
-        cmd = self.string(value, where)
-        try:
-            argv = shlex.split(cmd)
-        except ValueError as e:
-            raise self.fail(where, f"cannot split into arguments: {e}") from None
-        if not argv:
-            raise self.fail(where, "must not be empty")
-        for token in argv:
-            try:
-                parsed = list(string.Formatter().parse(token))
-            except ValueError as e:
-                raise self.fail(where, f"bad placeholder in {token!r}: {e} (write {{{{ and }}}} for literal braces)") from None
-            for _, name, spec, conv in parsed:
-                if name is None:
-                    continue
-                if name not in PLACEHOLDERS or spec or conv:
-                    raise self.fail(where, f"unknown placeholder {{{name}}}; known: {', '.join('{%s}' % p for p in sorted(PLACEHOLDERS))}")
-        return cmd
-
-
-class _Parser(_Checks):
+class _Parser(Checks):
     """Walks the YAML document; every check knows the dotted field it is on."""
 
     def cluster(self, doc: Any) -> Cluster:
         if doc is None:
-            raise self.fail("(top level)", "the file is empty")
+            raise UserError(f"{self.path}: the file is empty")
+        if not isinstance(doc, dict):
+            raise UserError(f"{self.path}: (top level): must be a mapping, got {kind_of(doc)}")
         top = self.mapping(doc, "", FIELDS[""], {"cluster", "job"})
         if ("nodes" in top) == ("dist_ips" in top):
-            raise self.fail("nodes", "give exactly one of 'nodes' (a list) or 'dist_ips' (\"ip1,ip2\")")
+            self.report("nodes", "give exactly one of 'nodes' (a list) or 'dist_ips' (\"ip1,ip2\")")
 
         c = self.mapping(top["cluster"], "cluster", FIELDS["cluster"], {"name"})
         name = self.string(c["name"], "cluster.name", NAME_RE, "name")
-        workspace = self.path_value(c.get("workspace", f"~/.fabtrain/{name}"), "cluster.workspace")
+        workspace = self.path_value(c.get("workspace", f"~/.fabtrain/{name}" if valid(name) else INVALID),
+                                    "cluster.workspace")
         python = self.path_value(c["python"], "cluster.python") if "python" in c else None
         ssh_doc = self.mapping(c.get("ssh"), "cluster.ssh", FIELDS["cluster.ssh"])
         parallel = self.integer(ssh_doc.get("parallel", 32), "cluster.ssh.parallel", 1, 1024)
         ssh = self.ssh(ssh_doc, "cluster.ssh", SSHSettings())
 
-        job = self.job(top["job"])
+        job = self.part(self.job, top["job"])
+        nodes: tuple[Node, ...] = ()
         if "dist_ips" in top:
-            nodes = self.dist_ips(top["dist_ips"], workspace, python, ssh, job)
-        else:
+            nodes = self.part(self.dist_ips, top["dist_ips"], workspace, python, ssh, job)
+            nodes = nodes if valid(nodes) else ()
+        elif "nodes" in top:
             nodes = self.nodes(top["nodes"], workspace, python, ssh)
+        self.check_keys(nodes)
 
-        cluster = Cluster(name=name, path=self.path, parallel=parallel, nodes=nodes, job=job)
-        self.check_roles(cluster)
+        if not self.errors:  # the checks across fields, once every field is right
+            cluster = Cluster(name=name, path=self.path, parallel=parallel, nodes=nodes, job=job)
+            self.part(self.check_roles, cluster)
+        if self.errors:
+            raise UserErrors(sorted(self.errors, key=lambda e: e.line))
         return cluster
+
+    def part(self, parse, *args):
+        """One part of the file whose own mistakes do not stop the rest being read."""
+        try:
+            return parse(*args)
+        except FieldError as e:
+            self.errors.append(e)
+            return INVALID
+
+    def check_keys(self, nodes: tuple[Node, ...]) -> None:
+        """An SSH key must be readable where a node connects with it; a local node never does."""
+        for i, n in enumerate(nodes):
+            key = n.ssh.key
+            if key and valid(key) and not n.is_local:
+                expanded = os.path.expanduser(key)
+                if not os.path.isfile(expanded) or not os.access(expanded, os.R_OK):
+                    where = self.key_fields.get(n.name, "cluster.ssh.key")
+                    self.report(where, f"cannot read key file {key} (node {n.name} connects with it)")
+                    return
 
     def ssh(self, doc: dict, where: str, base: SSHSettings) -> SSHSettings:
         user = base.user
         if "user" in doc:
             user = self.string(doc["user"], f"{where}.user", USER_RE, "user name")
         port = self.integer(doc["port"], f"{where}.port", 1, 65535) if "port" in doc else base.port
-        key = base.key
-        if "key" in doc:
-            key = self.path_value(doc["key"], f"{where}.key")
-            expanded = os.path.expanduser(key)
-            if not os.path.isfile(expanded) or not os.access(expanded, os.R_OK):
-                raise self.fail(f"{where}.key", f"cannot read key file {key}")
+        key = self.path_value(doc["key"], f"{where}.key") if "key" in doc else base.key
         known_hosts = self.path_value(doc["known_hosts"], f"{where}.known_hosts") if "known_hosts" in doc else base.known_hosts
         policy = self.choice(doc["host_key_policy"], f"{where}.host_key_policy", HOST_KEY_POLICIES) if "host_key_policy" in doc else base.host_key_policy
         timeout = self.number(doc["connect_timeout"], f"{where}.connect_timeout", 0.1, 3600) if "connect_timeout" in doc else base.connect_timeout
@@ -393,27 +293,24 @@ class _Parser(_Checks):
 
     def nodes(self, value: Any, workspace: str, python: str | None, ssh: SSHSettings) -> tuple[Node, ...]:
         if not isinstance(value, list):
-            raise self.fail("nodes", f"must be a list of nodes, got {_kind(value)}")
+            self.report("nodes", f"must be a list of nodes, got {kind_of(value)}")
+            return ()
         if not value:
-            raise self.fail("nodes", "must list at least one node")
+            self.report("nodes", "must list at least one node")
         nodes, seen = [], {}
         for i, item in enumerate(value):
             where = f"nodes[{i}]"
             d = self.mapping(item, where, FIELDS["nodes[]"], {"name", "host", "roles"})
             name = self.string(d["name"], f"{where}.name", NAME_RE, "node name")
             if name in seen:
-                raise self.fail(f"{where}.name", f"duplicate node name {name!r} (also nodes[{seen[name]}])")
-            seen[name] = i
+                self.report(f"{where}.name", f"duplicate node name {name!r} (also nodes[{seen[name]}])")
+            elif valid(name):
+                seen[name] = i
             host = self.string(d["host"], f"{where}.host", HOST_RE, "host")
-            roles = d["roles"]
-            if isinstance(roles, str):
-                roles = [roles]
-            if not isinstance(roles, list) or not roles:
-                raise self.fail(f"{where}.roles", "must be a non-empty list of roles (pserver, trainer)")
-            for r in roles:
-                if r not in ROLES:
-                    raise self.fail(f"{where}.roles", f"unknown role {_shown(r)}; roles are: {', '.join(ROLES)}")
+            roles = self.roles(d["roles"], f"{where}.roles")
             node_ssh = self.ssh(d, where, ssh)
+            if "key" in d and valid(name):
+                self.key_fields[name] = f"{where}.key"
             # A node's own workspace, else one folder per node under the cluster's: two
             # nodes on one machine, or on servers sharing /home, never share one by default.
             ws = self.path_value(d["workspace"], f"{where}.workspace") if "workspace" in d else f"{workspace}/{name}"
@@ -421,8 +318,18 @@ class _Parser(_Checks):
             address = self.string(d["address"], f"{where}.address", HOST_RE, "address") if "address" in d else None
             gpus = self.integer(d["gpus"], f"{where}.gpus", 0, 1024) if "gpus" in d else None
             iface = self.string(d["iface"], f"{where}.iface", IFACE_RE, "interface name") if "iface" in d else None
-            nodes.append(self.make_node(name, host, tuple(dict.fromkeys(roles)), ws, py, address, node_ssh, gpus, iface))
+            nodes.append(self.make_node(name, host, roles, ws, py, address, node_ssh, gpus, iface))
         return tuple(nodes)
+
+    @reported
+    def roles(self, value: Any, where: str) -> tuple[str, ...]:
+        roles = [value] if isinstance(value, str) else value
+        if not isinstance(roles, list) or not roles:
+            raise self.fail(where, "must be a non-empty list of roles (pserver, trainer)")
+        for r in roles:
+            if r not in ROLES:
+                raise self.fail(where, f"unknown role {shown(r)}; roles are: {', '.join(ROLES)}")
+        return tuple(dict.fromkeys(roles))
 
     def dist_ips(self, value: Any, workspace: str, python: str | None, ssh: SSHSettings, job: JobSpec) -> tuple[Node, ...]:
         """PaddleX's Train.dist_ips: "ip1,ip2"; the first machine also hosts the pserver."""
@@ -431,15 +338,17 @@ class _Parser(_Checks):
         elif isinstance(value, list) and all(isinstance(s, str) for s in value):
             ips = [s.strip() for s in value]
         else:
-            raise self.fail("dist_ips", f'must be a string like "10.0.0.1,10.0.0.2" or a list of addresses, got {_kind(value)}')
+            raise self.fail("dist_ips", f'must be a string like "10.0.0.1,10.0.0.2" or a list of addresses, got {kind_of(value)}')
         if not ips or any(not ip for ip in ips):
             raise self.fail("dist_ips", "must list at least one address, separated by commas, with none empty")
-        if len(set(ips)) != len(ips):
+        machines = [ip for ip in ips if ip != "local"]  # "local,local": two nodes on this machine, as nodes: allows
+        if len(set(machines)) != len(machines):
             raise self.fail("dist_ips", "lists the same address twice")
+        pserver_mode = valid(job) and job.mode == "pserver"
         nodes = []
         for i, ip in enumerate(ips):
             host = self.string(ip, f"dist_ips[{i}]", HOST_RE, "host")
-            roles = ("pserver", "trainer") if (i == 0 and job.mode == "pserver") else ("trainer",)
+            roles = ("pserver", "trainer") if (i == 0 and pserver_mode) else ("trainer",)
             nodes.append(self.make_node(f"node{i}", host, roles, f"{workspace}/node{i}", python, None, ssh, None))
         return tuple(nodes)
 
@@ -470,9 +379,10 @@ class _Parser(_Checks):
             per_node=self.integer(p.get("per_node", dp.per_node), "job.pserver.per_node", 1, 64),
             command=self.command(p.get("command", dp.command), "job.pserver.command"),
         )
-        span = pserver.per_node * (pserver.ports_num + pserver.ports_num_for_sparse)
-        if pserver.port is not None and pserver.port + span - 1 > 65535:
-            raise self.fail("job.pserver.port", f"{pserver.port} + {span} ports runs past 65535")
+        if valid(pserver.port, pserver.per_node, pserver.ports_num, pserver.ports_num_for_sparse):
+            span = pserver.per_node * (pserver.ports_num + pserver.ports_num_for_sparse)
+            if pserver.port is not None and pserver.port + span - 1 > 65535:
+                self.report("job.pserver.port", f"{pserver.port} + {span} ports runs past 65535")
 
         t = self.mapping(d.get("trainer"), "job.trainer", FIELDS["job.trainer"])
         dt = TrainerSpec()
@@ -507,7 +417,7 @@ class _Parser(_Checks):
             grace=self.number(w.get("grace", dw.grace), "job.watchdog.grace", 0, 600),
             on_failure=self.choice(w.get("on_failure", dw.on_failure), "job.watchdog.on_failure", ON_FAILURE),
             port=self.port(w.get("port", dw.port), "job.watchdog.port"),
-            notify=self.notify(w["notify"]) if w.get("notify") is not None else None,
+            notify=self.part(self.notify, w["notify"]) if w.get("notify") is not None else None,
             max_restarts=self.integer(w.get("max_restarts", dw.max_restarts), "job.watchdog.max_restarts", 0, 1000),
             restart_backoff=self.number(w.get("restart_backoff", dw.restart_backoff), "job.watchdog.restart_backoff",
                                         0, 3600),
@@ -516,14 +426,16 @@ class _Parser(_Checks):
 
         env_doc = d.get("env") or {}
         if not isinstance(env_doc, dict):
-            raise self.fail("job.env", f"must be a mapping of NAME: value, got {_kind(env_doc)}")
+            self.report("job.env", f"must be a mapping of NAME: value, got {kind_of(env_doc)}")
+            env_doc = {}
         env = []
         for k, v in env_doc.items():
             if not isinstance(k, str) or not ENV_NAME_RE.match(k):
-                raise self.fail(f"job.env.{k}", "not a valid environment variable name")
-            if isinstance(v, (dict, list)) or v is None:
-                raise self.fail(f"job.env.{k}", f"must be a string or number, got {_kind(v)}")
-            env.append((k, str(v).lower() if isinstance(v, bool) else str(v)))
+                self.report(f"job.env.{k}", "not a valid environment variable name")
+            elif isinstance(v, (dict, list)) or v is None:
+                self.report(f"job.env.{k}", f"must be a string or number, got {kind_of(v)}")
+            else:
+                env.append((k, str(v).lower() if isinstance(v, bool) else str(v)))
 
         code = self.path_value(d.get("code", JobSpec.code), "job.code")
         return JobSpec(name=name, mode=mode, sgd=sgd, master_port=master_port, code=code, pserver=pserver,
@@ -536,12 +448,12 @@ class _Parser(_Checks):
         if n.get("webhook") is not None:
             webhook = self.string(n["webhook"], f"{where}.webhook")
             if not WEBHOOK_RE.match(webhook):
-                raise self.fail(f"{where}.webhook", f"{_shown(webhook)} is not an http:// or https:// URL")
+                raise self.fail(f"{where}.webhook", f"{shown(webhook)} is not an http:// or https:// URL")
         command: tuple[str, ...] = ()
         if n.get("command") is not None:
             if not isinstance(n["command"], list) or not n["command"]:
                 raise self.fail(f"{where}.command", f"must be a non-empty list of arguments (argv, no shell), "
-                                                    f"got {_kind(n['command'])}")
+                                                    f"got {kind_of(n['command'])}")
             command = tuple(self.string(a, f"{where}.command[{i}]", ONE_LINE_RE) for i, a in enumerate(n["command"]))
         if not webhook and not command:
             raise self.fail(where, "give a webhook, a command, or both")
@@ -568,25 +480,3 @@ class _Parser(_Checks):
             if key in seen:
                 raise self.fail(f"nodes.{n.name}.workspace", f"same host and workspace as node {seen[key]!r}; give each node on one machine its own workspace")
             seen[key] = n.name
-
-
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    return {dict: "a mapping", list: "a list", bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(type(value), type(value).__name__)
-
-
-def _shown(value: Any, limit: int = 60) -> str:
-    """A value for a message: short, and never the repr of a nested structure
-    (YAML aliases can make a small file describe an enormous one)."""
-    if value is not None and not isinstance(value, (str, int, float)):
-        return _kind(value)
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _allowed_punct(pattern: re.Pattern) -> str:
-    return {NAME_RE: "_ . -", HOST_RE: "_ . : % -", USER_RE: "_ . -", IFACE_RE: "_ . -",
-            PATH_RE: "/ _ . + @ % , : = - and a leading ~"}.get(pattern, "punctuation")

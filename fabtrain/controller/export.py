@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fabtrain.controller import history, records
+from fabtrain.controller.lifecycle import no_job
 from fabtrain.errors import UserError
 from fabtrain.node import jobid
 from fabtrain.remote.session import Session
@@ -82,8 +83,7 @@ def export_tensorboard(session: Session, out_dir: str, job_id: str | None = None
         detail = history.job_detail(session, jid, max_points=ALL_POINTS)
         if detail is None or detail.get("found") is None:
             if job_id:
-                raise UserError(f"--job {jid}: no node has that job" if detail is None else
-                                f"--job {jid}: no node could be reached")
+                raise no_job(jid) if detail is None else UserError(f"--job {jid}: no node could be reached")
             continue
         result.unreachable += [f"{u['node']}: {u['error']}" for u in detail.get("unreachable") or []
                                if f"{u['node']}: {u['error']}" not in result.unreachable]

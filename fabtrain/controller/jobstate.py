@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from fabtrain.controller import records
-from fabtrain.node.states import (KILLED_BY_FAB, LIVE, TERMINAL, JobState, ProcessState, recorded_state, signal_name,
-                                  signal_of)
+from fabtrain.node.states import (LIVE, TERMINAL, JobState, ProcessState, recorded_state, signal_name,
+                                  signal_of, stopped_by)
 
 
 WATCH_EXIT = {JobState.FINISHED: 0, JobState.FAILED: 1, JobState.KILLED: 3}
@@ -48,6 +48,7 @@ class NodeObservation:
     agent_age: float | None = None  # its age on the node's own clock when observed
     events: tuple[dict, ...] = ()  # this node's job-level events (JOB_EVENTS)
     error: str | None = None
+    killed_by: str | None = None  # who wrote that marker (states.KILLERS)
 
     @property
     def agent_fresh(self) -> bool:
@@ -165,7 +166,8 @@ def observe_status(reply) -> NodeObservation:
     age = node_time - agent["ts"] if agent and node_time is not None else None
     return NodeObservation(name=reply.node, reachable=True, job_id=job_id, processes=tuple(processes),
                            killed=v.get("killed") is True, agent=agent, agent_age=age,
-                           events=tuple(e for e in events if e.get("kind") in JOB_EVENTS))
+                           events=tuple(e for e in events if e.get("kind") in JOB_EVENTS),
+                           killed_by=v.get("killed_by") if isinstance(v.get("killed_by"), str) else None)
 
 
 def _process_view(obs: NodeObservation, p: dict, seen: dict | None) -> ProcessView:
@@ -261,7 +263,7 @@ def _facts(nodes: list[NodeObservation]) -> _Facts:
 def _decide(nodes: list[NodeObservation], ours: list[NodeObservation], procs: list[ProcessView],
             facts: _Facts, job_id: str | None) -> tuple[JobState, str, list[str]]:
     if any(n.killed for n in ours):
-        return JobState.KILLED, KILLED_BY_FAB, []
+        return JobState.KILLED, stopped_by(next((n.killed_by for n in ours if n.killed_by), None)), []
     if facts.failed is not None:
         return JobState.FAILED, facts.failed, facts.failed_by
     if facts.restarting is not None:

@@ -198,6 +198,7 @@ class StartResult:
     job_id: str
     plan: Plan
     replies: list[Reply]
+    stopped: list[Reply] = field(default_factory=list)  # --force: kill-all's replies, before the start
 
     @property
     def complete(self) -> bool:
@@ -223,8 +224,8 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
     if resume_from is None and job_id == previous.get("job_id"):
         resume_from = previous.get("resume_from")
     jobid.checked(resume_from, lambda why: UserError(f"--resume-from: {why}"), optional=True)
-    if force:
-        kill_all(session, grace=grace)
+    by = "fab start-pserver --force" if "pserver" in roles else "fab start-trainers --force"
+    stopped = kill_all(session, grace=grace, by=by) if force else []
     # The agents' coordinator only listens to beats that carry the job's secret.
     secret = previous.get("secret") if job_id == previous.get("job_id") else None
     secret = secret or secrets.token_hex(16)
@@ -244,7 +245,7 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
         started_roles = sorted(set(previous.get("roles", [])) | set(roles)) if joined else sorted(roles)
         state.save(cluster.name, job_id=job_id, roles=started_roles, cluster=cluster.path, resume_from=resume_from,
                    secret=secret, network=network.to_dict())
-    return StartResult(job_id, plan, replies)
+    return StartResult(job_id, plan, replies, stopped)
 
 
 def _require_pservers(session: Session, job_id: str) -> None:
@@ -287,8 +288,8 @@ def _start_network(session: Session, job_id: str, previous: dict, roles: tuple[s
 def status(session: Session, job_id: str | None = None, health: bool = False, timeout: float = 60) -> list[Reply]:
     jobid.checked(job_id, UserError, optional=True)
     replies = session.map(lambda t: rpc.call(t, "status", {"job_id": job_id, "health": health}, timeout=timeout))
-    if job_id and all(r.ok and not r.value["job_id"] for r in replies):
-        raise UserError(f"--job {job_id}: no node has that job")
+    if job_id:
+        require_job(replies, job_id)
     return replies
 
 
@@ -298,5 +299,18 @@ def logs(session: Session, lines: int = 20, follow: bool = False, job_id: str | 
     return session.map(lambda t: rpc.call(t, "logs", payload, stream=out))
 
 
-def kill_all(session: Session, grace: float = 5.0) -> list[Reply]:
-    return session.map(lambda t: rpc.call(t, "kill", {"grace": grace}, timeout=grace + 60))
+def no_job(job_id: str | None) -> UserError:
+    """How every task says that the job asked for is on no node (exit 2, as for any id typed wrong)."""
+    return UserError(f"no job {job_id} on any node" if job_id else "no job has started here yet")
+
+
+def require_job(replies: list[Reply], job_id: str | None) -> None:
+    """Raise no_job when every node answered and none has the job (status and logs replies)."""
+    if replies and all(r.ok and not (isinstance(r.value, dict) and r.value.get("job_id")) for r in replies):
+        raise no_job(job_id)
+
+
+def kill_all(session: Session, grace: float = 5.0, by: str = "fab kill-all") -> list[Reply]:
+    """Stop every process of every job on every node; `by` (one of node.states.KILLERS) is who
+    the job's events and state say stopped it."""
+    return session.map(lambda t: rpc.call(t, "kill", {"grace": grace, "by": by}, timeout=grace + 60))

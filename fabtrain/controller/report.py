@@ -7,8 +7,9 @@ from fabtrain.controller import records
 from fabtrain.controller.jobstate import NodeObservation, Verdict, job_verdict, observe_status
 from fabtrain.controller.lifecycle import NodeCheck, StartResult
 from fabtrain.controller.preflight import Bandwidth, NetworkCheck
-from fabtrain.node.states import LIVE, JobState, ProcessState
-from fabtrain.plan.plan import IFACE_VARS, Plan, render_shell
+from fabtrain.node.states import LIVE, JobState, ProcessState, stopped_by
+from fabtrain.plan.plan import IFACE_VARS, Plan, render_shell, render_start
+from fabtrain.node.ops import RUNNING_HERE_RE
 from fabtrain.remote.transport import Reply, down_label
 
 
@@ -20,13 +21,14 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def plan_text(plan: Plan, notes: list[str] = ()) -> str:
+def plan_text(plan: Plan, notes: list[str] = (), asked: bool = True) -> str:
+    """What `fab plan` prints; `asked`: the nodes were asked which ports are free (not --offline)."""
     out = [f"# job {plan.job_id} on cluster {plan.cluster}: mode {plan.mode}, sgd {plan.sgd}"]
     if plan.pserver_endpoints:
         out.append(f"# pservers: {','.join(plan.pserver_endpoints)}")
     out.append(f"# master (trainer 0): {plan.master}")
-    out.append(f"# {ports_text(plan.ports, plan.auto_ports)}"
-               + ("  (auto: free now; a start chooses again)" if plan.auto_ports else ""))
+    auto_note = "  (auto: free now; a start chooses again)" if asked else "  (auto: picked without asking the nodes; a start chooses among the free ones)"
+    out.append(f"# {ports_text(plan.ports, plan.auto_ports)}" + (auto_note if plan.auto_ports else ""))
     out += [f"# note: {n}" for n in notes]
     for n in plan.nodes:
         out.append("")
@@ -38,6 +40,10 @@ def plan_text(plan: Plan, notes: list[str] = ()) -> str:
         for p in n.processes:
             out.append(f"# {p.name}")
             out.append(render_shell(p))
+        if plan.watchdog.get("enabled"):
+            agent = plan.agent_process(n.node)
+            out.append("# agent (the watchdog; runs from fabtrain's runtime, shipped by fab deploy)")
+            out.append(render_start(agent["env"], agent["launch"], agent["cwd"], agent["log"]))
     return "\n".join(out)
 
 
@@ -150,6 +156,30 @@ def check_text(checks: list[NodeCheck]) -> str:
     return "\n".join(out)
 
 
+def force_text(stopped: list[Reply]) -> str:
+    """What `--force` stopped before the start: the job(s) it killed, per node."""
+    jobs = sorted({k["job_id"] for r in stopped if r.ok for k in r.value["killed"]})
+    head = f"--force: stopped job {', '.join(jobs)} first" if jobs else "--force: no job was running"
+    text, _ = kill_text(stopped)
+    return head + ("\n" + text if jobs or not all(r.ok for r in stopped) else "")
+
+
+def running_refusal(result: StartResult) -> str | None:
+    """When nothing started because another job runs: one line naming it, else None."""
+    if any(r.ok and r.value["started"] for r in result.replies):
+        return None
+    running: dict[str, list[str]] = {}
+    for r in result.replies:
+        m = RUNNING_HERE_RE.search(r.error or "") if not r.ok else None
+        if m:
+            running.setdefault(m.group(1), []).append(f"{r.node}: {m.group(2)}")
+    if not running:
+        return None
+    jobs = ", ".join(f"job {job} is running ({'; '.join(where)})" for job, where in sorted(running.items()))
+    return (f"nothing was started: {jobs}; `fab kill-all` stops it, "
+            f"or --force stops it and then starts a new job")
+
+
 def start_text(result: StartResult, roles: tuple[str, ...]) -> str:
     out = []
     for r in result.replies:
@@ -181,8 +211,10 @@ def _ago(ts: float | None, now: float) -> str:
 
 
 def _process_rows(obs: NodeObservation, verdict: Verdict, now: float) -> list[list[str]]:
-    """One row per process: the job's view of its state, and what its agent sees."""
-    seen = {p["name"]: p for p in (obs.agent or {}).get("processes") or []}
+    """One row per process: the job's view of its state, and what its agent sees while the agent
+    runs (a gone agent's last snapshot says nothing about now: its columns stay empty)."""
+    agent_alive = any(p["name"] == "agent" and p["state"] in LIVE for p in obs.processes)
+    seen = {p["name"]: p for p in (obs.agent or {}).get("processes") or []} if agent_alive else {}
     rows = []
     for p in obs.processes:
         view = verdict.process(obs.name, p["name"])
@@ -196,7 +228,8 @@ def _process_rows(obs: NodeObservation, verdict: Verdict, now: float) -> list[li
             agent_state += " HUNG"
         if a.get("killed_by_agent"):
             agent_state += " (by agent)"
-        progress = _ago(a.get("last_progress"), now) if a and a.get("state") not in ("exited", "killed") else ""
+        ended = p["state"] not in LIVE
+        progress = _ago(a.get("last_progress"), now) if a and not ended and a.get("state") not in ("exited", "killed") else ""
         rows.append([obs.name, p["name"], state, uptime, agent_state, progress,
                      (p.get("last_line") or "")[:70]])
     return rows
@@ -208,7 +241,7 @@ def _node_notes(obs: NodeObservation, value: dict, now: float) -> tuple[list[str
     notes, problem = [], False
     h = obs.agent or {}
     if obs.killed:
-        notes.append(f"{obs.name}: job {obs.job_id} was stopped by kill-all")
+        notes.append(f"{obs.name}: job {obs.job_id} was {stopped_by(obs.killed_by)}")
     agent = next((p for p in obs.processes if p["name"] == "agent"), None)
     live = [p["name"] for p in obs.processes if p["name"] != "agent" and p["state"] in LIVE]
     interval = h.get("interval") or 1.0

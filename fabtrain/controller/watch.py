@@ -15,14 +15,15 @@ from typing import TextIO
 
 from fabtrain.controller.collector import Collector, NodeSnapshot, Snapshot
 from fabtrain.controller.jobstate import WATCH_EXIT, Verdict
+from fabtrain.controller.lifecycle import no_job
 from fabtrain.controller.report import human_bytes
 from fabtrain.node.states import JobState, ProcessState
-from fabtrain.errors import UserError
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import down_label
 
 EXIT_FINISHED, EXIT_FAILED, EXIT_KILLED = (WATCH_EXIT[s] for s in (JobState.FINISHED, JobState.FAILED, JobState.KILLED))
 EXIT_TIMEOUT = 124
+PLAIN_EVERY = 10.0  # seconds between frames off a terminal when nothing changed (docs/watchdog.md)
 
 
 def _pct(v) -> str:
@@ -74,9 +75,12 @@ def frame(snap: Snapshot, now: float, began: float, fresh: dict | None = None) -
     for p in sorted(snap.progress.values(), key=lambda p: (p.role != "trainer", str(p.rank))):
         r = p.last
         loss, sps = r.get("loss"), r.get("samples_per_s")
+        # The record's own time (the node's clock), not when watch first read it: a job
+        # that finished an hour ago shows its last record an hour old.
+        written = r.get("ts") if isinstance(r.get("ts"), (int, float)) else p.last_ts
         trainers.append([p.name, p.node, str(r.get("step", "-")),
                          f"{loss:.4g}" if loss is not None else "-", f"{sps:.0f}" if sps is not None else "-",
-                         _age(p.last_ts, now) + " ago" if p.last_ts else "-"])
+                         _age(written, now) + " ago" if written else "-"])
     if len(trainers) > 1:
         lines += _table(trainers)
     return lines
@@ -112,6 +116,20 @@ def _node_row(v: NodeSnapshot, verdict: Verdict, now: float, fresh: dict) -> lis
             ", ".join(procs) or ("no job" if not v.job_id else "-")]
 
 
+def plain_state(snap: Snapshot) -> tuple:
+    """What is a change for plain output: the job's state and notes, each node up or down,
+    its agent's state and each process's state. Not CPU, memory, load, steps or ages."""
+    verdict = snap.verdict
+    nodes = []
+    for v in snap.nodes:
+        procs = []
+        for p in v.processes:
+            seen = verdict.process(v.name, p["name"])
+            procs.append((p["name"], seen.label if seen else p["state"]))
+        nodes.append((v.name, v.up, v.down, v.agent_state(), tuple(procs)))
+    return (snap.job_id, verdict.state, verdict.restarts, tuple(verdict.notes), tuple(nodes))
+
+
 def _table(rows: list[list[str]]) -> list[str]:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -126,7 +144,7 @@ def watch(session: Session, interval: float = 1.0, timeout: float | None = None,
     seen: set = set()
     fresh: dict = {}
     drawn = 0
-    last_plain = ("", 0.0)
+    last_plain: tuple = ((), 0.0)
     while True:
         t0 = time.time()
         col.poll()
@@ -134,7 +152,7 @@ def watch(session: Session, interval: float = 1.0, timeout: float | None = None,
         snap = col.snapshot()
         verdict = snap.verdict
         if job_id and all(n.up for n in snap.nodes) and not any(n.job_id for n in snap.nodes):
-            raise UserError(f"--job {job_id}: no node has that job")  # not "starting": it never will
+            raise no_job(job_id)  # not "starting": it never will
         new = []
         for ev in reversed(snap.events):  # oldest first
             key = (ev.get("ts"), ev["node"], ev["kind"], ev.get("name"), ev.get("pid"), ev.get("reason"))
@@ -152,8 +170,8 @@ def watch(session: Session, interval: float = 1.0, timeout: float | None = None,
             for e in new:
                 out.write(event_line(e) + "\n")
             # Plain output (a log file, CI): a frame when a node's state changes, else every 10 s.
-            summary = "\n".join(line for line in lines[1:] if not line.startswith(tuple(snap.progress)))
-            if summary != last_plain[0] or now - last_plain[1] >= 10 or verdict.ended:
+            summary = plain_state(snap)
+            if summary != last_plain[0] or now - last_plain[1] >= PLAIN_EVERY or verdict.ended:
                 out.write("\n".join(lines) + "\n")
                 last_plain = (summary, now)
         out.flush()
@@ -165,9 +183,9 @@ def watch(session: Session, interval: float = 1.0, timeout: float | None = None,
             out.write(f"job {snap.job_id}: {verdict.state}{' (' + why + ')' if why else ''}\n")
             out.flush()
             return verdict.exit_code
-        if verdict.state == JobState.NO_JOB and all(n.up for n in snap.nodes) and now - began > 5 * interval:
-            out.write("no job on any node\n")
-            return EXIT_FAILED
+        # Every node answered and none has the job (none yet, or not the --job asked for).
+        if all(n.up for n in snap.nodes) and not any(n.job_id for n in snap.nodes) and now - began > 5 * interval:
+            raise no_job(job_id)
         if timeout is not None and now - began >= timeout:
             out.write(f"watch: timed out after {timeout:g} s; the job is {verdict.state}\n")
             out.flush()

@@ -70,5 +70,5 @@ def _default_kill(collector) -> Callable[[float], list]:
     def kill(grace: float):
         from fabtrain.controller.lifecycle import kill_all
 
-        return kill_all(collector.session, grace=grace)
+        return kill_all(collector.session, grace=grace, by="the dashboard's Kill button")
     return kill

@@ -122,6 +122,8 @@ def serve(session, host: str = "127.0.0.1", port: int = DEFAULT_PORT, interval: 
         server = make_server(app, host, port, threads)
     except OSError as e:
         raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e} (pick another with --port)") from None
+    except ValueError:  # waitress: a host it cannot resolve or parse
+        raise UserError(f"--host {host!r}: not an address or host name of this machine") from None
     collector.start(interval)
     if host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: the dashboard listens on {host}, not only this machine; anyone who can reach "

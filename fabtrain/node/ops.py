@@ -15,6 +15,7 @@ import os
 import platform
 import shutil
 import signal
+import re
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ from fabtrain.node.refusal import UserFacing
 from fabtrain.node.workspace import (check_workspace, claim_workspace, code_refusal, job_dir, make_private_dirs,
                                      snapshot_code, workspace)
 from fabtrain.node.spawn import expand, name_programs, program_of, spawn
-from fabtrain.node.states import ProcessState, signal_name, signal_of, state_of
+from fabtrain.node.states import KILLERS, ProcessState, read_killer, signal_name, signal_of, state_of
 
 PROGRAM_WAIT = 3.0  # seconds a start waits for each launcher to fork its program
 
@@ -217,6 +218,11 @@ def start_agent(agent, job, jd, ws, base_env, warnings):
     return p, record
 
 
+# A start refused because another job runs on the node; the controller reads the job id back (RUNNING_HERE_RE).
+RUNNING_HERE = "job %s is still running here (%s); stop it with `fab kill-all` or pass --force"
+RUNNING_HERE_RE = re.compile(r"job (\S+) is still running here \(([^)]*)\)")
+
+
 def op_start(payload):
     job = payload["job"]
     ws = workspace(job)
@@ -229,16 +235,17 @@ def op_start(payload):
     refusal = code_refusal(ws, jd)
     if refusal:
         raise UserFacing("%s; nothing of job %s was started here" % (refusal, job["job_id"]))
-    make_private_dirs(ws, os.path.join(ws, "jobs"), jd, *(os.path.join(jd, sub) for sub in ("logs", "run", "metrics")))
 
-    # Refuse to start over a running job unless told (`--force` kills it first on the controller side).
+    # Refuse to start over a running job unless told (`--force` kills it first on the controller side),
+    # before anything of the new job exists here.
     procs = procfs.scan()
-    for other in sorted(os.listdir(os.path.join(ws, "jobs"))):
+    jobs_root = os.path.join(ws, "jobs")
+    for other in sorted(os.listdir(jobs_root)) if os.path.isdir(jobs_root) else []:
         if other != job["job_id"]:
             live = live_job_processes(os.path.join(ws, "jobs", other), procs)
             if live:
-                raise UserFacing("job %s is still running here (%s); stop it with `fab kill-all` or pass --force"
-                                 % (other, ", ".join(live)))
+                raise UserFacing(RUNNING_HERE % (other, ", ".join(live)))
+    make_private_dirs(ws, os.path.join(ws, "jobs"), jd, *(os.path.join(jd, sub) for sub in ("logs", "run", "metrics")))
     roles = set(payload["roles"])
     wanted = [p for p in job["processes"] if p["role"] in roles]
     already = set(live_job_processes(jd, procs))
@@ -315,6 +322,7 @@ def op_status(payload):
         "code": job.get("code"),
         "processes": out,
         "killed": os.path.exists(os.path.join(jd, "killed")),
+        "killed_by": read_killer(os.path.join(jd, "killed")),
         "health_ts": health.get("ts") if isinstance(health, dict) else None,
         "health": health if payload.get("health") else None,
         "last_event": last_event,
@@ -326,7 +334,7 @@ def op_logs(payload):
     ws = workspace(payload)
     jd = job_dir(ws, payload.get("job_id"))
     if not jd or not os.path.isdir(jd):
-        raise UserFacing("no job %s here" % payload["job_id"] if payload.get("job_id") else "no job here yet")
+        return {"job_id": None}  # the controller says it once for every node: lifecycle.no_job
     node = payload["node"]
     logs_dir = os.path.join(jd, "logs")
     names = sorted(f[:-4] for f in os.listdir(logs_dir) if f.endswith(".log"))
@@ -338,7 +346,7 @@ def op_logs(payload):
         offsets[name] = os.path.getsize(path)
     sys.stdout.flush()
     if not payload.get("follow"):
-        return None
+        return {"job_id": os.path.basename(jd)}
     partial = {}
     while True:
         for name in names:
@@ -357,7 +365,7 @@ def op_logs(payload):
                 sys.stdout.write("[%s %s] %s\n" % (node, name, line.decode("utf-8", "replace")))
         sys.stdout.flush()
         if not live_job_processes(jd):
-            return None
+            return {"job_id": os.path.basename(jd)}
         time.sleep(0.2)
 
 
@@ -391,6 +399,7 @@ def op_kill(payload):
     """SIGTERM everything of every job in the workspace, grace, SIGKILL; launchers record the exit codes and go."""
     ws = workspace(payload)
     grace = float(payload.get("grace", 5.0))
+    by = payload.get("by") if payload.get("by") in KILLERS else KILLERS[0]
     jobs_root = os.path.join(ws, "jobs")
     procs = procfs.scan()
     skip = procfs.ancestors()
@@ -413,7 +422,8 @@ def op_kill(payload):
     touched = {d["job_id"] for d in first.values()} | {job_id for job_id, _ in records}
     for job_id in touched:
         if os.path.isdir(os.path.join(jobs_root, job_id)):
-            open(os.path.join(jobs_root, job_id, "killed"), "a").close()  # before any signal: the agents read it
+            with open(os.path.join(jobs_root, job_id, "killed"), "w") as f:  # before any signal: the agents read it
+                f.write(by)
     sent, left = stop_all(find, grace)
     # With their programs gone, the launchers record the exit codes and exit; a stuck one gets SIGKILL.
     deadline = time.time() + 2
@@ -426,11 +436,11 @@ def op_kill(payload):
     found, launchers = kill_targets(ws, records, skip)
     left = sorted(set(found) | set(launchers))
     killed = [dict(described[p], signal=sent[p]) for p in sorted(sent) if p in described]
-    write_kill_events(jobs_root, touched, killed, payload.get("node"))
+    write_kill_events(jobs_root, touched, killed, payload.get("node"), by)
     return {"killed": killed, "left": left, "late": [], "untrusted": untrusted}
 
 
-def write_kill_events(jobs_root, touched, killed, node):
+def write_kill_events(jobs_root, touched, killed, node, by=KILLERS[0]):
     """One `killed` event per process (its program and children share it) in each job's events.jsonl."""
     now = time.time()
     for job_id in touched:
@@ -449,7 +459,7 @@ def write_kill_events(jobs_root, touched, killed, node):
                 "ts": now, "node": node, "kind": "killed", "role": role,
                 "rank": int(rank) if rank.isdigit() else rank, "name": name, "pid": min(k["pid"] for k in ks),
                 "pids": sorted(k["pid"] for k in ks),
-                "reason": "fab kill-all" + (" (orphan: run record lost, or it left its launcher)" if orphan else ""),
+                "reason": by + (" (orphan: run record lost, or it left its launcher)" if orphan else ""),
                 "signal": "SIGKILL" if any(k["signal"] == "SIGKILL" for k in ks) else "SIGTERM"}) + "\n")
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
@@ -498,6 +508,7 @@ def op_collect(payload):
     status = op_status({"workspace": payload["workspace"], "job_id": job_id})
     reply["processes"] = status["processes"]
     reply["killed"] = status["killed"]
+    reply["killed_by"] = status["killed_by"]
     reply["health"] = atomic.read_json(os.path.join(jd, "health.json"))
     max_bytes = int(payload.get("max_bytes", 1 << 20))
     wanted = ["events.jsonl"] + ["metrics/" + f for f in sorted(os.listdir(os.path.join(jd, "metrics")))

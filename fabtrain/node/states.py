@@ -54,6 +54,32 @@ class JobState(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+# The reason a job ends with when a user ran `fab kill-all`: their own act, so no alert is sent for it.
+KILLED_BY_FAB = "stopped by fab kill-all"
+# Who else stops a job on a user's word (the text node ops' kill writes into the job's `killed` marker).
+KILLERS = ("fab kill-all", "the dashboard's Kill button", "fab start-pserver --force", "fab start-trainers --force")
+
+
+def stopped_by(who):
+    """The reason a job ends with when a user stopped it through `who` (one of KILLERS)."""
+    return "stopped by %s" % (who if who in KILLERS else KILLERS[0])
+
+
+def stopped_by_user(reason):
+    """Whether a reason says that a user stopped the job (no alert is sent for that)."""
+    return any(stopped_by(who) in str(reason or "") for who in KILLERS)
+
+
+def read_killer(marker):
+    """Who wrote a job's `killed` marker (one of KILLERS); None when it has none."""
+    try:
+        with open(marker) as f:
+            who = f.read(200).strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError:
+        return KILLERS[0]
+    return who if who in KILLERS else KILLERS[0]
 
 LIVE = (ProcessState.RUNNING, ProcessState.SLEEPING, ProcessState.STOPPED, ProcessState.ZOMBIE)
 # The ends the agents and the coordinator agree on: a job's status never moves on from these.
@@ -61,8 +87,6 @@ FINAL = (JobState.FAILED, JobState.FINISHED)
 # The verdict's ends: FINAL, and `fab kill-all`'s (which only the controller's marker tells).
 TERMINAL = frozenset(FINAL + (JobState.KILLED,))
 
-# The reason a job ends with when a user ran `fab kill-all`: their own act, so no alert is sent for it.
-KILLED_BY_FAB = "stopped by fab kill-all"
 
 # /proc/<pid>/stat's state letter. A training process blocked on I/O or a
 # collective (S, D) is as much "running" as one on a CPU: what the job cares

@@ -374,10 +374,14 @@ def render_shell(process: ProcessPlan) -> str:
     `node_ops start` does the same with execve (no shell in between); the line
     is the copy-paste-able equivalent, to be run after ``WS=<workspace>``.
     """
-    env = " ".join(f"{k}={shell_word(v)}" for k, v in process.env.items())
-    cmd = " ".join(shell_word(a) for a in process.launch_argv())
-    return (f"cd {shell_word(process.cwd)} && env {env} {cmd}"
-            f" >> {shell_word(process.log)} 2>&1 < /dev/null &")
+    return render_start(process.env, process.launch_argv(), process.cwd, process.log)
+
+
+def render_start(env: dict, launch: list[str], cwd: str, log: str) -> str:
+    """`cd CWD && env ENV LAUNCH >> LOG 2>&1 < /dev/null &`: any process spec's start as one shell line."""
+    words = " ".join(f"{k}={shell_word(v)}" for k, v in env.items())
+    cmd = " ".join(shell_word(a) for a in launch)
+    return f"cd {shell_word(cwd)} && env {words} {cmd} >> {shell_word(log)} 2>&1 < /dev/null &"
 
 
 def shell_word(value: str) -> str:

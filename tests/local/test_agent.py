@@ -4,6 +4,7 @@ old job, a coordinator that comes up after the other agents."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -345,6 +346,50 @@ def test_watch_redraws_in_place_on_a_terminal(local_job):
         text = out.getvalue()
         assert "\x1b[" not in text
         assert text.splitlines()[-1].endswith("finished (every trainer exited with code 0)")
+        # Each agent's last word names the outcome it heard, never a job "running" that has ended.
+        exits = lambda: [e for n in ("n0", "n1") for e in job.events(n) if e["kind"] == "agent_exit"]  # noqa: E731
+        assert wait_for(lambda: len(exits()) == 2, timeout=30), [job.events(n)[-3:] for n in ("n0", "n1")]
+        for e in exits():
+            assert e["reason"].startswith(f"nothing of job {job.job_id} is left on this node"), e
+            assert "(job running)" not in e["reason"] and e["reason"].endswith(("node", "(job finished)")), e
     finally:
         session.close()
 
+
+
+def _column(table: str, node: str, process: str, name: str) -> str:
+    """One cell of fab status's table, by the header's column positions."""
+    lines = table.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("node ") and " process " in line)
+    cells = list(re.finditer(r"\S+(?: \S+)*", lines[header]))  # columns are two or more spaces apart
+    names, starts = [c.group() for c in cells], [c.start() for c in cells]
+    i = names.index(name)
+    row = next(line for line in lines[header + 2:] if line.split()[:2] == [node, process])
+    return row[starts[i]:starts[i + 1] if i + 1 < len(starts) else None].strip()
+
+
+def test_a_start_over_a_running_job_starts_nothing_and_force_says_what_it_stopped(local_job):
+    port = free_port(["127.0.0.1"])
+    job = local_job([("n0", ["trainer"]), ("n1", ["trainer"])], mode="collective",
+                    trainer={"command": f"{FAKE} --period 0.1"}, watchdog={"interval": 1, "port": port})
+    job.fab("deploy", "start-trainers", check=True)
+    first = job.job_id
+    out = job.fab("start-trainers")
+    assert out.returncode == 1, out.stdout + out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(f"nothing was started: job {first} is running (n0: ") and "--force" in line, line
+    assert "NOT started" not in out.stdout and [p.name for p in (job.ws["n0"] / "jobs").iterdir()] == [first]
+
+    out = job.fab("start-trainers", "--force", check=True)
+    assert out.stdout.startswith(f"--force: stopped job {first} first\n"), out.stdout
+    assert job.job_id != first
+    killed = [e for e in json.loads("[" + ",".join((job.ws["n0"] / "jobs" / first / "events.jsonl").read_text()
+                                                    .splitlines()) + "]") if e["kind"] == "killed"]
+    assert killed and {e["reason"] for e in killed} == {"fab start-trainers --force"}
+
+    assert wait_for(lambda: (job.health("n0") or {}).get("processes"), timeout=15)
+    job.fab("kill-all", check=True)
+    status = job.fab("status").stdout
+    assert f"n0: job {job.job_id} was stopped by fab kill-all" in status, status
+    # The agent is gone: its last snapshot ("running", progress a second ago) is not shown as now.
+    assert _column(status, "n0", "trainer-0", "agent") == "" and _column(status, "n0", "trainer-0", "progress") == ""

@@ -143,4 +143,4 @@ def test_history_export_and_one_alert_per_failure(two_jobs, tmp_path):
     only = fab("export", "--tensorboard", str(tmp_path / "tb2"), "--job", failed)
     assert killed not in only.stdout and (tmp_path / "tb2" / failed / "trainer-0").is_dir()
     bad = fab("export", "--tensorboard", str(tmp_path / "tb3"), "--job", "20000101-000000-beef", check=False)
-    assert bad.returncode == 2 and "no node has that job" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "no job 20000101-000000-beef on any node" in bad.stderr and "Traceback" not in bad.stderr

@@ -105,7 +105,7 @@ def test_whole_lifecycle_on_three_ssh_nodes_and_one_local(fab, four_nodes, sshd)
     assert out.stdout.count("nothing running") == 4
 
     out = fab("status", cluster=cluster)
-    assert "killed" in out.stdout and "stopped by kill-all" in out.stdout
+    assert "killed" in out.stdout and "was stopped by fab kill-all" in out.stdout
 
 
 def test_kill_all_finds_processes_whose_pid_files_are_gone(fab, four_nodes):

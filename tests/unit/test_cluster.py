@@ -280,3 +280,54 @@ def test_a_leading_dash_is_refused_wherever_a_value_reaches_a_command_line(tmp_p
 def test_a_dash_inside_a_path_is_fine():
     c = parse_cluster(doc(cluster__workspace="./-ws", nodes__1__workspace="/data/-x/ws"), "x.yaml")
     assert c.nodes[0].workspace == "./-ws/n0" and c.nodes[1].workspace == "/data/-x/ws"
+
+
+def test_every_mistake_in_the_file_is_reported_at_once_each_with_its_line(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("cluster:\n"
+                 "  name: demo\n"
+                 "  ssh: {parallel: 0}\n"
+                 "nodes:\n"
+                 "  - {name: n0, host: local, roles: [trainr]}\n"
+                 "  - {name: n1, host: local, roles: [trainer], colour: red}\n")
+    out = subprocess.run([FAB, "plan", "--offline"], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "FABTRAIN_CLUSTER": str(p)})
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert lines == [
+        f"fab plan: {p}: job: missing required field",
+        f"fab plan: {p}: cluster.ssh.parallel: must be between 1 and 1024, got 0 (line 3)",
+        f"fab plan: {p}: nodes[0].roles: unknown role 'trainr'; roles are: pserver, trainer (line 5)",
+        f"fab plan: {p}: nodes[1].colour: unknown field; expected one of: address, connect_timeout, gpus, host, "
+        "host_key_policy, iface, key, known_hosts, name, port, python, roles, user, workspace (line 6)",
+    ], out.stderr
+
+
+@pytest.mark.parametrize("key", ["on", "yes", "no", "off", "y", "n", "true", "False"])
+def test_a_key_that_yaml_reads_as_a_boolean_stays_a_name(tmp_path, key):
+    from fabtrain.config.yamlfile import load_yaml
+    assert load_yaml(f"{key}: [failed]\nvalue: yes\n") == {key: ["failed"], "value": True}
+    p = tmp_path / "c.yaml"
+    p.write_text(GOOD_TEXT.replace("job: {mode: pserver}", "job:\n  watchdog:\n    notify:\n"
+                                   "      webhook: https://hooks.example.com/x\n      on: [failed, hang]\n"))
+    assert load_cluster(p).job.watchdog.notify.on == ("failed", "hang")
+
+
+def test_an_ssh_key_need_not_exist_for_local_nodes_but_must_for_ssh_nodes():
+    local = doc(nodes=[{"name": "n0", "host": "local", "roles": ["pserver", "trainer"]}],
+                cluster__ssh={"key": "/nonexistent/id_ed25519"})
+    assert parse_cluster(local, "x.yaml").nodes[0].ssh.key == "/nonexistent/id_ed25519"
+    with pytest.raises(UserError, match=r"x.yaml: cluster.ssh.key: cannot read key file /nonexistent/id_ed25519 "
+                                        r"\(node n1 connects with it\)"):
+        parse_cluster(doc(cluster__ssh={"key": "/nonexistent/id_ed25519"}), "x.yaml")
+
+
+def test_dist_ips_may_name_this_machine_twice_as_nodes_may():
+    d = doc(nodes=...)
+    d["dist_ips"] = "local,local"
+    c = parse_cluster(d, "x.yaml")
+    assert [(n.name, n.host, n.workspace) for n in c.nodes] == [
+        ("node0", "local", "~/.fabtrain/c1/node0"), ("node1", "local", "~/.fabtrain/c1/node1")]
+    d["dist_ips"] = "10.0.0.1,10.0.0.1"
+    with pytest.raises(UserError, match="the same address twice"):
+        parse_cluster(d, "x.yaml")

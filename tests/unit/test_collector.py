@@ -235,3 +235,54 @@ def test_a_bad_health_json_is_counted_once_not_at_every_poll(planted):
     assert snap.node("node0").health is None
     node0 = next(n for n in strict_json(api(planted["client"], "/api/cluster"))["nodes"] if n["name"] == "node0")
     assert node0["health"] is None and node0["up"] is True
+
+
+@pytest.fixture
+def busy(tmp_path):
+    """A running job whose nodes' CPU figures and trainer steps change all the time; nothing else does."""
+    cluster = load_cluster(local_cluster(tmp_path, {"node0": ["pserver"], "node1": ["trainer"]}))
+    job = SyntheticJob(JOB, {"node0": (cluster.node("node0").workspace, ["pserver-0"]),
+                             "node1": (cluster.node("node1").workspace, ["trainer-0"])}).start()
+    session = Session(cluster)
+    yield job, session
+    job.close()
+    session.close()
+
+
+def test_plain_watch_prints_a_frame_on_a_state_change_not_on_cpu_or_progress(busy):
+    import threading
+    job, session = busy
+    stop = threading.Event()
+
+    def churn():
+        step = 0
+        while not stop.is_set():
+            for node in ("node0", "node1"):
+                job.health(node, cpu=10.0 + step % 80)
+            job.metrics("node1", "trainer-0", range(step, step + 5))
+            step += 5
+            stop.wait(0.05)
+
+    churner = threading.Thread(target=churn)
+    churner.start()
+    try:
+        out = io.StringIO()
+        assert watch(session, interval=0.1, timeout=2.0, out=out, tty=False) == 124
+    finally:
+        stop.set()
+        churner.join()
+    frames = [line for line in out.getvalue().splitlines() if line.startswith(f"job {JOB}: ")]
+    assert len(frames) == 1, out.getvalue()
+    job.exit("node1", "trainer-0", 1)  # a state change: a new frame at once
+    out = io.StringIO()
+    watch(session, interval=0.1, timeout=0.5, out=out, tty=False)
+    assert "trainer-0 exited (1)" in out.getvalue() or "failed" in out.getvalue(), out.getvalue()
+
+
+def test_watch_ages_the_last_record_from_its_own_time(busy):
+    job, session = busy
+    job.metrics("node1", "trainer-0", range(0, 3), t0=time.time() - 3600, dt=1.0)
+    collector = Collector(session)
+    collector.poll()
+    row = next(line for line in frame(collector.snapshot(), time.time(), time.time()) if line.startswith("trainer-0"))
+    assert row.endswith("60m ago"), row

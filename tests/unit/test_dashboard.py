@@ -373,9 +373,10 @@ def test_default_kill_calls_kill_all_on_the_collectors_session(tmp_path):
             assert p.wait(5) is not None
         assert all(not os.path.exists(f"/proc/{pid}/stat") or open(f"/proc/{pid}/stat").read().split()[2] == "Z" for pid in pids)
         collector.poll()
-        assert collector.verdict().state == "killed"
+        verdict = collector.verdict()
+        assert verdict.state == "killed" and verdict.reason == "stopped by the dashboard's Kill button"
         events = get(app.test_client(), "/api/events").get_json()["events"]
-        assert {e["reason"] for e in events} == {"fab kill-all"} and len(events) == 3
+        assert {e["reason"] for e in events} == {"the dashboard's Kill button"} and len(events) == 3
     finally:
         job.close()
         session.close()
@@ -432,7 +433,7 @@ def test_fab_dashboard_serves_with_waitress_and_prints_the_url(tmp_path):
         proc.wait(10)
     bad = subprocess.run([fab, "dashboard", "--port", "99999"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "--port must be between 1 and 65535, got 99999" in bad.stderr
+    assert bad.returncode == 2 and "--port: must be a whole number from 1 to 65535, got '99999'" in bad.stderr
 
 
 def test_metrics_cursor_deltas_rebuild_the_full_series_through_resets():

@@ -158,3 +158,15 @@ def test_nodes_that_share_an_address_get_distinct_endpoints_and_pserver_ports():
     ports = [p.env["PADDLE_PORT"] for _, p in procs(ps, "pserver")]
     assert ports == ["7000", "7003"]  # each pserver's range (2 dense + 1 sparse ports) is its own
     assert ps.pserver_endpoints == ("127.0.0.1:7000", "127.0.0.1:7003")
+
+
+def test_plan_offline_does_not_claim_an_auto_port_is_free_and_prints_the_agents_start():
+    from fabtrain.controller import preflight, report
+    cluster = parse_cluster({"cluster": {"name": "c"}, "job": {"mode": "collective", "master_port": "auto"},
+                             "nodes": [{"name": "n0", "host": "local", "roles": ["trainer"]}]}, "x.yaml")
+    plan = make_plan(cluster, "20261122-000000-ab12", network=preflight.choose_ports(cluster, {}))
+    offline = report.plan_text(plan, [], asked=False)
+    assert "free now" not in offline and "picked without asking the nodes" in offline
+    assert "free now" in report.plan_text(plan, [], asked=True)
+    agent = offline.split("# agent", 1)[1].splitlines()[1]
+    assert agent.startswith('cd "$WS"/runtime/') and "--no-subreaper -- " in agent and "-m fabtrain.node.agent" in agent

@@ -194,7 +194,7 @@ def test_an_agent_tears_down_waits_the_backoff_then_relaunches():
 
 def test_kill_all_during_the_backoff_fails_the_job_instead_of_relaunching():
     _, ledger = on_status(restarting_msg(backoff=1.0), "J", Ledger(), CFG, now=100.0)
-    actions, ledger = decide(Observation(now=102.0, killed_by_fab=True), replace(ledger, acted=True), CFG)
+    actions, ledger = decide(Observation(now=102.0, killed_by="fab kill-all"), replace(ledger, acted=True), CFG)
     assert not [a for a in actions if isinstance(a, Relaunch)]
     assert ledger.status.status == "failed" and ledger.failure_kind == "kill-all"
 

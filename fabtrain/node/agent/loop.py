@@ -19,7 +19,7 @@ from fabtrain.node import procfs
 from fabtrain.node.atomic import read_json
 from fabtrain.node.coordination.restart import RestartPolicy
 from fabtrain.node.kill import send
-from fabtrain.node.states import FINAL, JobState, signal_name
+from fabtrain.node.states import FINAL, JobState, read_killer, signal_name
 
 from . import policy, snapshot
 from .events import EventLog
@@ -258,7 +258,7 @@ class Agent:
             now=now, procs=tuple(facts(ctx, self.procs) for ctx in self.contexts),
             strays=tuple(strays(self.procs, self.markers, mine, self.job_id, self.ws, now)),
             orphans_alive=frozenset(o.pid for o in self.ledger.orphans if procfs.alive(o.pid, o.ctime, self.procs)),
-            killed_by_fab=os.path.exists(os.path.join(self.jd, "killed")), peers=self.link.peers(),
+            killed_by=read_killer(os.path.join(self.jd, "killed")), peers=self.link.peers(),
             must_join=self.must_join, startup_deadline=self.startup_deadline, disk_full=disk_full(self.jd, self.ws))
 
     # -- execute -------------------------------------------------------------------------------
@@ -351,8 +351,10 @@ class Agent:
     def finish(self) -> int:
         self.procs = self.table.refresh(self.hot)
         self.write_health(time.time())
-        self.events.write("agent_exit", "nothing of job %s is left on this node (job %s)"
-                          % (self.job_id, self.ledger.status.status))
+        # The outcome as this node heard it (its own final word, else the coordinator's); none: say none.
+        status = next((s for s in (self.ledger.status.status, self.link.view.get("status")) if s in FINAL), None)
+        self.events.write("agent_exit", "nothing of job %s is left on this node%s"
+                          % (self.job_id, " (job %s)" % status if status else ""))
         self.shutdown()
         return 0
 

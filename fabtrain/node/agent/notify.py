@@ -23,7 +23,7 @@ import time
 import urllib.error
 import urllib.request
 
-from fabtrain.node.states import KILLED_BY_FAB
+from fabtrain.node.states import stopped_by_user
 
 # events.jsonl kinds -> the names cluster.yaml's notify.on uses
 # A restart is told once, when it is decided (`restarting`: the cause, the backoff, the restarts left); a
@@ -88,7 +88,7 @@ class Notifier:
     def stopped_by_user(self, ev: dict) -> bool:
         """The job ends by `fab kill-all`: this node's marker, or another node's word through the coordinator
         (kill-all reaches the nodes in parallel, so a peer may report it before this node's marker exists)."""
-        return KILLED_BY_FAB in str(ev.get("reason") or "") or bool(
+        return stopped_by_user(ev.get("reason")) or bool(
             self.killed_marker and os.path.exists(self.killed_marker))
 
     def body(self, what: str, ev: dict) -> dict:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field, replace
 
-from fabtrain.node.states import FINAL, KILLED_BY_FAB, JobState, ProcessState, describe_end, signal_name, signal_of
+from fabtrain.node.states import (FINAL, JobState, ProcessState, describe_end, signal_name, signal_of,
+                                  stopped_by)
 
 ORPHAN_MIN_AGE = 5.0  # a process younger than this may be one node ops is starting right now
 
@@ -97,7 +98,7 @@ class Observation:
     procs: tuple = ()
     strays: tuple = ()
     orphans_alive: frozenset = frozenset()  # pids of the ledger's orphans still alive
-    killed_by_fab: bool = False
+    killed_by: str | None = None  # who stopped the job on a user's word (states.KILLERS): its `killed` marker
     peers: Peers = Peers()
     must_join: tuple = ()  # nodes whose agents must reach the coordinator
     startup_deadline: float | None = None
@@ -354,9 +355,10 @@ class _Decision:
             if p.close_reason:
                 self.note("killed", "%s: %s" % (how, p.close_reason), p, signal=p.kill_signal,
                           exit_code=p.exit_code, pid=p.pid)
-            elif self.obs.killed_by_fab:
-                self.note("exited", "%s: %s" % (how, KILLED_BY_FAB), p, exit_code=p.exit_code, signal=sig, pid=p.pid)
-                self.fail("%s on %s: %s" % (p.name, self.cfg.node, KILLED_BY_FAB), "kill-all")
+            elif self.obs.killed_by:
+                why = stopped_by(self.obs.killed_by)
+                self.note("exited", "%s: %s" % (how, why), p, exit_code=p.exit_code, signal=sig, pid=p.pid)
+                self.fail("%s on %s: %s" % (p.name, self.cfg.node, why), "kill-all")
             else:
                 self.note("exited", how, p, exit_code=p.exit_code, signal=sig, pid=p.pid)
                 if p.exit_code != 0:
@@ -521,9 +523,9 @@ class _Decision:
         ledger, obs, cfg = self.ledger, self.obs, self.cfg
         if ledger.status.status != JobState.RESTARTING or ledger.restart_at is None:
             return
-        if obs.killed_by_fab:
+        if obs.killed_by:
             self.fail("%s during the restart to generation %d: the job is not restarted"
-                      % (KILLED_BY_FAB, ledger.generation), "kill-all")
+                      % (stopped_by(obs.killed_by), ledger.generation), "kill-all")
             return
         silent = obs.peers.silent_for
         if obs.peers.ever_connected and silent is not None and silent > cfg.peer_timeout:
