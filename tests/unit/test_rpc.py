@@ -113,7 +113,7 @@ def test_streamed_lines_come_before_the_reply(tmp_path):
     (ws / "trainer-0.log").write_text("".join(f"line {i}\n" for i in range(30)))
     (tmp_path / "ws" / "current").symlink_to("jobs/j1")
     out = io.StringIO()
-    assert rpc.call(local_node(tmp_path), "logs", {"lines": 5}, stream=out) is None
+    assert rpc.call(local_node(tmp_path), "logs", {"lines": 5}, stream=out) == {"job_id": "j1"}
     assert out.getvalue().splitlines() == [f"[n0 trainer-0] line {i}" for i in range(25, 30)]
 
 

@@ -14,7 +14,7 @@ WRONG_TEXT = {
     ("provision", "wheelhouse"): ("/nonexistent/wheels", "not a directory"),
     ("provision", "requirements"): ("/nonexistent/req.txt", "--requirements"),
     ("split-data", "input"): ("/nonexistent/corpus.txt", "no such file"),
-    ("start-pserver", "resume-from"): ("a/b", "not a job id"),
+    ("start-pserver", "resume-from"): ("a/b", "bad job id"),
     ("status", "job"): (UNKNOWN_JOB, f"no job {UNKNOWN_JOB} on any node"),
     ("logs", "job"): (UNKNOWN_JOB, f"no job {UNKNOWN_JOB} on any node"),
     ("watch", "job"): (UNKNOWN_JOB, f"no job {UNKNOWN_JOB} on any node"),
