@@ -296,7 +296,8 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
                 continue
             values = common | {"port": port, "rank": prank, "trainer_id": "", "node_rank": index,
                                "data_dir": _data_dir(cluster)}
-            env = pin | _paddle_v2_env(cluster, values) | {
+            env = pin | _paddle_v2_env(cluster, values) | mpi_env(prank, len(pservers), prank % job.pserver.per_node,
+                                                                    job.pserver.per_node) | {
                 "TRAINING_ROLE": "PSERVER",
                 "PADDLE_PORT": str(port),
                 "POD_IP": node.address,
@@ -310,7 +311,9 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
             if torchrun:
                 values = common | {"rank": node_rank, "trainer_id": node_rank * per_node, "node_rank": node_rank,
                                    "port": master_port, "data_dir": _data_dir(cluster)}
-                env = pin | {"NODE_RANK": str(node_rank), "MASTER_ADDR": master.address, "MASTER_PORT": str(master_port)}
+                # One torchrun a node: its place among the nodes; torchrun gives its workers their own RANK.
+                env = pin | mpi_env(node_rank, len(trainer_nodes), 0, 1) | {
+                    "NODE_RANK": str(node_rank), "MASTER_ADDR": master.address, "MASTER_PORT": str(master_port)}
                 command = _with_torchrun_flags(job.trainer.command)
                 procs.append(_process(cluster, node, "trainer", node_rank, command, values, env, job_id, resume_from))
             else:
@@ -369,6 +372,13 @@ def _paddle_v2_env(cluster: Cluster, v: dict) -> dict[str, str]:
     return env
 
 
+def mpi_env(rank: int, size: int, local_rank: int, local_size: int) -> dict[str, str]:
+    """What `mpirun` gives each rank, so a program written for it (PaddlePaddle's guide's
+    train.py reads OMPI_COMM_WORLD_RANK) finds its place under any launcher."""
+    return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size),
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size)}
+
+
 def _trainer_env(cluster, node, v, local_rank, pserver_endpoints, paddle_endpoints) -> dict[str, str]:
     job = cluster.job
     rank, world = v["rank"], v["world_size"]
@@ -378,7 +388,7 @@ def _trainer_env(cluster, node, v, local_rank, pserver_endpoints, paddle_endpoin
         "RANK": str(rank), "WORLD_SIZE": str(world),
         "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(job.trainer.per_node),
         "NODE_RANK": str(v["node_rank"]),
-    }
+    } | mpi_env(rank, world, local_rank, job.trainer.per_node)
     if job.mode == "pserver":
         env |= _paddle_v2_env(cluster, v) | {
             "TRAINING_ROLE": "TRAINER",
