@@ -48,6 +48,7 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 IFACE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$")
 AUTO = "auto"  # a port field's value: chosen at start among the ports free on the nodes concerned
 ONE_LINE_RE = re.compile(r"^[^\n\r\0]+$")
+IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./:@+-]{0,254}$")  # registry/repository:tag@digest
 
 
 _SSH_FIELDS = {"user", "port", "key", "known_hosts", "host_key_policy", "connect_timeout"}
@@ -58,7 +59,7 @@ FIELDS: dict[str, set[str]] = {
     "cluster": {"name", "workspace", "python", "ssh"},
     "cluster.ssh": _SSH_FIELDS | {"parallel"},
     "nodes[]": {"name", "host", "roles", "workspace", "python", "address", "iface", "gpus"} | _SSH_FIELDS,
-    "job": {"name", "mode", "sgd", "master_port", "code", "pserver", "trainer", "data", "watchdog", "env"},
+    "job": {"name", "mode", "sgd", "master_port", "code", "pserver", "trainer", "data", "watchdog", "env", "image"},
     "job.pserver": {"port", "ports_num", "ports_num_for_sparse", "per_node", "command"},
     "job.trainer": {"per_node", "command", "use_gpu", "trainer_count"},
     "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq", "max_extract_mb", "max_expansion"},
@@ -165,6 +166,7 @@ class JobSpec:
     data: DataSpec = field(default_factory=DataSpec)
     watchdog: WatchdogSpec = field(default_factory=WatchdogSpec)
     env: tuple[tuple[str, str], ...] = ()
+    image: str | None = None  # the container image of `fab export --k8s`: python3, fabtrain and job.code in it
 
 
 @dataclass(frozen=True)
@@ -526,8 +528,9 @@ class _Parser(_Checks):
             env.append((k, str(v).lower() if isinstance(v, bool) else str(v)))
 
         code = self.path_value(d.get("code", JobSpec.code), "job.code")
+        image = self.string(d["image"], "job.image", IMAGE_RE, "container image") if d.get("image") is not None else None
         return JobSpec(name=name, mode=mode, sgd=sgd, master_port=master_port, code=code, pserver=pserver,
-                       trainer=trainer, data=data, watchdog=watchdog, env=tuple(env))
+                       trainer=trainer, data=data, watchdog=watchdog, env=tuple(env), image=image)
 
     def notify(self, value: Any) -> NotifySpec:
         where = "job.watchdog.notify"
