@@ -229,3 +229,15 @@ def test_export_writes_one_private_file_per_object_and_refuses_a_folder_with_man
     assert all(f.stat().st_mode & 0o777 == 0o600 for f in files)  # the Secret holds the coordinator's secret
     again = fab("export", "--k8s", str(tmp_path / "out"), cluster=path)
     assert again.returncode == 2 and "already holds manifests" in again.stderr
+
+
+def test_the_example_of_docs_kubernetes_renders_as_the_doc_says():
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", text, re.S).group(1))
+    docs = render(parse_cluster(example, "cluster.yaml"))
+    names = [file_name(i, d) for i, d in enumerate(docs)]
+    assert names == ["00-secret-demo-job.yaml", "01-service-demo.yaml", "02-job-demo-trainer.yaml"]
+    for command in ("fab export --k8s k8s/", "kubectl wait --for=condition=complete job/demo-trainer",
+                    "-l fabtrain.io/cluster=demo"):
+        assert command in text
+    assert docs[-1]["spec"]["template"]["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "1"}}

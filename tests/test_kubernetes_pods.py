@@ -134,3 +134,5 @@ def test_pods_told_to_stop_stop_their_processes_and_exit_143(pods):
         p.send_signal(signal.SIGTERM)
     assert job.exits() == [143, 143], job.describe()
     assert not job.left()
+    # Every process's log went to the pod's stdout, prefixed: what `kubectl logs` shows.
+    assert "[trainer-1 trainer-1] trainer 1 started" in job.procs[1].stdout.read()

@@ -18,6 +18,9 @@ from fabtrain.plan import kubernetes
 from fabtrain.plan.plan import make_plan, new_job_id
 
 
+SECRET_MAX = 1 << 20  # what Kubernetes lets one Secret hold
+
+
 class _Dumper(yaml.SafeDumper):
     def ignore_aliases(self, data):  # a manifest says everything where it is used, no &anchors
         return True
@@ -40,7 +43,12 @@ def render(cluster: Cluster, kind: str = "job", job_id: str | None = None, secre
     pods = kubernetes.pod_cluster(cluster, kind)
     plan = make_plan(pods, job_id or new_job_id(), secret=secret or secrets.token_hex(16),
                      network=kubernetes.pod_network(pods))
-    return kubernetes.manifests(plan, spec)
+    docs = kubernetes.manifests(plan, spec)
+    size = sum(len(v) for v in docs[0]["stringData"].values())
+    if size > SECRET_MAX:
+        raise UserError(f"{cluster.path}: {len(plan.nodes)} pods' job.json files take {size} bytes, more than a "
+                        f"Secret holds ({SECRET_MAX}); fewer nodes, or more trainers a node (job.trainer.per_node)")
+    return docs
 
 
 def export_kubernetes(cluster: Cluster, out_dir: str, kind: str = "job") -> list[Path]:

@@ -11,7 +11,8 @@ the end included), 1 when it failed, 143 when the pod was told to stop (SIGTERM:
 the pod's processes are stopped as `fab kill-all` stops them). A non-zero exit
 fails the pod, and so its Job. The container's working directory is the job's
 code; the image's own fabtrain is the agent's runtime. As PID 1 it also
-reaps whatever is re-parented to it.
+reaps whatever is re-parented to it, and copies every process's log to its
+stdout, each line prefixed [<pod's node> <process>], for `kubectl logs`.
 """
 import json
 import os
@@ -56,6 +57,32 @@ def prepare(job, code_dir):
     if job.get("agent"):
         link(PACKAGE, os.path.join(expand(job["agent"]["cwd"], ws), "fabtrain"))
     return ws, os.path.join(ws, "jobs", job["job_id"])
+
+
+class LogFollower:
+    """Each process's log on the container's stdout, line by line, prefixed [<node> <name>]: `kubectl logs`."""
+
+    def __init__(self, job, ws):
+        self.prefix = job["node"]
+        self.logs = [(p["name"], expand(p["log"], ws)) for p in job["processes"] + ([job["agent"]] if job.get("agent") else [])]
+        self.offsets = {}
+        self.partial = {}
+
+    def poll(self, final=False):
+        for name, path in self.logs:
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets.get(name, 0))
+                    data = f.read(1 << 20)
+            except OSError:
+                continue  # not started yet
+            self.offsets[name] = self.offsets.get(name, 0) + len(data)
+            lines = (self.partial.pop(name, b"") + data).split(b"\n")
+            if lines[-1] and not final:
+                self.partial[name] = lines[-1]
+            for line in lines[:-1] + ([lines[-1]] if final and lines[-1] else []):
+                sys.stdout.write("[%s %s] %s\n" % (self.prefix, name, line.decode("utf-8", "replace")))
+        sys.stdout.flush()
 
 
 def reap():
@@ -108,9 +135,10 @@ def run(files, role, index_env, code_dir):
                                                                  " | ".join(failed["log"])), flush=True)
     print("fabtrain pod: %s of job %s started: %s" % (job["node"], job["job_id"], ", ".join(
         "%s (pid %d)" % (s["name"], s["pid"]) for s in reply["started"])), flush=True)
-    stopped = False
+    stopped, follower = False, LogFollower(job, ws)
     while True:
         reap()
+        follower.poll()
         if stop and not stopped:
             stopped = True
             ops.op_kill({"workspace": ws, "grace": watchdog.get("grace", 5.0), "node": job["node"]})
@@ -118,6 +146,7 @@ def run(files, role, index_env, code_dir):
             break
         time.sleep(POLL)
     reap()
+    follower.poll(final=True)
     return 128 + signal.SIGTERM if stopped else outcome(jd, job, ws)
 
 
