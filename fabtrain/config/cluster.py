@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from fabtrain.config.launcher import check_launcher
 from fabtrain.config.yamlfile import YAMLFileError, load_yaml
 from fabtrain.data.archive import DEFAULT_MAX_EXPANSION, DEFAULT_MAX_EXTRACT_MB
 from fabtrain.errors import UserError
@@ -26,6 +27,7 @@ ROLES = ("pserver", "trainer")
 MODES = ("pserver", "collective")
 HOST_KEY_POLICIES = ("strict", "accept-new")
 ON_FAILURE = ("kill-job", "keep", "restart")
+LAUNCHERS = ("fabtrain", "mpirun")
 NOTIFY_ON = ("failed", "hang", "restart", "finished")
 WEBHOOK_RE = re.compile(r"^https?://[^\s/?#]+[^\s]*$")
 
@@ -59,7 +61,8 @@ FIELDS: dict[str, set[str]] = {
     "cluster": {"name", "workspace", "python", "ssh"},
     "cluster.ssh": _SSH_FIELDS | {"parallel"},
     "nodes[]": {"name", "host", "roles", "workspace", "python", "address", "iface", "gpus"} | _SSH_FIELDS,
-    "job": {"name", "mode", "sgd", "master_port", "code", "pserver", "trainer", "data", "watchdog", "env", "image"},
+    "job": {"name", "mode", "sgd", "master_port", "code", "pserver", "trainer", "data", "watchdog", "env", "image",
+            "launcher"},
     "job.pserver": {"port", "ports_num", "ports_num_for_sparse", "per_node", "command"},
     "job.trainer": {"per_node", "command", "use_gpu", "trainer_count"},
     "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq", "max_extract_mb", "max_expansion"},
@@ -167,6 +170,7 @@ class JobSpec:
     watchdog: WatchdogSpec = field(default_factory=WatchdogSpec)
     env: tuple[tuple[str, str], ...] = ()
     image: str | None = None  # the container image of `fab export --k8s`: python3, fabtrain and job.code in it
+    launcher: str = "fabtrain"  # who starts the ranks: fabtrain on each node, or one `mpirun` (collective mode)
 
 
 @dataclass(frozen=True)
@@ -375,6 +379,7 @@ class _Parser(_Checks):
 
         cluster = Cluster(name=name, path=self.path, parallel=parallel, nodes=nodes, job=job)
         self.check_roles(cluster)
+        check_launcher(cluster, self.fail)
         return cluster
 
     def ssh(self, doc: dict, where: str, base: SSHSettings) -> SSHSettings:
@@ -529,8 +534,9 @@ class _Parser(_Checks):
 
         code = self.path_value(d.get("code", JobSpec.code), "job.code")
         image = self.string(d["image"], "job.image", IMAGE_RE, "container image") if d.get("image") is not None else None
+        launcher = self.choice(d.get("launcher", JobSpec.launcher), "job.launcher", LAUNCHERS)
         return JobSpec(name=name, mode=mode, sgd=sgd, master_port=master_port, code=code, pserver=pserver,
-                       trainer=trainer, data=data, watchdog=watchdog, env=tuple(env), image=image)
+                       trainer=trainer, data=data, watchdog=watchdog, env=tuple(env), image=image, launcher=launcher)
 
     def notify(self, value: Any) -> NotifySpec:
         where = "job.watchdog.notify"
@@ -571,8 +577,6 @@ class _Parser(_Checks):
             if key in seen:
                 raise self.fail(f"nodes.{n.name}.workspace", f"same host and workspace as node {seen[key]!r}; give each node on one machine its own workspace")
             seen[key] = n.name
-
-
 
 
 def _kind(value: Any) -> str:

@@ -39,9 +39,15 @@ class ProcessPlan:
     exit: str
     metrics: str
     launch: tuple[str, ...] = ()  # the launcher's argv, then `argv`
+    started_by: str = ""  # "mpirun-0": that process starts this one (node ops' start does not)
+    starts_with: str = ""  # the role whose start starts this one too (mpirun: with the trainers)
 
     def launch_argv(self) -> list[str]:
         return list(self.launch)
+
+    def job_json(self) -> dict:
+        spec = asdict(self) | {"argv": list(self.argv), "launch": list(self.launch)}
+        return {k: v for k, v in spec.items() if v != "" or k not in ("started_by", "starts_with")}
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,7 @@ class Plan:
     ports: dict = field(default_factory=dict)  # PORT_SETTINGS key -> port
     auto_ports: tuple[str, ...] = ()  # the ones chosen at start (`auto`)
     listens: tuple["PortUse", ...] = ()  # every port the job listens on, node by node
+    files: dict = field(default_factory=dict)  # node -> {path under the job dir: text} node ops writes at start
 
     def node(self, name: str) -> NodePlan:
         return next(n for n in self.nodes if n.node == name)
@@ -95,8 +102,8 @@ class Plan:
             # What the agent must know, so it guesses nothing from PADDLE_* or WORLD_SIZE.
             "trainers": sum(1 for m in self.nodes for p in m.processes if p.role == "trainer"),
             "agent": self.agent_process(node),
-            "processes": [asdict(p) | {"argv": list(p.argv), "launch": list(p.launch)} for p in n.processes],
-        }
+            "processes": [p.job_json() for p in n.processes],
+        } | ({"files": self.files[node]} if node in self.files else {})
 
     def agent_process(self, node: str) -> dict:
         """The node agent (watchdog) of this job on that node, in job.json's process shape."""
@@ -327,10 +334,19 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
         node_plans.append(NodePlan(node=node.name, node_index=index, host=node.host, address=node.address,
                                    workspace=node.workspace, python=node.python, processes=tuple(procs)))
 
-    return Plan(job_id=job_id, cluster=cluster.name, mode=job.mode, sgd=job.sgd, nodes=tuple(node_plans),
-                watchdog=_watchdog(cluster, secret, ports["watchdog_port"]), pserver_endpoints=pserver_endpoints,
-                master=f"{master.address}:{master_port}",
-                ports=ports, auto_ports=network.auto if network else (), listens=tuple(port_uses(cluster, ports)))
+    return _launched(cluster, Plan(
+        job_id=job_id, cluster=cluster.name, mode=job.mode, sgd=job.sgd, nodes=tuple(node_plans),
+        watchdog=_watchdog(cluster, secret, ports["watchdog_port"]), pserver_endpoints=pserver_endpoints,
+        master=f"{master.address}:{master_port}",
+        ports=ports, auto_ports=network.auto if network else (), listens=tuple(port_uses(cluster, ports))))
+
+
+def _launched(cluster: Cluster, plan: Plan) -> Plan:
+    """The plan as job.launcher starts it: fabtrain on every node, or one mpirun (fabtrain/plan/mpirun.py)."""
+    if cluster.job.launcher != "mpirun":
+        return plan
+    from fabtrain.plan.mpirun import with_mpirun  # it builds on this module
+    return with_mpirun(plan, cluster)
 
 
 def _watchdog(cluster: Cluster, secret: str | None, port: int | None) -> dict:

@@ -73,12 +73,13 @@ def apply_policy(client: paramiko.SSHClient, known_hosts: str, policy: str) -> N
     client.set_missing_host_key_policy(StrictPolicy(known_hosts) if policy == "strict" else AcceptNewPolicy(known_hosts))
 
 
-def openssh_config(known_hosts: str, policy: str) -> list[str]:
-    """The same policy as ssh config lines, for the OpenSSH client rsync runs (every hop of it).
+def openssh_config(known_hosts: str, policy: str, here: bool = True) -> list[str]:
+    """The same policy as ssh config lines, for the OpenSSH client rsync runs (every hop of it), or
+    (here=False) the one mpirun runs on a node, where the path is kept as written: ssh expands ~ there.
 
     Only the cluster's known_hosts counts, as for paramiko: not the system's
     list, which Fabric never reads either."""
-    path = os.path.abspath(os.path.expanduser(known_hosts)).replace("%", "%%")  # ssh expands %-tokens here
+    path = (os.path.abspath(os.path.expanduser(known_hosts)) if here else known_hosts).replace("%", "%%")  # %-tokens
     return [
         f"StrictHostKeyChecking {'yes' if policy == 'strict' else 'accept-new'}",
         f'UserKnownHostsFile "{path}"',
