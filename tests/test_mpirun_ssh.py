@@ -120,17 +120,24 @@ def test_mpirun_starts_every_rank_over_ssh_and_the_allreduce_is_right(mpi_job):
     assert "finished" in kinds and "job_failed" not in kinds
 
 
-def test_a_rank_killed_ends_every_process_on_every_node(mpi_job):
+@pytest.mark.parametrize("victim", ["rank 1", "mpirun"])
+def test_a_rank_or_mpirun_killed_ends_every_process_on_every_node(mpi_job, victim):
     job = mpi_job(300)
-    victim = job.program(1)
-    for rank in (0, 2):
-        job.program(rank)
+    programs = [job.program(rank) for rank in range(3)]
     assert any("orted" in cmd for _, cmd in job.leftovers()), job.describe()  # mpirun reached the nodes over ssh
-    os.kill(victim, signal.SIGKILL)
+    if victim == "mpirun":
+        run = json.loads((job.jds[0] / "run" / "mpirun-0.json").read_text())
+        pid = next(iter(procfs.children_map(procfs.scan()).get(run["pid"], ())))
+    else:
+        pid = programs[1]
+    os.kill(pid, signal.SIGKILL)
     # The ranks, their launchers, mpirun, its ssh clients and Open MPI's daemons: all gone within 2 s.
     assert wait_for(lambda: not job.leftovers(agents=False), timeout=2, interval=0.02), job.describe()
     assert wait_for(lambda: not job.leftovers(), timeout=30), job.describe()
-    assert job.exits()["ws-node2/trainer-1.exit"] == "137"
+    key = "ws-node1/mpirun-0.exit" if victim == "mpirun" else "ws-node2/trainer-1.exit"
+    assert job.exits()[key] == "137"
+    kinds = [json.loads(line)["kind"] for line in (job.jds[2] / "events.jsonl").read_text().splitlines()]
+    assert "job_failed" in kinds  # the agents saw it too, on every node
 
 
 def test_kill_all_leaves_nothing_of_an_mpirun_job(mpi_job):
