@@ -206,6 +206,7 @@ def write_cluster_file(path, job):
     ({"mode": "pserver", "image": IMAGE}, ("--k8s-kind", "pytorchjob"), "needs collective mode"),
     ({"mode": "collective", "image": IMAGE}, ("--k8s-kind", "deployment"), "must be one of job, pytorchjob"),
     ({"mode": "collective", "image": "bad image"}, (), "job.image"),
+    ({"mode": "collective", "image": IMAGE, "launcher": "mpirun"}, (), "job.launcher: mpirun is not exported"),
 ])
 def test_what_the_export_cannot_render_is_one_line_and_exit_2(fab, tmp_path, job, args, needle):
     if "pserver" in job.values():

@@ -95,6 +95,9 @@ def pod_spec(cluster: Cluster, kind: str = "job") -> PodSpec:
     if not job.image:
         raise UserError(f"{cluster.path}: job.image: missing; fab export --k8s needs the container image "
                         f"(python3, fabtrain and your job.code in it)")
+    if job.launcher == "mpirun":
+        raise UserError(f"{cluster.path}: job.launcher: mpirun is not exported to Kubernetes (pods have no SSH "
+                        f"between them); export with job.launcher: fabtrain, or run MPI jobs with the MPI Operator")
     gpus = max((n.gpus if n.gpus is not None else job.trainer.per_node for n in cluster.trainer_nodes), default=0)
     return PodSpec(image=job.image, kind=kind, gpus=(("trainer", gpus),) if job.trainer.use_gpu and gpus else (),
                    env=job.env)
