@@ -32,6 +32,8 @@ system-deps:
 	command -v pkill >/dev/null || missing="$$missing procps"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	command -v ip >/dev/null || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || missing="$$missing iproute2"; \
+	command -v mpirun >/dev/null || missing="$$missing openmpi-bin"; \
+	command -v mpicc >/dev/null || missing="$$missing libopenmpi-dev"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

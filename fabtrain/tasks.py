@@ -206,11 +206,17 @@ def dashboard(c, port=8265, host="127.0.0.1", interval=1.0, job=None):
 
 
 @fabtask
-def export(c, tensorboard=None, job=None):
-    """Write every trainer's metrics as TensorBoard event files: --tensorboard=DIR, one run a job and trainer (--job ID)."""
+def export(c, tensorboard=None, job=None, k8s=None, k8s_kind="job"):
+    """Write metrics as TensorBoard files (--tensorboard=DIR, --job ID), or the job as Kubernetes manifests (--k8s=DIR)."""
     from fabtrain.controller.export import export_tensorboard
+    if k8s:  # reads only cluster.yaml: no node is asked
+        from fabtrain.config.cluster import load_cluster
+        from fabtrain.controller.kubeexport import export_kubernetes
+        for path in export_kubernetes(load_cluster(), k8s, kind=k8s_kind):
+            print(path)
+        return
     if not tensorboard:
-        raise UserError("say where: --tensorboard=DIR")
+        raise UserError("say where: --tensorboard=DIR or --k8s=DIR")
     result = export_tensorboard(session(c), tensorboard, job_id=job)
     for line in result.runs:
         print(f"{tensorboard}/{line}")

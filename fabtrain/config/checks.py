@@ -33,6 +33,7 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 IFACE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$")
 AUTO = "auto"  # a port field's value: chosen at start among the ports free on the nodes concerned
 ONE_LINE_RE = re.compile(r"^[^\n\r\0]+$")
+IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./:@+-]{0,254}$")  # registry/repository:tag@digest
 
 
 class _Invalid:

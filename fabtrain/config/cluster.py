@@ -15,8 +15,9 @@ from typing import Any
 
 import yaml
 
-from fabtrain.config.checks import (ENV_NAME_RE, HOST_RE, IFACE_RE, INVALID, NAME_RE, ONE_LINE_RE, USER_RE, Checks,
-                                    FieldError, kind_of, reported, shown, valid)
+from fabtrain.config.checks import (ENV_NAME_RE, HOST_RE, IFACE_RE, IMAGE_RE, INVALID, NAME_RE, ONE_LINE_RE, USER_RE,
+                                    Checks, FieldError, kind_of, reported, shown, valid)
+from fabtrain.config.launcher import check_launcher
 from fabtrain.config.yamlfile import YAMLFileError, load_yaml_with_lines
 from fabtrain.data.archive import DEFAULT_MAX_EXPANSION, DEFAULT_MAX_EXTRACT_MB
 from fabtrain.errors import UserError, UserErrors
@@ -26,6 +27,7 @@ ROLES = ("pserver", "trainer")
 MODES = ("pserver", "collective")
 HOST_KEY_POLICIES = ("strict", "accept-new")
 ON_FAILURE = ("kill-job", "keep", "restart")
+LAUNCHERS = ("fabtrain", "mpirun")
 NOTIFY_ON = ("failed", "hang", "restart", "finished")
 WEBHOOK_RE = re.compile(r"^https?://[^\s/?#]+[^\s]*$")
 
@@ -39,7 +41,8 @@ FIELDS: dict[str, set[str]] = {
     "cluster": {"name", "workspace", "python", "ssh"},
     "cluster.ssh": _SSH_FIELDS | {"parallel"},
     "nodes[]": {"name", "host", "roles", "workspace", "python", "address", "iface", "gpus"} | _SSH_FIELDS,
-    "job": {"name", "mode", "sgd", "master_port", "code", "pserver", "trainer", "data", "watchdog", "env"},
+    "job": {"name", "mode", "sgd", "master_port", "code", "pserver", "trainer", "data", "watchdog", "env", "image",
+            "launcher"},
     "job.pserver": {"port", "ports_num", "ports_num_for_sparse", "per_node", "command"},
     "job.trainer": {"per_node", "command", "use_gpu", "trainer_count"},
     "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq", "max_extract_mb", "max_expansion"},
@@ -146,6 +149,8 @@ class JobSpec:
     data: DataSpec = field(default_factory=DataSpec)
     watchdog: WatchdogSpec = field(default_factory=WatchdogSpec)
     env: tuple[tuple[str, str], ...] = ()
+    image: str | None = None  # the container image of `fab export --k8s`: python3, fabtrain and job.code in it
+    launcher: str = "fabtrain"  # who starts the ranks: fabtrain on each node, or one `mpirun` (collective mode)
 
 
 @dataclass(frozen=True)
@@ -257,6 +262,7 @@ class _Parser(Checks):
         if not self.errors:  # the checks across fields, once every field is right
             cluster = Cluster(name=name, path=self.path, parallel=parallel, nodes=nodes, job=job)
             self.part(self.check_roles, cluster)
+            self.part(check_launcher, cluster, self.fail)
         if self.errors:
             raise UserErrors(sorted(self.errors, key=lambda e: e.line))
         return cluster
@@ -438,8 +444,10 @@ class _Parser(Checks):
                 env.append((k, str(v).lower() if isinstance(v, bool) else str(v)))
 
         code = self.path_value(d.get("code", JobSpec.code), "job.code")
+        image = self.string(d["image"], "job.image", IMAGE_RE, "container image") if d.get("image") is not None else None
+        launcher = self.choice(d.get("launcher", JobSpec.launcher), "job.launcher", LAUNCHERS)
         return JobSpec(name=name, mode=mode, sgd=sgd, master_port=master_port, code=code, pserver=pserver,
-                       trainer=trainer, data=data, watchdog=watchdog, env=tuple(env))
+                       trainer=trainer, data=data, watchdog=watchdog, env=tuple(env), image=image, launcher=launcher)
 
     def notify(self, value: Any) -> NotifySpec:
         where = "job.watchdog.notify"

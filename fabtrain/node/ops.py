@@ -247,7 +247,8 @@ def op_start(payload):
                 raise UserFacing(RUNNING_HERE % (other, ", ".join(live)))
     make_private_dirs(ws, os.path.join(ws, "jobs"), jd, *(os.path.join(jd, sub) for sub in ("logs", "run", "metrics")))
     roles = set(payload["roles"])
-    wanted = [p for p in job["processes"] if p["role"] in roles]
+    # A rank that mpirun starts is not started here; mpirun itself starts with the trainers.
+    wanted = [p for p in job["processes"] if p.get("starts_with", p["role"]) in roles and not p.get("started_by")]
     already = set(live_job_processes(jd, procs))
     for p in wanted:
         if p["name"] in already:
@@ -255,6 +256,9 @@ def op_start(payload):
 
     job["code"] = snapshot_code(ws, jd)
     # 0600: it holds the coordinator's secret.
+    for rel, text in sorted(job.get("files", {}).items()):  # mpirun's hostfile and ssh config
+        make_private_dirs(os.path.dirname(os.path.join(jd, rel)))
+        atomic.write(os.path.join(jd, rel), text)
     atomic.write(os.path.join(jd, "job.json"), json.dumps(job, indent=1))
     atomic.write(os.path.join(jd, launch.SCRIPT), launch.source())
     tmp_link = os.path.join(ws, ".current.%d" % os.getpid())

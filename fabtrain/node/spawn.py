@@ -25,8 +25,8 @@ def program_of(record, procs, kids):
     return min(children, key=lambda p: (p.start_ticks, p.pid)).pid if children else None
 
 
-def spawn(proc, ws, base_env, generation=0):
-    """Start one process through the launcher (its own session, nohup, line-buffered), stdin /dev/null.
+def prepare(proc, ws, base_env, generation=0):
+    """The argv, environment and working directory of a process spec on this node ($WS and ~ expanded).
 
     `generation` is the job's restart count (0 at `fab start-*`, g for the
     agents' g-th restart): programs read it as torchrun's workers do.
@@ -44,18 +44,29 @@ def spawn(proc, ws, base_env, generation=0):
     cwd = expand(proc["cwd"], ws)
     if not os.path.isdir(cwd):
         os.makedirs(cwd, exist_ok=True)
+    return argv, env, cwd
+
+
+def record(proc, ws, pid):
+    """Write the run record of a process just started as `pid` (the launcher: its session and group leader)."""
+    st = procfs.stat(pid)
+    run = {"name": proc["name"], "role": proc["role"], "rank": proc["rank"], "pid": pid,
+           "pgid": pid, "create_time": st.create_time if st else time.time(),
+           "argv": [expand(a, ws) for a in proc["argv"]], "started_at": time.time()}
+    atomic.write_json(expand(proc["run"], ws), run)
+    return run
+
+
+def spawn(proc, ws, base_env, generation=0):
+    """Start one process through the launcher (its own session, nohup, line-buffered), stdin /dev/null."""
+    argv, env, cwd = prepare(proc, ws, base_env, generation)
     log = os.open(expand(proc["log"], ws), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         p = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
                              stderr=subprocess.STDOUT, close_fds=True)
     finally:
         os.close(log)
-    st = procfs.stat(p.pid)
-    record = {"name": proc["name"], "role": proc["role"], "rank": proc["rank"], "pid": p.pid,
-              "pgid": p.pid, "create_time": st.create_time if st else time.time(),
-              "argv": [expand(a, ws) for a in proc["argv"]], "started_at": time.time()}
-    atomic.write_json(expand(proc["run"], ws), record)
-    return p, record
+    return p, record(proc, ws, p.pid)
 
 
 def name_programs(started, ws, procs_by_name, deadline):

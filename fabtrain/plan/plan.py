@@ -40,9 +40,15 @@ class ProcessPlan:
     exit: str
     metrics: str
     launch: tuple[str, ...] = ()  # the launcher's argv, then `argv`
+    started_by: str = ""  # "mpirun-0": that process starts this one (node ops' start does not)
+    starts_with: str = ""  # the role whose start starts this one too (mpirun: with the trainers)
 
     def launch_argv(self) -> list[str]:
         return list(self.launch)
+
+    def job_json(self) -> dict:
+        spec = asdict(self) | {"argv": list(self.argv), "launch": list(self.launch)}
+        return {k: v for k, v in spec.items() if v != "" or k not in ("started_by", "starts_with")}
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class Plan:
     ports: dict = field(default_factory=dict)  # ports.PORT_SETTINGS key -> port
     auto_ports: tuple[str, ...] = ()  # the ones chosen at start (`auto`)
     listens: tuple[PortUse, ...] = ()  # every port the job listens on, node by node
+    files: dict = field(default_factory=dict)  # node -> {path under the job dir: text} node ops writes at start
 
     def node(self, name: str) -> NodePlan:
         return next(n for n in self.nodes if n.node == name)
@@ -96,8 +103,8 @@ class Plan:
             # What the agent must know, so it guesses nothing from PADDLE_* or WORLD_SIZE.
             "trainers": sum(1 for m in self.nodes for p in m.processes if p.role == "trainer"),
             "agent": self.agent_process(node),
-            "processes": [asdict(p) | {"argv": list(p.argv), "launch": list(p.launch)} for p in n.processes],
-        }
+            "processes": [p.job_json() for p in n.processes],
+        } | ({"files": self.files[node]} if node in self.files else {})
 
     def agent_process(self, node: str) -> dict:
         """The node agent (watchdog) of this job on that node, in job.json's process shape."""
@@ -205,7 +212,8 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
                 continue
             values = common | {"port": port, "rank": prank, "trainer_id": "", "node_rank": index,
                                "data_dir": _data_dir(cluster)}
-            env = pin | _paddle_v2_env(cluster, values) | {
+            env = pin | _paddle_v2_env(cluster, values) | mpi_env(prank, len(pservers), prank % job.pserver.per_node,
+                                                                    job.pserver.per_node) | {
                 "TRAINING_ROLE": "PSERVER",
                 "PADDLE_PORT": str(port),
                 "POD_IP": node.address,
@@ -219,7 +227,9 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
             if torchrun:
                 values = common | {"rank": node_rank, "trainer_id": node_rank * per_node, "node_rank": node_rank,
                                    "port": master_port, "data_dir": _data_dir(cluster)}
-                env = pin | {"NODE_RANK": str(node_rank), "MASTER_ADDR": master.address, "MASTER_PORT": str(master_port)}
+                # One torchrun a node: its place among the nodes; torchrun gives its workers their own RANK.
+                env = pin | mpi_env(node_rank, len(trainer_nodes), 0, 1) | {
+                    "NODE_RANK": str(node_rank), "MASTER_ADDR": master.address, "MASTER_PORT": str(master_port)}
                 command = _with_torchrun_flags(job.trainer.command)
                 procs.append(_process(cluster, node, "trainer", node_rank, command, values, env, job_id, resume_from))
             else:
@@ -233,10 +243,19 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
         node_plans.append(NodePlan(node=node.name, node_index=index, host=node.host, address=node.address,
                                    workspace=node.workspace, python=node.python, processes=tuple(procs)))
 
-    return Plan(job_id=job_id, cluster=cluster.name, mode=job.mode, sgd=job.sgd, nodes=tuple(node_plans),
-                watchdog=_watchdog(cluster, secret, ports["watchdog_port"]), pserver_endpoints=pserver_endpoints,
-                master=f"{master.address}:{master_port}",
-                ports=ports, auto_ports=network.auto if network else (), listens=tuple(port_uses(cluster, ports)))
+    return _launched(cluster, Plan(
+        job_id=job_id, cluster=cluster.name, mode=job.mode, sgd=job.sgd, nodes=tuple(node_plans),
+        watchdog=_watchdog(cluster, secret, ports["watchdog_port"]), pserver_endpoints=pserver_endpoints,
+        master=f"{master.address}:{master_port}",
+        ports=ports, auto_ports=network.auto if network else (), listens=tuple(port_uses(cluster, ports))))
+
+
+def _launched(cluster: Cluster, plan: Plan) -> Plan:
+    """The plan as job.launcher starts it: fabtrain on every node, or one mpirun (fabtrain/plan/mpirun.py)."""
+    if cluster.job.launcher != "mpirun":
+        return plan
+    from fabtrain.plan.mpirun import with_mpirun  # it builds on this module
+    return with_mpirun(plan, cluster)
 
 
 def _watchdog(cluster: Cluster, secret: str | None, port: int | None) -> dict:
@@ -278,6 +297,13 @@ def _paddle_v2_env(cluster: Cluster, v: dict) -> dict[str, str]:
     return env
 
 
+def mpi_env(rank: int, size: int, local_rank: int, local_size: int) -> dict[str, str]:
+    """What `mpirun` gives each rank, so a program written for it (PaddlePaddle's guide's
+    train.py reads OMPI_COMM_WORLD_RANK) finds its place under any launcher."""
+    return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size),
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size)}
+
+
 def _trainer_env(cluster, node, v, local_rank, pserver_endpoints, paddle_endpoints) -> dict[str, str]:
     job = cluster.job
     rank, world = v["rank"], v["world_size"]
@@ -287,7 +313,7 @@ def _trainer_env(cluster, node, v, local_rank, pserver_endpoints, paddle_endpoin
         "RANK": str(rank), "WORLD_SIZE": str(world),
         "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(job.trainer.per_node),
         "NODE_RANK": str(v["node_rank"]),
-    }
+    } | mpi_env(rank, world, local_rank, job.trainer.per_node)
     if job.mode == "pserver":
         env |= _paddle_v2_env(cluster, v) | {
             "TRAINING_ROLE": "TRAINER",

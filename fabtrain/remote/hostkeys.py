@@ -102,8 +102,9 @@ def apply_policy(client: paramiko.SSHClient, known_hosts: str, policy: str) -> N
     client.set_missing_host_key_policy(StrictPolicy(known_hosts) if policy == "strict" else AcceptNewPolicy(known_hosts))
 
 
-def openssh_config(known_hosts: str, policy: str, learned_file: str | None = None) -> list[str]:
-    """The same policy as ssh config lines, for the OpenSSH client rsync runs (every hop of it).
+def openssh_config(known_hosts: str, policy: str, learned_file: str | None = None, here: bool = True) -> list[str]:
+    """The same policy as ssh config lines, for the OpenSSH client rsync runs (every hop of it), or
+    (here=False) the one mpirun runs on a node, where the path is kept as written: ssh expands ~ there.
 
     Only the cluster's known_hosts counts, as for paramiko: not the system's
     list, which Fabric never reads either. OpenSSH appends a key it learns
@@ -113,7 +114,8 @@ def openssh_config(known_hosts: str, policy: str, learned_file: str | None = Non
     takes what is learned, unhashed, and merge_learned records it in
     known_hosts once, under the lock."""
     def quoted(path):
-        return '"%s"' % os.path.abspath(os.path.expanduser(path)).replace("%", "%%")  # ssh expands %-tokens
+        path = os.path.abspath(os.path.expanduser(path)) if here else path
+        return '"%s"' % path.replace("%", "%%")  # ssh expands %-tokens
     files = [learned_file, known_hosts] if learned_file and policy != "strict" else [known_hosts]
     return [
         f"StrictHostKeyChecking {'yes' if policy == 'strict' else 'accept-new'}",

@@ -77,3 +77,20 @@ def test_paddlepaddle_data_parallel_script_trains_across_ssh_nodes(fab, tmp_path
     assert [r["world"] for r in results] == [2, 2]
     for a, b in zip(results[0]["weights"], results[1]["weights"]):
         assert a == pytest.approx(b, abs=1e-6)
+
+
+def test_program_written_for_mpirun_runs_unchanged_under_the_default_launcher(fab, tmp_path, sshd):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    path = write_cluster(tmp_path / "c.yaml", sshd, ssh_nodes=[("node1", ["trainer"]), ("node2", ["trainer"]),
+                                                              ("node3", ["trainer"])],
+                         job={"mode": "collective", "master_port": 29641,
+                              "trainer": {"per_node": 2, "command": f"python tests/programs/ompi_train.py {out_dir}"},
+                              "watchdog": {"enabled": False}})
+    workspaces = [tmp_path / f"ws-node{i}" for i in (1, 2, 3)]
+    job_id, exits = run_to_completion(fab, path, workspaces)
+    assert sorted(exits.values()) == ["0"] * 6, logs_of(workspaces, job_id)
+    places = [json.loads((out_dir / f"ompi-rank-{r}.json").read_text()) for r in range(6)]
+    assert [p["fabtrain_rank"] for p in places] == [str(r) for r in range(6)]
+    assert {p["size"] for p in places} == {6} and {p["local_size"] for p in places} == {2}
+    assert [p["local_rank"] for p in places] == [0, 1, 0, 1, 0, 1]

@@ -95,3 +95,42 @@ def test_fabtrain_init_writes_the_train_py_its_cluster_file_runs_and_keeps_one_t
     (tmp_path / "b" / "train.py").write_text("mine\n")
     assert main(["init", str(tmp_path / "b")]) == 0
     assert (tmp_path / "b" / "train.py").read_text() == "mine\n"
+
+
+def env_table(text):
+    """The environment table: {column title: {variable: cell}} (a cell starting with — means not set)."""
+    start = text.index("| variables | pserver mode: pservers |")
+    lines = text[start:].split("\n\n")[0].splitlines()
+    titles = [c.strip() for c in lines[0].strip("|").split("|")][1:]
+    table = {t: {} for t in titles}
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        for name in re.findall(r"[A-Z][A-Z0-9_]+", cells[0].split("(")[0]):
+            for title, cell in zip(titles, cells[1:]):
+                table[title][name] = cell
+    return table
+
+
+def test_environment_table_says_what_the_plan_sets_in_every_mode():
+    from fabtrain.config.cluster import parse_cluster
+    from fabtrain.plan.plan import make_plan
+    architecture = (REPO / "docs" / "architecture.md").read_text()
+    assert env_table(README) == env_table(architecture), "README's environment table differs from architecture.md's"
+    nodes = [{"name": n, "host": f"10.0.0.{i}", "roles": ["pserver", "trainer"], "gpus": 2} for i, n in enumerate("ab", 1)]
+    collective = [dict(n, roles=["trainer"]) for n in nodes]
+    jobs = {"pserver mode: pservers": ("pserver", {"mode": "pserver"}, nodes),
+            "pserver mode: trainers": ("trainer", {"mode": "pserver"}, nodes),
+            "collective: trainers": ("trainer", {"mode": "collective"}, collective),
+            "collective, a `torchrun` command (one a node)": ("trainer", {"mode": "collective"}, collective)}
+    table = env_table(architecture)
+    assert set(table) == set(jobs)
+    for title, (role, job, job_nodes) in jobs.items():
+        env = set()
+        for use_gpu in (True, False):  # a cell may hold for one of them only ("without GPUs")
+            trainer = {"use_gpu": use_gpu, **({"command": "torchrun t.py"} if "torchrun" in title else {})}
+            plan = make_plan(parse_cluster({"cluster": {"name": "t", "python": "/opt/py/bin/python3"},
+                                            "nodes": job_nodes, "job": {**job, "trainer": trainer}}, "t.yaml"), "J")
+            env |= {k for n in plan.nodes for p in n.processes if p.role == role for k in p.env}
+        documented = {k for k, cell in table[title].items() if not cell.startswith("—")}
+        # The restart counts are added when a process is spawned (fabtrain/node/spawn.py), not in the plan.
+        assert env | {"FABTRAIN_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"} == documented, title

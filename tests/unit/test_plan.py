@@ -170,3 +170,23 @@ def test_plan_offline_does_not_claim_an_auto_port_is_free_and_prints_the_agents_
     assert "free now" in report.plan_text(plan, [], asked=True)
     agent = offline.split("# agent", 1)[1].splitlines()[1]
     assert agent.startswith('cd "$WS"/runtime/') and "--no-subreaper -- " in agent and "-m fabtrain.node.agent" in agent
+@pytest.mark.parametrize("job", [
+    {"mode": "pserver", "trainer": {"per_node": 2}, "pserver": {"per_node": 2}},
+    {"mode": "collective", "trainer": {"per_node": 3}},
+    {"mode": "collective", "trainer": {"per_node": 2, "command": "torchrun train.py"}},
+], ids=["pserver", "collective", "torchrun"])
+def test_every_process_gets_mpiruns_rank_variables_consistent_with_its_own(job):
+    nodes = [{"name": n, "host": f"10.0.0.{i}", "roles": ["pserver", "trainer"] if job["mode"] == "pserver" else
+              ["trainer"]} for i, n in enumerate("abc", 1)]
+    plan = make_plan(cluster(job, nodes), "J")
+    for role in ("pserver", "trainer"):
+        ranks = procs(plan, role)
+        for node, p in ranks:
+            on_node = [q for m, q in ranks if m == node]
+            mpi = {k: int(p.env[f"OMPI_COMM_WORLD_{k}"]) for k in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE")}
+            assert mpi == {"RANK": p.rank, "SIZE": len(ranks), "LOCAL_RANK": on_node.index(p),
+                           "LOCAL_SIZE": len(on_node)}, (node, p.name)
+            if "RANK" in p.env:  # torch's variables, where the plan sets them, say the same
+                assert (p.env["RANK"], p.env["WORLD_SIZE"], p.env["LOCAL_RANK"]) == \
+                    (p.env["OMPI_COMM_WORLD_RANK"], p.env["OMPI_COMM_WORLD_SIZE"], p.env["OMPI_COMM_WORLD_LOCAL_RANK"])
+    assert procs(plan, "trainer")

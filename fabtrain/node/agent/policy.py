@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from fabtrain.node.states import (FINAL, JobState, ProcessState, describe_end, signal_name, signal_of,
                                   stopped_by)
 
+EXIT_ONLY_ROLES = ("mpirun",)  # watched for its exit only: it is silent by design; its ranks are watched for hangs
 ORPHAN_MIN_AGE = 5.0  # a process younger than this may be one node ops is starting right now
 
 
@@ -370,7 +371,7 @@ class _Decision:
         now, cfg = self.obs.now, self.cfg
         trainers = any(p.role == "trainer" and p.live for p in self.obs.procs) or self.obs.peers.trainers_running > 0
         for p in self.obs.procs:
-            if not p.live or p.name in self.ledger.hung or p.term_at is not None:
+            if not p.live or p.name in self.ledger.hung or p.term_at is not None or p.role in EXIT_ONLY_ROLES:
                 continue
             if p.role != "trainer" and not trainers and p.stopped_since is None:
                 # A pserver waits for trainers in silence: only a hang while trainers run counts.

@@ -1,0 +1,34 @@
+"""What `job.launcher: mpirun` asks of a cluster, checked with the rest of cluster.yaml.
+
+One `mpirun` on the first trainer node starts every rank over SSH, from a
+hostfile of the trainer nodes' addresses (`slots` = job.trainer.per_node).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from fabtrain.errors import UserError
+
+
+def check_launcher(cluster, fail: Callable[[str, str], UserError]) -> None:
+    job = cluster.job
+    if job.launcher != "mpirun":
+        return
+    from fabtrain.plan.plan import is_torchrun  # the one test of a torchrun command
+
+    if job.mode != "collective":
+        raise fail("job.launcher", "mpirun starts the ranks of a collective job: set job.mode: collective")
+    if is_torchrun(job.trainer.command):
+        raise fail("job.launcher", "mpirun and torchrun both start the ranks: give a command without torchrun")
+    if job.watchdog.on_failure == "restart":
+        raise fail("job.watchdog.on_failure", "restart is not possible with job.launcher: mpirun (mpirun starts the "
+                                              "ranks, once); use kill-job or keep")
+    seen: dict[str, str] = {}
+    for n in cluster.trainer_nodes:
+        if n.is_local:
+            raise fail(f"nodes.{n.name}.host", "job.launcher: mpirun reaches every trainer node over SSH: "
+                                               "give its address, not local")
+        if n.address in seen:
+            raise fail(f"nodes.{n.name}.address", f"same address as node {seen[n.address]!r}: mpirun's hostfile "
+                                                  f"needs one address a trainer node")
+        seen[n.address] = n.name

@@ -1,0 +1,138 @@
+"""The pod entrypoint of `fab export --k8s` (fabtrain.node.pod), run for real.
+
+No Kubernetes here: each "pod" is a local process started as the rendered
+container command starts it (its index in JOB_COMPLETION_INDEX, its part read
+from the rendered Secret's files), with the pods' addresses set to this
+machine. The job ends, fails and stops as it would in pods: the exit codes
+are what Kubernetes would see, /proc says what is left.
+"""
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from fabtrain.config.cluster import parse_cluster
+from fabtrain.plan import kubernetes
+from fabtrain.plan.plan import make_plan
+from tests.support.procscan import live_marked, wait_for
+from tests.support.sshd import free_port
+
+from tests.support import REPO
+pytestmark = pytest.mark.timeout(180)
+
+
+class Pods:
+    """A rendered job's trainer pods as local processes."""
+
+    def __init__(self, root: Path, command: str, count: int = 2):
+        cluster = parse_cluster({
+            "cluster": {"name": "lab"},
+            "nodes": [{"name": f"n{i}", "host": f"10.0.0.{i}", "roles": ["trainer"]} for i in range(count)],
+            "job": {"mode": "collective", "image": "lab/train:1", "master_port": free_port(["127.0.0.1"]),
+                    "trainer": {"command": command},
+                    "watchdog": {"port": free_port(["127.0.0.1"]), "interval": 0.2, "grace": 1}}}, "cluster.yaml")
+        pods = kubernetes.pod_cluster(cluster)
+        # The pods' DNS names, and the pods' own file systems, on this machine.
+        pods = replace(pods, nodes=tuple(replace(n, address="127.0.0.1", workspace=str(root / f"ws-{n.name}"))
+                                         for n in pods.nodes))
+        plan = make_plan(pods, "20261124-000000-abcd", secret="00112233445566778899aabbccddeeff",
+                         network=kubernetes.pod_network(pods))
+        docs = kubernetes.manifests(plan, kubernetes.pod_spec(cluster))
+        files = root / "etc-fabtrain"
+        files.mkdir(mode=0o700)
+        for name, text in docs[0]["stringData"].items():
+            (files / name).write_text(text)
+        job = docs[-1]
+        container = job["spec"]["template"]["spec"]["containers"][0]["command"]
+        self.workspaces = [root / f"ws-{n.node}" for n in plan.nodes]
+        self.jds = [w / "jobs" / plan.job_id for w in self.workspaces]
+        self.procs = [subprocess.Popen([files if a == kubernetes.JOB_FILES else a for a in container], cwd=REPO,
+                                       env={**os.environ, "JOB_COMPLETION_INDEX": str(i)}, start_new_session=True,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                      for i in range(job["spec"]["completions"])]
+
+    def exits(self, timeout: float = 60) -> list[int | None]:
+        deadline = time.time() + timeout
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                pass
+        return [p.poll() for p in self.procs]
+
+    def program(self, pod: int, name: str) -> int:
+        run = self.jds[pod] / "run" / f"{name}.json"
+        assert wait_for(lambda: run.exists() and "program_pid" in json.loads(run.read_text()), timeout=30), \
+            self.describe()
+        return json.loads(run.read_text())["program_pid"]
+
+    def left(self) -> list:
+        return live_marked(self.workspaces)
+
+    def describe(self) -> str:
+        out = []
+        for p in self.procs:
+            if p.poll() is not None:
+                out.append(p.stdout.read())
+        for jd in self.jds:
+            out += [f"--- {f}\n{f.read_text()[-1500:]}" for f in sorted(jd.glob("logs/*.log"))]
+            events = jd / "events.jsonl"
+            out.append(events.read_text() if events.exists() else "(no events)")
+        return "\n".join(out)
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for pid, _ in self.left():
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def pods(tmp_path):
+    started = []
+
+    def start(command: str, count: int = 2) -> Pods:
+        started.append(Pods(tmp_path, command, count))
+        return started[-1]
+
+    yield start
+    for p in started:
+        p.close()
+
+
+def test_pods_of_a_job_that_finishes_exit_0_and_leave_nothing(pods):
+    job = pods("python3 -c 'import time; time.sleep(1)'")
+    assert job.exits() == [0, 0], job.describe()
+    assert not job.left()
+
+
+def test_a_rank_killed_in_one_pod_fails_every_pod_and_leaves_nothing(pods):
+    job = pods("python3 tests/programs/ticker.py")
+    victim = job.program(1, "trainer-1")
+    job.program(0, "trainer-0")
+    os.kill(victim, signal.SIGKILL)
+    # The agents tear the whole job down; every pod exits non-zero, so each Job (backoffLimit 0) fails.
+    codes = job.exits()
+    assert None not in codes and all(c != 0 for c in codes), (codes, job.describe())
+    assert not job.left()
+    kinds = [json.loads(line)["kind"] for line in (job.jds[0] / "events.jsonl").read_text().splitlines()]
+    assert "job_failed" in kinds and "teardown" in kinds, kinds
+
+
+def test_pods_told_to_stop_stop_their_processes_and_exit_143(pods):
+    job = pods("python3 tests/programs/ticker.py")
+    for pod in (0, 1):
+        job.program(pod, f"trainer-{pod}")
+    for p in job.procs:  # what the kubelet does when the Job is deleted
+        p.send_signal(signal.SIGTERM)
+    assert job.exits() == [143, 143], job.describe()
+    assert not job.left()
+    # Every process's log went to the pod's stdout, prefixed: what `kubectl logs` shows.
+    assert "[trainer-1 trainer-1] trainer 1 started" in job.procs[1].stdout.read()
