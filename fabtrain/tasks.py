@@ -209,6 +209,8 @@ def dashboard(c, port=8265, host="127.0.0.1", interval=1.0, job=None):
 def export(c, tensorboard=None, job=None, k8s=None, k8s_kind="job"):
     """Write metrics as TensorBoard files (--tensorboard=DIR, --job ID), or the job as Kubernetes manifests (--k8s=DIR)."""
     from fabtrain.controller.export import export_tensorboard
+    from fabtrain.plan.kubernetes import check_kind
+    check_kind(k8s_kind)  # typed wrong is said even without --k8s
     if k8s:  # reads only cluster.yaml: no node is asked
         from fabtrain.config.cluster import load_cluster
         from fabtrain.controller.kubeexport import export_kubernetes

@@ -52,10 +52,12 @@ def render(cluster: Cluster, kind: str = "job", job_id: str | None = None, secre
 
 
 def export_kubernetes(cluster: Cluster, out_dir: str, kind: str = "job") -> list[Path]:
-    docs = render(cluster, kind)
+    # What was typed first, then what the cluster file lacks.
+    kubernetes.check_kind(kind)
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise UserError(f"--k8s {out_dir}: exists and is not a directory")
+    docs = render(cluster, kind)
     out.mkdir(parents=True, exist_ok=True)
     stale = sorted(p.name for p in out.glob("*.yaml"))
     if stale:

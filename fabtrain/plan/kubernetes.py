@@ -52,10 +52,16 @@ def pod_address(name: str, kind: str, role: str, index: int) -> str:
     return f"{name}-{role}-{index}.{name}"
 
 
-def pod_cluster(cluster: Cluster, kind: str = "job") -> Cluster:
-    """The cluster whose nodes are the job's pods: `<role>-<index>`, one per role of each node."""
+def check_kind(kind: str) -> str:
+    """The kind of manifests asked for (--k8s-kind), or one line saying which there are."""
     if kind not in KINDS:
         raise UserError(f"--k8s-kind {kind}: must be one of {', '.join(KINDS)}")
+    return kind
+
+
+def pod_cluster(cluster: Cluster, kind: str = "job") -> Cluster:
+    """The cluster whose nodes are the job's pods: `<role>-<index>`, one per role of each node."""
+    check_kind(kind)
     job = cluster.job
     if kind == "pytorchjob" and job.mode != "collective":
         raise UserError(f"{cluster.path}: job.mode: --k8s-kind pytorchjob needs collective mode "

@@ -22,6 +22,8 @@ WRONG_TEXT = {
     ("dashboard", "host"): ("bad host!", "--host"),
     ("export", "job"): (UNKNOWN_JOB, f"no job {UNKNOWN_JOB} on any node"),
     ("export", "tensorboard"): ("{a_file}", "not a directory"),
+    ("export", "k8s"): ("{a_file}", "not a directory"),
+    ("export", "k8s-kind"): ("deployment", "--k8s-kind"),
 }
 
 
