@@ -147,7 +147,7 @@ def start_pserver(c, force=False, resume_from=None):
 
 @fabtask
 def start_trainers(c, force=False):
-    """Start the trainers (of the job whose pservers are up, or a new collective job)."""
+    """Start the trainers (of the job whose pservers are up, or a new collective job); --force stops a running job first."""
     _start(c, ("trainer",), force)
 
 
