@@ -147,7 +147,7 @@ def start_pserver(c, force=False, resume_from=None):
 
 @fabtask
 def start_trainers(c, force=False):
-    """Start the trainers (of the job whose pservers are up, or a new collective job)."""
+    """Start the trainers (of the job whose pservers are up, or a new collective job); --force stops a running job first."""
     _start(c, ("trainer",), force)
 
 
@@ -176,9 +176,11 @@ def watch(c, interval=1.0, timeout=None, job=None):
         raise Exit(code=code)
 
 
-@fabtask(lines=Number(whole=True, lo=1, hi=10**7))
+@fabtask(lines=Number(whole=True, lo=0, hi=10**7))
 def logs(c, lines=20, follow=False, job=None):
     """Print the last --lines of every process's log, prefixed [node role-rank]; --follow streams."""
+    if lines == 0 and not follow:
+        raise UserError("--lines 0 shows nothing: give 1 or more (with --follow, 0 shows only new lines)")
     replies = lifecycle.logs(session(c), lines=lines, follow=follow, job_id=job)
     lifecycle.require_job(replies, job)
     for r in replies:

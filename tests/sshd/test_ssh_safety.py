@@ -58,12 +58,12 @@ def test_strict_refuses_unknown_host_for_rsync_too(fab, tmp_path, sshd):
 def test_accept_new_records_an_unknown_host_once(fab, tmp_path, sshd):
     kh = known_hosts_without(sshd, tmp_path, sshd.nodes[1])
     path = cluster_with_known_hosts(tmp_path, sshd, kh, "accept-new")
-    fab("status", cluster=path, check=True)
+    fab("plan", cluster=path, check=True)  # asks every node (one probe each)
     recorded = [l for l in kh.read_text().splitlines() if "[127.0.0.3]" in l]
     assert len(recorded) == 1
     pub = open(f"{sshd.nodes[1].host_key}.pub").read().split()[1]
     assert recorded[0].split()[2] == pub
-    fab("status", cluster=path, check=True)
+    fab("plan", cluster=path, check=True)
     assert len([l for l in kh.read_text().splitlines() if "[127.0.0.3]" in l]) == 1
 
 
@@ -227,7 +227,7 @@ def test_ssh_agent_authenticates_fabric_and_rsync_without_a_key_in_the_cluster_f
         assert str(sshd.user_key) not in path.read_text()
         home = tmp_path / "home"  # no ~/.ssh/id_* to fall back on: only the agent can log us in
         home.mkdir()
-        out = fab("status", "deploy", cluster=path, env={"SSH_AUTH_SOCK": str(sock), "HOME": str(home)})
+        out = fab("plan", "deploy", cluster=path, env={"SSH_AUTH_SOCK": str(sock), "HOME": str(home)})
         assert out.returncode == 0, out.stdout + out.stderr
         assert re.search(r"node1: code \S+ synced", out.stdout), out.stdout
         out = fab("status", cluster=path, env={"SSH_AUTH_SOCK": "", "HOME": str(home)})

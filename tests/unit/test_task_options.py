@@ -100,7 +100,8 @@ def test_numeric_options_show_a_value_in_fab_help(project):
 @pytest.mark.parametrize("argv,words", [
     (["stauts"], "no task named 'stauts'"),
     (["plan", "--bogus"], "fab plan: unknown option --bogus"),
-    (["logs", "--lines", "0"], "fab logs: --lines: must be a whole number from 1"),
+    (["logs", "--lines", "0"], "fab logs: --lines 0 shows nothing"),
+    (["logs", "--lines", "-3"], "fab logs: --lines: must be a whole number from 0"),
     (["status"], "fab status: no job has started here yet"),
     (["logs"], "fab logs: no job has started here yet"),
 ])
