@@ -62,7 +62,10 @@ class Health:
             "job": {"status": ledger.status.status, "reason": ledger.status.reason, "origin": ledger.status.origin,
                     "on_failure": agent.cfg.on_failure, "generation": ledger.generation,
                     "restarts_left": view.get("restarts_left"), "pending": ledger.pending,
-                    "kept": agent.cfg.on_failure == "keep" and ledger.status.status == "failed"},
+                    "kept": agent.cfg.on_failure == "keep" and ledger.status.status == "failed",
+                    # when startup_timeout fails a start that has not come together (the controller's
+                    # "starting: ... left"); none once that check is done or cannot fire any more
+                    "startup_deadline": None if ledger.startup_failed else round(agent.startup_deadline, 3)},
             "coordinator": {"host": agent.coord_host, "port": agent.coord_port, "hosted_here": co is not None,
                             "connected": bool(c and c.connected),
                             "last_contact": round(c.last_contact_epoch, 3) if c and c.last_contact_epoch else None,
