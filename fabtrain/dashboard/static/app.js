@@ -325,9 +325,9 @@ function withRestarts(l) {
 // a week; never below a second. A short series (one point, a job a minute old) is shown over at least
 // MIN_SPAN_MS, so one dot does not get ticks a ten-thousandth of a second apart.
 const MIN_SPAN_MS = 120000;
-const TIME_TICKS = [
-  {dtickrange: [null, 60000], value: "%H:%M:%S"},
-  {dtickrange: [60000, 86400000], value: "%H:%M"},
+const TIME_TICKS = [  // by the distance between two ticks, in ms (the bounds are inclusive)
+  {dtickrange: [null, 59999], value: "%H:%M:%S"},
+  {dtickrange: [60000, 86399999], value: "%H:%M"},
   {dtickrange: [86400000, null], value: "%b %d"},
 ];
 const MIN_STEPS = 10;
