@@ -250,6 +250,7 @@ def test_the_cause_links_to_its_event_and_its_log_line(outcome, open_page):
     assert page.locator("#chart-gpu ~ .empty-line").inner_text() == \
         "node GPU utilisation % (mean of the node's GPUs)no GPUs on these nodes"
     page.wait_for_timeout(700)  # one more refresh for the picture
+    page.evaluate("window.scrollTo(0, 0)")
     shot = REPO / "artifacts" / f"dashboard-{outcome['name']}.png"
     shot.parent.mkdir(exist_ok=True)
     page.screenshot(path=str(shot), full_page=False)

@@ -247,15 +247,26 @@ function causeKey(e) {
   return e ? `${e.node}|${e.ts}|${e.kind}` : null;
 }
 
+// The events list is redrawn at every refresh: the mark (and the lit-up moment after a click on the
+// banner's link) is put back on the new items each time.
+const FLASH_MS = 2000;
+
 function markCauseEvent() {
   const c = state.job && state.job.cause;
   const key = causeKey(c && c.event);
-  for (const li of document.querySelectorAll("#events li[data-key]")) li.classList.toggle("cause", li.dataset.key === key);
+  const lit = Date.now() - (state.causeShown || 0) < FLASH_MS;
+  for (const li of document.querySelectorAll("#events li[data-key]")) {
+    li.classList.toggle("cause", li.dataset.key === key);
+    li.classList.toggle("flash", lit && li.dataset.key === key);
+  }
 }
 
 function showCauseEvent() {
+  state.causeShown = Date.now();
+  markCauseEvent();
   const li = document.querySelector("#events li.cause");
-  if (li) { li.scrollIntoView({block: "nearest"}); li.classList.remove("flash"); void li.offsetWidth; li.classList.add("flash"); }
+  if (li) li.scrollIntoView({block: "nearest"});
+  setTimeout(markCauseEvent, FLASH_MS);
 }
 
 // -- charts ---------------------------------------------------------------------------------------
