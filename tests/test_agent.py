@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from fabtrain.controller import records
 from fabtrain.node import procfs
 from fabtrain.node.agent import samplers
 from fabtrain.node.coordination import Client, Coordinator
@@ -261,6 +262,12 @@ def test_health_json_follows_the_contract_and_the_agent_stays_small(local_job):
     assert time.time() - p["last_progress"] < 2  # a metrics record every 0.1 s
     assert h["job"]["status"] == "running" and h["coordinator"]["connected"]
     assert h["gpus"] == [] or all("util" in g for g in h["gpus"])
+    # What the controller's "starting" reads, kept by its record check: when startup_timeout (600 s by
+    # default) would fail the start, and each process's first metrics record.
+    assert h["job"]["startup_deadline"] == pytest.approx(h["agent"]["started"] + 600, abs=0.01)
+    checked = records.health(h)
+    assert checked["job"]["startup_deadline"] == h["job"]["startup_deadline"]
+    assert checked["processes"][0]["last_record"] == p["last_record"] and time.time() - p["last_record"] < 2
     # Small: at most 40 MB RSS, and at most 2% of a core at a 1 s interval (the README's target), its CPU
     # time read from /proc over 10 s (clock ticks of 10 ms: +-0.1%). Measured over 20 s on the 2-core
     # development machine at load 7-8: 0.35-0.45% of a core (the coordinator's agent the higher).

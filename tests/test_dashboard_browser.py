@@ -234,7 +234,12 @@ def test_the_page_shows_a_live_job_follows_a_fault_and_kills_with_the_token(live
     page.wait_for_selector('.chip[data-node="node2"][data-process="trainer-1"][data-state="killed"]')
     assert chip.inner_text() == "trainer-1: killed (SIGKILL)"
     page.wait_for_function("() => document.getElementById('job-state').textContent === 'failed'")
-    assert "the job has failed" in page.inner_text("#banner")
+    # What happened, first, in fab status's words; with no agent to tear the job down the rest still
+    # runs, so Kill stays live.
+    page.wait_for_selector("#verdict[data-state='failed']")
+    assert page.locator("#verdict .sentence").text_content() == "JOB FAILED: trainer-1 on node2 killed by SIGKILL"
+    assert page.locator("#verdict a.cause-log").inner_text().startswith("log of trainer-1 on node2")
+    assert page.locator("#kill").is_enabled()
 
     # The kill button with the token ends the job; kill-all's events show up, newest first.
     page.click("#kill")
@@ -246,6 +251,10 @@ def test_the_page_shows_a_live_job_follows_a_fault_and_kills_with_the_token(live
     for name in ("pserver-0", "trainer-0", "trainer-2"):
         page.wait_for_selector(f'.chip[data-process="{name}"][data-state="killed"]')
     assert alive(workspaces, job_id) == []
+    # Nothing left to kill: the button says so instead of pretending.
+    page.wait_for_function("() => document.getElementById('kill').disabled", timeout=15000)
+    assert page.locator("#kill").get_attribute("title") == f"nothing of job {job_id} runs any more (killed): nothing to kill"
+    assert page.locator("#verdict .sentence").text_content() == "job killed: stopped by fab kill-all"
     page.wait_for_timeout(600)  # one more refresh for the picture
 
     page.screenshot(path=str(_artifacts() / "dashboard.png"), full_page=True)

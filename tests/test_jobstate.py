@@ -63,6 +63,8 @@ def four_states(world) -> dict[str, str]:
     job = world["client"].get("/api/job", headers=headers).get_json()
     metrics = world["client"].get("/metrics", headers=headers).get_data(as_text=True)
     on = re.findall(r'^fabtrain_job_state\{.*state="([a-z ]+)"\} 1$', metrics, re.M)
+    # One sentence for what happened: the dashboard's banner is a line of fab status, word for word.
+    assert job["sentence"] in text.splitlines(), (job["sentence"], text)
     return {"status": re.match(r"job \S+: ([a-z ]+?)(  code .*)?$", text.splitlines()[0]).group(1),
             "watch": said.group(1) if said else last, "api": job["state"], "metrics": on[0] if len(on) == 1 else on,
             "watch_exit": code, "status_text": text, "job": job}
