@@ -84,6 +84,16 @@ def teardown(job: SyntheticJob, at: float, failed_kind: str) -> list[dict]:
     return [{"ts": at + 0.2, "node": node, "kind": failed_kind, "reason": CAUSE, "origin": "node2"} for node in NAMES]
 
 
+def beat(job: SyntheticJob) -> None:
+    """Each node's health.json written again, now, as an agent writes it every interval."""
+    for node in NAMES:
+        path = job.job_dir(node) / "health.json"
+        doc = json.loads(path.read_text()) | {"ts": time.time()}
+        tmp = path.with_name("health.json.tmp")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, path)
+
+
 ENDED = {"pserver-0": "killed", "trainer-0": "killed", "trainer-1": "killed"}
 
 
@@ -163,7 +173,7 @@ def outcome(request, tmp_path):
         if name == "killed":
             assert all(r.ok for r in lifecycle.kill_all(session, grace=1.0))  # the real kill-all
         with dashboard(path, TOKEN, REFRESH_MS=500) as url:
-            yield {"name": name, "url": url, "pattern": pattern, "can_kill": can_kill, "session": session}
+            yield {"name": name, "url": url, "pattern": pattern, "can_kill": can_kill, "session": session, "job": job}
     finally:
         session.close()
         job.close()
@@ -249,7 +259,8 @@ def test_the_cause_links_to_its_event_and_its_log_line(outcome, open_page):
     assert page.locator("#chart-gpu").locator("xpath=..").get_attribute("class") == "chart empty"
     assert page.locator("#chart-gpu ~ .empty-line").inner_text() == \
         "node GPU utilisation % (mean of the node's GPUs)no GPUs on these nodes"
-    page.wait_for_timeout(700)  # one more refresh for the picture
+    beat(outcome["job"])  # the agents wrote again: no "agent 9s old" in the picture
+    page.wait_for_timeout(1200)  # a poll and a refresh for the picture
     page.evaluate("window.scrollTo(0, 0)")
     shot = REPO / "artifacts" / f"dashboard-{outcome['name']}.png"
     shot.parent.mkdir(exist_ok=True)
