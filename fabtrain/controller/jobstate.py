@@ -43,6 +43,7 @@ class JobState(str, Enum):
 TERMINAL = frozenset({JobState.FINISHED, JobState.FAILED, JobState.KILLED})
 WATCH_EXIT = {JobState.FINISHED: 0, JobState.FAILED: 1, JobState.KILLED: 3}
 JOB_EVENTS = ("job_failed", "finished", "kept", "restarting", "restarted")
+RESTARTING_AFTER = "restarting after: "  # a restarting job's reason: its cause follows
 
 
 def signal_text(exit_code: int | None) -> str | None:
@@ -255,7 +256,7 @@ def _restart_facts(f: _Facts, n: NodeObservation) -> None:
         if e["kind"] in ("restarting", "restarted") and isinstance(e.get("generation"), int):
             f.generation = max(f.generation, e["generation"])
     if job.get("status") == "restarting":
-        f.restarting = f.restarting or f"restarting after: {job.get('reason') or 'a failure'}"
+        f.restarting = f.restarting or f"{RESTARTING_AFTER}{job.get('reason') or 'a failure'}"
         f.origin = f.origin or job.get("origin")
         for e in n.events:
             if e["kind"] == "restarting" and e.get("generation") == f.generation and records.finite(e.get("ts")):
@@ -348,7 +349,7 @@ def _cause(state: JobState, reason: str, procs: list[ProcessView], facts: _Facts
     the agents and of ProcessView.why), else the node it was noted on."""
     if state not in (JobState.FAILED, JobState.RESTARTING):
         return None
-    said = reason.removeprefix("restarting after: ")
+    said = reason.removeprefix(RESTARTING_AFTER)
     named = next((p for p in procs if said.startswith(f"{p.name} on {p.node} ")), None)
     if named is not None:
         return named.node, named.name

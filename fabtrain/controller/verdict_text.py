@@ -8,9 +8,7 @@ outputs call `sentence`, so they say the same words; the facts come from
 """
 from __future__ import annotations
 
-from fabtrain.controller.jobstate import JobState, Verdict
-
-RESTART_PREFIX = "restarting after: "  # jobstate's reason for a restart: the cause follows
+from fabtrain.controller.jobstate import RESTARTING_AFTER, JobState, Verdict
 
 
 def duration_text(seconds: float) -> str:
@@ -24,7 +22,7 @@ def duration_text(seconds: float) -> str:
 
 
 def _restarting(v: Verdict, now: float) -> str:
-    cause = v.reason.removeprefix(RESTART_PREFIX)
+    cause = v.reason.removeprefix(RESTARTING_AFTER)
     when = ""
     if v.restart_at is not None:
         left = v.restart_at - now
