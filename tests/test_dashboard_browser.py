@@ -236,8 +236,8 @@ def test_the_page_shows_a_live_job_follows_a_fault_and_kills_with_the_token(live
     page.wait_for_function("() => document.getElementById('job-state').textContent === 'failed'")
     # What happened, first, in fab status's words; with no agent to tear the job down the rest still
     # runs, so Kill stays live.
-    page.wait_for_selector("#verdict[data-state='failed']")
-    assert page.locator("#verdict .sentence").text_content() == "JOB FAILED: trainer-1 on node2 killed by SIGKILL"
+    page.wait_for_function("""() => document.querySelector('#verdict .sentence')?.textContent ===
+                                    'JOB FAILED: trainer-1 on node2 killed by SIGKILL'""", timeout=15000)
     assert page.locator("#verdict a.cause-log").inner_text().startswith("log of trainer-1 on node2")
     assert page.locator("#kill").is_enabled()
 
@@ -254,7 +254,8 @@ def test_the_page_shows_a_live_job_follows_a_fault_and_kills_with_the_token(live
     # Nothing left to kill: the button says so instead of pretending.
     page.wait_for_function("() => document.getElementById('kill').disabled", timeout=15000)
     assert page.locator("#kill").get_attribute("title") == f"nothing of job {job_id} runs any more (killed): nothing to kill"
-    assert page.locator("#verdict .sentence").text_content() == "job killed: stopped by fab kill-all"
+    page.wait_for_function("""() => document.querySelector('#verdict .sentence').textContent ===
+                                    'job killed: stopped by fab kill-all'""", timeout=15000)
     page.wait_for_timeout(600)  # one more refresh for the picture
 
     page.screenshot(path=str(_artifacts() / "dashboard.png"), full_page=True)
