@@ -239,7 +239,7 @@ function renderVerdict(j) {
   box.dataset.state = j.state;
   box.className = "verdict " + (VERDICT_CLASS[j.state] || "");
   box.replaceChildren(el("span", {class: "sentence"}, j.sentence),
-    links.length ? el("span", {class: "cause"}, ...links.flatMap((a, i) => i ? [" · ", a] : [a])) : null);
+    ...(links.length ? [el("span", {class: "cause"}, ...links.flatMap((a, i) => i ? [" · ", a] : [a]))] : []));
   markCauseEvent();
 }
 
