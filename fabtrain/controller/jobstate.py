@@ -27,6 +27,7 @@ from fabtrain.node.states import (LIVE, TERMINAL, JobState, ProcessState, record
 
 WATCH_EXIT = {JobState.FINISHED: 0, JobState.FAILED: 1, JobState.KILLED: 3}
 JOB_EVENTS = ("job_failed", "finished", "kept", "restarting", "restarted")
+RESTARTING_AFTER = "restarting after: "  # a restarting job's reason: its cause follows
 
 
 def process_role(name: str) -> tuple[str, int | None]:
@@ -113,6 +114,9 @@ class Verdict:
     notes: tuple[str, ...] = field(default=())
     generation: int = 0  # on_failure restart: how many times the job was restarted
     restarts_left: int | None = None  # None: the job does not restart
+    cause: tuple[str, str | None] | None = None  # (node, process or None): where a failure or restart began
+    startup_deadline: float | None = None  # starting: when the agents' startup_timeout runs out (node clock)
+    restart_at: float | None = None  # restarting: when the backoff ends and the next generation starts
 
     @property
     def restarts(self) -> str:
@@ -205,6 +209,8 @@ class _Facts:
     restarting: str | None = None  # why, while an agent says the job is restarting
     generation: int = 0
     restarts_left: int | None = None
+    origin: str | None = None  # the node where the failure (or the restart's cause) began
+    restart_at: float | None = None  # the restarting event's time + its backoff
 
 
 def _since_restart(events) -> list[dict]:
@@ -226,7 +232,12 @@ def _restart_facts(f: _Facts, n: NodeObservation) -> None:
         if e["kind"] in ("restarting", "restarted") and isinstance(e.get("generation"), int):
             f.generation = max(f.generation, e["generation"])
     if job.get("status") == JobState.RESTARTING:
-        f.restarting = f.restarting or f"restarting after: {job.get('reason') or 'a failure'}"
+        f.restarting = f.restarting or f"{RESTARTING_AFTER}{job.get('reason') or 'a failure'}"
+        f.origin = f.origin or job.get("origin")
+        for e in n.events:
+            if e["kind"] == JobState.RESTARTING and e.get("generation") == f.generation and records.finite(e.get("ts")):
+                at = e["ts"] + (e.get("backoff") or 0.0)
+                f.restart_at = at if f.restart_at is None else max(f.restart_at, at)
 
 
 def _facts(nodes: list[NodeObservation]) -> _Facts:
@@ -236,7 +247,7 @@ def _facts(nodes: list[NodeObservation]) -> _Facts:
         _restart_facts(f, n)
         for e in _since_restart(n.events):
             if e["kind"] == "job_failed":
-                failures.append((e.get("ts") or 0, e.get("reason") or "failed"))
+                failures.append((e.get("ts") or 0, e.get("reason") or "failed", e.get("origin") or n.name))
                 f.on_failure = f.on_failure or e.get("on_failure")
                 f.failed_by.append(n.name)
             elif e["kind"] == "finished":
@@ -246,7 +257,7 @@ def _facts(nodes: list[NodeObservation]) -> _Facts:
                 f.kept = True
         job = (n.agent or {}).get("job") or {}
         if job.get("status") == JobState.FAILED and job.get("pending") is not True:  # pending: may be restarted
-            failures.append((float("inf"), job.get("reason") or "failed"))
+            failures.append((float("inf"), job.get("reason") or "failed", job.get("origin") or n.name))
             f.on_failure = f.on_failure or job.get("on_failure")
             f.kept |= job.get("kept") is True
             f.failed_by.append(n.name)
@@ -254,7 +265,7 @@ def _facts(nodes: list[NodeObservation]) -> _Facts:
             f.finished = f.finished or "every trainer exited with code 0"
             f.finished_by.append(n.name)
     if failures:
-        f.failed = min(failures, key=lambda t: t[0])[1]  # the first to fail says why
+        _, f.failed, f.origin = min(failures, key=lambda t: t[0])  # the first to fail says why
     f.failed_by = sorted(set(f.failed_by))
     f.finished_by = sorted(set(f.finished_by))
     return f
@@ -286,7 +297,39 @@ def _decide(nodes: list[NodeObservation], ours: list[NodeObservation], procs: li
     pending = [p.name for p in procs if p.state == ProcessState.NOT_STARTED]
     if pending:
         return JobState.STARTING, f"waiting for {', '.join(pending)}", []
+    silent = _before_first_record(ours)
+    if silent:
+        return JobState.STARTING, f"waiting for the first metrics record of {', '.join(silent)}", []
     return JobState.RUNNING, "", []
+
+
+def _startup_deadline(n: NodeObservation) -> float | None:
+    """When this node's agent fails the job's startup (startup_timeout), while that is still ahead."""
+    job = (n.agent or {}).get("job") or {}
+    at = job.get("startup_deadline")
+    if not n.agent_fresh or job.get("status") != "running" or not records.finite(at) or at <= n.agent["ts"]:
+        return None
+    return at
+
+
+def _before_first_record(nodes: list[NodeObservation]) -> list[str]:
+    """Live trainers with no metrics record yet, while their agent's startup allowance runs."""
+    return [p["name"] for n in nodes if _startup_deadline(n) is not None
+            for p in (n.agent or {}).get("processes") or []
+            if process_role(p["name"])[0] == "trainer" and p.get("state") in {s.value for s in LIVE}
+            and p.get("last_record") is None]
+
+
+def _cause(state: JobState, reason: str, procs: list[ProcessView], facts: _Facts) -> tuple | None:
+    """Where a failure began: the process its reason names ("<process> on <node> ...", the words of
+    the agents and of ProcessView.why), else the node it was noted on."""
+    if state not in (JobState.FAILED, JobState.RESTARTING):
+        return None
+    said = reason.removeprefix(RESTARTING_AFTER)
+    named = next((p for p in procs if said.startswith(f"{p.name} on {p.node} ")), None)
+    if named is not None:
+        return named.node, named.name
+    return (facts.origin, None) if facts.origin else None
 
 
 def job_verdict(nodes: Iterable[NodeObservation], job_id: str | None = None) -> Verdict:
@@ -304,8 +347,11 @@ def job_verdict(nodes: Iterable[NodeObservation], job_id: str | None = None) -> 
     kept = state == JobState.FAILED and facts.kept
     notes = tuple(f"{p.name} on {p.node}: its launcher is gone; its agent still sees it {p.state.value}"
                   for p in procs if p.launcher_gone)
+    deadlines = [d for d in map(_startup_deadline, ours) if d is not None] if state == JobState.STARTING else []
     return Verdict(state=state, reason=reason, ended=ended or kept, kept=kept,
                    on_failure=facts.on_failure if state == JobState.FAILED else None, job_id=job_id,
                    said_by=tuple(said_by), processes=tuple(procs),
                    unreachable=tuple(n.name for n in nodes if n.reachable is False), notes=notes,
-                   generation=facts.generation, restarts_left=facts.restarts_left)
+                   generation=facts.generation, restarts_left=facts.restarts_left,
+                   cause=_cause(state, reason, procs, facts), startup_deadline=min(deadlines, default=None),
+                   restart_at=facts.restart_at if state == JobState.RESTARTING else None)

@@ -177,7 +177,7 @@ PROCESS = obj({"name": NAME, "state": state, "pid": integer, "program_pid": inte
 AGENT_PROCESS = obj({"name": NAME, "role": NAME, "rank": rank, "pid": integer, "wrapper_pid": integer,
                      "state": state, "exit_code": integer, "signal": text(32), "cpu_percent": number,
                      "rss": number, "children": number, "zombies": integer, "last_progress": number,
-                     "hung": flag, "killed_by_agent": text(MAX_REASON), "gpu_mem": number},
+                     "hung": flag, "killed_by_agent": text(MAX_REASON), "gpu_mem": number, "last_record": number},
                     required=("name",), lenient=True)
 NUMBERS = obj({}, extra=number, lenient=True)
 HEALTH = obj({
@@ -190,7 +190,7 @@ HEALTH = obj({
                   "keeper_pid": integer}, lenient=True),
     "peers": NUMBERS,
     "job": obj({"status": NAME, "reason": text(MAX_REASON), "origin": NAME, "on_failure": NAME, "kept": flag,
-                "generation": integer, "restarts_left": integer, "pending": flag},
+                "generation": integer, "restarts_left": integer, "pending": flag, "startup_deadline": number},
                lenient=True),
     "coordinator": obj({"host": NAME, "port": integer, "hosted_here": flag, "connected": flag,
                         "last_contact": number, "error": text(MAX_REASON), "lost": list_of(NAME, lenient=True),

@@ -10,6 +10,7 @@ from fabtrain.controller.preflight import Bandwidth, NetworkCheck
 from fabtrain.node.states import LIVE, JobState, ProcessState, stopped_by
 from fabtrain.plan.plan import IFACE_VARS, Plan, render_shell, render_start
 from fabtrain.node.ops import RUNNING_HERE_RE
+from fabtrain.controller.verdict_text import sentence
 from fabtrain.remote.transport import Reply, down_label
 
 
@@ -276,17 +277,6 @@ def _last_event(value: dict) -> dict | None:
         return None
 
 
-def _verdict_lines(verdict: Verdict) -> list[str]:
-    said = f"  [{', '.join(verdict.said_by)}]" if verdict.said_by else ""
-    if verdict.state == JobState.FAILED:
-        return [f"JOB FAILED: {verdict.summary()}{said}"]
-    if verdict.state == JobState.FINISHED:
-        return [f"job finished: {verdict.reason}{said}"]
-    if verdict.state == JobState.RESTARTING:
-        return [f"JOB RESTARTING: {verdict.reason}"]
-    return list(verdict.notes)
-
-
 def status_text(replies: list[Reply]) -> tuple[str, bool]:
     """The status table, and whether something is wrong (exit 1).
 
@@ -319,8 +309,10 @@ def status_text(replies: list[Reply]) -> tuple[str, bool]:
     codes = {code_text(r.value.get("code")) for r in replies if r.ok and isinstance(r.value, dict) and r.value.get("job_id")}
     if codes:
         head += f"  code {', '.join(sorted(codes))}"  # more than one: nodes run different code
+    times = [r.value["time"] for r in replies if r.ok and isinstance(r.value, dict) and records.finite(r.value.get("time"))]
+    said = sentence(verdict, max(times, default=time.time()))  # the words of the dashboard's banner
     return "\n".join([head, table(rows, ["node", "process", "state", "uptime", "agent", "progress", "last log line"]),
-                      *_verdict_lines(verdict), *notes]), problem
+                      said, *verdict.notes, *notes]), problem
 
 
 def kill_text(replies: list[Reply]) -> tuple[str, bool]:

@@ -17,11 +17,12 @@ from typing import Any
 from fabtrain.controller.jobstate import process_role
 from fabtrain.controller.state import recorded_ports
 from fabtrain.controller.series import NODES, TRAINERS
+from fabtrain.controller.verdict_text import sentence
 from fabtrain.node.states import TERMINAL, JobState, ProcessState, signal_name, signal_of
 from fabtrain.remote.transport import down_label
 
 __all__ = ["number", "short", "process_role", "process_label", "cluster_view", "job_view",
-           "MetricsCursor", "events_view"]
+           "cause_view", "kill_control", "MetricsCursor", "events_view"]
 
 
 # -- small helpers ------------------------------------------------------------------------
@@ -141,6 +142,8 @@ def job_view(snap, stale_after: float, ended: dict, now: float | None = None) ->
     dropped = {node: d for node, d in sorted(snap.dropped.items())}
     return {
         "job_id": job_id, "cluster": snap.cluster, "state": verdict.state.value, "reason": verdict.summary(),
+        "sentence": sentence(verdict, now), "cause": cause_view(snap), "kill": kill_control(verdict),
+        "startup_deadline": verdict.startup_deadline, "restart_at": verdict.restart_at,
         "ended": verdict.ended, "notes": list(verdict.notes), "now": now,
         "started_at": started_at, "ended_at": ended_at, "elapsed": short(elapsed, 7),
         "processes": counts, "trainers": trainers, "stale_after": stale_after,
@@ -151,6 +154,50 @@ def job_view(snap, stale_after: float, ended: dict, now: float | None = None) ->
         "generation": verdict.generation, "restarts_left": verdict.restarts_left,
         "restarts": [dict(r) for r in getattr(snap, "restarts", ())],
     }
+
+
+# What ended a process, as the agents' events say it (an exit 0 is no cause).
+CAUSE_KINDS = ("exited", "killed", "hang")
+NODE_CAUSE_KINDS = ("not_joined", "peer_lost", "failure", "job_failed")
+
+
+def _event_process(e: dict) -> str | None:
+    if e.get("name"):
+        return e["name"]
+    return f"{e['role']}-{e['rank']}" if e.get("role") is not None and e.get("rank") is not None else None
+
+
+def cause_view(snap) -> dict | None:
+    """Where the verdict's failure (or restart) began: its node and process, the event that says so
+    (the first of that process since the node's last restart) and the process's last log line."""
+    if not snap.verdict.cause:
+        return None
+    node, process = snap.verdict.cause
+    events = sorted((e for e in snap.events if e.get("node") == node), key=lambda e: e.get("ts") or 0)
+    since = max((e.get("ts") or 0 for e in events if e.get("kind") == "restarted"), default=float("-inf"))
+    if process is not None:
+        found = [e for e in events if _event_process(e) == process and e.get("kind") in CAUSE_KINDS
+                 and not (e.get("kind") == "exited" and e.get("exit_code") == 0)]
+    else:
+        found = [e for e in events if e.get("kind") in NODE_CAUSE_KINDS]
+    found = [e for e in found if (e.get("ts") or 0) > since] or found[-1:]
+    seen = snap.node(node)
+    proc = next((p for p in (seen.processes if seen else ()) if p["name"] == process), None)
+    return {"node": node, "process": process, "event": dict(found[0]) if found else None,
+            "log_line": (proc or {}).get("last_line") or None}
+
+
+def kill_control(verdict) -> dict:
+    """Whether the Kill button can do anything, and its tooltip: why (not)."""
+    job = verdict.job_id
+    if job is None:
+        return {"enabled": False, "why": "no job on any node: nothing to kill"}
+    if verdict.state == JobState.UNKNOWN:
+        return {"enabled": False, "why": f"no node reachable: a kill of job {job} could not reach them"}
+    if verdict.state in TERMINAL and not verdict.unreachable and not any(p.live for p in verdict.processes):
+        return {"enabled": False, "why": f"nothing of job {job} runs any more ({verdict.state.value}): nothing to kill"}
+    return {"enabled": True, "why": f"stop job {job}: SIGTERM every process of it on every node, then SIGKILL "
+                                    "after the grace period (fab kill-all)"}
 
 
 def _trainers(snap, states: dict, health_progress: dict, stale_after: float, now: float) -> list[dict]:

@@ -4,12 +4,7 @@ import os
 import pytest
 
 from tests.conftest import require
-
-# Debian's chromium, as `make test` installs it; pointing this elsewhere hides it (to check that
-# CI=true fails a test whose part is missing).
-CHROMIUM = os.environ.get("FABTRAIN_TEST_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
 
 
 @pytest.fixture(autouse=True)

@@ -57,9 +57,14 @@ def test_jobs_list_open_one_and_overlay_two(served, browser):
     page.wait_for_function("() => document.querySelectorAll('#history-loss .scatterlayer .trace').length === 1")
     assert page.locator("#history-title").inner_text() == A
 
-    for i in (0, 1):
-        rows.nth(i).locator("input.pick").check()
-    page.locator("#jobs-compare").click()
+    # "compare checked" can do nothing until two jobs are checked, and its tooltip says so.
+    compare = page.locator("#jobs-compare")
+    assert compare.is_disabled() and compare.get_attribute("title") == "check two jobs or more to compare them (0 checked)"
+    rows.nth(0).locator("input.pick").check()
+    assert compare.is_disabled() and page.locator(".compare-wrap").get_attribute("title").endswith("(1 checked)")
+    rows.nth(1).locator("input.pick").check()
+    assert compare.is_enabled()
+    compare.click()
     page.wait_for_function("() => document.querySelectorAll('#history-loss .scatterlayer .trace').length === 2")
     legend = page.locator("#history-loss .legend").text_content()
     assert f"{A} (LR=0.1)" in legend and f"{B} (LR=0.01)" in legend  # labelled by what differed

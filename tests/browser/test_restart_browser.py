@@ -50,6 +50,9 @@ def test_a_restart_is_marked_on_the_charts_in_the_header_and_in_the_events(serve
     page.wait_for_function("() => document.getElementById('job-counts').textContent.includes('generation 1')",
                            timeout=30000)
     assert "generation 1, 2 restarts left" in page.locator("#job-counts").inner_text()
+    page.wait_for_selector("#verdict[data-state='running']")
+    assert page.locator("#verdict .sentence").text_content() == \
+        "job running: 2 of 2 processes on 2 nodes (generation 1, 2 restarts left)"
     for chart in ("chart-loss", "chart-sps"):
         # The mark sits at the first step recorded after the restart: 210, not the failure's 200.
         page.wait_for_function("""id => {
@@ -63,6 +66,7 @@ def test_a_restart_is_marked_on_the_charts_in_the_header_and_in_the_events(serve
     restarting = page.locator("#events li[data-kind=restarting]").first
     assert REASON in restarting.inner_text()
     assert page.locator("#events li[data-kind=restarted]").count() == 2
-    colour = restarting.locator(".kind").evaluate("e => getComputedStyle(e).color")
-    other = page.locator("#events li[data-kind=restarted] .kind").first.evaluate("e => getComputedStyle(e).color")
-    assert colour == other == "rgb(224, 160, 48)"  # the restart colour, the charts' mark's
+    # Both read in one go: the list is redrawn at every refresh, and a replaced item has no style.
+    colours = page.evaluate("""() => ['restarting', 'restarted'].map(k =>
+        getComputedStyle(document.querySelector(`#events li[data-kind=${k}] .kind`)).color)""")
+    assert colours == ["rgb(224, 160, 48)"] * 2  # the restart colour, the charts' mark's

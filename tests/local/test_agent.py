@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from fabtrain.controller import records
 from fabtrain.node import procfs
 from fabtrain.node.agent import samplers
 from fabtrain.node.coordination import Client, Coordinator
@@ -185,6 +186,21 @@ HEALTH_KEYS = {"ts", "node", "job_id", "interval", "host", "gpus", "processes", 
 PROCESS_KEYS = {"name", "role", "rank", "pid", "state", "exit_code", "cpu_percent", "rss", "children", "last_progress"}
 
 
+def test_a_job_is_starting_until_its_trainers_first_record_with_the_startup_allowance_left(local_job):
+    """Real agents, trainers that load for a while before their first metrics record: fab status says
+    the job is starting, waiting for which trainers, and how long startup_timeout still allows; then
+    running once they have written."""
+    job = local_job([("n0", ["trainer"]), ("n1", ["trainer"])], mode="collective",
+                    trainer={"command": f"{FAKE} --warmup 8"},
+                    watchdog={"interval": 0.5, "startup_timeout": 300, "port": free_port(["127.0.0.1"])})
+    job.fab("deploy", "start-trainers", check=True)
+    said = re.compile(r"^job starting: waiting for the first metrics record of trainer-0, trainer-1; startup_timeout "
+                      r"fails the start in 4m \d\ds if it does not come together$", re.M)
+    assert wait_for(lambda: said.search(job.fab("status").stdout), timeout=8), job.fab("status").stdout
+    assert wait_for(lambda: job.fab("status").stdout.startswith(f"job {job.job_id}: running"), timeout=30)
+    assert "job running: 2 of 2 processes on 2 nodes" in job.fab("status").stdout.splitlines()
+
+
 def test_health_json_follows_the_contract_and_the_agent_stays_small(local_job):
     port = free_port(["127.0.0.1"])
     job = local_job([("n0", ["pserver"]), ("n1", ["trainer"])],
@@ -205,6 +221,12 @@ def test_health_json_follows_the_contract_and_the_agent_stays_small(local_job):
     assert time.time() - p["last_progress"] < 2  # a metrics record every 0.1 s
     assert h["job"]["status"] == "running" and h["coordinator"]["connected"]
     assert h["gpus"] == [] or all("util" in g for g in h["gpus"])
+    # What the controller's "starting" reads, kept by its record check: when startup_timeout (600 s by
+    # default) would fail the start, and each process's first metrics record.
+    assert h["job"]["startup_deadline"] == pytest.approx(h["agent"]["started"] + 600, abs=0.01)
+    checked = records.health(h)
+    assert checked["job"]["startup_deadline"] == h["job"]["startup_deadline"]
+    assert checked["processes"][0]["last_record"] == p["last_record"] and time.time() - p["last_record"] < 2
     # Small: at most 40 MB RSS, and at most 2% of a core at a 1 s interval (the README's target), its CPU
     # time read from /proc over 10 s (clock ticks of 10 ms: +-0.1%). Measured over 20 s on the 2-core
     # development machine at load 7-8: 0.35-0.45% of a core (the coordinator's agent the higher).

@@ -1,10 +1,10 @@
 """A stand-in training program for the watchdog's fault-injection tests.
 
-    python tests/programs/fakejob.py [--steps N] [--period S] [faults...]
+    python tests/programs/fakejob.py [--steps N] [--period S] [--warmup S] [faults...]
 
 Role and rank come from FABTRAIN_ROLE / FABTRAIN_RANK. A trainer writes a
 metrics record to $FABTRAIN_METRICS every --period seconds and exits 0 after
---steps (0: never); a pserver writes a "served" record every period until it
+--steps (0: never), its first one after --warmup seconds (loading, say); a pserver writes a "served" record every period until it
 is stopped. Faults name the process they apply to as <role>-<rank> (or "*"):
 
     --crash trainer-1:5:3        exit with code 3 at step 5
@@ -37,6 +37,7 @@ def make_zombies(n):
 def main():
     ap = parser("--crash", "--hang", "--child", "--zombies", "--worker-zombies", "--ignore-term")
     ap.add_argument("--steps", type=int, default=0)
+    ap.add_argument("--warmup", type=float, default=0.0)
     args = ap.parse_args()
 
     if mine(args.ignore_term) is not None:
@@ -58,6 +59,7 @@ def main():
 
     metrics = open(os.environ["FABTRAIN_METRICS"], "a") if os.environ.get("FABTRAIN_METRICS") else None
     print(f"{me} started pid {os.getpid()} argv {sys.argv[1:]}", flush=True)
+    time.sleep(args.warmup)
     step = 0
     while role != "trainer" or not args.steps or step < args.steps:
         if crash is not None and step >= int(crash[0]):

@@ -112,9 +112,10 @@ class SyntheticJob:
             f.write(json.dumps(record) + "\n")
 
     def health(self, node: str, cpu: float = 40.0, gpus: list[dict] | None = None, ts: float | None = None,
-               processes: list[dict] | None = None, job: dict | None = None) -> None:
+               processes: list[dict] | None = None, job: dict | None = None, **more) -> None:
         """health.json as the agent writes it (atomically); `job` is the agent's view of the job
-        ({"status": "running" | "failed" | "finished", "reason", "on_failure", "kept"})."""
+        ({"status": "running" | "failed" | "finished", "reason", "on_failure", "kept"}); `more`: other
+        fields (its recent `events`, `coordinator`...)."""
         doc = {"ts": time.time() if ts is None else ts, "node": node, "job_id": self.job_id, "interval": 1.0,
                "host": {"cpu_percent": cpu, "load": [1.0, 0.8, 0.5], "mem_percent": 41.5,
                         "mem_used": 26 << 30, "mem_total": 64 << 30, "swap_percent": 0.0,
@@ -126,6 +127,7 @@ class SyntheticJob:
                "peers": {}}
         if job is not None:
             doc["job"] = job
+        doc.update(more)
         _atomic(self.job_dir(node) / "health.json", json.dumps(doc))
 
     def append(self, node: str, rel: str, data: bytes) -> None:
@@ -144,15 +146,21 @@ class SyntheticJob:
         self.sleepers.clear()
 
 
-def local_cluster(root: Path, nodes: dict[str, list[str]], name: str = "synthetic") -> Path:
-    """A cluster file of `host: local` nodes (name -> roles), workspaces under root."""
+def local_cluster(root: Path, nodes: dict[str, list[str]], name: str = "synthetic",
+                  unreachable: dict[str, list[str]] | None = None) -> Path:
+    """A cluster file of `host: local` nodes (name -> roles), workspaces under root; and
+    `unreachable` nodes, SSH nodes whose connection is refused at once (127.0.0.1 port 1)."""
     import sys
 
     import yaml
 
+    (root / "known_hosts").touch()
+    refused = [{"name": n, "host": "127.0.0.1", "port": 1, "roles": roles, "workspace": str(root / f"ws-{n}"),
+                "known_hosts": str(root / "known_hosts"), "connect_timeout": 2}
+               for n, roles in (unreachable or {}).items()]
     doc = {"cluster": {"name": name, "python": sys.executable},
            "nodes": [{"name": n, "host": "local", "roles": roles, "workspace": str(root / f"ws-{n}")}
-                     for n, roles in nodes.items()],
+                     for n, roles in nodes.items()] + refused,
            "job": {"pserver": {"command": "python -m workload.pserver"},
                    "trainer": {"command": "python -m workload.trainer"}}}
     path = root / "cluster.yaml"

@@ -347,6 +347,13 @@ def test_a_process_that_dies_shows_its_exit_code_and_signal(world, client, kills
     j = get(client, "/api/job").get_json()
     assert j["state"] == "failed" and j["processes"]["killed"] == 1
     assert j["reason"] == "trainer-1 on node2 killed by SIGKILL"
+    # The banner's sentence: the cause, and the node it cannot see; the process where it began, and the
+    # first event of that process (the hang noted before the kill) and its log line.
+    assert j["sentence"] == "JOB FAILED: trainer-1 on node2 killed by SIGKILL; not reached: node3 " \
+                            "(what runs there is not seen)"
+    assert (j["cause"]["node"], j["cause"]["process"], j["cause"]["event"]["kind"]) == ("node2", "trainer-1", "hang")
+    # pserver-0 and trainer-0 still run (no agent here tears a job down), and node3 may hold more: Kill stays live.
+    assert j["kill"]["enabled"] is True
     assert not next(t for t in j["trainers"] if t["name"] == "trainer-1")["stale"]  # dead, not stale
     assert get(client, "/api/events").get_json()["events"][0]["kind"] == "killed"
     assert 'state="failed"} 1' in get(client, "/metrics").get_data(as_text=True)

@@ -63,6 +63,8 @@ def four_states(world) -> dict[str, str]:
     job = world["client"].get("/api/job", headers=headers).get_json()
     metrics = world["client"].get("/metrics", headers=headers).get_data(as_text=True)
     on = re.findall(r'^fabtrain_job_state\{.*state="([a-z ]+)"\} 1$', metrics, re.M)
+    # One sentence for what happened: the dashboard's banner is a line of fab status, word for word.
+    assert job["sentence"] in text.splitlines(), (job["sentence"], text)
     return {"status": re.match(r"job \S+: ([a-z ]+?)(  code .*)?$", text.splitlines()[0]).group(1),
             "watch": said.group(1) if said else last, "api": job["state"], "metrics": on[0] if len(on) == 1 else on,
             "watch_exit": code, "status_text": text, "job": job}
@@ -143,3 +145,35 @@ def test_kill_all_is_killed_everywhere(world):
     s = four_states(world)
     assert (s["status"], s["watch"], s["api"], s["metrics"]) == ("killed",) * 4, s["status_text"]
     assert s["watch_exit"] == 3
+
+
+def test_the_sentence_says_state_cause_and_what_was_done_with_the_time_left():
+    """verdict_text.sentence, the one line of fab status and the dashboard's banner, for each state."""
+    from fabtrain.controller.jobstate import JobState, ProcessView, Verdict
+    from fabtrain.controller.verdict_text import duration_text, sentence
+    from fabtrain.node.states import ProcessState
+
+    assert [duration_text(s) for s in (-3, 0.4, 7, 560, 7500)] == ["0s", "0s", "7s", "9m 20s", "2h 05m"]
+    run = (ProcessView("node1", "trainer-0", ProcessState.RUNNING), ProcessView("node2", "trainer-1", ProcessState.RUNNING))
+    cause = "trainer-1 on node2 killed by SIGKILL (exit code 137)"
+    cases = [
+        (Verdict(JobState.RUNNING, processes=run, unreachable=("node3",), generation=1, restarts_left=2),
+         "job running: 2 of 2 processes on 2 nodes (generation 1, 2 restarts left); "
+         "not reached: node3 (what runs there is not seen)"),
+        (Verdict(JobState.STARTING, "waiting for the first metrics record of trainer-1", startup_deadline=1560.0),
+         "job starting: waiting for the first metrics record of trainer-1; "
+         "startup_timeout fails the start in 9m 20s if it does not come together"),
+        (Verdict(JobState.RESTARTING, "restarting after: " + cause, generation=2, restarts_left=0, restart_at=1007.0),
+         f"JOB RESTARTING after {cause}: generation 2 starts in 7s, 0 restarts left after it"),
+        (Verdict(JobState.RESTARTING, "restarting after: " + cause, generation=2, restart_at=990.0),
+         f"JOB RESTARTING after {cause}: generation 2 is starting"),
+        (Verdict(JobState.FAILED, cause, on_failure="kill-job", said_by=("node1", "node2")),
+         f"JOB FAILED: {cause}; torn down on every node (on_failure kill-job)  [node1, node2]"),
+        (Verdict(JobState.FINISHED, "every trainer exited with code 0", said_by=("node1",)),
+         "job finished: every trainer exited with code 0  [node1]"),
+        (Verdict(JobState.KILLED, "stopped by fab kill-all"), "job killed: stopped by fab kill-all"),
+        (Verdict(JobState.UNKNOWN, "no node reachable", unreachable=("node1",)), "job state unknown: no node reachable"),
+        (Verdict(JobState.NO_JOB, "no job on any node"), "no job on any node"),
+    ]
+    for verdict, said in cases:
+        assert sentence(verdict, now=1000.0) == said

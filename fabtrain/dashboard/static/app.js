@@ -115,6 +115,7 @@ function stateClass(p) {
 }
 
 function renderCluster(c) {
+  state.cluster = c;
   const tbody = document.querySelector("#nodes tbody");
   const rows = [];
   let up = 0;
@@ -183,7 +184,8 @@ function renderJob(j) {
       (j.restarts_left != null ? `, ${j.restarts_left} restart${j.restarts_left === 1 ? "" : "s"} left` : "") : "");
   const marks = JSON.stringify(j.restarts || []);
   if (marks !== state.restartMarks) { state.restartMarks = marks; state.chartsDirty = true; }
-  document.getElementById("kill").disabled = !j.job_id;
+  killControl(j.kill);
+  renderVerdict(j);
   const rows = j.trainers.map(t => el("tr", {class: t.stale ? "stale" : "", "data-trainer": t.name},
     el("td", {}, el("b", {}, t.name), t.stale ? el("span", {class: "tag stale", title: `no metrics record for over ${j.stale_after}s`}, "stale") : null),
     el("td", {}, t.node || "–"),
@@ -197,10 +199,74 @@ function renderJob(j) {
   const stale = j.stale.length ? ` · ${j.stale.length} stale` : "";
   document.getElementById("trainer-summary").textContent = `${j.trainers.length} trainers${stale}`;
   const problems = [];
-  if (j.unreachable.length) problems.push(`unreachable: ${j.unreachable.join(", ")}`);
   if (j.stale.length) problems.push(`no progress for over ${j.stale_after}s: ${j.stale.join(", ")}`);
-  if (j.state === "failed") problems.push("the job has failed: see the events and the logs");
-  banner("banner", problems.join(" · "), j.state === "failed" || j.unreachable.length ? "bad" : "");
+  banner("banner", problems.join(" · "), "");
+}
+
+// The Kill button does something only while something of the job can still run; its tooltip says why
+// (not). The title sits on the wrapper too: a disabled button gets no mouse events, so no tooltip.
+function killControl(kill) {
+  const button = document.getElementById("kill");
+  if (state.killing) return;
+  button.disabled = !kill.enabled;
+  button.title = kill.why;
+  button.parentElement.title = kill.enabled ? "" : kill.why;
+}
+
+const VERDICT_CLASS = {failed: "bad", restarting: "warn", killed: "warn", finished: "ok", running: "info", starting: "info"};
+
+// What happened, first: the verdict's sentence (the words fab status prints), and links to the event
+// and the log line of the process where a failure began.
+function renderVerdict(j) {
+  const box = document.getElementById("verdict");
+  const c = j.cause;
+  const key = JSON.stringify([j.sentence, c]);
+  if (key === box.dataset.key) return;
+  box.dataset.key = key;
+  const links = [];
+  if (c && c.event) {
+    const e = c.event;
+    links.push(el("a", {href: "#events", class: "cause-event", title: e.reason || "",
+      onclick: ev => { ev.preventDefault(); showCauseEvent(); }},
+      `event: ${e.ts ? clock(e.ts) + " " : ""}${e.kind}${c.process ? " " + c.process : ""} on ${c.node}`));
+  }
+  if (c && c.process) {
+    links.push(el("a", {href: "#log", class: "cause-log", title: "follow this process's log",
+      onclick: ev => { ev.preventDefault(); selectLog(c.node, c.process); document.getElementById("log").scrollIntoView({block: "center"}); }},
+      `log of ${c.process} on ${c.node}` + (c.log_line ? `: ${c.log_line}` : "")));
+  }
+  box.hidden = false;
+  box.dataset.state = j.state;
+  box.className = "verdict " + (VERDICT_CLASS[j.state] || "");
+  box.replaceChildren(el("span", {class: "sentence"}, j.sentence),
+    ...(links.length ? [el("span", {class: "cause"}, ...links.flatMap((a, i) => i ? [" · ", a] : [a]))] : []));
+  markCauseEvent();
+}
+
+function causeKey(e) {
+  return e ? `${e.node}|${e.ts}|${e.kind}` : null;
+}
+
+// The events list is redrawn at every refresh: the mark (and the lit-up moment after a click on the
+// banner's link) is put back on the new items each time.
+const FLASH_MS = 2000;
+
+function markCauseEvent() {
+  const c = state.job && state.job.cause;
+  const key = causeKey(c && c.event);
+  const lit = Date.now() - (state.causeShown || 0) < FLASH_MS;
+  for (const li of document.querySelectorAll("#events li[data-key]")) {
+    li.classList.toggle("cause", li.dataset.key === key);
+    li.classList.toggle("flash", lit && li.dataset.key === key);
+  }
+}
+
+function showCauseEvent() {
+  state.causeShown = Date.now();
+  markCauseEvent();
+  const li = document.querySelector("#events li.cause");
+  if (li) li.scrollIntoView({block: "nearest"});
+  setTimeout(markCauseEvent, FLASH_MS);
 }
 
 // -- charts ---------------------------------------------------------------------------------------
@@ -266,19 +332,83 @@ function withRestarts(l) {
   return l;
 }
 
+// Time axes in units that suit the span shown: seconds for a few minutes, minutes for hours, days for
+// a week; never below a second. A short series (one point, a job a minute old) is shown over at least
+// MIN_SPAN_MS, so one dot does not get ticks a ten-thousandth of a second apart.
+const MIN_SPAN_MS = 120000;
+const TIME_TICKS = [  // by the distance between two ticks, in ms (the bounds are inclusive)
+  {dtickrange: [null, 59999], value: "%H:%M:%S"},
+  {dtickrange: [60000, 86399999], value: "%H:%M"},
+  {dtickrange: [86400000, null], value: "%b %d"},
+];
+const MIN_STEPS = 10;
+
+function span(data, value) {
+  let lo = Infinity, hi = -Infinity;
+  for (const t of data) for (const x of t.x) { const v = value(x); if (v < lo) lo = v; if (v > hi) hi = v; }
+  return [lo, hi];
+}
+
+function timeAxis(data) {
+  const axis = {type: "date", tickformatstops: TIME_TICKS, hoverformat: "%b %d %H:%M:%S"};
+  const [lo, hi] = span(data, d => d.getTime());
+  if (hi - lo < MIN_SPAN_MS) axis.range = [new Date(hi - MIN_SPAN_MS * 0.95), new Date(hi + MIN_SPAN_MS * 0.05)];
+  return axis;
+}
+
+function stepAxis(data) {
+  const [lo, hi] = span(data, Number);
+  // Steps are whole numbers: a run of a few steps is shown over MIN_STEPS, never as -1..1 in halves.
+  return hi - lo < MIN_STEPS ? {range: [lo - 0.5, lo + MIN_STEPS + 0.5], tickformat: "d"} : {tickformat: "~s"};
+}
+
+// Why a chart has nothing to show, in words (it then collapses to this one line).
+function emptyReason(metric, field) {
+  const job = state.job || {}, nodes = (state.cluster || {}).nodes || [];
+  if (metric === "cpu" || metric === "gpu") {
+    if (!nodes.some(n => n.health)) return "no node agent has reported yet (the watchdog writes each node's health.json)";
+    if (metric === "gpu" && !nodes.some(n => n.health && n.health.gpus.length)) return "no GPUs on these nodes";
+    return `no ${field} figure from the node agents yet`;
+  }
+  if (!job.job_id) return "no job on any node";
+  const recorded = Object.keys(state.trainers).length || (job.trainers || []).some(t => t.records);
+  if (recorded) return `this job reports no ${field} (its metrics records have no "${metric}" field)`;
+  if (job.state === "starting") return "waiting for the trainers' first metrics record";
+  return "no trainer has written a metrics record ($FABTRAIN_METRICS)";
+}
+
+const CHARTS = [
+  // id, series, metric, title, x title, y title, what it is called when empty, percent
+  ["chart-loss", "trainers", "loss", "loss", "step", "loss", "loss", false],
+  ["chart-sps", "trainers", "samples_per_s", "samples/s", "step", "samples/s", "samples/s", false],
+  ["chart-cpu", "nodes", "cpu", "node CPU %", "", "%", "CPU", true],
+  ["chart-gpu", "nodes", "gpu", "node GPU utilisation % (mean of the node's GPUs)", "", "%", "GPU", true],
+];
+
+function emptyLine(div, title, why) {
+  const chart = div.parentElement;
+  let line = chart.querySelector(".empty-line");
+  if (!line) { line = el("p", {class: "empty-line"}); chart.append(line); }
+  if (line.dataset.why !== why) { line.replaceChildren(el("b", {}, title), why); line.dataset.why = why; }
+  if (!chart.classList.contains("empty")) { chart.classList.add("empty"); if (window.Plotly) Plotly.purge(div); }
+}
+
 function drawCharts() {
-  if (!window.Plotly || !state.chartsDirty) return;
+  if (!window.Plotly) return;
+  const dirty = state.chartsDirty;
   state.chartsDirty = false;
   const conf = {displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"]};
-  const charts = [
-    ["chart-loss", traces(state.trainers, "loss", false), "loss", "step", "loss", "no loss reported yet", false],
-    ["chart-sps", traces(state.trainers, "samples_per_s", false), "samples/s", "step", "samples/s", "no throughput reported yet", false],
-    ["chart-cpu", traces(state.nodes, "cpu", true), "node CPU %", "", "%", "no health snapshots yet (node agent)", true],
-    ["chart-gpu", traces(state.nodes, "gpu", true), "node GPU utilisation % (mean of the node's GPUs)", "", "%", "no GPUs reported", true],
-  ];
-  for (const [id, data, title, xt, yt, empty, percent] of charts) {
-    const l = layout(title, xt, yt, data.length ? null : empty, percent);
-    Plotly.react(id, data, xt === "step" ? withRestarts(l) : l, conf);
+  for (const [id, group, metric, title, xt, yt, field, percent] of CHARTS) {
+    const div = document.getElementById(id);
+    const isTime = group === "nodes";
+    const data = traces(state[group], metric, isTime);
+    if (!data.length) { emptyLine(div, title, emptyReason(metric, field)); continue; }
+    const shown = !div.parentElement.classList.contains("empty");
+    if (shown && !dirty) continue;
+    div.parentElement.classList.remove("empty");
+    const l = layout(title, xt, yt, null, percent);
+    Object.assign(l.xaxis, isTime ? timeAxis(data) : stepAxis(data));
+    Plotly.react(div, data, isTime ? l : withRestarts(l), conf);
   }
 }
 
@@ -321,7 +451,7 @@ async function pollLog() {
 function renderEvents(ev) {
   const items = ev.events.map(e => {
     const who = [e.node, e.role !== undefined ? `${e.role}${e.rank !== undefined ? "-" + e.rank : ""}` : null].filter(Boolean).join(" ");
-    return el("li", {"data-kind": e.kind},
+    return el("li", {"data-kind": e.kind, "data-key": causeKey(e)},
       el("span", {class: "when"}, e.ts ? clock(e.ts) : "–"),
       el("span", {class: "kind " + String(e.kind || "")}, e.kind || "event"),
       el("span", {}, who),
@@ -330,6 +460,7 @@ function renderEvents(ev) {
   });
   const list = document.getElementById("events");
   list.replaceChildren(...(items.length ? items : [el("li", {class: "muted"}, "no events yet")]));
+  markCauseEvent();
 }
 
 // -- the loop -------------------------------------------------------------------------------------
@@ -370,6 +501,7 @@ async function kill() {
   if (!confirm(`Kill job ${job || ""} on every node? Every fabtrain process gets SIGTERM, then SIGKILL.`)) return;
   const button = document.getElementById("kill");
   button.disabled = true;
+  state.killing = true;
   banner("kill-result", "killing the job…", "");
   try {
     const r = await fetch("/api/kill", {method: "POST", headers: AUTH});
@@ -384,7 +516,8 @@ async function kill() {
   } catch (e) {
     banner("kill-result", "kill refused: " + e.message, "bad");
   } finally {
-    button.disabled = false;
+    state.killing = false;
+    if (state.job) killControl(state.job.kill);
     refresh();
   }
 }

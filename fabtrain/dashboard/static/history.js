@@ -28,7 +28,7 @@ function renderJobs(reply) {
   const body = document.querySelector("#jobs tbody");
   body.replaceChildren(...hist.jobs.map(j => el("tr", {"data-job": j.job_id},
     el("td", {}, el("input", {type: "checkbox", class: "pick", checked: hist.picked.has(j.job_id) || null,
-                               onchange: e => { e.target.checked ? hist.picked.add(j.job_id) : hist.picked.delete(j.job_id); }})),
+                               onchange: e => { e.target.checked ? hist.picked.add(j.job_id) : hist.picked.delete(j.job_id); compareControl(); }})),
     el("td", {}, el("a", {href: "#", class: "open", onclick: e => { e.preventDefault(); openJob(j.job_id); }}, j.job_id)),
     el("td", {}, j.started ? new Date(j.started * 1000).toLocaleString([], {hour12: false}) : "–"),
     el("td", {}, duration(j.duration)),
@@ -39,6 +39,18 @@ function renderJobs(reply) {
   )));
   const down = (reply.unreachable || []).map(u => `${u.node}: ${u.error}${u.cached ? " (shown as last seen)" : ""}`);
   document.getElementById("jobs-note").textContent = down.length ? "unreachable: " + down.join("; ") : "";
+  compareControl();
+}
+
+// "compare checked" overlays two runs or more: with fewer checked it can do nothing, and says so.
+function compareControl() {
+  const listed = new Set(hist.jobs.map(j => j.job_id));
+  const n = [...hist.picked].filter(id => listed.has(id)).length;
+  const button = document.getElementById("jobs-compare");
+  button.disabled = n < 2;
+  button.title = n < 2 ? `check two jobs or more to compare them (${n} checked)`
+                       : "overlay the loss and throughput of the checked jobs";
+  button.parentElement.title = n < 2 ? button.title : "";
 }
 
 async function loadJobs() {

@@ -309,7 +309,7 @@ class Agent:
                        urgent)
 
     def write_health(self, now: float) -> None:
-        self.health.write(now, self.ledger, self.contexts, self.procs, self.gpu_pids, self.link)
+        self.health.write(now, self.ledger, self.contexts, self.procs, self.gpu_pids, self.link, self.startup_deadline)
 
     # -- the end ------------------------------------------------------------------------------
 

@@ -50,7 +50,7 @@ class Health:
         self.own_cpu, self.own_t = cpu, mono
         return percent
 
-    def write(self, now: float, ledger, contexts, procs: dict, gpu_pids: dict, link) -> None:
+    def write(self, now: float, ledger, contexts, procs: dict, gpu_pids: dict, link, startup_deadline: float) -> None:
         cfg, me, view = self.cfg, procs.get(self.pid), link.view
         processes = [process_view(ctx, ledger, procs, gpu_pids) for ctx in contexts]
         snapshot = {
@@ -63,7 +63,10 @@ class Health:
             "job": {"status": ledger.status.status, "reason": ledger.status.reason, "origin": ledger.status.origin,
                     "on_failure": cfg.on_failure, "generation": ledger.generation,
                     "restarts_left": view.get("restarts_left"), "pending": ledger.pending,
-                    "kept": cfg.on_failure == "keep" and ledger.status.status == JobState.FAILED},
+                    "kept": cfg.on_failure == "keep" and ledger.status.status == JobState.FAILED,
+                    # when startup_timeout fails a start that has not come together (the controller's
+                    # "starting: ... left"); none once that check is done or cannot fire any more
+                    "startup_deadline": None if ledger.startup_failed else round(startup_deadline, 3)},
             "coordinator": link.health(),
             "orphans": [{"pid": o.pid, "name": o.name, "job_id": o.job or cfg.job_id, "reason": o.reason}
                         for o in ledger.orphans],
