@@ -14,7 +14,6 @@ import errno
 import os
 import select
 import shlex
-import signal
 import socket
 import subprocess
 import tempfile
@@ -29,6 +28,7 @@ import paramiko
 
 from fabtrain.remote import hostkeys
 from fabtrain.config.cluster import Node
+from fabtrain.node.states import signal_name
 
 # NodeError.kind: what a report calls the node.
 UNREACHABLE = "unreachable"  # no connection: refused, no route, timed out, name not known, host key, login
@@ -185,10 +185,7 @@ def _exit_text(code: int | None) -> str:
     if code is None or code == -1:
         return "no exit status"
     if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
+        return f"killed by {signal_name(-code)}"
     return f"exit code {code}"
 
 

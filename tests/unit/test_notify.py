@@ -99,7 +99,7 @@ def test_command_gets_the_event_on_stdin(tmp_path):
     log.notify.wait(10)
     body = json.loads(out.read_text())
     assert body["kind"] == "finished" and body["event"]["reason"] == "every trainer exited with code 0"
-    failing = job_dir(tmp_path, "node9", {"command": [sys.executable, "-c", "import sys; sys.exit('no pager')"]},
+    failing = job_dir(tmp_path, "node9", {"command": [sys.executable, "-c", "import sys; sys.exit('no pager')"], "on": ["finished"]},
                       nodes=("node9",))
     failing.write("finished", "done")
     failing.notify.wait(10)

@@ -44,7 +44,7 @@ class Notifier:
         cfg = w.get("notify") or {}
         self.webhook = cfg.get("webhook")
         self.command = [str(a) for a in cfg.get("command") or []]
-        self.on = set(cfg.get("on") or ("failed", "hang", "restart", "finished"))
+        self.on = set(cfg["on"]) if cfg else set()  # the plan writes `on` whenever notify is set (config: the defaults)
         self.job_id, self.node, self.cluster = job.get("job_id"), job.get("node"), job.get("cluster")
         nodes = [n.get("name") for n in job.get("nodes") or [] if isinstance(n, dict)]
         self.hosts_coordinator = not nodes or nodes[0] == self.node
