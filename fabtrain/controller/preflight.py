@@ -101,7 +101,9 @@ def choose_ports(cluster: Cluster, replies: dict[str, Reply], rng: random.Random
     """
     rng = rng or random.Random(secrets.randbits(64))
     configured = configured_ports(cluster)
-    ports, auto = dict(configured), [k for k in needed_ports(cluster) if configured[k] is None]
+    # Only the ports this mode uses: a collective job has no pserver_port to show or record.
+    ports = {k: configured[k] for k in needed_ports(cluster)}
+    auto = [k for k in ports if ports[k] is None]
     busy = _busy(replies)
     held: dict[str, set[int]] = {}
     for u in port_uses(cluster, configured, unchecked=True):

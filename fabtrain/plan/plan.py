@@ -327,7 +327,8 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
     return Plan(job_id=job_id, cluster=cluster.name, mode=job.mode, sgd=job.sgd, nodes=tuple(node_plans),
                 watchdog=_watchdog(cluster, secret, ports["watchdog_port"]), pserver_endpoints=pserver_endpoints,
                 master=f"{master.address}:{master_port}",
-                ports=ports, auto_ports=network.auto if network else (), listens=tuple(port_uses(cluster, ports)))
+                ports={k: ports[k] for k in needed_ports(cluster)},  # only those this mode uses
+                auto_ports=network.auto if network else (), listens=tuple(port_uses(cluster, ports)))
 
 
 def _watchdog(cluster: Cluster, secret: str | None, port: int | None) -> dict:
