@@ -18,6 +18,7 @@ from pathlib import Path
 
 from fabtrain.controller import preflight, state
 from fabtrain.errors import UserError
+from fabtrain.node import procfs
 from fabtrain.plan.runtime import PACKAGE_ROOT, runtime_files, runtime_version
 from fabtrain.plan.plan import Network, Plan, configured_ports, make_plan, needed_ports, new_job_id
 from fabtrain.remote.rsync import Rsync, rsync
@@ -43,7 +44,7 @@ class NodeCheck:
     ok: bool
     probe: dict = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
-    clock_offset: tuple[float, float] | None = None  # (lo, hi) bounds, seconds
+    clock_offset: tuple[float, float] | None = None  # (lo, hi) bounds, seconds; (0, 0) on this machine
     down: str | None = None  # NodeError.kind when the probe got no answer
 
 
@@ -62,7 +63,10 @@ def check(session: Session, timeout: float | None = None) -> list[NodeCheck]:
             checks.append(NodeCheck(reply.node, False, problems=[reply.error], down=reply.kind))
             continue
         result, t0, t1 = reply.value
-        c = NodeCheck(reply.node, True, result, clock_offset=(result["time"] - t1, result["time"] - t0))
+        # A node on this machine's kernel reads this machine's clock: no offset, whatever the round trip took.
+        same_clock = result.get("boot_id") is not None and result.get("boot_id") == procfs.boot_id()
+        offset = (0.0, 0.0) if same_clock else (result["time"] - t1, result["time"] - t0)
+        c = NodeCheck(reply.node, True, result, clock_offset=offset)
         node = cluster.node(reply.node)
         missing = [tool for tool, there in result["tools"].items() if not there and tool != "rsync"]
         if missing:

@@ -136,7 +136,8 @@ def check_text(checks: list[NodeCheck]) -> str:
         def flag(key, text):
             return f"{text} (!)" if key in differs else text
         lo, hi = c.clock_offset
-        clock = f"±{(hi - lo) / 2:.2f}s" if lo <= 0 <= hi else f"{(lo + hi) / 2:+.2f}s"
+        clock = "0 (this machine)" if lo == hi == 0 else f"±{(hi - lo) / 2:.2f}s" if lo <= 0 <= hi \
+            else f"{(lo + hi) / 2:+.2f}s"
         rows.append([c.node, "ok" if c.ok else "PROBLEM", flag("python", p["python"]),
                      flag("torch", p["torch"] or "-"), flag("cuda", p["cuda"] or "-") + f" gpus={p['gpus']}",
                      flag("paddle", p["paddle"] or "-"), p["psutil"] or "-",

@@ -103,6 +103,7 @@ def op_probe(payload):
         "python_path": sys.executable,
         "workspace": ws,
         "time": time.time(),
+        "boot_id": procfs.boot_id(),  # the controller's own machine has no clock offset
         "cpus": os.cpu_count(),
         "tools": {t: bool(shutil.which(t)) for t in ("rsync", "stdbuf")},
     }
