@@ -11,7 +11,7 @@ import sys
 from invoke import Exit, task
 
 from fabtrain.controller import lifecycle, preflight; from fabtrain.controller import report
-from fabtrain.errors import UserError
+from fabtrain.errors import UserError, reader_gone
 from fabtrain.plan.plan import make_plan, new_job_id
 from fabtrain.remote.session import get_session
 
@@ -22,15 +22,21 @@ __all__ = ["plan", "provision", "check", "deploy", "split_data", "copy_data", "s
 
 
 def fabtask(fn):
-    """A task whose user errors end in one line and exit code 2, never a traceback."""
+    """A task whose user errors end in one line and exit code 2, never a traceback; piped into a reader
+    that stops early (`| head`), it stops quietly (exit 141, as SIGPIPE ends other tools)."""
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
         try:
-            return fn(c, *args, **kwargs)
+            try:
+                return fn(c, *args, **kwargs)
+            finally:
+                sys.stdout.flush()  # a reader gone is found here, not in Python's flush at exit
         except UserError as e:
             raise Exit(f"fab {fn.__name__.replace('_', '-')}: {e}", code=2) from None
         except KeyboardInterrupt:
             raise Exit("interrupted", code=130) from None
+        except BrokenPipeError:
+            raise Exit(code=reader_gone()) from None
     return task(wrapper)
 
 
