@@ -9,7 +9,7 @@ from tests.conftest import FAB, REPO
 CLUSTER = """cluster: {name: piped, workspace: %s}
 nodes:
 %s
-job: {mode: collective, trainer: {command: "seq 100"}, watchdog: {enabled: false}}
+job: {mode: collective, master_port: auto, trainer: {command: "seq 100"}, watchdog: {enabled: false}}
 """
 
 

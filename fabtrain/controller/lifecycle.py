@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fabtrain.controller import preflight, state
+from fabtrain.controller.terminal import VisibleLines
 from fabtrain.errors import UserError
 from fabtrain.node import procfs
 from fabtrain.plan.runtime import PACKAGE_ROOT, runtime_files, runtime_version
@@ -291,7 +292,7 @@ def status(session: Session, job_id: str | None = None, health: bool = False, ti
 
 
 def logs(session: Session, lines: int = 20, follow: bool = False, job_id: str | None = None, out=None) -> list[Reply]:
-    out = out or sys.stdout
+    out = VisibleLines(out or sys.stdout)  # a program's escape sequences never reach the terminal as such
     payload = {"lines": lines, "follow": follow, "job_id": job_id}
     return session.map(lambda t: t.call("logs", payload, stream=out))
 

@@ -7,6 +7,7 @@ from fabtrain.controller import records
 from fabtrain.controller.jobstate import JobState, NodeObservation, Verdict, job_verdict, observe_status
 from fabtrain.controller.lifecycle import NodeCheck, StartResult
 from fabtrain.controller.preflight import Bandwidth, NetworkCheck
+from fabtrain.controller.terminal import visible
 from fabtrain.node.states import LIVE
 from fabtrain.plan.plan import IFACE_VARS, Plan, render_shell
 from fabtrain.remote.transport import Reply, down_label
@@ -160,7 +161,7 @@ def start_text(result: StartResult, roles: tuple[str, ...]) -> str:
         names = ", ".join(f"{s['name']} (pid {s['pid']})" for s in r.value["started"])
         out.append(f"{r.node}: started {names}")
         for f in r.value["failed"]:
-            out.append(f"{r.node}: {f['name']} exited at once with code {f['exit_code']}: {' | '.join(f['log'])}")
+            out.append(f"{r.node}: {f['name']} exited at once with code {f['exit_code']}: {visible(' | '.join(f['log']))}")
         for w in r.value["warnings"]:
             out.append(f"{r.node}: warning: {w}")
     if result.complete:
@@ -200,7 +201,7 @@ def _process_rows(obs: NodeObservation, verdict: Verdict, now: float) -> list[li
             agent_state += " (by agent)"
         progress = _ago(a.get("last_progress"), now) if a and a.get("state") not in ("exited", "killed") else ""
         rows.append([obs.name, p["name"], state, uptime, agent_state, progress,
-                     (p.get("last_line") or "")[:70]])
+                     visible(p.get("last_line") or "")[:70]])
     return rows
 
 
@@ -233,7 +234,7 @@ def _node_notes(obs: NodeObservation, value: dict, now: float) -> tuple[list[str
     ev = events[-1] if events else _last_event(value)
     if ev:
         who = ev.get("name") or (f"{ev.get('role')}-{ev.get('rank')}" if ev.get("role") is not None else "")
-        notes.append(f"{obs.name}: last event: {ev['kind']}{' ' + who if who else ''}: {ev.get('reason', '')}"
+        notes.append(f"{obs.name}: last event: {ev['kind']}{' ' + who if who else ''}: {visible(ev.get('reason', ''))}"
                      f" ({_ago(ev.get('ts'), now)})")
     return notes, problem
 
@@ -248,7 +249,7 @@ def _last_event(value: dict) -> dict | None:
 def _verdict_lines(verdict: Verdict) -> list[str]:
     said = f"  [{', '.join(verdict.said_by)}]" if verdict.said_by else ""
     if verdict.state == JobState.FAILED:
-        return [f"JOB FAILED: {verdict.summary()}{said}"]
+        return [f"JOB FAILED: {visible(verdict.summary())}{said}"]
     if verdict.state == JobState.FINISHED:
         return [f"job finished: {verdict.reason}{said}"]
     if verdict.state == JobState.RESTARTING:

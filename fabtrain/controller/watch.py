@@ -16,6 +16,7 @@ from typing import TextIO
 from fabtrain.controller.collector import Collector, NodeSnapshot, Snapshot
 from fabtrain.controller.jobstate import WATCH_EXIT, JobState, Verdict
 from fabtrain.controller.report import human_bytes
+from fabtrain.controller.terminal import visible
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import down_label
 
@@ -49,7 +50,7 @@ def event_line(ev: dict) -> str:
     t = _clock(ev.get("ts"))
     who = ev.get("name") or (f"{ev['role']}-{ev['rank']}" if ev.get("role") is not None and ev.get("rank") is not None else "")
     sig = f" [{ev['signal']}]" if ev.get("signal") else ""
-    return f"{t} {ev.get('node', '?')} {ev.get('kind', '?')}{' ' + who if who else ''}{sig}: {ev.get('reason', '')}"
+    return visible(f"{t} {ev.get('node', '?')} {ev.get('kind', '?')}{' ' + who if who else ''}{sig}: {ev.get('reason', '')}")
 
 
 def frame(snap: Snapshot, now: float, began: float, fresh: dict | None = None) -> list[str]:
@@ -57,7 +58,7 @@ def frame(snap: Snapshot, now: float, began: float, fresh: dict | None = None) -
     snapshot ages are measured on the controller's clock, so node clock skew does not matter."""
     fresh = {} if fresh is None else fresh
     verdict = snap.verdict
-    why = verdict.summary()
+    why = visible(verdict.summary())
     lines = [f"job {snap.job_id or '-'}: {verdict.state}{' (' + why + ')' if why and verdict.state != 'running' else ''}"
              f"{'  [' + verdict.restarts + ']' if verdict.restarts else ''}"
              f"   watching {now - began:.0f}s"]
