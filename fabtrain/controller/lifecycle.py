@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import secrets
 import subprocess
@@ -138,10 +139,11 @@ def deploy(session: Session) -> list[Reply]:
     source = cluster.code_dir()
     if not source.is_dir():
         raise UserError(f"{cluster.path}: job.code: {source} is not a directory")
-    excludes = [f"--exclude={e}" for e in (*DEPLOY_EXCLUDES, *_local_excludes(source, cluster))]
+    own = fabtrain_folders(source, cluster)
+    excludes = [f"--exclude={e}" for e in (*DEPLOY_EXCLUDES, *_local_excludes(source, own))]
     if (source / IGNORE_FILE).is_file():
         excludes.append(f"--exclude-from={source / IGNORE_FILE}")
-    identity = code_identity(source)
+    identity = code_identity(source, own)
     with tempfile.TemporaryDirectory(prefix="fabtrain-deploy-") as tmp:
         (Path(tmp) / CODE_IDENTITY).write_text(json.dumps(identity))
 
@@ -159,38 +161,56 @@ def deploy(session: Session) -> list[Reply]:
         return session.map(one)
 
 
-def _local_excludes(source: Path, cluster) -> list[str]:
-    """Folders of this project that are never code: its data dir and any virtualenv."""
+def fabtrain_folders(source: Path, cluster) -> list[str]:
+    """What fabtrain itself writes that lies inside job.code, relative to it: the data dir, every node's
+    workspace as this machine sees it (a relative one is under the home directory, where node ops start;
+    a home the nodes share is this one), and the controller's state. Never shipped as code: a workspace
+    inside the code would be shipped into itself on every deploy."""
+    places = [cluster.data_dir(), state.folder()]
+    for node in cluster.nodes:
+        ws = Path(os.path.expanduser(node.workspace))
+        places.append(ws if ws.is_absolute() else Path.home() / ws)
     found = []
-    data = cluster.data_dir().resolve()
-    if data != source and source in data.parents:
-        found.append(f"/{data.relative_to(source).as_posix()}/")
+    for place in places:
+        place = place.resolve()
+        if source in place.parents and place.relative_to(source).as_posix() not in found:
+            found.append(place.relative_to(source).as_posix())
+    return found
+
+
+def _local_excludes(source: Path, own: list[str]) -> list[str]:
+    """rsync patterns, anchored at job.code, for fabtrain's own folders and any virtualenv of this project."""
+    found = [f"/{rel}/" for rel in own]
     for child in source.iterdir():
         if child.is_dir() and (child / "pyvenv.cfg").exists():
             found.append(f"/{child.name}/")
     return found
 
 
-def code_identity(source: Path) -> dict:
-    """Which code this is: the git commit and whether the tree differs from it, else a content hash."""
+def code_identity(source: Path, own: list[str] = ()) -> dict:
+    """Which code this is: the git commit and whether the tree differs from it, else a content hash.
+    own: fabtrain's folders inside it (fabtrain_folders), which are not the code."""
     def git(*args):
         out = subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True, timeout=30)
         return out.stdout.strip() if out.returncode == 0 else None
     try:
         commit = git("rev-parse", "HEAD")
         if commit:
-            return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=normal"))}
+            changed = git("status", "--porcelain", "--untracked-files=normal", "--", ".",
+                          *(f":(exclude){rel}" for rel in own))
+            return {"commit": commit, "dirty": bool(changed)}
     except (OSError, subprocess.TimeoutExpired):
         pass  # no git here: fall back to a hash
     digest = hashlib.sha256()
-    for path in sorted(p for p in source.rglob("*") if p.is_file() and not _never_shipped(p, source)):
+    for path in sorted(p for p in source.rglob("*") if p.is_file() and not _never_shipped(p, source, own)):
         digest.update(path.relative_to(source).as_posix().encode() + b"\0" + path.read_bytes())
     return {"hash": digest.hexdigest()[:16]}
 
 
-def _never_shipped(path: Path, source: Path) -> bool:
-    parts = path.relative_to(source).parts
-    return any(p in (".git", ".venv", "venv", "__pycache__", ".fabtrain") for p in parts[:-1])
+def _never_shipped(path: Path, source: Path, own: list[str]) -> bool:
+    rel = path.relative_to(source)
+    return any(p in (".git", ".venv", "venv", "__pycache__", ".fabtrain") for p in rel.parts[:-1]) or \
+        any(rel.as_posix().startswith(f"{folder}/") for folder in own)
 
 
 # -- start ---------------------------------------------------------------------------
