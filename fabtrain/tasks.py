@@ -125,7 +125,8 @@ def _start(c, roles, force, resume_from=None):
     result = lifecycle.start(session(c), roles, force=force, resume_from=resume_from)
     print(report.start_text(result, roles))
     failed = any(not r.ok or r.value["failed"] for r in result.replies)
-    fail_if(failed, f"job {result.job_id}: could not start everything; see `fab status` and `fab logs`")
+    undone = "; what had started was stopped (all or nothing)" if result.stopped is not None else ""
+    fail_if(failed, f"job {result.job_id}: could not start everything{undone}; see `fab status` and `fab logs`")
 
 
 @fabtask

@@ -48,6 +48,7 @@ class NodeView:
     agent_age: float | None = None  # health.json's age on the node's clock at the last poll
     processes: list[dict] = field(default_factory=list)  # node ops' process records, checked
     killed: bool = False
+    stop_reason: str | None = None  # why it was stopped, when a start that failed elsewhere stopped it
     milestones: list[dict] = field(default_factory=list)  # the job-level events (job_failed, finished, kept)
     offsets: dict[str, int] = field(default_factory=dict)
     bad: set = field(default_factory=set)  # what was wrong in the last reply's snapshots (counted once)
@@ -55,7 +56,8 @@ class NodeView:
     def observation(self) -> NodeObservation:
         agent = self.health if self.health and self.health.get("job_id") == self.job_id else None
         return NodeObservation(self.name, self.up, self.job_id, tuple(self.processes), self.killed, agent,
-                               self.agent_age if agent else None, tuple(self.milestones), self.error)
+                               self.agent_age if agent else None, tuple(self.milestones), self.error,
+                               self.stop_reason)
 
 
 @dataclass
@@ -233,6 +235,7 @@ class Collector:
             self._forget_job(name)
         view.job_id = job_id
         view.killed = reply.get("killed") is True
+        view.stop_reason = records.stop_reason(reply.get("stop_reason"))
         view.processes, bad = [], set()
         procs = reply.get("processes")
         for p in procs if isinstance(procs, list) else []:

@@ -75,6 +75,7 @@ class NodeObservation:
     agent_age: float | None = None  # its age on the node's own clock when observed
     events: tuple[dict, ...] = ()  # this node's job-level events (JOB_EVENTS)
     error: str | None = None
+    stop_reason: str | None = None  # the marker's text: stopped because its start failed (not by kill-all)
 
     @property
     def agent_fresh(self) -> bool:
@@ -191,7 +192,8 @@ def observe_status(reply) -> NodeObservation:
     node_time = v.get("time") if records.finite(v.get("time")) else None
     age = node_time - agent["ts"] if agent and node_time is not None else None
     return NodeObservation(reply.node, True, job_id, tuple(processes), v.get("killed") is True, agent, age,
-                           tuple(e for e in events if e.get("kind") in JOB_EVENTS))
+                           tuple(e for e in events if e.get("kind") in JOB_EVENTS),
+                           stop_reason=records.stop_reason(v.get("stop_reason")))
 
 
 def _process_view(obs: NodeObservation, p: dict, seen: dict | None) -> ProcessView:
@@ -287,7 +289,9 @@ def _facts(nodes: list[NodeObservation]) -> _Facts:
 def _decide(nodes: list[NodeObservation], ours: list[NodeObservation], procs: list[ProcessView],
             facts: _Facts, job_id: str | None) -> tuple[JobState, str, list[str]]:
     if any(n.killed for n in ours):
-        return JobState.KILLED, KILLED_BY_FAB, []
+        # A start that failed on one node stopped the rest (all or nothing): a failure, not the user's kill.
+        why = next((n.stop_reason for n in ours if n.killed and n.stop_reason), None)
+        return (JobState.FAILED, why, []) if why else (JobState.KILLED, KILLED_BY_FAB, [])
     if facts.failed is not None:
         return JobState.FAILED, facts.failed, facts.failed_by
     if facts.restarting is not None:

@@ -25,7 +25,7 @@ from fabtrain.plan.runtime import PACKAGE_ROOT, runtime_files, runtime_version
 from fabtrain.plan.plan import Network, Plan, configured_ports, make_plan, needed_ports, new_job_id
 from fabtrain.remote.rsync import Rsync, rsync
 from fabtrain.remote.session import Session
-from fabtrain.remote.transport import Reply, Transport
+from fabtrain.remote.transport import NO_REPLY, Reply, Transport
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 CODE_IDENTITY = ".fabtrain-code.json"  # beside the code on each node: which code it is
@@ -221,11 +221,23 @@ class StartResult:
     job_id: str
     plan: Plan
     replies: list[Reply]
+    stopped: list[Reply] | None = None  # an incomplete start: what stopping the job's processes did per node
+    why: str = ""  # an incomplete start: which node failed, and how
 
     @property
     def complete(self) -> bool:
         """Every node started every process it was asked to."""
         return all(r.ok and not r.value["failed"] for r in self.replies)
+
+    def failures(self) -> list[str]:
+        """One clause a node or process that did not start, naming the node."""
+        out = []
+        for r in self.replies:
+            if not r.ok:
+                out.append(r.error if r.error.startswith(f"{r.node}:") else f"{r.node}: {r.error}")
+            else:
+                out += [f"{r.node}: {f['name']} exited at once with code {f['exit_code']}" for f in r.value["failed"]]
+        return out
 
 
 def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: float = 5.0,
@@ -267,7 +279,29 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
         started_roles = sorted(set(previous.get("roles", [])) | set(roles)) if joined else sorted(roles)
         state.save(cluster.name, job_id=job_id, roles=started_roles, cluster=cluster.path, resume_from=resume_from,
                    secret=secret, network=network.to_dict())
-    return StartResult(job_id, plan, replies)
+    result = StartResult(job_id, plan, replies)
+    stop_incomplete_start(session, result, cluster.job.watchdog.grace)
+    return result
+
+
+def stop_incomplete_start(session: Session, result: StartResult, grace: float) -> None:
+    """All or nothing: a start that some node refused, or where a process died at once, stops what
+    it started of the job on every node (its pservers too: they would wait for the missing trainers
+    until startup_timeout), through node ops' kill and its one escalation (SIGTERM, the job's
+    watchdog.grace, SIGKILL).
+    Each node's job gets a `start_failed` event naming the node that failed and why, and its
+    `killed` marker says the same, so the agents neither restart nor tear down on their own and
+    `fab status` reads a failure, not a kill-all. A start that started nothing anywhere (every node
+    refused: a job already running, say) has nothing to undo and is left alone."""
+    if result.complete:
+        return
+    maybe_started = any(r.ok and r.value["started"] for r in result.replies) or \
+        any(not r.ok and r.kind == NO_REPLY for r in result.replies)  # it may have started there
+    if not maybe_started:
+        return
+    result.why = f"the start failed: {'; '.join(result.failures())}"
+    payload = {"grace": grace, "job_id": result.job_id, "reason": result.why}
+    result.stopped = session.map(lambda t: t.call("kill", payload, timeout=grace + 60))
 
 
 def _require_pservers(session: Session, job_id: str) -> None:

@@ -167,8 +167,13 @@ def start_text(result: StartResult, roles: tuple[str, ...]) -> str:
     if result.complete:
         out.append(f"job {result.job_id}: {' and '.join(roles)} started; "
                    f"{ports_text(result.plan.ports, result.plan.auto_ports)}")
-    else:
-        out.append(f"job {result.job_id}: {' and '.join(roles)} NOT started on every node (see above)")
+        return "\n".join(out)
+    out.append(f"job {result.job_id}: {' and '.join(roles)} NOT started on every node (see above)")
+    if result.stopped is not None:  # all or nothing: what had started is stopped
+        text, clean = kill_text(result.stopped)
+        out += [f"stopping job {result.job_id} on every node: {visible(result.why)}", text]
+        if clean:
+            out.append(f"job {result.job_id}: nothing of it is left running")
     return "\n".join(out)
 
 
@@ -211,7 +216,8 @@ def _node_notes(obs: NodeObservation, value: dict, now: float) -> tuple[list[str
     notes, problem = [], False
     h = obs.agent or {}
     if obs.killed:
-        notes.append(f"{obs.name}: job {obs.job_id} was stopped by kill-all")
+        how = "stopped because its start failed (all or nothing)" if obs.stop_reason else "stopped by kill-all"
+        notes.append(f"{obs.name}: job {obs.job_id} was {how}")
     agent = next((p for p in obs.processes if p["name"] == "agent"), None)
     live = [p["name"] for p in obs.processes if p["name"] != "agent" and p["state"] in LIVE_STATES]
     interval = h.get("interval") or 1.0
