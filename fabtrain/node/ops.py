@@ -424,8 +424,8 @@ def op_kill(payload):
 
     first, _ = kill_targets(ws, records, skip, only)
     touched = {d["job_id"] for d in first.values()} | {job_id for job_id, _ in records}
-    if only is not None and os.path.isdir(os.path.join(jobs_root, only)):
-        touched.add(only)
+    if only is not None and only in (os.listdir(jobs_root) if os.path.isdir(jobs_root) else ()):
+        touched.add(only)  # a name found in jobs/, never a path the payload made up
     for job_id in touched:
         if os.path.isdir(os.path.join(jobs_root, job_id)):
             # Before any signal: the agents read it (kill-all's own act, not a failure to restart from).
