@@ -270,6 +270,7 @@ def test_on_failure_keep_leaves_the_survivors_and_says_so(fresh):
     assert wait_for(lambda: not job.leftovers(), timeout=10), job.describe()
 
 
+@pytest.mark.timeout(300)  # two starts, a refused one, four statuses and a kill-all on a shared 2-core machine
 def test_a_start_refused_on_one_node_stops_the_rest_of_the_job_at_once(fresh):
     """All or nothing: node2's workspace is group-writable (refused, rightly); the pserver and the
     agents of node1 and node3 that had started are stopped within the grace, with an event saying why."""
