@@ -11,6 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from fabtrain.errors import reader_gone
+
 FABFILE = '''"""This project's fabtrain tasks: `fab --list`."""
 from fabtrain.tasks import *  # noqa: F401,F403
 '''
@@ -109,7 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("directory", nargs="?", default=".", type=Path)
     p.add_argument("--name", help="the cluster's name (default: the folder's)")
     args = parser.parse_args(argv)
-    return init(args.directory, args.name)
+    try:
+        code = init(args.directory, args.name)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return reader_gone()
 
 
 if __name__ == "__main__":

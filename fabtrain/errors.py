@@ -1,4 +1,9 @@
 """Errors a user can cause, and how they reach the terminal."""
+import os
+import sys
+
+# The exit code of a command whose reader went away: a shell's for a process killed by SIGPIPE (128 + 13).
+READER_GONE = 141
 
 
 class UserError(Exception):
@@ -23,3 +28,17 @@ class UserErrors(UserError):
 
     def __str__(self) -> str:
         return "\n".join(" ".join(str(e).split()) for e in self.args)
+
+def reader_gone() -> int:
+    """The reader of stdout went away (`fab status | head -3`): stop quietly, as `yes | head` does.
+
+    Whatever is still buffered for stdout goes to /dev/null, so neither this
+    write nor Python's flush at exit ends in a BrokenPipeError traceback.
+    Returns the exit code to end with.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+    return READER_GONE

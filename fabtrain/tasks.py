@@ -12,7 +12,7 @@ from invoke import Exit, task
 
 from fabtrain.controller import lifecycle, preflight, report, state
 from fabtrain import taskargs
-from fabtrain.errors import UserError
+from fabtrain.errors import UserError, reader_gone
 from fabtrain.plan.plan import make_plan, new_job_id
 from fabtrain.remote.session import get_session
 from fabtrain.taskargs import Number
@@ -26,7 +26,8 @@ __all__ = ["plan", "provision", "check", "deploy", "split_data", "copy_data", "s
 
 
 def fabtask(fn=None, **numbers: Number):
-    """A task whose user errors end in one line and exit code 2, never a traceback;
+    """A task whose user errors end in one line and exit code 2, never a traceback; piped into a reader
+    that stops early (`| head`), it stops quietly (exit 141, as SIGPIPE ends other tools);
     `numbers` are its numeric options, checked when the command line is parsed."""
     if fn is None:
         return lambda body: fabtask(body, **numbers)
@@ -34,12 +35,17 @@ def fabtask(fn=None, **numbers: Number):
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
         try:
-            return fn(c, *args, **kwargs)
+            try:
+                return fn(c, *args, **kwargs)
+            finally:
+                sys.stdout.flush()  # a reader gone is found here, not in Python's flush at exit
         except UserError as e:
             name = fn.__name__.replace("_", "-")
             raise Exit("\n".join(f"fab {name}: {line}" for line in str(e).splitlines()), code=2) from None
         except KeyboardInterrupt:
             raise Exit("interrupted", code=130) from None
+        except BrokenPipeError:
+            raise Exit(code=reader_gone()) from None
     return task(wrapper, klass=taskargs.CheckedTask, numbers=numbers)
 
 
@@ -136,7 +142,8 @@ def _start(c, roles, force, resume_from=None):
         raise Exit(refusal, code=1)
     print(report.start_text(result, roles))
     failed = any(not r.ok or r.value["failed"] for r in result.replies)
-    fail_if(failed, f"job {result.job_id}: could not start everything; see `fab status` and `fab logs`")
+    undone = "; what had started was stopped (all or nothing)" if result.undone is not None else ""
+    fail_if(failed, f"job {result.job_id}: could not start everything{undone}; see `fab status` and `fab logs`")
 
 
 @fabtask

@@ -52,6 +52,7 @@ class NodeView:
     processes: list[dict] = field(default_factory=list)  # node ops' process records, checked
     killed: bool = False
     killed_by: str | None = None  # who wrote the job's `killed` marker (states.KILLERS)
+    stop_reason: str | None = None  # why it was stopped, when a start that failed elsewhere stopped it
     milestones: list[dict] = field(default_factory=list)  # the job-level events (job_failed, finished, kept)
     offsets: dict[str, int] = field(default_factory=dict)
     bad: set = field(default_factory=set)  # what was wrong in the last reply's snapshots (counted once)
@@ -60,7 +61,7 @@ class NodeView:
         agent = self.health if self.health and self.health.get("job_id") == self.job_id else None
         return NodeObservation(self.name, self.up, self.job_id, tuple(self.processes), self.killed, agent,
                                self.agent_age if agent else None, tuple(self.milestones), self.error,
-                               killed_by=self.killed_by)
+                               killed_by=self.killed_by, stop_reason=self.stop_reason)
 
 
 @dataclass
@@ -239,6 +240,7 @@ class Collector:
         view.job_id = job_id
         view.killed = reply.get("killed") is True
         view.killed_by = reply.get("killed_by") if isinstance(reply.get("killed_by"), str) else None
+        view.stop_reason = records.stop_reason(reply.get("stop_reason"))
         view.processes, bad = [], set()
         procs = reply.get("processes")
         for p in procs if isinstance(procs, list) else []:

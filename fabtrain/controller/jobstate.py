@@ -50,6 +50,7 @@ class NodeObservation:
     events: tuple[dict, ...] = ()  # this node's job-level events (JOB_EVENTS)
     error: str | None = None
     killed_by: str | None = None  # who wrote that marker (states.KILLERS)
+    stop_reason: str | None = None  # the marker's why: stopped because its start failed (not by a user)
 
     @property
     def agent_fresh(self) -> bool:
@@ -171,7 +172,8 @@ def observe_status(reply) -> NodeObservation:
     return NodeObservation(name=reply.node, reachable=True, job_id=job_id, processes=tuple(processes),
                            killed=v.get("killed") is True, agent=agent, agent_age=age,
                            events=tuple(e for e in events if e.get("kind") in JOB_EVENTS),
-                           killed_by=v.get("killed_by") if isinstance(v.get("killed_by"), str) else None)
+                           killed_by=v.get("killed_by") if isinstance(v.get("killed_by"), str) else None,
+                           stop_reason=records.stop_reason(v.get("stop_reason")))
 
 
 def _process_view(obs: NodeObservation, p: dict, seen: dict | None) -> ProcessView:
@@ -274,6 +276,10 @@ def _facts(nodes: list[NodeObservation]) -> _Facts:
 def _decide(nodes: list[NodeObservation], ours: list[NodeObservation], procs: list[ProcessView],
             facts: _Facts, job_id: str | None) -> tuple[JobState, str, list[str]]:
     if any(n.killed for n in ours):
+        # A start that failed on one node stopped the rest (all or nothing): a failure, not the user's kill.
+        why = next((n.stop_reason for n in ours if n.killed and n.stop_reason), None)
+        if why:
+            return JobState.FAILED, why, []
         return JobState.KILLED, stopped_by(next((n.killed_by for n in ours if n.killed_by), None)), []
     if facts.failed is not None:
         return JobState.FAILED, facts.failed, facts.failed_by

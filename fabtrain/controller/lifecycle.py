@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -16,15 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fabtrain.controller import preflight, state
+from fabtrain.controller.terminal import VisibleLines
 from fabtrain.errors import UserError
 from fabtrain.node import jobid
+from fabtrain.node import procfs
 from fabtrain.plan.runtime import PACKAGE_ROOT, runtime_files, runtime_version
 from fabtrain.plan.plan import Network, Plan, make_plan, new_job_id
+from fabtrain.node.states import START_FAILED
 from fabtrain.plan.ports import configured_ports, needed_ports
 from fabtrain.remote import rpc
 from fabtrain.remote.rsync import Rsync, rsync
 from fabtrain.remote.session import Session
-from fabtrain.remote.transport import Reply, Transport
+from fabtrain.remote.transport import NO_REPLY, Reply, Transport
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 CODE_IDENTITY = ".fabtrain-code.json"  # beside the code on each node: which code it is
@@ -45,7 +49,7 @@ class NodeCheck:
     ok: bool
     probe: dict = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
-    clock_offset: tuple[float, float] | None = None  # (lo, hi) bounds, seconds
+    clock_offset: tuple[float, float] | None = None  # (lo, hi) bounds, seconds; (0, 0) on this machine
     down: str | None = None  # NodeError.kind when the probe got no answer
 
 
@@ -64,7 +68,10 @@ def check(session: Session, timeout: float | None = None) -> list[NodeCheck]:
             checks.append(NodeCheck(reply.node, False, problems=[reply.error], down=reply.kind))
             continue
         result, t0, t1 = reply.value
-        c = NodeCheck(reply.node, True, result, clock_offset=(result["time"] - t1, result["time"] - t0))
+        # A node on this machine's kernel reads this machine's clock: no offset, whatever the round trip took.
+        same_clock = result.get("boot_id") is not None and result.get("boot_id") == procfs.boot_id()
+        offset = (0.0, 0.0) if same_clock else (result["time"] - t1, result["time"] - t0)
+        c = NodeCheck(reply.node, True, result, clock_offset=offset)
         node = cluster.node(reply.node)
         missing = [tool for tool, there in result["tools"].items() if not there and tool != "rsync"]
         if missing:
@@ -135,10 +142,11 @@ def deploy(session: Session) -> list[Reply]:
     source = cluster.code_dir()
     if not source.is_dir():
         raise UserError(f"{cluster.path}: job.code: {source} is not a directory")
-    excludes = [f"--exclude={e}" for e in (*DEPLOY_EXCLUDES, *_local_excludes(source, cluster))]
+    own = fabtrain_folders(source, cluster)
+    excludes = [f"--exclude={e}" for e in (*DEPLOY_EXCLUDES, *_local_excludes(source, own))]
     if (source / IGNORE_FILE).is_file():
         excludes.append(f"--exclude-from={source / IGNORE_FILE}")
-    identity = code_identity(source)
+    identity = code_identity(source, own)
     with tempfile.TemporaryDirectory(prefix="fabtrain-deploy-") as tmp:
         (Path(tmp) / CODE_IDENTITY).write_text(json.dumps(identity))
 
@@ -156,38 +164,56 @@ def deploy(session: Session) -> list[Reply]:
         return session.map(one)
 
 
-def _local_excludes(source: Path, cluster) -> list[str]:
-    """Folders of this project that are never code: its data dir and any virtualenv."""
+def fabtrain_folders(source: Path, cluster) -> list[str]:
+    """What fabtrain itself writes that lies inside job.code, relative to it: the data dir, every node's
+    workspace as this machine sees it (a relative one is under the home directory, where node ops start;
+    a home the nodes share is this one), and the controller's state. Never shipped as code: a workspace
+    inside the code would be shipped into itself on every deploy."""
+    places = [cluster.data_dir(), state.folder()]
+    for node in cluster.nodes:
+        ws = Path(os.path.expanduser(node.workspace))
+        places.append(ws if ws.is_absolute() else Path.home() / ws)
     found = []
-    data = cluster.data_dir().resolve()
-    if data != source and source in data.parents:
-        found.append(f"/{data.relative_to(source).as_posix()}/")
+    for place in places:
+        place = place.resolve()
+        if source in place.parents and place.relative_to(source).as_posix() not in found:
+            found.append(place.relative_to(source).as_posix())
+    return found
+
+
+def _local_excludes(source: Path, own: list[str]) -> list[str]:
+    """rsync patterns, anchored at job.code, for fabtrain's own folders and any virtualenv of this project."""
+    found = [f"/{rel}/" for rel in own]
     for child in source.iterdir():
         if child.is_dir() and (child / "pyvenv.cfg").exists():
             found.append(f"/{child.name}/")
     return found
 
 
-def code_identity(source: Path) -> dict:
-    """Which code this is: the git commit and whether the tree differs from it, else a content hash."""
+def code_identity(source: Path, own: list[str] = ()) -> dict:
+    """Which code this is: the git commit and whether the tree differs from it, else a content hash.
+    own: fabtrain's folders inside it (fabtrain_folders), which are not the code."""
     def git(*args):
         out = subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True, timeout=30)
         return out.stdout.strip() if out.returncode == 0 else None
     try:
         commit = git("rev-parse", "HEAD")
         if commit:
-            return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=normal"))}
+            changed = git("status", "--porcelain", "--untracked-files=normal", "--", ".",
+                          *(f":(exclude){rel}" for rel in own))
+            return {"commit": commit, "dirty": bool(changed)}
     except (OSError, subprocess.TimeoutExpired):
         pass  # no git here: fall back to a hash
     digest = hashlib.sha256()
-    for path in sorted(p for p in source.rglob("*") if p.is_file() and not _never_shipped(p, source)):
+    for path in sorted(p for p in source.rglob("*") if p.is_file() and not _never_shipped(p, source, own)):
         digest.update(path.relative_to(source).as_posix().encode() + b"\0" + path.read_bytes())
     return {"hash": digest.hexdigest()[:16]}
 
 
-def _never_shipped(path: Path, source: Path) -> bool:
-    parts = path.relative_to(source).parts
-    return any(p in (".git", ".venv", "venv", "__pycache__", ".fabtrain") for p in parts[:-1])
+def _never_shipped(path: Path, source: Path, own: list[str]) -> bool:
+    rel = path.relative_to(source)
+    return any(p in (".git", ".venv", "venv", "__pycache__", ".fabtrain") for p in rel.parts[:-1]) or \
+        any(rel.as_posix().startswith(f"{folder}/") for folder in own)
 
 
 # -- start ---------------------------------------------------------------------------
@@ -199,11 +225,23 @@ class StartResult:
     plan: Plan
     replies: list[Reply]
     stopped: list[Reply] = field(default_factory=list)  # --force: kill-all's replies, before the start
+    undone: list[Reply] | None = None  # an incomplete start: what stopping the job's processes did per node
+    why: str = ""  # an incomplete start: which node failed, and how
 
     @property
     def complete(self) -> bool:
         """Every node started every process it was asked to."""
         return all(r.ok and not r.value["failed"] for r in self.replies)
+
+    def failures(self) -> list[str]:
+        """One clause a node or process that did not start, naming the node."""
+        out = []
+        for r in self.replies:
+            if not r.ok:
+                out.append(r.error if r.error.startswith(f"{r.node}:") else f"{r.node}: {r.error}")
+            else:
+                out += [f"{r.node}: {f['name']} exited at once with code {f['exit_code']}" for f in r.value["failed"]]
+        return out
 
 
 def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: float = 5.0,
@@ -245,7 +283,29 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
         started_roles = sorted(set(previous.get("roles", [])) | set(roles)) if joined else sorted(roles)
         state.save(cluster.name, job_id=job_id, roles=started_roles, cluster=cluster.path, resume_from=resume_from,
                    secret=secret, network=network.to_dict())
-    return StartResult(job_id, plan, replies, stopped)
+    result = StartResult(job_id, plan, replies, stopped)
+    stop_incomplete_start(session, result, cluster.job.watchdog.grace)
+    return result
+
+
+def stop_incomplete_start(session: Session, result: StartResult, grace: float) -> None:
+    """All or nothing: a start that some node refused, or where a process died at once, stops what
+    it started of the job on every node (its pservers too: they would wait for the missing trainers
+    until startup_timeout), through node ops' kill and its one escalation (SIGTERM, the job's
+    watchdog.grace, SIGKILL).
+    Each node's job gets a `start_failed` event naming the node that failed and why, and its
+    `killed` marker says the same, so the agents neither restart nor tear down on their own and
+    `fab status` reads a failure, not a kill-all. A start that started nothing anywhere (every node
+    refused: a job already running, say) has nothing to undo and is left alone."""
+    if result.complete:
+        return
+    maybe_started = any(r.ok and r.value["started"] for r in result.replies) or \
+        any(not r.ok and r.kind == NO_REPLY for r in result.replies)  # it may have started there
+    if not maybe_started:
+        return
+    result.why = f"the start failed: {'; '.join(result.failures())}"
+    payload = {"grace": grace, "job_id": result.job_id, "reason": result.why, "by": START_FAILED}
+    result.undone = session.map(lambda t: rpc.call(t, "kill", payload, timeout=grace + 60))
 
 
 def _require_pservers(session: Session, job_id: str) -> None:
@@ -294,7 +354,7 @@ def status(session: Session, job_id: str | None = None, health: bool = False, ti
 
 
 def logs(session: Session, lines: int = 20, follow: bool = False, job_id: str | None = None, out=None) -> list[Reply]:
-    out = out or sys.stdout
+    out = VisibleLines(out or sys.stdout)  # a program's escape sequences never reach the terminal as such
     payload = {"lines": lines, "follow": follow, "job_id": jobid.checked(job_id, UserError, optional=True)}
     return session.map(lambda t: rpc.call(t, "logs", payload, stream=out))
 

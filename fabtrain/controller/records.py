@@ -255,3 +255,8 @@ def process(rec: Any) -> dict:
 def health(doc: Any) -> dict:
     """health.json, cleaned field by field; Malformed if it is not an object with a finite `ts`."""
     return _checked(HEALTH, doc)
+
+
+def stop_reason(v: Any) -> str | None:
+    """Node ops' `stop_reason` (why a job was stopped, other than by kill-all): text, or None."""
+    return v[:MAX_REASON] if isinstance(v, str) and v.strip() else None

@@ -11,6 +11,7 @@ from fabtrain.node.states import LIVE, JobState, ProcessState, stopped_by
 from fabtrain.plan.plan import IFACE_VARS, Plan, render_shell, render_start
 from fabtrain.node.ops import RUNNING_HERE_RE
 from fabtrain.controller.verdict_text import sentence
+from fabtrain.controller.terminal import visible
 from fabtrain.remote.transport import Reply, down_label
 
 
@@ -143,7 +144,8 @@ def check_text(checks: list[NodeCheck]) -> str:
         def flag(key, text):
             return f"{text} (!)" if key in differs else text
         lo, hi = c.clock_offset
-        clock = f"±{(hi - lo) / 2:.2f}s" if lo <= 0 <= hi else f"{(lo + hi) / 2:+.2f}s"
+        clock = "0 (this machine)" if lo == hi == 0 else f"±{(hi - lo) / 2:.2f}s" if lo <= 0 <= hi \
+            else f"{(lo + hi) / 2:+.2f}s"
         rows.append([c.node, "ok" if c.ok else "PROBLEM", flag("python", p["python"]),
                      flag("torch", p["torch"] or "-"), flag("cuda", p["cuda"] or "-") + f" gpus={p['gpus']}",
                      flag("paddle", p["paddle"] or "-"), p["psutil"] or "-",
@@ -190,14 +192,19 @@ def start_text(result: StartResult, roles: tuple[str, ...]) -> str:
         names = ", ".join(f"{s['name']} (pid {s['pid']})" for s in r.value["started"])
         out.append(f"{r.node}: started {names}")
         for f in r.value["failed"]:
-            out.append(f"{r.node}: {f['name']} exited at once with code {f['exit_code']}: {' | '.join(f['log'])}")
+            out.append(f"{r.node}: {f['name']} exited at once with code {f['exit_code']}: {visible(' | '.join(f['log']))}")
         for w in r.value["warnings"]:
             out.append(f"{r.node}: warning: {w}")
     if result.complete:
         out.append(f"job {result.job_id}: {' and '.join(roles)} started; "
                    f"{ports_text(result.plan.ports, result.plan.auto_ports)}")
-    else:
-        out.append(f"job {result.job_id}: {' and '.join(roles)} NOT started on every node (see above)")
+        return "\n".join(out)
+    out.append(f"job {result.job_id}: {' and '.join(roles)} NOT started on every node (see above)")
+    if result.undone is not None:  # all or nothing: what had started is stopped
+        text, clean = kill_text(result.undone)
+        out += [f"stopping job {result.job_id} on every node: {visible(result.why)}", text]
+        if clean:
+            out.append(f"job {result.job_id}: nothing of it is left running")
     return "\n".join(out)
 
 
@@ -232,7 +239,7 @@ def _process_rows(obs: NodeObservation, verdict: Verdict, now: float) -> list[li
         ended = p["state"] not in LIVE
         progress = _ago(a.get("last_progress"), now) if a and not ended and a.get("state") not in ("exited", "killed") else ""
         rows.append([obs.name, p["name"], state, uptime, agent_state, progress,
-                     (p.get("last_line") or "")[:70]])
+                     visible(p.get("last_line") or "")[:70]])
     return rows
 
 
@@ -242,7 +249,8 @@ def _node_notes(obs: NodeObservation, value: dict, now: float) -> tuple[list[str
     notes, problem = [], False
     h = obs.agent or {}
     if obs.killed:
-        notes.append(f"{obs.name}: job {obs.job_id} was {stopped_by(obs.killed_by)}")
+        how = "stopped because its start failed (all or nothing)" if obs.stop_reason else stopped_by(obs.killed_by)
+        notes.append(f"{obs.name}: job {obs.job_id} was {how}")
     agent = next((p for p in obs.processes if p["name"] == "agent"), None)
     live = [p["name"] for p in obs.processes if p["name"] != "agent" and p["state"] in LIVE]
     interval = h.get("interval") or 1.0
@@ -265,7 +273,7 @@ def _node_notes(obs: NodeObservation, value: dict, now: float) -> tuple[list[str
     ev = events[-1] if events else _last_event(value)
     if ev:
         who = ev.get("name") or (f"{ev.get('role')}-{ev.get('rank')}" if ev.get("role") is not None else "")
-        notes.append(f"{obs.name}: last event: {ev['kind']}{' ' + who if who else ''}: {ev.get('reason', '')}"
+        notes.append(f"{obs.name}: last event: {ev['kind']}{' ' + who if who else ''}: {visible(ev.get('reason', ''))}"
                      f" ({_ago(ev.get('ts'), now)})")
     return notes, problem
 

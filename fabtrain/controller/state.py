@@ -15,9 +15,13 @@ import time
 from pathlib import Path
 
 
+def folder() -> Path:
+    """Where the controller keeps its state: $FABTRAIN_STATE_DIR, else ~/.fabtrain/controller."""
+    return Path(os.environ.get("FABTRAIN_STATE_DIR") or Path.home() / ".fabtrain" / "controller")
+
+
 def _path(cluster_name: str, suffix: str = "") -> Path:
-    root = Path(os.environ.get("FABTRAIN_STATE_DIR") or Path.home() / ".fabtrain" / "controller")
-    return root / f"{cluster_name}{suffix}.json"
+    return folder() / f"{cluster_name}{suffix}.json"
 
 
 def load(cluster_name: str) -> dict:

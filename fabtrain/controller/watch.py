@@ -18,6 +18,7 @@ from fabtrain.controller.jobstate import WATCH_EXIT, Verdict
 from fabtrain.controller.lifecycle import no_job
 from fabtrain.controller.report import human_bytes
 from fabtrain.node.states import JobState, ProcessState
+from fabtrain.controller.terminal import visible
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import down_label
 
@@ -52,7 +53,7 @@ def event_line(ev: dict) -> str:
     t = _clock(ev.get("ts"))
     who = ev.get("name") or (f"{ev['role']}-{ev['rank']}" if ev.get("role") is not None and ev.get("rank") is not None else "")
     sig = f" [{ev['signal']}]" if ev.get("signal") else ""
-    return f"{t} {ev.get('node', '?')} {ev.get('kind', '?')}{' ' + who if who else ''}{sig}: {ev.get('reason', '')}"
+    return visible(f"{t} {ev.get('node', '?')} {ev.get('kind', '?')}{' ' + who if who else ''}{sig}: {ev.get('reason', '')}")
 
 
 def frame(snap: Snapshot, now: float, began: float, fresh: dict | None = None) -> list[str]:
@@ -60,7 +61,7 @@ def frame(snap: Snapshot, now: float, began: float, fresh: dict | None = None) -
     snapshot ages are measured on the controller's clock, so node clock skew does not matter."""
     fresh = {} if fresh is None else fresh
     verdict = snap.verdict
-    why = verdict.summary()
+    why = visible(verdict.summary())
     lines = [f"job {snap.job_id or '-'}: {verdict.state}{' (' + why + ')' if why and verdict.state != JobState.RUNNING else ''}"
              f"{'  [' + verdict.restarts + ']' if verdict.restarts else ''}"
              f"   watching {now - began:.0f}s"]

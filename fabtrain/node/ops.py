@@ -26,7 +26,7 @@ from fabtrain.node.refusal import UserFacing
 from fabtrain.node.workspace import (check_workspace, claim_workspace, code_refusal, job_dir, make_private_dirs,
                                      snapshot_code, workspace)
 from fabtrain.node.spawn import expand, name_programs, program_of, spawn
-from fabtrain.node.states import KILLERS, ProcessState, read_killer, signal_name, signal_of, state_of
+from fabtrain.node.states import KILLERS, ProcessState, read_marker, signal_name, signal_of, state_of
 
 PROGRAM_WAIT = 3.0  # seconds a start waits for each launcher to fork its program
 
@@ -104,6 +104,7 @@ def op_probe(payload):
         "python_path": sys.executable,
         "workspace": ws,
         "time": time.time(),
+        "boot_id": procfs.boot_id(),  # the controller's own machine has no clock offset
         "cpus": os.cpu_count(),
         "tools": {t: bool(shutil.which(t)) for t in ("rsync", "stdbuf")},
     }
@@ -321,12 +322,14 @@ def op_status(payload):
         last_event = json.loads(events[0]) if events else None
     except ValueError:
         last_event = None
+    killed_by, stop_reason = read_marker(os.path.join(jd, "killed"))
     return {
         "job_id": os.path.basename(jd),
         "code": job.get("code"),
         "processes": out,
         "killed": os.path.exists(os.path.join(jd, "killed")),
-        "killed_by": read_killer(os.path.join(jd, "killed")),
+        "killed_by": killed_by,
+        "stop_reason": stop_reason,  # a failed start's why (all or nothing)
         "health_ts": health.get("ts") if isinstance(health, dict) else None,
         "health": health if payload.get("health") else None,
         "last_event": last_event,
@@ -373,8 +376,9 @@ def op_logs(payload):
         time.sleep(0.2)
 
 
-def kill_targets(ws, records, skip):
-    """Everything of the workspace's jobs alive now: {pid: what it is}; launchers apart (they go by themselves)."""
+def kill_targets(ws, records, skip, only=None):
+    """Everything of the workspace's jobs (of job `only`, if given) alive now: {pid: what it is}; launchers
+    apart (they go by themselves)."""
     procs = procfs.scan()
     kids = procfs.children_map(procs)
     found, launchers = {}, {}
@@ -394,21 +398,30 @@ def kill_targets(ws, records, skip):
             continue
         env = procfs.environ(pid)
         job_id = env.get(b"FABTRAIN_JOB_ID", b"?").decode()
+        if only is not None and job_id != only:
+            continue
         name = "%s-%s" % (env.get(b"FABTRAIN_ROLE", b"?").decode(), env.get(b"FABTRAIN_RANK", b"?").decode())
         found[pid] = {"job_id": job_id, "pid": pid, "name": name, "orphan": True}
     return found, launchers
 
 
 def op_kill(payload):
-    """SIGTERM everything of every job in the workspace, grace, SIGKILL; launchers record the exit codes and go."""
+    """SIGTERM everything of every job in the workspace, grace, SIGKILL; launchers record the exit codes and go.
+
+    With "job_id", only that job's processes (a start that failed elsewhere: all or nothing), and
+    "reason" says why: it is the `killed` marker's text, and a `start_failed` event says it first.
+    """
     ws = workspace(payload)
     grace = float(payload.get("grace", 5.0))
     by = payload.get("by") if payload.get("by") in KILLERS else KILLERS[0]
+    only, reason = payload.get("job_id"), payload.get("reason")
     jobs_root = os.path.join(ws, "jobs")
     procs = procfs.scan()
     skip = procfs.ancestors()
     records, untrusted = [], []
     for job_id in sorted(os.listdir(jobs_root)) if os.path.isdir(jobs_root) else []:
+        if only is not None and job_id != only:
+            continue
         for name, record in run_records(os.path.join(jobs_root, job_id)):
             if trusted(record, procs, ws):
                 records.append((job_id, record))
@@ -418,33 +431,48 @@ def op_kill(payload):
     described = {}
 
     def find():
-        found, _ = kill_targets(ws, records, skip)
+        found, _ = kill_targets(ws, records, skip, only)
         described.update(found)
         return list(found)
 
-    first, _ = kill_targets(ws, records, skip)
+    first, _ = kill_targets(ws, records, skip, only)
     touched = {d["job_id"] for d in first.values()} | {job_id for job_id, _ in records}
+    if only is not None and only in (os.listdir(jobs_root) if os.path.isdir(jobs_root) else ()):
+        touched.add(only)  # a name found in jobs/, never a path the payload made up
     for job_id in touched:
         if os.path.isdir(os.path.join(jobs_root, job_id)):
-            with open(os.path.join(jobs_root, job_id, "killed"), "w") as f:  # before any signal: the agents read it
-                f.write(by)
+            # Before any signal: the agents read it (a user's act or a failed start: no restart, no failure).
+            if reason:
+                append_events(os.path.join(jobs_root, job_id, "events.jsonl"), [{
+                    "ts": time.time(), "node": payload.get("node"), "kind": "start_failed", "reason": reason}])
+            atomic.write(os.path.join(jobs_root, job_id, "killed"), by + ("\n" + reason if reason else ""))
     sent, left = stop_all(find, grace)
     # With their programs gone, the launchers record the exit codes and exit; a stuck one gets SIGKILL.
     deadline = time.time() + 2
-    while time.time() < deadline and kill_targets(ws, records, skip)[1]:
+    while time.time() < deadline and kill_targets(ws, records, skip, only)[1]:
         time.sleep(0.02)
-    for pid in kill_targets(ws, records, skip)[1]:
+    for pid in kill_targets(ws, records, skip, only)[1]:
         send(pid, signal.SIGKILL)
         sent[pid] = "SIGKILL"
     time.sleep(0.05 if left else 0)
-    found, launchers = kill_targets(ws, records, skip)
+    found, launchers = kill_targets(ws, records, skip, only)
     left = sorted(set(found) | set(launchers))
     killed = [dict(described[p], signal=sent[p]) for p in sorted(sent) if p in described]
-    write_kill_events(jobs_root, touched, killed, payload.get("node"), by)
+    write_kill_events(jobs_root, touched, killed, payload.get("node"), reason or by)
     return {"killed": killed, "left": left, "late": [], "untrusted": untrusted}
 
 
-def write_kill_events(jobs_root, touched, killed, node, by=KILLERS[0]):
+def append_events(path, events):
+    """Append events to an events.jsonl, one write a line: never interleaved with the agent's."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        for ev in events:
+            os.write(fd, (json.dumps(ev) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def write_kill_events(jobs_root, touched, killed, node, reason):
     """One `killed` event per process (its program and children share it) in each job's events.jsonl."""
     now = time.time()
     for job_id in touched:
@@ -455,22 +483,17 @@ def write_kill_events(jobs_root, touched, killed, node, by=KILLERS[0]):
         for k in killed:
             if k["job_id"] == job_id:
                 by_name.setdefault(k["name"], []).append(k)
-        lines = []
+        events = []
         for name, ks in sorted(by_name.items()):
             role, _, rank = name.rpartition("-")
             orphan = any(k.get("orphan") for k in ks)
-            lines.append(json.dumps({
+            events.append({
                 "ts": now, "node": node, "kind": "killed", "role": role,
                 "rank": int(rank) if rank.isdigit() else rank, "name": name, "pid": min(k["pid"] for k in ks),
                 "pids": sorted(k["pid"] for k in ks),
-                "reason": by + (" (orphan: run record lost, or it left its launcher)" if orphan else ""),
-                "signal": "SIGKILL" if any(k["signal"] == "SIGKILL" for k in ks) else "SIGTERM"}) + "\n")
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            for line in lines:
-                os.write(fd, line.encode())  # one write a line: never interleaved with the agent's
-        finally:
-            os.close(fd)
+                "reason": reason + (" (orphan: run record lost, or it left its launcher)" if orphan else ""),
+                "signal": "SIGKILL" if any(k["signal"] == "SIGKILL" for k in ks) else "SIGTERM"})
+        append_events(path, events)
 
 
 def op_verify(payload):
@@ -513,6 +536,7 @@ def op_collect(payload):
     reply["processes"] = status["processes"]
     reply["killed"] = status["killed"]
     reply["killed_by"] = status["killed_by"]
+    reply["stop_reason"] = status["stop_reason"]
     reply["health"] = atomic.read_json(os.path.join(jd, "health.json"))
     max_bytes = int(payload.get("max_bytes", 1 << 20))
     wanted = ["events.jsonl"] + ["metrics/" + f for f in sorted(os.listdir(os.path.join(jd, "metrics")))

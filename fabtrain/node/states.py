@@ -56,8 +56,11 @@ class JobState(str, Enum):
 
 # The reason a job ends with when a user ran `fab kill-all`: their own act, so no alert is sent for it.
 KILLED_BY_FAB = "stopped by fab kill-all"
-# Who else stops a job on a user's word (the text node ops' kill writes into the job's `killed` marker).
-KILLERS = ("fab kill-all", "the dashboard's Kill button", "fab start-pserver --force", "fab start-trainers --force")
+# Who else stops a job (the first line node ops' kill writes into the job's `killed` marker): on a user's
+# word, or a start that failed on some node (all or nothing; the marker's next lines say why).
+START_FAILED = "a start that failed on some node"
+KILLERS = ("fab kill-all", "the dashboard's Kill button", "fab start-pserver --force", "fab start-trainers --force",
+           START_FAILED)
 
 
 def stopped_by(who):
@@ -70,16 +73,25 @@ def stopped_by_user(reason):
     return any(stopped_by(who) in str(reason or "") for who in KILLERS)
 
 
-def read_killer(marker):
-    """Who wrote a job's `killed` marker (one of KILLERS); None when it has none."""
+def read_marker(marker):
+    """A job's `killed` marker: (who stopped it, one of KILLERS; why, for a failed start), (None, None) if none."""
     try:
         with open(marker) as f:
-            who = f.read(200).strip()
+            text = f.read(2000)
     except (FileNotFoundError, NotADirectoryError):
-        return None
+        return None, None
     except OSError:
-        return KILLERS[0]
-    return who if who in KILLERS else KILLERS[0]
+        return KILLERS[0], None
+    who, _, why = text.partition("\n")
+    who = who.strip()
+    if who not in KILLERS:
+        return KILLERS[0], None
+    return who, (why.strip() or None) if who == START_FAILED else None
+
+
+def read_killer(marker):
+    """Who wrote a job's `killed` marker (one of KILLERS); None when it has none."""
+    return read_marker(marker)[0]
 
 LIVE = (ProcessState.RUNNING, ProcessState.SLEEPING, ProcessState.STOPPED, ProcessState.ZOMBIE)
 # The ends the agents and the coordinator agree on: a job's status never moves on from these.

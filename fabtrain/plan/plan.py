@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from fabtrain.config.cluster import Cluster, Node
-from fabtrain.plan.ports import AddressSlots, PortUse, pserver_layout, port_uses, resolved_ports
+from fabtrain.plan.ports import AddressSlots, PortUse, needed_ports, pserver_layout, port_uses, resolved_ports
 from fabtrain.plan.runtime import runtime_dir
 from fabtrain.node import launch
 
@@ -247,7 +247,8 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
         job_id=job_id, cluster=cluster.name, mode=job.mode, sgd=job.sgd, nodes=tuple(node_plans),
         watchdog=_watchdog(cluster, secret, ports["watchdog_port"]), pserver_endpoints=pserver_endpoints,
         master=f"{master.address}:{master_port}",
-        ports=ports, auto_ports=network.auto if network else (), listens=tuple(port_uses(cluster, ports))))
+        ports={k: ports[k] for k in needed_ports(cluster)},  # only those this mode uses
+        auto_ports=network.auto if network else (), listens=tuple(port_uses(cluster, ports))))
 
 
 def _launched(cluster: Cluster, plan: Plan) -> Plan:

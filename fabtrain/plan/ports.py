@@ -119,7 +119,9 @@ def choose_auto(cluster: Cluster, busy: dict[str, set[int]], rng: random.Random)
     alike.
     """
     configured = configured_ports(cluster)
-    ports, auto = dict(configured), [k for k in needed_ports(cluster) if configured[k] is None]
+    # Only the ports this mode uses: a collective job has no pserver_port to show or record.
+    ports = {k: configured[k] for k in needed_ports(cluster)}
+    auto = [k for k in ports if ports[k] is None]
     held: dict[str, set[int]] = {}
     for u in port_uses(cluster, configured, unchecked=True):
         held.setdefault(u.node, set()).update(u.ports)

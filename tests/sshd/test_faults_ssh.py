@@ -268,3 +268,45 @@ def test_on_failure_keep_leaves_the_survivors_and_says_so(fresh):
     assert out.returncode == 1 and "on_failure keep" in out.stdout
     job.fab("kill-all", "--grace", "1", check=True)
     assert wait_for(lambda: not job.leftovers(), timeout=10), job.describe()
+
+
+@pytest.mark.timeout(300)  # two starts, a refused one, four statuses and a kill-all on a shared 2-core machine
+def test_a_start_refused_on_one_node_stops_the_rest_of_the_job_at_once(fresh):
+    """All or nothing: node2's workspace is group-writable (refused, rightly); the pserver and the
+    agents of node1 and node3 that had started are stopped within the grace, with an event saying why."""
+    job = fresh
+    job.configure(pserver_args="--ignore-term pserver-0")  # the escalation must reach SIGKILL
+    assert not job.leftovers(), job.leftovers()
+    job.ws["node2"].chmod(0o770)
+    try:
+        out = job.fab("start-pserver", "start-trainers")
+    finally:
+        job.ws["node2"].chmod(0o700)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "node2: FAILED" in out.stdout and "is writable by group or others" in out.stdout, out.stdout
+    assert "what had started was stopped (all or nothing)" in out.stderr, out.stderr
+    assert "nothing of it is left running" in out.stdout, out.stdout
+    job.job_id = re.search(r"job (\S+): trainer NOT started", out.stdout).group(1)
+    # When fab returns, nothing of the job is alive on any node: /proc, by the marker and by the run records.
+    assert live_marked(job.ws.values()) == [], live_marked(job.ws.values())
+    for node in ("node1", "node3"):
+        for name in [f.stem for f in job.jd(node).glob("run/*.json")]:
+            record = job.run(node, name)
+            for pid in (record["pid"], record.get("program_pid")):
+                assert pid is None or gone(pid), f"{name} on {node}: pid {pid} alive: {stat(pid)}"
+    for node in ("node1", "node3"):
+        said = [e for e in job.events(node) if e["kind"] == "start_failed"]
+        assert said and "node2:" in said[0]["reason"] and "writable by group" in said[0]["reason"], job.describe()
+        assert "job_failed" not in job.kinds(node)  # the agents did not take it for a failure of their own
+    stopped = {e["name"]: e for e in job.events("node1") if e["kind"] == "killed"}
+    assert stopped["pserver-0"]["signal"] == "SIGKILL" and "node2:" in stopped["pserver-0"]["reason"], stopped
+    assert_failed_status(job, "JOB FAILED: the start failed: node2: workspace",
+                         "stopped because its start failed (all or nothing)")
+    # The next job starts cleanly; a start that every node refuses (it is running) started nothing: it stops nothing.
+    job.start()
+    again = job.fab("start-pserver")
+    assert again.returncode == 1 and "still running here" in again.stdout, again.stdout
+    assert "stopping job" not in again.stdout and "start_failed" not in job.kinds(), again.stdout
+    assert job.fab("status").returncode == 0
+    assert not gone(job.program("node1", "pserver-0")) and not gone(job.program("node2", "trainer-0"))
+    job.fab("kill-all", "--grace", "1", check=True)

@@ -86,3 +86,6 @@ def test_check_reports_versions_and_flags_what_differs(fab, tmp_path, sshd):
     assert re.search(r"^node2\s+PROBLEM\s", out.stdout, re.M)
     assert "node2: torch not installed (the reference workload needs it)" in out.stdout
     assert "(!) differs across nodes" in out.stdout
+    # Both sshd nodes run on this machine's kernel: its clock, no offset (not the round trip's +-bound).
+    assert re.search(r"^node1\s.*\s0 \(this machine\)$", out.stdout, re.M), out.stdout
+    assert "±" not in out.stdout, out.stdout

@@ -137,6 +137,21 @@ def test_on_failure_keep_is_failed_and_over_everywhere(world):
     assert s["job"]["ended"] is True
 
 
+def test_a_job_stopped_because_its_start_failed_is_failed_everywhere_with_the_reason(world):
+    """All or nothing: the controller stops a start that failed on one node through the kill op, for that job
+    only, with the reason; every output reads a failure naming the node, not the user's kill-all."""
+    job = world["new_job"](7)
+    agent_health(job)
+    why = "the start failed: node9: workspace /w is writable by group or others (chmod go-w /w)"
+    payload = {"grace": 1, "job_id": job.job_id, "reason": why}
+    assert all(r.ok and r.value["killed"] for r in world["session"].map(lambda t: t.call("kill", payload)))
+    job.sleepers.clear()
+    s = four_states(world)
+    assert (s["status"], s["watch"], s["api"], s["metrics"]) == ("failed",) * 4, s["status_text"]
+    assert f"JOB FAILED: {why}" in s["status_text"] and s["job"]["reason"] == why, s["status_text"]
+    assert s["watch_exit"] == 1
+
+
 def test_kill_all_is_killed_everywhere(world):
     job = world["new_job"](6)
     agent_health(job)

@@ -118,3 +118,22 @@ def test_two_of_the_jobs_own_ports_on_one_node_are_a_problem():
     found = clashes(port_uses(c, {"master_port": 7180, "watchdog_port": 7180}))
     assert found == ["a: port 7180 is both master (rank 0) (job.master_port) and watchdog coordinator "
                      "(job.watchdog.port): change one, or set it to auto"]
+
+
+def test_only_the_ports_the_mode_uses_are_shown_and_recorded():
+    from fabtrain.controller.lifecycle import StartResult
+    from fabtrain.controller.report import plan_text, start_text
+    collective = cluster({"mode": "collective", "master_port": 29500},
+                         nodes=[dict(n, roles=["trainer"]) for n in NODES])
+    network = choose_ports(collective, replies())
+    assert network.ports == {"master_port": 29500, "watchdog_port": 7180}  # what the controller's state records
+    plan = make_plan(collective, "J", network=network)
+    assert set(plan.job_json("a")["ports"]) == {"master_port", "watchdog_port", "auto"}
+    started = start_text(StartResult("J", plan, [Reply("a", True, {"started": [], "failed": [], "warnings": []})]),
+                         ("trainer",))
+    for text in (started, plan_text(plan)):
+        assert "master_port 29500" in text and "watchdog_port 7180" in text and "pserver_port" not in text, text
+    quiet = cluster({"mode": "collective", "watchdog": {"enabled": False}}, nodes=[dict(n, roles=["trainer"]) for n in NODES])
+    assert make_plan(quiet, "J").ports == {"master_port": 29500}
+    pserver = make_plan(cluster({"mode": "pserver"}), "J")
+    assert set(pserver.ports) == {"master_port", "pserver_port", "watchdog_port"}
