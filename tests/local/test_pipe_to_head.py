@@ -23,8 +23,9 @@ def env(tmp_path):
 
 @pytest.mark.parametrize("task", [["status"], ["plan", "--offline"], ["check"], ["logs"]])
 def test_a_task_whose_reader_is_gone_stops_quietly(task, env):
-    if task == ["logs"]:  # a job whose log has lines: `seq 100`, over at once
-        subprocess.run([FAB, "start-trainers"], cwd=REPO, env=env, capture_output=True, timeout=120, check=True)
+    if task in (["logs"], ["status"]):  # a job to report on, whose log has lines: `seq 100`, over at once
+        for step in ("deploy", "start-trainers"):
+            subprocess.run([FAB, step], cwd=REPO, env=env, capture_output=True, timeout=120, check=True)
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the first line: every write to stdout fails with EPIPE
     try:

@@ -29,7 +29,8 @@ def env(tmp_path):
         f"job: {{mode: collective, master_port: auto, trainer: {{command: {sys.executable} {tmp_path / 'prog.py'}}},"
         " watchdog: {enabled: false}}\n")
     env = {**os.environ, "FABTRAIN_CLUSTER": str(tmp_path / "cluster.yaml"), "FABTRAIN_STATE_DIR": str(tmp_path / "st")}
-    subprocess.run([FAB, "start-trainers"], cwd=REPO, env=env, capture_output=True, timeout=120, check=True)
+    for step in ("deploy", "start-trainers"):
+        subprocess.run([FAB, step], cwd=REPO, env=env, capture_output=True, timeout=120, check=True)
     return env
 
 

@@ -17,6 +17,8 @@ from fabtrain.config.cluster import load_cluster
 from fabtrain.controller import lifecycle, report, watch
 from fabtrain.controller.collector import Collector
 from fabtrain.dashboard import create_app
+from fabtrain.node.states import START_FAILED
+from fabtrain.remote import rpc
 from fabtrain.remote.session import Session
 from tests.support.synthetic import SyntheticJob, local_cluster
 
@@ -143,8 +145,8 @@ def test_a_job_stopped_because_its_start_failed_is_failed_everywhere_with_the_re
     job = world["new_job"](7)
     agent_health(job)
     why = "the start failed: node9: workspace /w is writable by group or others (chmod go-w /w)"
-    payload = {"grace": 1, "job_id": job.job_id, "reason": why}
-    assert all(r.ok and r.value["killed"] for r in world["session"].map(lambda t: t.call("kill", payload)))
+    payload = {"grace": 1, "job_id": job.job_id, "reason": why, "by": START_FAILED}  # as lifecycle sends it
+    assert all(r.ok and r.value["killed"] for r in world["session"].map(lambda t: rpc.call(t, "kill", payload)))
     job.sleepers.clear()
     s = four_states(world)
     assert (s["status"], s["watch"], s["api"], s["metrics"]) == ("failed",) * 4, s["status_text"]
