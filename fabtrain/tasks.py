@@ -14,6 +14,7 @@ from fabtrain.controller import lifecycle, preflight; from fabtrain.controller i
 from fabtrain.errors import UserError
 from fabtrain.plan.plan import make_plan, new_job_id
 from fabtrain.remote.session import get_session
+from fabtrain.slurm import tasks as slurm_tasks
 
 
 # What a project's `from fabtrain.tasks import *` brings into its fabfile: the tasks only.
@@ -52,6 +53,8 @@ def replies_text(replies, ok_text):
 def plan(c, offline=False):
     """Print the exact commands each node would run (a dry run); asks the nodes their interfaces and free ports unless --offline."""
     s = session(c)
+    if s.cluster.scheduler:  # the batch script, as submitted
+        return slurm_tasks.plan(s)
     if offline:  # no node asked: auto ports picked blind, interfaces shown as what start will find
         network, notes = preflight.choose_ports(s.cluster, {}), ["--offline: interfaces and auto ports are found at start"]
     else:
@@ -75,6 +78,9 @@ def check(c, bandwidth=False):
     s = session(c)
     checks = lifecycle.check(s)
     print(report.check_text(checks) + "\n")
+    if s.cluster.scheduler:  # the nodes are not known before the allocation: Slurm's side instead of the network
+        fail_if(not (slurm_tasks.check(s) and all(ch.ok for ch in checks)), "check: the job cannot run on this Slurm cluster")
+        return
     network = preflight.network_check(s)
     print(report.network_text(network, s.cluster))
     bus_ok = True
@@ -115,7 +121,9 @@ def copy_data(c, bwlimit=None):
     fail_if(failed, "copy-data failed on some nodes")
 
 
-def _start(c, roles, force, resume_from=None):
+def _start(c, roles, force, resume_from=None, no_wait=False):
+    if session(c).cluster.scheduler:
+        return slurm_tasks.start(session(c), roles, no_wait=no_wait, resume_from=resume_from)
     result = lifecycle.start(session(c), roles, force=force, resume_from=resume_from)
     print(report.start_text(result, roles))
     failed = any(not r.ok or r.value["failed"] for r in result.replies)
@@ -123,15 +131,15 @@ def _start(c, roles, force, resume_from=None):
 
 
 @fabtask
-def start_pserver(c, force=False, resume_from=None):
+def start_pserver(c, force=False, resume_from=None, no_wait=False):
     """Start the pservers of a new job (--force kills a running job; --resume-from=JOB resumes its checkpoints)."""
-    _start(c, ("pserver",), force, resume_from)
+    _start(c, ("pserver",), force, resume_from, no_wait)
 
 
 @fabtask
-def start_trainers(c, force=False):
-    """Start the trainers (of the job whose pservers are up, or a new collective job)."""
-    _start(c, ("trainer",), force)
+def start_trainers(c, force=False, no_wait=False):
+    """Start the trainers (of the job whose pservers are up, or a new collective job); on Slurm: submit, --no-wait."""
+    _start(c, ("trainer",), force, no_wait=no_wait)
 
 
 @fabtask
@@ -145,6 +153,8 @@ def status(c, job=None):
     ports = preflight.recorded_ports(s.cluster.name, shown.pop()) if len(shown) == 1 else None
     if ports:
         print(report.ports_text({k: v for k, v in ports.items() if k != "auto"}, ports["auto"]))
+    if s.cluster.scheduler:
+        print(slurm_tasks.status_line(s, job) or "slurm: no job submitted from here")
     fail_if(failed, "status: the job has failed processes or unreachable nodes")
 
 
@@ -170,6 +180,8 @@ def logs(c, lines=20, follow=False, job=None):
 @fabtask
 def kill_all(c, grace=5.0):
     """Stop every fabtrain process on every node: SIGTERM, --grace seconds, SIGKILL, sweep."""
+    if session(c).cluster.scheduler:  # scancel, pending jobs too; each node stops its own processes
+        return slurm_tasks.kill_all(session(c), grace=float(grace))
     text, clean = report.kill_text(lifecycle.kill_all(session(c), grace=float(grace)))
     print(text)
     fail_if(not clean, "kill-all: some processes may still be alive (see above)")
@@ -183,11 +195,15 @@ def dashboard(c, port=8265, host="127.0.0.1", interval=1.0, job=None):
 
 
 @fabtask
-def export(c, tensorboard=None, job=None):
-    """Write every trainer's metrics as TensorBoard event files: --tensorboard=DIR, one run a job and trainer (--job ID)."""
+def export(c, tensorboard=None, job=None, slurm=None):
+    """Write every trainer's metrics as TensorBoard event files: --tensorboard=DIR (--job ID); --slurm=FILE: the batch script."""
     from fabtrain.controller.export import export_tensorboard
+    if slurm:
+        if not session(c).cluster.scheduler:
+            raise UserError("--slurm: cluster.yaml has no scheduler section")
+        return slurm_tasks.export_script(session(c), slurm)
     if not tensorboard:
-        raise UserError("say where: --tensorboard=DIR")
+        raise UserError("say where: --tensorboard=DIR or --slurm=FILE")
     result = export_tensorboard(session(c), tensorboard, job_id=job)
     for line in result.runs:
         print(f"{tensorboard}/{line}")

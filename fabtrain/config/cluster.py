@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from fabtrain.config.scheduler import SlurmSpec, address_placeholder, node_roles, parse_scheduler
 from fabtrain.config.yamlfile import YAMLFileError, load_yaml
 from fabtrain.data.archive import DEFAULT_MAX_EXPANSION, DEFAULT_MAX_EXTRACT_MB
 from fabtrain.errors import UserError
@@ -54,7 +55,7 @@ _SSH_FIELDS = {"user", "port", "key", "known_hosts", "host_key_policy", "connect
 
 # Every field cluster.yaml may hold, by where it sits (README documents each).
 FIELDS: dict[str, set[str]] = {
-    "": {"cluster", "nodes", "dist_ips", "job"},
+    "": {"cluster", "nodes", "dist_ips", "scheduler", "job"},
     "cluster": {"name", "workspace", "python", "ssh"},
     "cluster.ssh": _SSH_FIELDS | {"parallel"},
     "nodes[]": {"name", "host", "roles", "workspace", "python", "address", "iface", "gpus"} | _SSH_FIELDS,
@@ -174,6 +175,7 @@ class Cluster:
     parallel: int
     nodes: tuple[Node, ...]
     job: JobSpec
+    scheduler: SlurmSpec | None = None  # a Slurm allocation; then `nodes` are its stand-ins (config/scheduler.py)
 
     @property
     def trainer_nodes(self) -> tuple[Node, ...]:
@@ -354,8 +356,9 @@ class _Parser(_Checks):
         if doc is None:
             raise self.fail("(top level)", "the file is empty")
         top = self.mapping(doc, "", FIELDS[""], {"cluster", "job"})
-        if ("nodes" in top) == ("dist_ips" in top):
-            raise self.fail("nodes", "give exactly one of 'nodes' (a list) or 'dist_ips' (\"ip1,ip2\")")
+        if sum(k in top for k in ("nodes", "dist_ips", "scheduler")) != 1:
+            raise self.fail("nodes", "give exactly one of 'nodes' (a list), 'dist_ips' (\"ip1,ip2\") "
+                                     "or 'scheduler' (a Slurm allocation)")
 
         c = self.mapping(top["cluster"], "cluster", FIELDS["cluster"], {"name"})
         name = self.string(c["name"], "cluster.name", NAME_RE, "name")
@@ -366,12 +369,17 @@ class _Parser(_Checks):
         ssh = self.ssh(ssh_doc, "cluster.ssh", SSHSettings())
 
         job = self.job(top["job"])
-        if "dist_ips" in top:
+        scheduler = parse_scheduler(self, top["scheduler"], NAME_RE, HOST_RE) if "scheduler" in top else None
+        if scheduler:  # the allocation's stand-ins: node K's workspace on the shared filesystem
+            nodes = tuple(self.make_node(f"node{i}", scheduler.login or "local", node_roles(job.mode, i),
+                                         f"{workspace}/node{i}", python, address_placeholder(i), ssh,
+                                         scheduler.gpus_per_node) for i in range(scheduler.nodes))
+        elif "dist_ips" in top:
             nodes = self.dist_ips(top["dist_ips"], workspace, python, ssh, job)
         else:
             nodes = self.nodes(top["nodes"], workspace, python, ssh)
 
-        cluster = Cluster(name=name, path=self.path, parallel=parallel, nodes=nodes, job=job)
+        cluster = Cluster(name=name, path=self.path, parallel=parallel, nodes=nodes, job=job, scheduler=scheduler)
         self.check_roles(cluster)
         return cluster
 
@@ -568,8 +576,6 @@ class _Parser(_Checks):
             if key in seen:
                 raise self.fail(f"nodes.{n.name}.workspace", f"same host and workspace as node {seen[key]!r}; give each node on one machine its own workspace")
             seen[key] = n.name
-
-
 
 
 def _kind(value: Any) -> str:

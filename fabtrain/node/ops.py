@@ -296,6 +296,10 @@ def op_status(payload):
     procs = procfs.scan()
     kids = procfs.children_map(procs)
     job = atomic.read_json(os.path.join(jd, "job.json"), {})
+    health = atomic.read_json(os.path.join(jd, "health.json"))
+    allocation = importlib.import_module("fabtrain.node.allocation")
+    if allocation.elsewhere(job):  # a Slurm node's records, read on the login node: its agent knows, not our /proc
+        return status_reply(jd, job, allocation.states_from_health(job, health), health, payload)
     names = [p["name"] for p in job.get("processes", [])]
     if os.path.exists(os.path.join(jd, "run", "agent.json")):
         names.append("agent")
@@ -305,7 +309,10 @@ def op_status(payload):
         info["name"] = name
         info["last_line"] = (tail_lines(os.path.join(jd, "logs", name + ".log"), 1) or [""])[0][-200:]
         out.append(info)
-    health = atomic.read_json(os.path.join(jd, "health.json"))
+    return status_reply(jd, job, out, health, payload)
+
+
+def status_reply(jd, job, processes, health, payload):
     events = tail_lines(os.path.join(jd, "events.jsonl"), 1)
     try:
         last_event = json.loads(events[0]) if events else None
@@ -314,7 +321,7 @@ def op_status(payload):
     return {
         "job_id": os.path.basename(jd),
         "code": job.get("code"),
-        "processes": out,
+        "processes": processes,
         "killed": os.path.exists(os.path.join(jd, "killed")),
         "health_ts": health.get("ts") if isinstance(health, dict) else None,
         "health": health if payload.get("health") else None,
@@ -427,11 +434,11 @@ def op_kill(payload):
     found, launchers = kill_targets(ws, records, skip)
     left = sorted(set(found) | set(launchers))
     killed = [dict(described[p], signal=sent[p]) for p in sorted(sent) if p in described]
-    write_kill_events(jobs_root, touched, killed, payload.get("node"))
+    write_kill_events(jobs_root, touched, killed, payload.get("node"), payload.get("reason", "fab kill-all"))
     return {"killed": killed, "left": left, "late": [], "untrusted": untrusted}
 
 
-def write_kill_events(jobs_root, touched, killed, node):
+def write_kill_events(jobs_root, touched, killed, node, reason="fab kill-all"):
     """One `killed` event per process (its program and children share it) in each job's events.jsonl."""
     now = time.time()
     for job_id in touched:
@@ -450,7 +457,7 @@ def write_kill_events(jobs_root, touched, killed, node):
                 "ts": now, "node": node, "kind": "killed", "role": role,
                 "rank": int(rank) if rank.isdigit() else rank, "name": name, "pid": min(k["pid"] for k in ks),
                 "pids": sorted(k["pid"] for k in ks),
-                "reason": "fab kill-all" + (" (orphan: run record lost, or it left its launcher)" if orphan else ""),
+                "reason": reason + (" (orphan: run record lost, or it left its launcher)" if orphan else ""),
                 "signal": "SIGKILL" if any(k["signal"] == "SIGKILL" for k in ks) else "SIGTERM"}) + "\n")
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
@@ -538,5 +545,6 @@ def _module_op(module, name):
 
 OPS = {"probe": op_probe, "provision": op_provision, "start": op_start, "status": op_status,
        "logs": op_logs, "kill": op_kill, "verify": op_verify, "collect": op_collect,
+       "mark_killed": _module_op("allocation", "op_mark_killed"),
        "jobs": _module_op("history", "op_jobs"), "job": _module_op("history", "op_job"),
        "netcheck": _module_op("netcheck", "run"), "bandwidth": _module_op("bandwidth", "run")}

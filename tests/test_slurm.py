@@ -1,0 +1,97 @@
+"""fabtrain on a real Slurm cluster (munged, slurmctld, three slurmd on this machine; accounting off).
+
+The same node agent, launcher and verdict as on SSH nodes; Slurm places the
+job, fab submits it, reads its state with squeue/scontrol and cancels it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from fabtrain.node import procfs
+from tests.conftest import require
+from tests.procscan import wait_for
+from tests.slurm_cluster import SlurmCluster, slurm_missing
+from tests.slurm_job import SlurmJob
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    missing = slurm_missing()
+    require(not missing, "slurm-wlm and munge", f"apt-get could not install {' '.join(missing)}")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def job(slurm, tmp_path_factory):
+    j = SlurmJob(tmp_path_factory.mktemp("project"), slurm)
+    j.configure("python allreduce.py --steps 10")
+    j.fab("deploy", check=True)
+    yield j
+    j.fab("kill-all")
+
+
+def test_collective_job_all_reduces_across_three_slurm_nodes(job):
+    job.configure("python allreduce.py --steps 10 --period 0.1")
+    out = job.submit()
+    assert "RUNNING" in out.stdout or "COMPLETED" in out.stdout, out.stdout
+    assert job.wait_state("COMPLETED", "FAILED", "CANCELLED") == "COMPLETED", job.describe()
+    results = [json.loads((job.node_ws(i) / f"allreduce-{i}.json").read_text()) for i in range(3)]
+    assert [r["sum"] for r in results] == [6.0, 6.0, 6.0]  # 1 + 2 + 3 on every rank
+    assert {r["node"] for r in results} == {"n1", "n2", "n3"}  # one rank on each Slurm node
+    assert {r["master"] for r in results} == {"127.0.0.1"}  # the first node's NodeAddr
+    status = job.fab("status", check=True).stdout
+    assert "finished" in status.lower(), status
+    assert f"slurm job {job.slurm_job}: COMPLETED" in status, status
+    assert not job.leftovers()
+
+
+def test_one_rank_killed_tears_down_every_node_and_ends_the_slurm_job(job):
+    job.configure("python standin.py --period 0.2")
+    job.submit()
+    assert job.running(), job.describe()
+    victim = job.run_record(1, "trainer-1")["program_pid"]
+    everything = [pid for pid, _ in job.leftovers()]
+    procfs_before = {pid: procfs.stat(pid).create_time for pid in everything if procfs.stat(pid)}
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.monotonic()
+    gone = wait_for(lambda: not job.leftovers(), timeout=10, interval=0.05)
+    took = time.monotonic() - t0
+    assert gone, f"left: {job.leftovers()}"
+    assert took < 2.0, f"{took:.2f} s"  # every process on every node
+    assert all(not procfs.alive(pid, ct) for pid, ct in procfs_before.items())
+    assert job.wait_state("FAILED", "COMPLETED", "CANCELLED", timeout=30) == "FAILED", job.describe()
+    status = job.fab("status")
+    assert status.returncode == 1
+    assert "trainer-1" in status.stdout and "SIGKILL" in status.stdout, status.stdout
+    assert f"slurm job {job.slurm_job}: FAILED" in status.stdout, status.stdout
+
+
+def test_kill_all_cancels_the_running_job_and_leaves_nothing(job):
+    job.configure("python standin.py --period 0.2")
+    job.submit()
+    assert job.running(), job.describe()
+    out = job.fab("kill-all", check=True)
+    assert f"slurm job {job.slurm_job}: CANCELLED" in out.stdout, out.stdout
+    assert wait_for(lambda: not job.leftovers(), timeout=5), job.leftovers()
+    status = job.fab("status").stdout
+    assert "killed" in status.lower(), status
+    assert "CANCELLED" in status, status
+
+
+def test_a_job_asking_for_more_nodes_than_exist_stays_pending_and_kill_all_cancels_it(job):
+    job.configure("python allreduce.py", nodes=5)
+    out = job.fab("start-trainers", "--no-wait", check=True)
+    job.slurm_job = out.stdout.split("slurm job ")[1].split()[0]
+    status = job.fab("status").stdout
+    assert f"slurm job {job.slurm_job}: PENDING" in status, status
+    assert "(PartitionConfig)" in status or "(Resources)" in status, status
+    out = job.fab("kill-all", check=True)
+    assert f"slurm job {job.slurm_job}: CANCELLED" in out.stdout, out.stdout
+    job.configure("python allreduce.py")
