@@ -154,7 +154,7 @@ def status(c, job=None):
     if ports:
         print(report.ports_text({k: v for k, v in ports.items() if k != "auto"}, ports["auto"]))
     if s.cluster.scheduler:
-        print(slurm_tasks.status_line(s, job) or "slurm: no job submitted from here")
+        print(slurm_tasks.status_line(s, replies, job) or "slurm: no job submitted from here")
     fail_if(failed, "status: the job has failed processes or unreachable nodes")
 
 

@@ -95,3 +95,48 @@ def test_a_job_asking_for_more_nodes_than_exist_stays_pending_and_kill_all_cance
     out = job.fab("kill-all", check=True)
     assert f"slurm job {job.slurm_job}: CANCELLED" in out.stdout, out.stdout
     job.configure("python allreduce.py")
+
+
+def test_a_hung_rank_is_caught_by_the_hang_rule_and_the_slurm_job_fails(job):
+    job.configure("python standin.py --period 0.2 --spin trainer-2:5", hang_timeout=3)
+    job.submit()
+    assert job.wait_state("FAILED", "COMPLETED", "CANCELLED", timeout=90) == "FAILED", job.describe()
+    assert wait_for(lambda: not job.leftovers(), timeout=5), job.leftovers()
+    status = job.fab("status").stdout
+    assert "trainer-2 on node2 hung" in status, status
+    assert f"slurm job {job.slurm_job}: FAILED" in status, status
+
+
+def test_on_failure_restart_brings_the_next_generation_up_inside_the_same_allocation(job):
+    job.configure("python standin.py --period 0.2", on_failure="restart", restart_backoff=0.5, max_restarts=2)
+    job.submit()
+    assert job.running(), job.describe()
+    first = job.run_record(0, "trainer-0")["program_pid"]
+    os.kill(job.run_record(1, "trainer-1")["program_pid"], signal.SIGKILL)
+
+    def next_generation():
+        records = [job.run_record(i, f"trainer-{i}") for i in range(3)]
+        return all(r and r.get("program_pid") and procfs.alive(r["program_pid"]) for r in records) and \
+            records[0]["program_pid"] != first
+    assert wait_for(next_generation, timeout=60), job.describe()
+    assert {e["node"] for i in range(3) for e in job.events(i) if e["kind"] == "restarted"} == {"node0", "node1", "node2"}
+    assert job.slurm_state() == "RUNNING"  # the same allocation, not a new job
+    status = job.fab("status").stdout
+    assert "generation 1" in status, status
+    job.fab("kill-all", check=True)
+    assert wait_for(lambda: not job.leftovers(), timeout=5), job.leftovers()
+
+
+def test_the_exported_script_runs_the_whole_job_when_submitted_by_hand(job):
+    job.configure("python allreduce.py --steps 3 --period 0.1")
+    script = job.root / "by-hand.sh"
+    out = job.fab("export", f"--slurm={script}", check=True)
+    job_id = out.stdout.split("job ")[1].split(",")[0]
+    for i in range(3):
+        (job.node_ws(i) / f"allreduce-{i}.json").unlink(missing_ok=True)
+    submitted = job.slurm.run("sbatch", "--parsable", str(script))
+    job.job_id, job.slurm_job = job_id, submitted.stdout.strip()
+    assert job.wait_state("COMPLETED", "FAILED", "CANCELLED") == "COMPLETED", job.describe()
+    assert [json.loads((job.node_ws(i) / f"allreduce-{i}.json").read_text())["sum"] for i in range(3)] == [6.0] * 3
+    status = job.fab("status", check=True).stdout
+    assert f"job {job_id}: finished" in status and f"slurm job {job.slurm_job}: COMPLETED" in status, status

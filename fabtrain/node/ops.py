@@ -321,6 +321,7 @@ def status_reply(jd, job, processes, health, payload):
     return {
         "job_id": os.path.basename(jd),
         "code": job.get("code"),
+        "slurm": job.get("slurm"),  # a job in a Slurm allocation: its Slurm job id and node
         "processes": processes,
         "killed": os.path.exists(os.path.join(jd, "killed")),
         "health_ts": health.get("ts") if isinstance(health, dict) else None,

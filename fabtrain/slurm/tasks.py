@@ -11,6 +11,7 @@ import sys
 
 from invoke import Exit
 
+from fabtrain.controller import state
 from fabtrain.errors import UserError
 from fabtrain.remote.session import Session
 from fabtrain.slurm import jobs
@@ -54,10 +55,19 @@ def start(session: Session, roles: tuple[str, ...], no_wait: bool = False, resum
                    "see `fab status`", code=1)
 
 
-def status_line(session: Session, job_id: str | None = None) -> str | None:
-    """Slurm's state of the job `fab status` shows, or None when it is not a Slurm job of this controller."""
-    slurm_job = jobs.current(session, job_id)
-    return jobs.slurm_state(session, slurm_job).line() if slurm_job else None
+def status_line(session: Session, replies, job_id: str | None = None) -> str | None:
+    """Slurm's state of the job `fab status` shows: its nodes say which Slurm job ran it (a script submitted
+    by hand too); before it runs, the controller's state does. None: no Slurm job known."""
+    ran = {(r.value["job_id"], r.value["slurm"]["job_id"]) for r in replies
+           if r.ok and isinstance(r.value.get("slurm"), dict) and r.value["slurm"].get("job_id")}
+    saved = state.load(session.cluster.name)
+    if saved.get("slurm_job") and saved.get("job_id") and (job_id in (None, saved["job_id"])):
+        ran.add((saved["job_id"], saved["slurm_job"]))
+    if not ran:
+        return None
+    # Job ids sort by their start: the newest is the one shown, or the one still waiting for its allocation.
+    slurm_job = max(ran)[1]
+    return jobs.slurm_state(session, slurm_job).line()
 
 
 def kill_all(session: Session, grace: float) -> None:
