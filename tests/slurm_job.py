@@ -33,7 +33,7 @@ class SlurmJob:
         self.slurm_job: str | None = None
 
     def configure(self, command: str, nodes: int | None = None, mode: str = "collective", scheduler: dict | None = None,
-                  **watchdog) -> None:
+                  pserver: str | None = None, job: dict | None = None, **watchdog) -> None:
         port = free_port(["127.0.0.1"])
         doc = {
             "cluster": {"name": "slurmtest", "workspace": str(self.ws)},
@@ -44,7 +44,8 @@ class SlurmJob:
                     "watchdog": {"interval": 0.5, "hang_timeout": 30, "grace": 2, "port": port + 1, **watchdog}},
         }
         if mode == "pserver":
-            doc["job"]["pserver"] = {"port": port + 2, "command": command}
+            doc["job"]["pserver"] = {"port": port + 2, "command": pserver or command}
+        doc["job"].update(job or {})
         self.path.write_text(yaml.safe_dump(doc))
 
     def env(self) -> dict:

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 
 import pytest
 
 from fabtrain.node import procfs
-from tests.conftest import require
+from tests.conftest import REPO, require
 from tests.procscan import wait_for
 from tests.slurm_cluster import SlurmCluster, slurm_missing
 from tests.slurm_job import SlurmJob
@@ -140,3 +141,30 @@ def test_the_exported_script_runs_the_whole_job_when_submitted_by_hand(job):
     assert [json.loads((job.node_ws(i) / f"allreduce-{i}.json").read_text())["sum"] for i in range(3)] == [6.0] * 3
     status = job.fab("status", check=True).stdout
     assert f"job {job_id}: finished" in status and f"slurm job {job.slurm_job}: COMPLETED" in status, status
+
+
+def test_a_pserver_job_of_the_reference_workload_trains_in_one_allocation(slurm, tmp_path):
+    j = SlurmJob(tmp_path, slurm)
+    j.configure("python -m workload.trainer --model word2vec --num_passes 50", mode="pserver",
+                pserver="python -m workload.pserver", job={"code": str(REPO), "sgd": "sync",
+                                                           "data": {"dir": str(tmp_path / "data"), "input": "sample"}},
+                hang_timeout=60)
+    j.fab("split-data", "deploy", "copy-data", timeout=300, check=True)
+    out = j.fab("start-pserver", "start-trainers", check=True)
+    assert "recorded" in out.stdout  # start-pserver records the job; start-trainers submits pservers and trainers
+    j.job_id, j.slurm_job = re.search(r"job (\S+): submitted as slurm job (\d+)", out.stdout).groups()
+    try:
+        def learned():
+            recs = [json.loads(line) for line in (j.jd(2) / "metrics" / "trainer-2.jsonl").read_text().splitlines()
+                    if line.strip()] if (j.jd(2) / "metrics" / "trainer-2.jsonl").exists() else []
+            steps = [r for r in recs if isinstance(r.get("step"), int)]
+            return steps if len(steps) >= 2 and steps[-1]["step"] >= 20 else None
+        recs = wait_for(learned, timeout=180, interval=0.5)
+        assert recs, j.describe()
+        assert recs[-1]["loss"] < recs[0]["loss"]  # it learns
+        assert (j.jd(0) / "run" / "pserver-0.json").exists()  # the pserver ran on the allocation's first node
+        status = j.fab("status", check=True).stdout
+        assert "pserver-0" in status and f"slurm job {j.slurm_job}: RUNNING" in status, status
+    finally:
+        j.fab("kill-all")
+    assert wait_for(lambda: not j.leftovers(), timeout=10), j.leftovers()
