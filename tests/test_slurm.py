@@ -168,3 +168,20 @@ def test_a_pserver_job_of_the_reference_workload_trains_in_one_allocation(slurm,
     finally:
         j.fab("kill-all")
     assert wait_for(lambda: not j.leftovers(), timeout=10), j.leftovers()
+
+
+def test_programs_get_sigterm_before_the_time_limit_and_status_says_so(job):
+    job.configure("python standin.py --period 0.2", scheduler={"time": "1", "term_before": 50})
+    job.submit()
+    assert job.running(), job.describe()
+    # Slurm sends the warning up to a minute early (its event resolution); it comes well before the limit.
+    assert wait_for(lambda: (job.ws / "slurm" / job.job_id / "time-limit").exists(), timeout=70), job.describe()
+    assert wait_for(lambda: not job.leftovers(), timeout=15), job.leftovers()
+    # SIGTERM first, so a program can checkpoint (each node's stop, or its agent's teardown when a peer went first).
+    assert [(job.jd(i) / "run" / f"trainer-{i}.exit").read_text().strip() for i in range(3)] == ["143"] * 3
+    assert wait_for(lambda: any("time limit" in e.get("reason", "") for i in range(3) for e in job.events(i)
+                                if e["kind"] == "killed"), timeout=5)
+    # The batch shell then lets Slurm end the job at its limit: Slurm's own state says TIMEOUT.
+    assert job.wait_state("TIMEOUT", "FAILED", "COMPLETED", "CANCELLED", timeout=90) == "TIMEOUT", job.describe()
+    status = job.fab("status").stdout
+    assert f"slurm job {job.slurm_job}: TIMEOUT" in status and "50 s before its time limit" in status, status

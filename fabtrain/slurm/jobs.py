@@ -183,6 +183,12 @@ def cancel_all(session: Session, grace: float = 5.0, wait: float = 60.0) -> Canc
         time.sleep(0.3)
 
 
+def stopped_for_time_limit(session: Session, job_id: str) -> bool:
+    """The batch shell got Slurm's warning (--signal) and every node stopped its programs."""
+    commands = SlurmCommands(session)
+    return commands.run(["test", "-e", f"{job_folder(session.cluster, job_id, commands.home())}/time-limit"]).ok
+
+
 def check_tools(session: Session) -> list[str]:
     """Problems with the scheduler for `fab check`: its commands, the partition, enough nodes."""
     spec, commands, problems = session.cluster.scheduler, SlurmCommands(session), []

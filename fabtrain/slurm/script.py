@@ -95,6 +95,8 @@ def render(cluster: Cluster, plan: Plan, roles: tuple[str, ...], home: str, grac
              "step=$!",
              "# wait returns early when the trap runs: wait again until the step has ended.",
              'while :; do wait "$step"; code=$?; kill -0 "$step" 2>/dev/null || break; done',
+             "# Stopped for the time limit: Slurm ends the job at it, so its state says TIMEOUT, as without fabtrain.",
+             '[ -e "$folder/time-limit" ] && while :; do sleep 60; done',
              'exit "$code"',
              ""]
     return "\n".join(lines)

@@ -66,8 +66,11 @@ def status_line(session: Session, replies, job_id: str | None = None) -> str | N
     if not ran:
         return None
     # Job ids sort by their start: the newest is the one shown, or the one still waiting for its allocation.
-    slurm_job = max(ran)[1]
-    return jobs.slurm_state(session, slurm_job).line()
+    job, slurm_job = max(ran)
+    line = jobs.slurm_state(session, slurm_job).line()
+    if jobs.stopped_for_time_limit(session, job):
+        line += f" (its programs were stopped {session.cluster.scheduler.term_before} s before its time limit)"
+    return line
 
 
 def kill_all(session: Session, grace: float) -> None:
