@@ -185,3 +185,15 @@ def test_programs_get_sigterm_before_the_time_limit_and_status_says_so(job):
     assert job.wait_state("TIMEOUT", "FAILED", "COMPLETED", "CANCELLED", timeout=90) == "TIMEOUT", job.describe()
     status = job.fab("status").stdout
     assert f"slurm job {job.slurm_job}: TIMEOUT" in status and "50 s before its time limit" in status, status
+
+
+def test_fab_check_reads_a_token_on_every_node_and_refuses_too_many_nodes(job):
+    job.configure("python allreduce.py")
+    out = job.fab("check", check=True)
+    assert "slurm: 3 nodes, partition debug, commands here: ok" in out.stdout, out.stdout
+    assert "the workspace is shared: every node read a token written here" in out.stdout, out.stdout
+    job.configure("python allreduce.py", nodes=5)
+    out = job.fab("check")
+    assert out.returncode == 1
+    assert "scheduler.nodes is 5 but partition debug has 3 nodes: the job would stay PENDING" in out.stdout, out.stdout
+    job.configure("python allreduce.py")

@@ -10,6 +10,7 @@ SSH nodes.
 from __future__ import annotations
 
 import re
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ from fabtrain.errors import UserError
 from fabtrain.plan.plan import Plan, make_plan, new_job_id
 from fabtrain.remote.session import Session
 from fabtrain.slurm.commands import TOOLS, SlurmCommands
-from fabtrain.slurm.script import job_folder, job_name, render
+from fabtrain.slurm.script import absolute as script_absolute, job_folder, job_name, render
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE")
@@ -210,6 +211,33 @@ def check_tools(session: Session) -> list[str]:
         problems.append(f"scheduler.nodes is {spec.nodes} but partition {part.get('PartitionName')} has {total} "
                         "nodes: the job would stay PENDING")
     return problems
+
+
+def check_shared(session: Session, wait: int = 10) -> str | None:
+    """A token written here must be read on every node of a short allocation, by the cluster's python
+    at the same path: the filesystem fabtrain assumes the login and compute nodes share. A problem, or None."""
+    cluster, commands = session.cluster, SlurmCommands(session)
+    folder = f"{job_folder(cluster, 'check', commands.home())}"
+    token = secrets.token_hex(8)
+    python = script_absolute(cluster.nodes[0].python, commands.home())
+    made = commands.run(["sh", "-c", 'mkdir -p -m 700 "$1" && printf %s "$2" > "$1/token"', "sh", folder, token])
+    if not made.ok:
+        return f"cannot write {folder}/token: {made.error()}"
+    spec = cluster.scheduler
+    argv = ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", f"--immediate={wait}", f"--job-name={job_name(cluster)}-check",
+            *([f"--partition={spec.partition}"] if spec.partition else []),
+            *([f"--account={spec.account}"] if spec.account else []), "--time=1",
+            python, "-I", "-S", "-c", "import sys; print(open(sys.argv[1]).read())", f"{folder}/token"]
+    out = commands.run(argv, timeout=wait + 60)
+    if not out.ok:
+        if "Unable to allocate resources" in out.stderr or "Immediate" in out.stderr:
+            return f"shared filesystem not checked: {spec.nodes} nodes were not free within {wait} s"
+        return f"{python} on the compute nodes could not read {folder}/token: {out.error()}"
+    seen = out.stdout.split()
+    if len(seen) != spec.nodes or set(seen) != {token}:
+        return (f"{folder} is not shared with the compute nodes: {sum(t == token for t in seen)} of {spec.nodes} "
+                "read the token written here (fabtrain needs the workspace on a shared filesystem)")
+    return None
 
 
 def describe(submitted: Submitted) -> str:
