@@ -116,3 +116,10 @@ def test_fab_plan_prints_the_script_and_export_writes_it(tmp_path):
     assert out.stderr.strip().splitlines() == [f"fab plan: {tmp_path / 'cluster.yaml'}: scheduler.time: must be a "
                                                'string in quotes, e.g. "12:00:00" (minutes, H:MM:SS or D-HH:MM:SS; '
                                                "YAML reads an unquoted 12:00:00 as a number)"]
+
+
+def test_the_cluster_file_in_docs_slurm_md_is_valid_as_printed():
+    text = (REPO / "docs" / "slurm.md").read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    c = parse_cluster(yaml.safe_load(block), "docs/slurm.md")
+    assert c.scheduler.nodes == 2 and c.scheduler.time == "12:00:00" and c.trainer_count == 16
