@@ -123,7 +123,7 @@ def copy_data(c, bwlimit=None):
 
 def _start(c, roles, force, resume_from=None, no_wait=False):
     if session(c).cluster.scheduler:
-        return slurm_tasks.start(session(c), roles, no_wait=no_wait, resume_from=resume_from)
+        return slurm_tasks.start(session(c), roles, no_wait=no_wait, resume_from=resume_from, force=force)
     result = lifecycle.start(session(c), roles, force=force, resume_from=resume_from)
     print(report.start_text(result, roles))
     failed = any(not r.ok or r.value["failed"] for r in result.replies)

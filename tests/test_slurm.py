@@ -197,3 +197,20 @@ def test_fab_check_reads_a_token_on_every_node_and_refuses_too_many_nodes(job):
     assert out.returncode == 1
     assert "scheduler.nodes is 5 but partition debug has 3 nodes: the job would stay PENDING" in out.stdout, out.stdout
     job.configure("python allreduce.py")
+
+
+def test_a_second_job_is_refused_while_one_is_queued_and_force_cancels_it(job):
+    job.configure("python allreduce.py", nodes=5)  # stays PENDING: the partition has 3 nodes
+    out = job.fab("start-trainers", "--no-wait", check=True)
+    first = re.search(r"submitted as slurm job (\d+)", out.stdout).group(1)
+    job.configure("python allreduce.py --steps 3 --period 0.1")
+    out = job.fab("start-trainers", "--no-wait")
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        f"fab start-trainers: slurm job {first} of this cluster is still queued or running; "
+        "stop it with `fab kill-all` or pass --force"], out.stderr
+    job.submit("--force")
+    assert job.slurm_job != first
+    job.slurm_job, second = first, job.slurm_job
+    assert job.slurm_state() == "CANCELLED"
+    job.slurm_job = second
+    assert job.wait_state("COMPLETED", "FAILED", "CANCELLED") == "COMPLETED", job.describe()

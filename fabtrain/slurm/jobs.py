@@ -74,7 +74,8 @@ def make_job_folder(session: Session, job_id: str) -> str:
     return folder
 
 
-def submit(session: Session, roles: tuple[str, ...], resume_from: str | None = None) -> Submitted:
+def submit(session: Session, roles: tuple[str, ...], resume_from: str | None = None,
+           force: bool = False) -> Submitted:
     """start-pserver / start-trainers: one Slurm job holding every role.
 
     In pserver mode start-pserver only records the new job; the start-trainers
@@ -90,6 +91,13 @@ def submit(session: Session, roles: tuple[str, ...], resume_from: str | None = N
         job_id, resume_from = previous["job_id"], previous.get("resume_from")
     else:
         raise UserError("no job is waiting for trainers: run `fab start-pserver start-trainers` to start a new job")
+    # The next job works in the same node workspaces: one job of the cluster at a time, as on SSH nodes.
+    queued = our_jobs(session)
+    if queued and force:
+        cancel_all(session)
+    elif queued:
+        raise UserError(f"slurm job {', '.join(queued)} of this cluster is still queued or running; "
+                        "stop it with `fab kill-all` or pass --force")
     every = ("pserver", "trainer") if cluster.job.mode == "pserver" else ("trainer",)
     plan, script = prepare(session, every, job_id, resume_from)
     if cluster.job.mode == "pserver" and "trainer" not in roles:
@@ -151,8 +159,10 @@ def current(session: Session, job_id: str | None = None) -> str | None:
 
 
 def our_jobs(session: Session) -> list[str]:
-    """Every queued or running Slurm job of this cluster's name, this user's (pending ones too)."""
-    out = SlurmCommands(session).run(["squeue", "-h", "--me", "-n", job_name(session.cluster), "-o", "%i"])
+    """Every queued or running Slurm job of this cluster's name, this user's (pending ones too; not those
+    already completing)."""
+    out = SlurmCommands(session).run(["squeue", "-h", "--me", "-n", job_name(session.cluster), "-o", "%i",
+                                      "-t", "PENDING,RUNNING,SUSPENDED,CONFIGURING,REQUEUED"])
     if not out.ok:
         raise UserError(f"squeue: {out.error()}")
     return [line.strip() for line in out.stdout.splitlines() if line.strip()]

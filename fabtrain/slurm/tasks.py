@@ -36,8 +36,9 @@ def export_script(session: Session, path: str) -> None:
     print(f"{path}: job {plan_.job_id}, submit with: sbatch {path}")
 
 
-def start(session: Session, roles: tuple[str, ...], no_wait: bool = False, resume_from: str | None = None) -> None:
-    submitted = jobs.submit(session, roles, resume_from=resume_from)
+def start(session: Session, roles: tuple[str, ...], no_wait: bool = False, resume_from: str | None = None,
+          force: bool = False) -> None:
+    submitted = jobs.submit(session, roles, resume_from=resume_from, force=force)
     print(jobs.describe(submitted), flush=True)
     if submitted.slurm_job is None or no_wait:
         return
