@@ -9,12 +9,15 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
+import yaml
 
 from fabtrain.node import procfs
-from tests.conftest import REPO, require
+from tests.conftest import FAB, REPO, require
 from tests.procscan import wait_for
 from tests.slurm_cluster import SlurmCluster, slurm_missing
 from tests.slurm_job import SlurmJob
@@ -214,3 +217,33 @@ def test_a_second_job_is_refused_while_one_is_queued_and_force_cancels_it(job):
     assert job.slurm_state() == "CANCELLED"
     job.slurm_job = second
     assert job.wait_state("COMPLETED", "FAILED", "CANCELLED") == "COMPLETED", job.describe()
+
+
+def test_fab_off_the_cluster_drives_slurm_through_the_login_node_over_ssh(slurm, tmp_path):
+    from tests.sshd import SshdCluster
+    login = SshdCluster(tmp_path / "sshd", count=1, first=60)
+    try:
+        node = login.nodes[0]
+        login.stop(node)  # the login node's sessions find this cluster's slurm.conf, as /etc/slurm's on a real one
+        node.config.write_text(node.config.read_text() + f"SetEnv SLURM_CONF={slurm.conf}\n")
+        login.start(node)
+        j = SlurmJob(tmp_path / "project", slurm)
+        j.configure("python standin.py --period 0.2", scheduler={"login": node.address})
+        doc = yaml.safe_load(j.path.read_text())
+        doc["cluster"].update(ssh=login.ssh_settings(), python=sys.executable)
+        j.path.write_text(yaml.safe_dump(doc))
+        env = {k: v for k, v in j.env().items() if k != "SLURM_CONF"}  # nothing of Slurm on this side
+        fab = lambda *a: subprocess.run([FAB, *a], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+        out = fab("deploy")
+        assert out.returncode == 0, out.stdout + out.stderr
+        out = fab("start-trainers")
+        assert out.returncode == 0 and "RUNNING" in out.stdout, out.stdout + out.stderr
+        j.job_id, j.slurm_job = re.search(r"job (\S+): submitted as slurm job (\d+)", out.stdout).groups()
+        assert j.running(), j.describe()
+        out = fab("status")
+        assert f"slurm job {j.slurm_job}: RUNNING" in out.stdout and "trainer-2" in out.stdout, out.stdout
+        out = fab("kill-all")
+        assert out.returncode == 0 and f"slurm job {j.slurm_job}: CANCELLED" in out.stdout, out.stdout + out.stderr
+        assert wait_for(lambda: not j.leftovers(), timeout=5), j.leftovers()
+    finally:
+        login.close()

@@ -8,10 +8,9 @@ built from them.
 """
 from __future__ import annotations
 
-import io
 import os
-import shlex
 import subprocess
+import time
 from dataclasses import dataclass
 
 from fabtrain.errors import UserError
@@ -57,17 +56,34 @@ class SlurmCommands:
         return Output(out.returncode, out.stdout, out.stderr)
 
     def _remote(self, argv: list[str], stdin: str | None, timeout: float) -> Output:
+        """argv on the login node through the cluster's SSH connection (the one stream mechanism of node ops)."""
         t = self.session.transport(self.session.cluster.nodes[0])
+        deadline = time.monotonic() + timeout
         try:
-            r = t.context.run(shlex.join(argv), hide=True, warn=True, timeout=timeout,
-                              in_stream=io.StringIO(stdin) if stdin is not None else False)
+            stream = t.open_stream(argv, timeout=timeout)
         except NodeError as e:
-            raise UserError(str(e)) from None
-        except Exception as e:  # the connection: named by the transport, as for any node
-            raise UserError(f"{self.login}: {e}") from None
-        if r.exited == 127:
+            raise UserError(f"scheduler.login {self.login}: {e}") from None
+        try:
+            if stdin:
+                stream.send(stdin.encode(), deadline)
+            stream.close_input()
+            out = b""
+            while True:
+                chunk = stream.recv(max(0.0, deadline - time.monotonic()))
+                if chunk is None:
+                    raise UserError(f"{argv[0]} on {self.login} gave no answer within {timeout:g} s")
+                if not chunk:
+                    break
+                out += chunk
+            last, how = stream.ended()
+        except (OSError, TimeoutError):
+            raise UserError(f"scheduler.login {self.login}: the connection closed during {argv[0]}") from None
+        finally:
+            stream.close()
+        code = int(how.rsplit(" ", 1)[1]) if how.startswith("exit code ") else -1
+        if code == 127:
             raise UserError(f"{argv[0]} not found on {self.login} (scheduler.login): is it a Slurm login node?")
-        return Output(r.exited, r.stdout, r.stderr)
+        return Output(code, out.decode("utf-8", "replace"), last)
 
     def home(self) -> str:
         """The home folder where the workspace is (sbatch expands no ~)."""

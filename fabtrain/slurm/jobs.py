@@ -61,7 +61,7 @@ def prepare(session: Session, roles: tuple[str, ...], job_id: str | None = None,
     cluster = session.cluster
     network = preflight.choose_ports(cluster, {})
     plan = make_plan(cluster, job_id or new_job_id(), resume_from=resume_from, network=network)
-    return plan, render(cluster, plan, roles, SlurmCommands(session).home())
+    return plan, render(cluster, plan, roles, SlurmCommands(session).home(), grace=cluster.job.watchdog.grace)
 
 
 def make_job_folder(session: Session, job_id: str) -> str:
