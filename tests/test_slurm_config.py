@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 import pytest
 import yaml
@@ -123,3 +124,30 @@ def test_the_cluster_file_in_docs_slurm_md_is_valid_as_printed():
     block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
     c = parse_cluster(yaml.safe_load(block), "docs/slurm.md")
     assert c.scheduler.nodes == 2 and c.scheduler.time == "12:00:00" and c.trainer_count == 16
+
+
+def test_a_job_written_on_another_machine_is_read_from_its_agents_health_not_from_local_proc(tmp_path):
+    from fabtrain.node import ops
+    ws, job_id = tmp_path / "node1", "20261124-000000-abcd"
+    jd = ws / "jobs" / job_id
+    (jd / "run").mkdir(parents=True)
+    job = {"job_id": job_id, "node": "node1", "machine": {"boot_id": "not-this-machine", "hostname": "gpu8"},
+           "slurm": {"job_id": "42", "node": "gpu8", "nodes": ["gpu7", "gpu8"]},
+           "processes": [{"name": "trainer-1"}, {"name": "trainer-2"}]}
+    (jd / "job.json").write_text(json.dumps(job))
+    # A run record whose pid is alive HERE (this test) must not be taken for the remote trainer.
+    (jd / "run" / "trainer-1.json").write_text(json.dumps({"pid": os.getpid(), "create_time": 0}))
+    health = {"ts": time.time(), "interval": 1.0,
+              "processes": [{"name": "trainer-1", "state": "killed", "pid": 7, "exit_code": 137, "signal": "SIGKILL"}]}
+    (jd / "health.json").write_text(json.dumps(health))
+    reply = ops.op_status({"workspace": str(ws), "job_id": job_id})
+    assert reply["slurm"]["job_id"] == "42"
+    assert [(p["name"], p["state"], p.get("exit_code")) for p in reply["processes"]] == \
+        [("trainer-1", "killed", 137), ("trainer-2", "not started", None)]
+    assert not allocation.running_elsewhere(str(jd))
+    health["processes"][0].update(state="running", exit_code=None)
+    (jd / "health.json").write_text(json.dumps(health))
+    assert allocation.running_elsewhere(str(jd))
+    health["ts"] -= 3600  # an agent silent for an hour says nothing about now
+    (jd / "health.json").write_text(json.dumps(health))
+    assert not allocation.running_elsewhere(str(jd))

@@ -31,6 +31,7 @@ import time
 
 from fabtrain.node import atomic, launch, ops, procfs
 from fabtrain.node.netcheck import iface_of, resolve
+from fabtrain.node.states import LIVE
 from fabtrain.node.workspace import job_dir
 
 PLAN = "plan.json"
@@ -138,6 +139,18 @@ def states_from_health(job, health):
         info["reported_by"] = "agent"
         out.append(info)
     return out
+
+
+def running_elsewhere(jd):
+    """The job in jd runs on another machine and its agent said, lately, that something of it still runs."""
+    job = atomic.read_json(os.path.join(jd, "job.json"), {})
+    if not elsewhere(job):
+        return False
+    health = atomic.read_json(os.path.join(jd, "health.json"))
+    if not isinstance(health, dict) or not isinstance(health.get("ts"), (int, float)):
+        return False
+    fresh = time.time() - health["ts"] < max(10.0, 10 * float(health.get("interval") or 1.0))
+    return fresh and any(p.get("state") in {str(s) for s in LIVE} for p in states_from_health(job, health))
 
 
 def op_mark_killed(payload):

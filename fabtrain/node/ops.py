@@ -365,7 +365,7 @@ def op_logs(payload):
             for line in lines:
                 sys.stdout.write("[%s %s] %s\n" % (node, name, line.decode("utf-8", "replace")))
         sys.stdout.flush()
-        if not live_job_processes(jd):
+        if not live_job_processes(jd) and not importlib.import_module("fabtrain.node.allocation").running_elsewhere(jd):
             return None
         time.sleep(0.2)
 
