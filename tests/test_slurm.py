@@ -18,7 +18,7 @@ import yaml
 
 from fabtrain.node import procfs
 from tests.conftest import FAB, REPO, require
-from tests.procscan import wait_for
+from tests.procscan import live_marked, wait_for
 from tests.slurm_cluster import SlurmCluster, slurm_missing
 from tests.slurm_job import SlurmJob
 
@@ -247,3 +247,37 @@ def test_fab_off_the_cluster_drives_slurm_through_the_login_node_over_ssh(slurm,
         assert wait_for(lambda: not j.leftovers(), timeout=5), j.leftovers()
     finally:
         login.close()
+
+
+def node_tasks(slurm_job: str, node_id: int) -> list[int]:
+    """The Slurm step task of one node (fabtrain.node.allocation) of a job."""
+    found = []
+    for pid in procfs.scan():
+        env = procfs.environ(pid)
+        if b"fabtrain.node.allocation" in b" ".join(a.encode() for a in procfs.cmdline(pid)) and \
+                env.get(b"SLURM_JOB_ID") == slurm_job.encode() and env.get(b"SLURM_NODEID") == str(node_id).encode():
+            found.append(pid)
+    return found
+
+
+def test_a_frozen_node_fails_the_job_naming_it_and_the_slurm_job_ends(job):
+    job.configure("python standin.py --period 0.2")
+    job.submit()
+    assert job.running(), job.describe()
+    frozen = node_tasks(job.slurm_job, 2) + [pid for pid, _ in live_marked([job.node_ws(2)])]
+    assert len(frozen) >= 4  # its task, the agent, its keeper, the trainer (and launchers)
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)  # a machine that stopped answering: nothing of it runs, nothing exits
+    try:
+        assert job.wait_state("FAILED", "COMPLETED", "CANCELLED", timeout=60) == "FAILED", job.describe()
+    finally:
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    assert wait_for(lambda: not job.leftovers(), timeout=15), job.leftovers()
+    status = job.fab("status")
+    assert status.returncode == 1 and "node2" in status.stdout and "killed" not in status.stdout.split("\n")[0], \
+        status.stdout
+    assert "JOB FAILED" in status.stdout and "node2" in status.stdout.split("JOB FAILED")[1].split("\n")[0], status.stdout

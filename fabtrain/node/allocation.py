@@ -15,8 +15,8 @@ its node (Slurm ends a step's processes when its task exits), and exits 0 only
 if every process of its node exited 0, so the Slurm job ends FAILED on a
 failure and never holds its nodes until the time limit.
 
-A SIGTERM (scancel, `fab kill-all`) stops the node's processes as `fab
-kill-all` does. Before the time limit the batch shell gets SIGUSR1 and
+A SIGTERM (scancel, `fab kill-all`, another node's task failing under
+`srun --kill-on-bad-exit`) stops the node's processes as `fab kill-all` does. Before the time limit the batch shell gets SIGUSR1 and
 leaves ``<job folder>/time-limit``; every task then stops its processes the
 same way, SIGTERM first so programs can checkpoint. Standard library only.
 """
@@ -175,9 +175,18 @@ class Stop:
         self.signal = signum
 
 
-def stop_node(ws, node, grace, reason):
+def job_over(jd):
+    """The agents already decided how the job ends (failed, finished, kept): a stop now is only its cleanup."""
+    try:
+        with open(os.path.join(jd, "events.jsonl")) as f:
+            return any('"kind": "%s"' % kind in line for line in f for kind in ("job_failed", "finished", "kept"))
+    except OSError:
+        return False
+
+
+def stop_node(ws, node, grace, reason, mark=True):
     """node ops' kill of this node's workspace: SIGTERM, grace, SIGKILL, the `killed` events."""
-    result = ops.op_kill({"workspace": ws, "grace": grace, "node": node, "reason": reason})
+    result = ops.op_kill({"workspace": ws, "grace": grace, "node": node, "reason": reason, "mark": mark})
     print("stopped (%s): %d processes, %d left" % (reason, len(result["killed"]), len(result["left"])), flush=True)
 
 
@@ -187,12 +196,17 @@ def wait_for_end(folder, ws, jd, node, grace, stop):
     while True:
         if not stopped and (stop.signal or os.path.exists(os.path.join(folder, TIME_LIMIT))):
             stopped = True
-            if stop.signal:
+            over = job_over(jd)
+            if stop.signal and over:  # another node's task ended first (srun --kill-on-bad-exit)
+                reason = "the job's Slurm step ended after the job did"
+            elif stop.signal:
                 reason = "fab kill-all" if os.path.exists(os.path.join(jd, KILLED)) else \
                     "Slurm ended the allocation (scancel, preemption or a lost node)"
             else:
                 reason = "Slurm's time limit is near (scheduler.term_before)"
-            stop_node(ws, node, grace, reason)
+            # Only the time limit's stop is marked here (kill-all marked before scancel): a step ended by Slurm
+            # or by another node's failure is not the user's stop, and must not read as one.
+            stop_node(ws, node, grace, reason, mark=not stop.signal)
         if not ops.live_job_processes(jd):
             left = procfs.marked(ws, skip=procfs.ancestors())
             settled_at = settled_at or time.time()

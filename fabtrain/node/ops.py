@@ -420,7 +420,7 @@ def op_kill(payload):
 
     first, _ = kill_targets(ws, records, skip)
     touched = {d["job_id"] for d in first.values()} | {job_id for job_id, _ in records}
-    for job_id in touched:
+    for job_id in touched if payload.get("mark", True) else ():  # not for a job whose agents already ended it
         if os.path.isdir(os.path.join(jobs_root, job_id)):
             open(os.path.join(jobs_root, job_id, "killed"), "a").close()  # before any signal: the agents read it
     sent, left = stop_all(find, grace)
