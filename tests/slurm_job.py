@@ -27,8 +27,8 @@ class SlurmJob:
         self.ws = root / "ws"
         self.code = root / "code"
         self.code.mkdir(parents=True, exist_ok=True)
-        for program in ("allreduce.py", "standin.py"):
-            shutil.copy(PROGRAMS / program, self.code / program)
+        for program in PROGRAMS.glob("*.py"):  # the test programs and what they import
+            shutil.copy(program, self.code / program.name)
         self.job_id: str | None = None
         self.slurm_job: str | None = None
 
@@ -82,6 +82,12 @@ class SlurmJob:
             return json.loads((self.jd(i) / "run" / f"{name}.json").read_text())
         except (OSError, ValueError):
             return None
+
+    def program(self, i: int, name: str) -> int:
+        """The pid of a process's program (its run record names it once the launcher has forked it)."""
+        found = wait_for(lambda: (self.run_record(i, name) or {}).get("program_pid"), timeout=10)
+        assert found, f"{name} on node{i}: no program in its run record"
+        return found
 
     def events(self, i: int) -> list[dict]:
         try:

@@ -60,7 +60,7 @@ def test_one_rank_killed_tears_down_every_node_and_ends_the_slurm_job(job):
     job.configure("python standin.py --period 0.2")
     job.submit()
     assert job.running(), job.describe()
-    victim = job.run_record(1, "trainer-1")["program_pid"]
+    victim = job.program(1, "trainer-1")
     everything = [pid for pid, _ in job.leftovers()]
     procfs_before = {pid: procfs.stat(pid).create_time for pid in everything if procfs.stat(pid)}
     os.kill(victim, signal.SIGKILL)
@@ -115,8 +115,8 @@ def test_on_failure_restart_brings_the_next_generation_up_inside_the_same_alloca
     job.configure("python standin.py --period 0.2", on_failure="restart", restart_backoff=0.5, max_restarts=2)
     job.submit()
     assert job.running(), job.describe()
-    first = job.run_record(0, "trainer-0")["program_pid"]
-    os.kill(job.run_record(1, "trainer-1")["program_pid"], signal.SIGKILL)
+    first = job.program(0, "trainer-0")
+    os.kill(job.program(1, "trainer-1"), signal.SIGKILL)
 
     def next_generation():
         records = [job.run_record(i, f"trainer-{i}") for i in range(3)]
@@ -192,11 +192,11 @@ def test_programs_get_sigterm_before_the_time_limit_and_status_says_so(job):
 
 def test_fab_check_reads_a_token_on_every_node_and_refuses_too_many_nodes(job):
     job.configure("python allreduce.py")
-    out = job.fab("check", check=True)
+    out = job.fab("check", check=True, timeout=300)  # torch is imported on every node to find its GPUs
     assert "slurm: 3 nodes, partition debug, commands here: ok" in out.stdout, out.stdout
     assert "the workspace is shared: every node read a token written here" in out.stdout, out.stdout
     job.configure("python allreduce.py", nodes=5)
-    out = job.fab("check")
+    out = job.fab("check", timeout=300)
     assert out.returncode == 1
     assert "scheduler.nodes is 5 but partition debug has 3 nodes: the job would stay PENDING" in out.stdout, out.stdout
     job.configure("python allreduce.py")

@@ -41,6 +41,7 @@ KILLED = "killed"  # node ops' marker: the job was stopped on purpose
 PLACEHOLDER = re.compile(r"@slurm-node-(\d+)@")
 IFACE_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 POLL = 0.2
+AGENT_EXIT_WAIT = 10  # seconds an agent that wrote agent_exit may take to be gone
 
 
 def boot_id():
@@ -184,6 +185,15 @@ def job_over(jd):
         return False
 
 
+def agent_said_exit(jd, node):
+    """This node's agent wrote agent_exit: nothing of the job is left for it to watch."""
+    try:
+        with open(os.path.join(jd, "events.jsonl")) as f:
+            return any('"kind": "agent_exit"' in line and '"node": "%s"' % node in line for line in f)
+    except OSError:
+        return False
+
+
 def stop_node(ws, node, grace, reason, mark=True):
     """node ops' kill of this node's workspace: SIGTERM, grace, SIGKILL, the `killed` events."""
     result = ops.op_kill({"workspace": ws, "grace": grace, "node": node, "reason": reason, "mark": mark})
@@ -192,7 +202,7 @@ def stop_node(ws, node, grace, reason, mark=True):
 
 def wait_for_end(folder, ws, jd, node, grace, stop):
     """Until nothing of the job is left on this node; stops it on a SIGTERM or the time limit's warning."""
-    stopped, settled_at = False, None
+    stopped, settled_at, exiting_since = False, None, None
     while True:
         if not stopped and (stop.signal or os.path.exists(os.path.join(folder, TIME_LIMIT))):
             stopped = True
@@ -207,7 +217,12 @@ def wait_for_end(folder, ws, jd, node, grace, stop):
             # Only the time limit's stop is marked here (kill-all marked before scancel): a step ended by Slurm
             # or by another node's failure is not the user's stop, and must not read as one.
             stop_node(ws, node, grace, reason, mark=not stop.signal)
-        if not ops.live_job_processes(jd):
+        live = ops.live_job_processes(jd)
+        if live == ["agent"] and agent_said_exit(jd, node):
+            exiting_since = exiting_since or time.time()
+            if time.time() - exiting_since > AGENT_EXIT_WAIT:  # it said it is done: it must not hold the nodes
+                stop_node(ws, node, grace, "the agent had not exited %d s after agent_exit" % AGENT_EXIT_WAIT, False)
+        if not live:
             left = procfs.marked(ws, skip=procfs.ancestors())
             settled_at = settled_at or time.time()
             if not left:
