@@ -23,7 +23,8 @@ venv: $(VENV)/.installed
 
 # What the tests need that is not in the venv, where missing: openssh-server and
 # openssh-client (sshd nodes), rsync, procps (pkill), chromium at /usr/bin/chromium
-# (the path the browser test drives) and iproute2 (ip, for the network-namespace test).
+# (the path the browser test drives), iproute2 (ip, for the network-namespace test), and
+# slurm-wlm with munge (the Slurm tests' cluster: slurmctld, slurmd, munged).
 system-deps:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
@@ -34,6 +35,8 @@ system-deps:
 	command -v ip >/dev/null || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || missing="$$missing iproute2"; \
 	command -v mpirun >/dev/null || missing="$$missing openmpi-bin"; \
 	command -v mpicc >/dev/null || missing="$$missing libopenmpi-dev"; \
+	command -v slurmctld >/dev/null || [ -x /usr/sbin/slurmctld ] || missing="$$missing slurm-wlm"; \
+	command -v munged >/dev/null || [ -x /usr/sbin/munged ] || missing="$$missing munge"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

@@ -15,6 +15,7 @@ from fabtrain import taskargs
 from fabtrain.errors import UserError, reader_gone
 from fabtrain.plan.plan import make_plan, new_job_id
 from fabtrain.remote.session import get_session
+from fabtrain.slurm import tasks as slurm_tasks
 from fabtrain.taskargs import Number
 
 taskargs.install()
@@ -67,6 +68,8 @@ def replies_text(replies, ok_text):
 def plan(c, offline=False):
     """Print the exact commands each node would run (a dry run); asks the nodes their interfaces and free ports unless --offline."""
     s = session(c)
+    if s.cluster.scheduler:  # the batch script, as submitted
+        return slurm_tasks.plan(s)
     if offline:  # no node asked: auto ports picked blind, interfaces shown as what start will find
         network, notes = preflight.choose_ports(s.cluster, {}), ["--offline: interfaces and auto ports are found at start"]
     else:
@@ -90,6 +93,9 @@ def check(c, bandwidth=False):
     s = session(c)
     checks = lifecycle.check(s)
     print(report.check_text(checks) + "\n")
+    if s.cluster.scheduler:  # the nodes are not known before the allocation: Slurm's side instead of the network
+        fail_if(not (slurm_tasks.check(s) and all(ch.ok for ch in checks)), "check: the job cannot run on this Slurm cluster")
+        return
     network = preflight.network_check(s)
     print(report.network_text(network, s.cluster))
     bus_ok = True
@@ -130,7 +136,9 @@ def copy_data(c, bwlimit=None):
     fail_if(failed, "copy-data failed on some nodes")
 
 
-def _start(c, roles, force, resume_from=None):
+def _start(c, roles, force, resume_from=None, no_wait=False):
+    if session(c).cluster.scheduler:
+        return slurm_tasks.start(session(c), roles, no_wait=no_wait, resume_from=resume_from, force=force)
     result = lifecycle.start(session(c), roles, force=force, resume_from=resume_from)
     if force:
         print(report.force_text(result.stopped))
@@ -147,15 +155,15 @@ def _start(c, roles, force, resume_from=None):
 
 
 @fabtask
-def start_pserver(c, force=False, resume_from=None):
+def start_pserver(c, force=False, resume_from=None, no_wait=False):
     """Start the pservers of a new job (--force kills a running job; --resume-from=JOB resumes its checkpoints)."""
-    _start(c, ("pserver",), force, resume_from)
+    _start(c, ("pserver",), force, resume_from, no_wait)
 
 
 @fabtask
-def start_trainers(c, force=False):
+def start_trainers(c, force=False, no_wait=False):
     """Start the trainers (of the job whose pservers are up, or a new collective job); --force stops a running job first."""
-    _start(c, ("trainer",), force)
+    _start(c, ("trainer",), force, no_wait=no_wait)
 
 
 @fabtask
@@ -170,6 +178,8 @@ def status(c, job=None):
     ports = state.recorded_ports(s.cluster.name, shown.pop()) if len(shown) == 1 else None
     if ports:
         print(report.ports_text({k: v for k, v in ports.items() if k != "auto"}, ports["auto"]))
+    if s.cluster.scheduler:
+        print(slurm_tasks.status_line(s, replies, job) or "slurm: no job submitted from here")
     fail_if(failed, "status: the job has failed processes or unreachable nodes")
 
 
@@ -199,6 +209,8 @@ def logs(c, lines=20, follow=False, job=None):
 @fabtask(grace=Number(whole=False, lo=0, hi=3600, unit="seconds"))
 def kill_all(c, grace=5.0):
     """Stop every fabtrain process on every node: SIGTERM, --grace seconds, SIGKILL, sweep."""
+    if session(c).cluster.scheduler:  # scancel, pending jobs too; each node stops its own processes
+        return slurm_tasks.kill_all(session(c), grace=grace)
     text, clean = report.kill_text(lifecycle.kill_all(session(c), grace=grace))
     print(text)
     fail_if(not clean, "kill-all: some processes may still be alive (see above)")
@@ -215,8 +227,8 @@ def dashboard(c, port=8265, host="127.0.0.1", interval=1.0, job=None):
 
 
 @fabtask
-def export(c, tensorboard=None, job=None, k8s=None, k8s_kind="job"):
-    """Write metrics as TensorBoard files (--tensorboard=DIR, --job ID), or the job as Kubernetes manifests (--k8s=DIR)."""
+def export(c, tensorboard=None, job=None, k8s=None, k8s_kind="job", slurm=None):
+    """Write metrics as TensorBoard files (--tensorboard=DIR, --job ID), or the job as Kubernetes manifests (--k8s=DIR) or a Slurm batch script (--slurm=FILE)."""
     from fabtrain.controller.export import export_tensorboard
     from fabtrain.plan.kubernetes import check_kind
     check_kind(k8s_kind)  # typed wrong is said even without --k8s
@@ -226,8 +238,12 @@ def export(c, tensorboard=None, job=None, k8s=None, k8s_kind="job"):
         for path in export_kubernetes(load_cluster(), k8s, kind=k8s_kind):
             print(path)
         return
+    if slurm:
+        if not session(c).cluster.scheduler:
+            raise UserError("--slurm: cluster.yaml has no scheduler section")
+        return slurm_tasks.export_script(session(c), slurm)
     if not tensorboard:
-        raise UserError("say where: --tensorboard=DIR or --k8s=DIR")
+        raise UserError("say where: --tensorboard=DIR, --k8s=DIR or --slurm=FILE")
     result = export_tensorboard(session(c), tensorboard, job_id=job)
     for line in result.runs:
         print(f"{tensorboard}/{line}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.slurm_cluster import SlurmCluster, slurm_missing
 from tests.support.sshd import SshdCluster, ensure_openssh
 
 from tests.support import REPO  # noqa: E402,F401 (re-exported: tests import REPO from here)
@@ -104,3 +105,13 @@ def fab(tmp_path):
             assert (out.returncode == 0) == check, f"fab {' '.join(args)} -> {out.returncode}\n{out.stdout}\n{out.stderr}"
         return out
     return run
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A real Slurm cluster (munged, slurmctld, three slurmd) for one test module, stopped by pid."""
+    missing = slurm_missing()
+    require(not missing, "slurm-wlm and munge", f"apt-get could not install {' '.join(missing)}")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+    yield cluster
+    cluster.stop()

@@ -18,6 +18,7 @@ import yaml
 from fabtrain.config.checks import (ENV_NAME_RE, HOST_RE, IFACE_RE, IMAGE_RE, INVALID, NAME_RE, ONE_LINE_RE, USER_RE,
                                     Checks, FieldError, kind_of, reported, shown, valid)
 from fabtrain.config.launcher import check_launcher
+from fabtrain.config.scheduler import SlurmSpec, address_placeholder, node_roles, parse_scheduler
 from fabtrain.config.yamlfile import YAMLFileError, load_yaml_with_lines
 from fabtrain.data.archive import DEFAULT_MAX_EXPANSION, DEFAULT_MAX_EXTRACT_MB
 from fabtrain.errors import UserError, UserErrors
@@ -37,7 +38,7 @@ _SSH_FIELDS = {"user", "port", "key", "known_hosts", "host_key_policy", "connect
 
 # Every field cluster.yaml may hold, by where it sits (README documents each).
 FIELDS: dict[str, set[str]] = {
-    "": {"cluster", "nodes", "dist_ips", "job"},
+    "": {"cluster", "nodes", "dist_ips", "scheduler", "job"},
     "cluster": {"name", "workspace", "python", "ssh"},
     "cluster.ssh": _SSH_FIELDS | {"parallel"},
     "nodes[]": {"name", "host", "roles", "workspace", "python", "address", "iface", "gpus"} | _SSH_FIELDS,
@@ -160,6 +161,7 @@ class Cluster:
     parallel: int
     nodes: tuple[Node, ...]
     job: JobSpec
+    scheduler: SlurmSpec | None = None  # a Slurm allocation; then `nodes` are its stand-ins (config/scheduler.py)
 
     @property
     def trainer_nodes(self) -> tuple[Node, ...]:
@@ -238,8 +240,9 @@ class _Parser(Checks):
         if not isinstance(doc, dict):
             raise UserError(f"{self.path}: (top level): must be a mapping, got {kind_of(doc)}")
         top = self.mapping(doc, "", FIELDS[""], {"cluster", "job"})
-        if ("nodes" in top) == ("dist_ips" in top):
-            self.report("nodes", "give exactly one of 'nodes' (a list) or 'dist_ips' (\"ip1,ip2\")")
+        if sum(k in top for k in ("nodes", "dist_ips", "scheduler")) != 1:
+            self.report("nodes", "give exactly one of 'nodes' (a list), 'dist_ips' (\"ip1,ip2\") "
+                                 "or 'scheduler' (a Slurm allocation)")
 
         c = self.mapping(top["cluster"], "cluster", FIELDS["cluster"], {"name"})
         name = self.string(c["name"], "cluster.name", NAME_RE, "name")
@@ -252,7 +255,14 @@ class _Parser(Checks):
 
         job = self.part(self.job, top["job"])
         nodes: tuple[Node, ...] = ()
-        if "dist_ips" in top:
+        scheduler = self.part(parse_scheduler, self, top["scheduler"], NAME_RE, HOST_RE) if "scheduler" in top else None
+        if scheduler is not None:  # the allocation's stand-ins: node K's workspace on the shared filesystem
+            if valid(scheduler, job, workspace):
+                nodes = tuple(self.make_node(f"node{i}", scheduler.login or "local", node_roles(job.mode, i),
+                                             f"{workspace}/node{i}", python, address_placeholder(i), ssh,
+                                             scheduler.gpus_per_node) for i in range(scheduler.nodes))
+            scheduler = scheduler if valid(scheduler) else None
+        elif "dist_ips" in top:
             nodes = self.part(self.dist_ips, top["dist_ips"], workspace, python, ssh, job)
             nodes = nodes if valid(nodes) else ()
         elif "nodes" in top:
@@ -260,7 +270,7 @@ class _Parser(Checks):
         self.check_keys(nodes)
 
         if not self.errors:  # the checks across fields, once every field is right
-            cluster = Cluster(name=name, path=self.path, parallel=parallel, nodes=nodes, job=job)
+            cluster = Cluster(name=name, path=self.path, parallel=parallel, nodes=nodes, job=job, scheduler=scheduler)
             self.part(self.check_roles, cluster)
             self.part(check_launcher, cluster, self.fail)
         if self.errors:

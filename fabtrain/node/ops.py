@@ -26,7 +26,7 @@ from fabtrain.node.refusal import UserFacing
 from fabtrain.node.workspace import (check_workspace, claim_workspace, code_refusal, job_dir, make_private_dirs,
                                      snapshot_code, workspace)
 from fabtrain.node.spawn import expand, name_programs, program_of, spawn
-from fabtrain.node.states import KILLERS, ProcessState, read_marker, signal_name, signal_of, state_of
+from fabtrain.node.states import KILLERS, START_FAILED, ProcessState, read_marker, signal_name, signal_of, state_of
 
 PROGRAM_WAIT = 3.0  # seconds a start waits for each launcher to fork its program
 
@@ -307,6 +307,10 @@ def op_status(payload):
     procs = procfs.scan()
     kids = procfs.children_map(procs)
     job = atomic.read_json(os.path.join(jd, "job.json"), {})
+    health = atomic.read_json(os.path.join(jd, "health.json"))
+    allocation = importlib.import_module("fabtrain.node.allocation")
+    if allocation.elsewhere(job):  # a Slurm node's records, read on the login node: its agent knows, not our /proc
+        return status_reply(jd, job, allocation.states_from_health(job, health), health, payload)
     names = [p["name"] for p in job.get("processes", [])]
     if os.path.exists(os.path.join(jd, "run", "agent.json")):
         names.append("agent")
@@ -316,7 +320,10 @@ def op_status(payload):
         info["name"] = name
         info["last_line"] = (tail_lines(os.path.join(jd, "logs", name + ".log"), 1) or [""])[0][-200:]
         out.append(info)
-    health = atomic.read_json(os.path.join(jd, "health.json"))
+    return status_reply(jd, job, out, health, payload)
+
+
+def status_reply(jd, job, processes, health, payload):
     events = tail_lines(os.path.join(jd, "events.jsonl"), 1)
     try:
         last_event = json.loads(events[0]) if events else None
@@ -326,7 +333,8 @@ def op_status(payload):
     return {
         "job_id": os.path.basename(jd),
         "code": job.get("code"),
-        "processes": out,
+        "slurm": job.get("slurm"),  # a job in a Slurm allocation: its Slurm job id and node
+        "processes": processes,
         "killed": os.path.exists(os.path.join(jd, "killed")),
         "killed_by": killed_by,
         "stop_reason": stop_reason,  # a failed start's why (all or nothing)
@@ -371,7 +379,7 @@ def op_logs(payload):
             for line in lines:
                 sys.stdout.write("[%s %s] %s\n" % (node, name, line.decode("utf-8", "replace")))
         sys.stdout.flush()
-        if not live_job_processes(jd):
+        if not live_job_processes(jd) and not importlib.import_module("fabtrain.node.allocation").running_elsewhere(jd):
             return {"job_id": os.path.basename(jd)}
         time.sleep(0.2)
 
@@ -408,8 +416,10 @@ def kill_targets(ws, records, skip, only=None):
 def op_kill(payload):
     """SIGTERM everything of every job in the workspace, grace, SIGKILL; launchers record the exit codes and go.
 
-    With "job_id", only that job's processes (a start that failed elsewhere: all or nothing), and
-    "reason" says why: it is the `killed` marker's text, and a `start_failed` event says it first.
+    "by" (one of states.KILLERS) is who stops it: the first line of each job's `killed` marker. With
+    "job_id", only that job's processes; with "by" a failed start (all or nothing), "reason" says why:
+    the marker's next line, and a `start_failed` event says it first. Otherwise "reason" words the
+    `killed` events (default: who). "mark": false leaves the marker alone (a job the agents ended).
     """
     ws = workspace(payload)
     grace = float(payload.get("grace", 5.0))
@@ -439,13 +449,14 @@ def op_kill(payload):
     touched = {d["job_id"] for d in first.values()} | {job_id for job_id, _ in records}
     if only is not None and only in (os.listdir(jobs_root) if os.path.isdir(jobs_root) else ()):
         touched.add(only)  # a name found in jobs/, never a path the payload made up
-    for job_id in touched:
+    for job_id in touched if payload.get("mark", True) else ():  # not for a job whose agents already ended it
         if os.path.isdir(os.path.join(jobs_root, job_id)):
             # Before any signal: the agents read it (a user's act or a failed start: no restart, no failure).
-            if reason:
+            why = reason if by == START_FAILED else None  # otherwise `reason` only words the killed events
+            if why:
                 append_events(os.path.join(jobs_root, job_id, "events.jsonl"), [{
-                    "ts": time.time(), "node": payload.get("node"), "kind": "start_failed", "reason": reason}])
-            atomic.write(os.path.join(jobs_root, job_id, "killed"), by + ("\n" + reason if reason else ""))
+                    "ts": time.time(), "node": payload.get("node"), "kind": "start_failed", "reason": why}])
+            atomic.write(os.path.join(jobs_root, job_id, "killed"), by + ("\n" + why if why else ""))
     sent, left = stop_all(find, grace)
     # With their programs gone, the launchers record the exit codes and exit; a stuck one gets SIGKILL.
     deadline = time.time() + 2
@@ -572,5 +583,6 @@ def _module_op(module, name):
 
 OPS = {"probe": op_probe, "provision": op_provision, "start": op_start, "status": op_status,
        "logs": op_logs, "kill": op_kill, "verify": op_verify, "collect": op_collect,
+       "mark_killed": _module_op("allocation", "op_mark_killed"),
        "jobs": _module_op("history", "op_jobs"), "job": _module_op("history", "op_job"),
        "netcheck": _module_op("netcheck", "run"), "bandwidth": _module_op("bandwidth", "run")}

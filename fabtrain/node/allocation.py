@@ -1,0 +1,281 @@
+"""A node's part of a job inside a Slurm allocation: one step task per node runs this.
+
+    python -m fabtrain.node.allocation <job folder>     (from a deployed runtime)
+
+The batch script (fabtrain/slurm/script.py) writes the plan of every node to
+``<job folder>/plan.json``, with `@slurm-node-K@` where node K's address goes,
+and a fresh secret for the agents to ``<job folder>/secret`` (never on a
+command line), on the filesystem every node shares. Each task finds its node
+index (SLURM_NODEID) and the allocation's hosts (`scontrol show hostnames` of
+SLURM_JOB_NODELIST, their NodeAddr from `scontrol show node`), fills in the
+addresses, the interface gloo/NCCL use and the GPUs Slurm granted, and starts
+its processes and the agent through node ops' start: the same launcher, spawn
+and agent as on SSH nodes. Then it stays until nothing of the job is left on
+its node (Slurm ends a step's processes when its task exits), and exits 0 only
+if every process of its node exited 0, so the Slurm job ends FAILED on a
+failure and never holds its nodes until the time limit.
+
+A SIGTERM (scancel, `fab kill-all`, another node's task failing under
+`srun --kill-on-bad-exit`) stops the node's processes as `fab kill-all` does. Before the time limit the batch shell gets SIGUSR1 and
+leaves ``<job folder>/time-limit``; every task then stops its processes the
+same way, SIGTERM first so programs can checkpoint. Standard library only.
+"""
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from fabtrain.node import atomic, launch, ops, procfs
+from fabtrain.node.netcheck import iface_of, resolve
+from fabtrain.node.states import LIVE
+from fabtrain.node.workspace import job_dir
+
+PLAN = "plan.json"
+SECRET = "secret"
+TIME_LIMIT = "time-limit"  # left by the batch shell when Slurm's --signal warns of the time limit
+KILLED = "killed"  # node ops' marker: the job was stopped on purpose
+PLACEHOLDER = re.compile(r"@slurm-node-(\d+)@")
+IFACE_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+POLL = 0.2
+AGENT_EXIT_WAIT = 10  # seconds an agent that wrote agent_exit may take to be gone
+
+
+def boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def scontrol(*args):
+    out = subprocess.run(["scontrol"] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         universal_newlines=True, timeout=60)
+    if out.returncode != 0:
+        raise RuntimeError("scontrol %s: %s" % (" ".join(args), out.stderr.strip() or out.returncode))
+    return out.stdout
+
+
+def allocation_hosts(nodelist):
+    """[(Slurm node name, address)] in the allocation's order (SLURM_NODEID's): NodeAddr, else the name."""
+    names = scontrol("show", "hostnames", nodelist).split()
+    addresses = {}
+    try:
+        for line in scontrol("show", "node", "-o", ",".join(names)).splitlines():
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            if fields.get("NodeName"):
+                addresses[fields["NodeName"]] = fields.get("NodeAddr") or fields["NodeName"]
+    except RuntimeError:
+        pass  # a node query refused (a locked-down cluster): the names are the addresses
+    return [(n, addresses.get(n, n)) for n in names]
+
+
+def fill(value, addresses):
+    """Every @slurm-node-K@ in a plan value replaced by node K's address."""
+    if isinstance(value, str):
+        return PLACEHOLDER.sub(lambda m: addresses[int(m.group(1))], value)
+    if isinstance(value, list):
+        return [fill(v, addresses) for v in value]
+    if isinstance(value, dict):
+        return {k: fill(v, addresses) for k, v in value.items()}
+    return value
+
+
+def place(env, iface, granted):
+    """One process's environment on this node: the interface found, the GPUs Slurm granted."""
+    for var in IFACE_VARS:
+        if env.get(var, "").startswith("<iface of "):
+            if iface:
+                env[var] = iface
+            else:
+                del env[var]  # unknown here: gloo/NCCL choose themselves
+    if granted and env.get("CUDA_VISIBLE_DEVICES", "").isdigit():
+        # The plan numbers a node's GPUs 0..gpus_per_node-1; Slurm says which ones this job holds.
+        env["CUDA_VISIBLE_DEVICES"] = granted[int(env["CUDA_VISIBLE_DEVICES"]) % len(granted)]
+    return env
+
+
+def node_part(template, index, hosts, secret, environ):
+    """(job.json, agent spec) of node `index` of the allocation, from the plan of every node."""
+    addresses = [a for _, a in hosts]
+    if len(template["nodes"]) != len(hosts):
+        raise RuntimeError("the plan has %d nodes, the allocation %d" % (len(template["nodes"]), len(hosts)))
+    part = fill(template["nodes"][index], addresses)
+    job, agent = part["job"], part.get("agent")
+    if secret:
+        job["watchdog"].setdefault("coordinator", {})["secret"] = secret
+    own = addresses[index]
+    try:
+        iface = iface_of(resolve(own))
+    except OSError:
+        iface = None
+    granted = [g for g in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+    for proc in job["processes"]:
+        place(proc["env"], iface, granted)
+    job["slurm"] = {"job_id": environ.get("SLURM_JOB_ID"), "node": environ.get("SLURMD_NODENAME") or hosts[index][0],
+                    "nodes": [n for n, _ in hosts]}
+    # Which machine runs it: a reader elsewhere (fab on the login node) cannot ask /proc about these pids.
+    job["machine"] = {"boot_id": boot_id(), "hostname": platform.node()}
+    return job, agent
+
+
+def elsewhere(job):
+    """True when job.json was written by a node on another machine than this one."""
+    machine = job.get("machine") if isinstance(job, dict) else None
+    return isinstance(machine, dict) and bool(machine.get("boot_id")) and machine["boot_id"] != boot_id()
+
+
+def states_from_health(job, health):
+    """The processes' states as the node's agent last wrote them (health.json), for a reader on another machine."""
+    seen = {p.get("name"): p for p in (health or {}).get("processes", []) if isinstance(p, dict)}
+    out = []
+    for proc in job.get("processes", []):
+        p = seen.get(proc["name"])
+        info = {k: p.get(k) for k in ("state", "pid", "exit_code", "signal")} if p else {"state": "not started"}
+        info["name"] = proc["name"]
+        info["reported_by"] = "agent"
+        out.append(info)
+    return out
+
+
+def running_elsewhere(jd):
+    """The job in jd runs on another machine and its agent said, lately, that something of it still runs."""
+    job = atomic.read_json(os.path.join(jd, "job.json"), {})
+    if not elsewhere(job):
+        return False
+    health = atomic.read_json(os.path.join(jd, "health.json"))
+    if not isinstance(health, dict) or not isinstance(health.get("ts"), (int, float)):
+        return False
+    fresh = time.time() - health["ts"] < max(10.0, 10 * float(health.get("interval") or 1.0))
+    return fresh and any(p.get("state") in {str(s) for s in LIVE} for p in states_from_health(job, health))
+
+
+def op_mark_killed(payload):
+    """`fab kill-all` on a Slurm job, before scancel: the agents read the marker and call it a kill, not a failure."""
+    ws = os.path.abspath(os.path.expanduser(payload["workspace"]))
+    jd = job_dir(ws, payload.get("job_id"))
+    if not jd or not os.path.isdir(jd):
+        return {"marked": None}
+    open(os.path.join(jd, KILLED), "a").close()
+    return {"marked": os.path.basename(jd)}
+
+
+class Stop:
+    """What ended the node's part early: a SIGTERM, or the time limit's warning."""
+
+    def __init__(self):
+        self.signal = None
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    def _on_signal(self, signum, frame):
+        self.signal = signum
+
+
+def job_over(jd):
+    """The agents already decided how the job ends (failed, finished, kept): a stop now is only its cleanup."""
+    try:
+        with open(os.path.join(jd, "events.jsonl")) as f:
+            return any('"kind": "%s"' % kind in line for line in f for kind in ("job_failed", "finished", "kept"))
+    except OSError:
+        return False
+
+
+def agent_said_exit(jd, node):
+    """This node's agent wrote agent_exit: nothing of the job is left for it to watch."""
+    try:
+        with open(os.path.join(jd, "events.jsonl")) as f:
+            return any('"kind": "agent_exit"' in line and '"node": "%s"' % node in line for line in f)
+    except OSError:
+        return False
+
+
+def stop_node(ws, node, grace, reason, mark=True):
+    """node ops' kill of this node's workspace: SIGTERM, grace, SIGKILL, the `killed` events."""
+    result = ops.op_kill({"workspace": ws, "grace": grace, "node": node, "reason": reason, "mark": mark})
+    print("stopped (%s): %d processes, %d left" % (reason, len(result["killed"]), len(result["left"])), flush=True)
+
+
+def wait_for_end(folder, ws, jd, node, grace, stop):
+    """Until nothing of the job is left on this node; stops it on a SIGTERM or the time limit's warning."""
+    stopped, settled_at, exiting_since = False, None, None
+    while True:
+        if not stopped and (stop.signal or os.path.exists(os.path.join(folder, TIME_LIMIT))):
+            stopped = True
+            over = job_over(jd)
+            if stop.signal and over:  # another node's task ended first (srun --kill-on-bad-exit)
+                reason = "the job's Slurm step ended after the job did"
+            elif stop.signal:
+                reason = "fab kill-all" if os.path.exists(os.path.join(jd, KILLED)) else \
+                    "Slurm ended the allocation (scancel, preemption or a lost node)"
+            else:
+                reason = "Slurm's time limit is near (scheduler.term_before)"
+            # Only the time limit's stop is marked here (kill-all marked before scancel): a step ended by Slurm
+            # or by another node's failure is not the user's stop, and must not read as one.
+            stop_node(ws, node, grace, reason, mark=not stop.signal)
+        live = ops.live_job_processes(jd)
+        if live == ["agent"] and agent_said_exit(jd, node):
+            exiting_since = exiting_since or time.time()
+            if time.time() - exiting_since > AGENT_EXIT_WAIT:  # it said it is done: it must not hold the nodes
+                stop_node(ws, node, grace, "the agent had not exited %d s after agent_exit" % AGENT_EXIT_WAIT, False)
+        if not live:
+            left = procfs.marked(ws, skip=procfs.ancestors())
+            settled_at = settled_at or time.time()
+            if not left:
+                return
+            if time.time() - settled_at > grace + 2:  # outlived every launcher: nothing will end it now
+                for pid in left:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+        time.sleep(POLL)
+
+
+def node_exit_code(jd, job):
+    """0 if every process of this node exited 0, else 1 (the Slurm job then ends FAILED)."""
+    for proc in job["processes"]:
+        if launch.read_exit(os.path.join(jd, "run", proc["name"] + ".exit")) != 0:
+            return 1
+    return 0
+
+
+def main(argv):
+    if len(argv) != 1:
+        print("usage: python -m fabtrain.node.allocation <job folder>", file=sys.stderr)
+        return 2
+    folder = argv[0]
+    stop = Stop()
+    template = atomic.read_json(os.path.join(folder, PLAN))
+    if not isinstance(template, dict):
+        print("fabtrain: no plan in %s" % folder, file=sys.stderr)
+        return 2
+    try:
+        with open(os.path.join(folder, SECRET)) as f:
+            secret = f.read().strip()
+    except OSError:
+        secret = None
+    index = int(os.environ["SLURM_NODEID"])
+    job, agent = node_part(template, index, allocation_hosts(os.environ["SLURM_JOB_NODELIST"]), secret, os.environ)
+    ws = os.path.abspath(os.path.expanduser(job["workspace"]))
+    print("fabtrain job %s: %s is %s (Slurm node %s)" % (job["job_id"], job["node"], platform.node(),
+                                                          job["slurm"]["node"]), flush=True)
+    try:
+        started = ops.op_start({"job": job, "roles": template["roles"], "agent": agent})
+    except ops.UserFacing as e:
+        print("fabtrain: %s: %s" % (job["node"], e), file=sys.stderr)
+        return 1
+    for failed in started["failed"]:
+        print("fabtrain: %s did not start: %s" % (failed["name"], " | ".join(failed["log"])), file=sys.stderr)
+    for warning in started["warnings"]:
+        print("fabtrain: %s" % warning, file=sys.stderr)
+    jd = started["job_dir"]
+    wait_for_end(folder, ws, jd, job["node"], float(template.get("grace", 5.0)), stop)
+    return 143 if stop.signal else node_exit_code(jd, job)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

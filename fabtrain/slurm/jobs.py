@@ -1,0 +1,257 @@
+"""A job on Slurm: render and submit, wait for the allocation, read Slurm's state, cancel.
+
+fab keeps the Slurm job id beside fabtrain's in the controller's state. Slurm's
+state is read from squeue while the job is queued or running, then from
+`scontrol show job` (until MinJobAge), and only then from sacct, where
+accounting is on. Everything about the processes (status, logs, the
+dashboard) is read from the node workspaces on the shared filesystem, as for
+SSH nodes.
+"""
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from dataclasses import dataclass
+
+from fabtrain.controller import preflight, state
+from fabtrain.errors import UserError
+from fabtrain.plan.plan import Plan, make_plan, new_job_id
+from fabtrain.remote.session import Session
+from fabtrain.slurm.commands import TOOLS, SlurmCommands
+from fabtrain.slurm.script import absolute as script_absolute, job_folder, job_name, render
+
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+         "BOOT_FAIL", "DEADLINE")
+ID_RE = re.compile(r"^\d+(_\d+)?$")
+
+
+@dataclass(frozen=True)
+class SlurmState:
+    job: str  # Slurm's job id
+    state: str  # PENDING, RUNNING, COMPLETED, ... or UNKNOWN
+    reason: str = ""  # why it is pending (Resources, Priority, PartitionConfig, ...), or how it ended
+    nodes: str = ""
+    exit_code: str = ""
+    source: str = "squeue"
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+    def line(self) -> str:
+        why = f" ({self.reason})" if self.reason and self.reason not in ("None", "(null)") else ""
+        where = f" on {self.nodes}" if self.nodes and self.nodes != "(null)" and self.state == "RUNNING" else ""
+        code = f", exit code {self.exit_code}" if self.exit_code and self.ended else ""
+        return f"slurm job {self.job}: {self.state}{why}{where}{code}"
+
+
+@dataclass
+class Submitted:
+    job_id: str
+    slurm_job: str | None  # None: only recorded (start-pserver waits for start-trainers)
+    plan: Plan
+    script: str
+    state: SlurmState | None = None
+
+
+def prepare(session: Session, roles: tuple[str, ...], job_id: str | None = None,
+            resume_from: str | None = None) -> tuple[Plan, str]:
+    """The plan and its batch script: `auto` ports drawn here (no node is there to ask before the allocation)."""
+    cluster = session.cluster
+    network = preflight.choose_ports(cluster, {})
+    plan = make_plan(cluster, job_id or new_job_id(), resume_from=resume_from, network=network)
+    return plan, render(cluster, plan, roles, SlurmCommands(session).home(), grace=cluster.job.watchdog.grace)
+
+
+def make_job_folder(session: Session, job_id: str) -> str:
+    """The job's folder on the shared filesystem: Slurm opens --output there before the script runs."""
+    commands = SlurmCommands(session)
+    folder = job_folder(session.cluster, job_id, commands.home())
+    out = commands.run(["mkdir", "-p", "-m", "700", "--", folder])
+    if not out.ok:
+        raise UserError(f"cannot make the job's folder {folder}: {out.error()}")
+    return folder
+
+
+def submit(session: Session, roles: tuple[str, ...], resume_from: str | None = None,
+           force: bool = False) -> Submitted:
+    """start-pserver / start-trainers: one Slurm job holding every role.
+
+    In pserver mode start-pserver only records the new job; the start-trainers
+    after it submits the one allocation that runs pservers and trainers.
+    """
+    cluster = session.cluster
+    previous = state.load(cluster.name)
+    if cluster.job.mode == "collective" and "pserver" in roles:
+        raise UserError(f"{cluster.path}: job.mode is collective: there are no pservers to start; run fab start-trainers")
+    if "pserver" in roles or cluster.job.mode == "collective":
+        job_id = new_job_id()
+    elif previous.get("roles") == ["pserver"] and not previous.get("slurm_job"):
+        job_id, resume_from = previous["job_id"], previous.get("resume_from")
+    else:
+        raise UserError("no job is waiting for trainers: run `fab start-pserver start-trainers` to start a new job")
+    # The next job works in the same node workspaces: one job of the cluster at a time, as on SSH nodes.
+    queued = our_jobs(session)
+    if queued and force:
+        cancel_all(session)
+    elif queued:
+        raise UserError(f"slurm job {', '.join(queued)} of this cluster is still queued or running; "
+                        "stop it with `fab kill-all` or pass --force")
+    every = ("pserver", "trainer") if cluster.job.mode == "pserver" else ("trainer",)
+    plan, script = prepare(session, every, job_id, resume_from)
+    if cluster.job.mode == "pserver" and "trainer" not in roles:
+        state.save(cluster.name, job_id=job_id, roles=["pserver"], cluster=cluster.path, resume_from=resume_from)
+        return Submitted(job_id, None, plan, script)
+    make_job_folder(session, job_id)
+    out = SlurmCommands(session).run(["sbatch", "--parsable"], stdin=script)
+    if not out.ok:
+        raise UserError(f"sbatch refused the job: {out.error()}")
+    slurm_job = out.stdout.strip().split(";")[0]
+    if not ID_RE.match(slurm_job):
+        raise UserError(f"sbatch answered {out.stdout.strip()[:80]!r}, not a job id")
+    state.save(cluster.name, job_id=job_id, roles=list(every), cluster=cluster.path, resume_from=resume_from,
+               slurm_job=slurm_job, network={"ports": plan.ports, "auto": list(plan.auto_ports), "ifaces": {}})
+    return Submitted(job_id, slurm_job, plan, script)
+
+
+def slurm_state(session: Session, slurm_job: str) -> SlurmState:
+    """Slurm's word on one job: squeue, then scontrol, then sacct where accounting is on."""
+    run = SlurmCommands(session).run
+    out = run(["squeue", "-h", "-j", slurm_job, "-o", "%T|%r|%N"])
+    if out.ok and out.stdout.strip():
+        st, reason, nodes = (out.stdout.strip().splitlines()[0].split("|") + ["", ""])[:3]
+        return SlurmState(slurm_job, st, reason, nodes)
+    out = run(["scontrol", "show", "job", "-o", slurm_job])
+    if out.ok and out.stdout.strip():
+        fields = dict(f.split("=", 1) for f in out.stdout.split() if "=" in f)
+        return SlurmState(slurm_job, fields.get("JobState", "UNKNOWN"), fields.get("Reason", ""),
+                          fields.get("NodeList", ""), fields.get("ExitCode", ""), "scontrol")
+    out = run(["sacct", "-n", "-X", "-P", "-j", slurm_job, "-o", "State,ExitCode,NodeList"])
+    if out.ok and out.stdout.strip():
+        st, code, nodes = (out.stdout.strip().splitlines()[0].split("|") + ["", ""])[:3]
+        return SlurmState(slurm_job, st.split()[0], "", nodes, code, "sacct")
+    return SlurmState(slurm_job, "UNKNOWN", "no longer in squeue or scontrol, and accounting is off", source="none")
+
+
+def wait_for_allocation(session: Session, slurm_job: str, show, timeout: float | None = None,
+                        interval: float = 0.5) -> SlurmState:
+    """Until the job runs or ends: show(line, final) on every change (a live PENDING line, then RUNNING)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last = None
+    while True:
+        st = slurm_state(session, slurm_job)
+        done = st.state == "RUNNING" or st.ended or (deadline is not None and time.monotonic() > deadline)
+        if st.line() != last or done:
+            show(st.line(), done)
+            last = st.line()
+        if done:
+            return st
+        time.sleep(interval)
+
+
+def current(session: Session, job_id: str | None = None) -> str | None:
+    """The Slurm job of fabtrain's current job (or of `job_id`), from the controller's state."""
+    saved = state.load(session.cluster.name)
+    if job_id and saved.get("job_id") != job_id:
+        return None
+    return saved.get("slurm_job")
+
+
+def our_jobs(session: Session) -> list[str]:
+    """Every queued or running Slurm job of this cluster's name, this user's (pending ones too; not those
+    already completing)."""
+    out = SlurmCommands(session).run(["squeue", "-h", "--me", "-n", job_name(session.cluster), "-o", "%i",
+                                      "-t", "PENDING,RUNNING,SUSPENDED,CONFIGURING,REQUEUED"])
+    if not out.ok:
+        raise UserError(f"squeue: {out.error()}")
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+@dataclass
+class Cancelled:
+    jobs: list[SlurmState]
+    marked: list[str]  # nodes whose job was marked as killed on purpose
+    left: list[str]  # Slurm jobs still not ended when fab stopped waiting
+
+
+def cancel_all(session: Session, grace: float = 5.0, wait: float = 60.0) -> Cancelled:
+    """fab kill-all: mark the job killed on every node (the agents read it), scancel, wait until Slurm says ended."""
+    ids = sorted(set(our_jobs(session)) | ({current(session)} - {None}), key=lambda j: int(j.split("_")[0]))
+    replies = session.map(lambda t: t.call("mark_killed", {}, timeout=60))
+    marked = [r.node for r in replies if r.ok and r.value.get("marked")]
+    commands = SlurmCommands(session)
+    if ids:
+        out = commands.run(["scancel", *ids])
+        if not out.ok and "already completing or completed" not in out.stderr:
+            raise UserError(f"scancel: {out.error()}")
+    deadline = time.monotonic() + grace + wait
+    while True:
+        states = [slurm_state(session, j) for j in ids]
+        left = [s.job for s in states if not s.ended and s.state != "UNKNOWN"]
+        if not left or time.monotonic() > deadline:
+            return Cancelled(states, marked, left)
+        time.sleep(0.3)
+
+
+def stopped_for_time_limit(session: Session, job_id: str) -> bool:
+    """The batch shell got Slurm's warning (--signal) and every node stopped its programs."""
+    commands = SlurmCommands(session)
+    return commands.run(["test", "-e", f"{job_folder(session.cluster, job_id, commands.home())}/time-limit"]).ok
+
+
+def check_tools(session: Session) -> list[str]:
+    """Problems with the scheduler for `fab check`: its commands, the partition, enough nodes."""
+    spec, commands, problems = session.cluster.scheduler, SlurmCommands(session), []
+    for tool in TOOLS:
+        try:
+            commands.run([tool, "--version"])
+        except UserError as e:
+            problems.append(str(e))
+    if problems:
+        return problems
+    out = commands.run(["scontrol", "show", "partition", "-o", *([spec.partition] if spec.partition else [])])
+    if not out.ok or not out.stdout.strip():
+        problems.append(f"partition {spec.partition or '(default)'}: {out.error() if not out.ok else 'not found'}")
+        return problems
+    parts = [dict(f.split("=", 1) for f in line.split() if "=" in f) for line in out.stdout.splitlines()]
+    part = next((p for p in parts if not spec.partition and p.get("Default") == "YES"), parts[0])
+    total = int(part.get("TotalNodes", "0") or 0)
+    if total < spec.nodes:
+        problems.append(f"scheduler.nodes is {spec.nodes} but partition {part.get('PartitionName')} has {total} "
+                        "nodes: the job would stay PENDING")
+    return problems
+
+
+def check_shared(session: Session, wait: int = 10) -> str | None:
+    """A token written here must be read on every node of a short allocation, by the cluster's python
+    at the same path: the filesystem fabtrain assumes the login and compute nodes share. A problem, or None."""
+    cluster, commands = session.cluster, SlurmCommands(session)
+    folder = f"{job_folder(cluster, 'check', commands.home())}"
+    token = secrets.token_hex(8)
+    python = script_absolute(cluster.nodes[0].python, commands.home())
+    made = commands.run(["sh", "-c", 'mkdir -p -m 700 "$1" && printf %s "$2" > "$1/token"', "sh", folder, token])
+    if not made.ok:
+        return f"cannot write {folder}/token: {made.error()}"
+    spec = cluster.scheduler
+    argv = ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", f"--immediate={wait}", f"--job-name={job_name(cluster)}-check",
+            *([f"--partition={spec.partition}"] if spec.partition else []),
+            *([f"--account={spec.account}"] if spec.account else []), "--time=1",
+            python, "-I", "-S", "-c", "import sys; print(open(sys.argv[1]).read())", f"{folder}/token"]
+    out = commands.run(argv, timeout=wait + 60)
+    if not out.ok:
+        if "Unable to allocate resources" in out.stderr or "Immediate" in out.stderr:
+            return f"shared filesystem not checked: {spec.nodes} nodes were not free within {wait} s"
+        return f"{python} on the compute nodes could not read {folder}/token: {out.error()}"
+    seen = out.stdout.split()
+    if len(seen) != spec.nodes or set(seen) != {token}:
+        return (f"{folder} is not shared with the compute nodes: {sum(t == token for t in seen)} of {spec.nodes} "
+                "read the token written here (fabtrain needs the workspace on a shared filesystem)")
+    return None
+
+
+def describe(submitted: Submitted) -> str:
+    if submitted.slurm_job is None:
+        return (f"job {submitted.job_id}: recorded; `fab start-trainers` submits it to Slurm with its pservers "
+                "(one allocation for both)")
+    return f"job {submitted.job_id}: submitted as slurm job {submitted.slurm_job}"

@@ -1,0 +1,153 @@
+"""cluster.yaml's scheduler section and the batch script it renders, as data (no Slurm needed)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from fabtrain.config.cluster import parse_cluster
+from fabtrain.errors import UserError
+from fabtrain.node import allocation
+from fabtrain.plan.plan import Network, make_plan
+from fabtrain.slurm.script import PLAN_END, render
+from tests.conftest import FAB, REPO
+
+BASE = {"cluster": {"name": "lab", "workspace": "~/.fabtrain/lab"},
+        "scheduler": {"kind": "slurm", "nodes": 3, "partition": "gpu", "time": "12:00:00", "gpus_per_node": 4},
+        "job": {"mode": "collective", "trainer": {"command": "python train.py", "per_node": 2, "use_gpu": True}}}
+
+
+def cluster(**scheduler):
+    doc = json.loads(json.dumps(BASE))
+    doc["scheduler"].update(scheduler)
+    return parse_cluster(doc, "cluster.yaml")
+
+
+def test_the_allocation_has_one_stand_in_node_per_slurm_node_on_the_shared_workspace():
+    c = cluster()
+    assert [n.name for n in c.nodes] == ["node0", "node1", "node2"]
+    assert [n.workspace for n in c.nodes] == [f"~/.fabtrain/lab/node{i}" for i in range(3)]
+    assert {n.host for n in c.nodes} == {"local"}
+    assert cluster(login="login1").nodes[0].host == "login1"
+    assert c.trainer_count == 6
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"kind": "pbs"}, "scheduler.kind: must be one of slurm"),
+    ({"nodes": 0}, "scheduler.nodes: must be between 1"),
+    ({"nodes": "three"}, "scheduler.nodes: must be an integer"),
+    ({"time": 720}, "scheduler.time: must be a string in quotes"),
+    ({"time": "soon"}, "scheduler.time: 'soon' is not a Slurm time limit"),
+    ({"partition": "gpu; rm -rf /"}, "scheduler.partition:"),
+    ({"sbatch": "--qos=x"}, "scheduler.sbatch: must be a list"),
+    ({"sbatch": ["-N 4"]}, "scheduler.sbatch[0]: must be one long sbatch option"),
+    ({"sbatch": ["--nodes=4"]}, "scheduler.sbatch[0]: --nodes is set by fabtrain (use scheduler.nodes)"),
+    ({"sbatch": ["--qos=a\nb"]}, "scheduler.sbatch[0]: must be one long sbatch option on one line"),
+    ({"gpus": 2}, "scheduler.gpus: unknown field"),
+    ({"login": "-oProxyCommand=x"}, "scheduler.login:"),
+])
+def test_a_wrong_scheduler_field_is_one_line_naming_it(change, message):
+    with pytest.raises(UserError) as e:
+        cluster(**change)
+    assert str(e.value).startswith(f"cluster.yaml: {message}"), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_nodes_and_scheduler_together_are_refused():
+    doc = {**BASE, "nodes": [{"name": "a", "host": "local", "roles": ["trainer"]}]}
+    with pytest.raises(UserError, match="exactly one of 'nodes'"):
+        parse_cluster(doc, "cluster.yaml")
+
+
+def script_of(c, job_id="20261124-000000-abcd"):
+    plan = make_plan(c, job_id, network=Network(ports={"master_port": 29500, "pserver_port": 7164,
+                                                       "watchdog_port": 7180}))
+    return plan, render(c, plan, ("trainer",), "/home/u")
+
+
+def test_the_batch_script_asks_for_the_allocation_and_holds_no_secret():
+    plan, script = script_of(cluster(sbatch=["--qos=normal"], account="mylab"))
+    options = [line.split(" ", 1)[1] for line in script.splitlines() if line.startswith("#SBATCH ")]
+    assert options == ["--job-name=fabtrain-lab", "--nodes=3", "--ntasks-per-node=1",
+                       f"--output=/home/u/.fabtrain/lab/slurm/{plan.job_id}/slurm-%j.out", "--partition=gpu",
+                       "--account=mylab", "--time=12:00:00", "--gpus-per-node=4", "--signal=B:USR1@120",
+                       "--qos=normal"]
+    template = json.loads(script.split(f"<<'{PLAN_END}'\n")[1].split(f"\n{PLAN_END}\n")[0])
+    assert "secret" not in json.dumps(template)
+    assert [n["job"]["node"] for n in template["nodes"]] == ["node0", "node1", "node2"]
+    assert "srun --ntasks-per-node=1" in script and "-m fabtrain.node.allocation" in script
+
+
+def test_each_node_fills_in_the_allocation_its_addresses_and_gpus():
+    plan, script = script_of(cluster())
+    template = json.loads(script.split(f"<<'{PLAN_END}'\n")[1].split(f"\n{PLAN_END}\n")[0])
+    hosts = [("gpu7", "10.0.0.7"), ("gpu8", "10.0.0.8"), ("gpu9", "10.0.0.9")]
+    job, agent = allocation.node_part(template, 1, hosts, "s3cret", {"CUDA_VISIBLE_DEVICES": "4,5,6,7",
+                                                                     "SLURM_JOB_ID": "42"})
+    assert job["node"] == "node1" and job["watchdog"]["coordinator"] == {"host": "10.0.0.7", "port": 7180,
+                                                                        "secret": "s3cret"}
+    envs = [p["env"] for p in job["processes"]]
+    assert [e["RANK"] for e in envs] == ["2", "3"]
+    assert {e["MASTER_ADDR"] for e in envs} == {"10.0.0.7"}
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["4", "5"]  # local ranks 0 and 1 of what Slurm granted
+    assert job["slurm"] == {"job_id": "42", "node": "gpu8", "nodes": ["gpu7", "gpu8", "gpu9"]}
+    assert "@slurm-node-" not in json.dumps([job, agent])
+
+
+def test_fab_plan_prints_the_script_and_export_writes_it(tmp_path):
+    doc = json.loads(json.dumps(BASE))
+    doc["cluster"]["workspace"] = str(tmp_path / "ws")
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(doc))
+    env = {**os.environ, "FABTRAIN_CLUSTER": str(tmp_path / "cluster.yaml"), "FABTRAIN_STATE_DIR": str(tmp_path)}
+    out = subprocess.run([FAB, "plan"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("#!/bin/sh\n#SBATCH --job-name=fabtrain-lab\n")
+    out = subprocess.run([FAB, "export", f"--slurm={tmp_path / 'job.sh'}"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "job.sh").read_text().startswith("#!/bin/sh\n#SBATCH --job-name=fabtrain-lab\n")
+    doc["scheduler"]["time"] = 720
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(doc))
+    out = subprocess.run([FAB, "plan"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [f"fab plan: {tmp_path / 'cluster.yaml'}: scheduler.time: must be a "
+                                               'string in quotes, e.g. "12:00:00" (minutes, H:MM:SS or D-HH:MM:SS; '
+                                               "YAML reads an unquoted 12:00:00 as a number)"]
+
+
+def test_the_cluster_file_in_docs_slurm_md_is_valid_as_printed():
+    text = (REPO / "docs" / "slurm.md").read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    c = parse_cluster(yaml.safe_load(block), "docs/slurm.md")
+    assert c.scheduler.nodes == 2 and c.scheduler.time == "12:00:00" and c.trainer_count == 16
+
+
+def test_a_job_written_on_another_machine_is_read_from_its_agents_health_not_from_local_proc(tmp_path):
+    from fabtrain.node import ops
+    ws, job_id = tmp_path / "node1", "20261124-000000-abcd"
+    jd = ws / "jobs" / job_id
+    (jd / "run").mkdir(parents=True)
+    job = {"job_id": job_id, "node": "node1", "machine": {"boot_id": "not-this-machine", "hostname": "gpu8"},
+           "slurm": {"job_id": "42", "node": "gpu8", "nodes": ["gpu7", "gpu8"]},
+           "processes": [{"name": "trainer-1"}, {"name": "trainer-2"}]}
+    (jd / "job.json").write_text(json.dumps(job))
+    # A run record whose pid is alive HERE (this test) must not be taken for the remote trainer.
+    (jd / "run" / "trainer-1.json").write_text(json.dumps({"pid": os.getpid(), "create_time": 0}))
+    health = {"ts": time.time(), "interval": 1.0,
+              "processes": [{"name": "trainer-1", "state": "killed", "pid": 7, "exit_code": 137, "signal": "SIGKILL"}]}
+    (jd / "health.json").write_text(json.dumps(health))
+    reply = ops.op_status({"workspace": str(ws), "job_id": job_id})
+    assert reply["slurm"]["job_id"] == "42"
+    assert [(p["name"], p["state"], p.get("exit_code")) for p in reply["processes"]] == \
+        [("trainer-1", "killed", 137), ("trainer-2", "not started", None)]
+    assert not allocation.running_elsewhere(str(jd))
+    health["processes"][0].update(state="running", exit_code=None)
+    (jd / "health.json").write_text(json.dumps(health))
+    assert allocation.running_elsewhere(str(jd))
+    health["ts"] -= 3600  # an agent silent for an hour says nothing about now
+    (jd / "health.json").write_text(json.dumps(health))
+    assert not allocation.running_elsewhere(str(jd))
