@@ -116,7 +116,8 @@ def test_fab_plan_prints_the_script_and_export_writes_it(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [f"fab plan: {tmp_path / 'cluster.yaml'}: scheduler.time: must be a "
                                                'string in quotes, e.g. "12:00:00" (minutes, H:MM:SS or D-HH:MM:SS; '
-                                               "YAML reads an unquoted 12:00:00 as a number)"]
+                                               "YAML reads an unquoted 12:00:00 as a number) (line "
+                                               f"{yaml.safe_dump(doc).splitlines().index('  time: 720') + 1})"]
 
 
 def test_the_cluster_file_in_docs_slurm_md_is_valid_as_printed():

@@ -24,6 +24,7 @@ WRONG_TEXT = {
     ("export", "tensorboard"): ("{a_file}", "not a directory"),
     ("export", "k8s"): ("{a_file}", "not a directory"),
     ("export", "k8s-kind"): ("deployment", "--k8s-kind"),
+    ("export", "slurm"): ("{a_file}", "--slurm"),
 }
 
 
