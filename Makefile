@@ -23,7 +23,8 @@ venv: $(VENV)/.installed
 
 # What the tests need that is not in the venv, where missing: openssh-server and
 # openssh-client (sshd nodes), rsync, procps (pkill), chromium at /usr/bin/chromium
-# (the path the browser test drives), iproute2 (ip, for the network-namespace test), and
+# (the path the browser test drives), iproute2 (ip, for the network-namespace test),
+# openmpi-bin with libopenmpi-dev (mpirun, and mpicc for the MPI tests' program) and
 # slurm-wlm with munge (the Slurm tests' cluster: slurmctld, slurmd, munged).
 system-deps:
 	@missing=""; \
@@ -33,8 +34,8 @@ system-deps:
 	command -v pkill >/dev/null || missing="$$missing procps"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	command -v ip >/dev/null || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || missing="$$missing iproute2"; \
-	command -v mpirun >/dev/null || missing="$$missing openmpi-bin"; \
-	command -v mpicc >/dev/null || missing="$$missing libopenmpi-dev"; \
+	command -v mpirun >/dev/null || [ -x /usr/bin/mpirun ] || missing="$$missing openmpi-bin"; \
+	command -v mpicc >/dev/null || [ -x /usr/bin/mpicc ] || missing="$$missing libopenmpi-dev"; \
 	command -v slurmctld >/dev/null || [ -x /usr/sbin/slurmctld ] || missing="$$missing slurm-wlm"; \
 	command -v munged >/dev/null || [ -x /usr/sbin/munged ] || missing="$$missing munge"; \
 	if [ -n "$$missing" ]; then \
