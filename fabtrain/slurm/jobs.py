@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from fabtrain.controller import preflight, state
 from fabtrain.errors import UserError
 from fabtrain.plan.plan import Plan, make_plan, new_job_id
+from fabtrain.remote import rpc
 from fabtrain.remote.session import Session
 from fabtrain.slurm.commands import TOOLS, SlurmCommands
 from fabtrain.slurm.script import absolute as script_absolute, job_folder, job_name, render
@@ -178,7 +179,7 @@ class Cancelled:
 def cancel_all(session: Session, grace: float = 5.0, wait: float = 60.0) -> Cancelled:
     """fab kill-all: mark the job killed on every node (the agents read it), scancel, wait until Slurm says ended."""
     ids = sorted(set(our_jobs(session)) | ({current(session)} - {None}), key=lambda j: int(j.split("_")[0]))
-    replies = session.map(lambda t: t.call("mark_killed", {}, timeout=60))
+    replies = session.map(lambda t: rpc.call(t, "mark_killed", {}, timeout=60))
     marked = [r.node for r in replies if r.ok and r.value.get("marked")]
     commands = SlurmCommands(session)
     if ids:
