@@ -21,7 +21,7 @@ from fabtrain.node.coordination.restart import RestartPolicy
 from fabtrain.node.kill import send
 from fabtrain.node.states import FINAL, JobState, read_killer, signal_name
 
-from . import policy, snapshot
+from . import policy, snapshot, stacks
 from .events import EventLog
 from .keeper import AgentLife
 from .link import Link
@@ -265,9 +265,17 @@ class Agent:
 
     def execute(self, actions: list, now: float) -> None:
         protected = {self.pid, os.getppid(), self.life.keeper_pid}
+        frames = None  # the stacks just dumped: the hang or teardown event that follows carries them
         for a in actions:
-            if isinstance(a, policy.Note):
-                self.events.write(a.kind, a.reason, a.name, **a.fields)
+            if isinstance(a, policy.DumpStacks):
+                frames = stacks.dump(stacks.targets_of(self.contexts, a.names, self.kids), self.jd)
+            elif isinstance(a, policy.Note):
+                fields = a.fields
+                if frames is not None and a.kind in ("hang", "teardown"):
+                    fields = dict(fields, stacks=frames)
+                    if a.name in frames:
+                        fields["frame"] = frames[a.name].get("frame") or frames[a.name].get("why")
+                self.events.write(a.kind, a.reason, a.name, **fields)
             elif isinstance(a, policy.Stop):
                 self.by_name[a.name].close(a.reason, now, self.procs)
             elif isinstance(a, policy.Escalate):
