@@ -95,6 +95,8 @@ class Notifier:
         where = ev.get("origin") or ev.get("node") or self.node
         subject = (" %s" % ev["name"]) if ev.get("name") else ""
         text = "fabtrain: job %s %s%s on %s: %s" % (self.job_id, what, subject, where, ev.get("reason") or what)
+        if ev.get("frame"):  # a hang: where the stalled rank stood (its main thread's top frame)
+            text += " [at %s]" % ev["frame"]
         return {"text": text, "kind": what, "job_id": self.job_id, "cluster": self.cluster, "node": self.node,
                 "event": ev}
 
