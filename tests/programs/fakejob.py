@@ -14,6 +14,7 @@ is stopped. Faults name the process they apply to as <role>-<rank> (or "*"):
     --worker-zombies trainer-0:2 start a worker (in the group) that ignores SIGTERM and leaves 2 zombies
     --ignore-term pserver-0      ignore SIGTERM
     --spin trainer-1:4           at step 4 stop writing and spin in Python (spin_forever), a thread asleep beside it
+    --slow trainer-1:2           take 2 times the period between records (a straggler)
     --block trainer-1:4          at step 4 stop writing and block in recv() on a socket no one writes (wait_for_peer)
 """
 import json
@@ -51,7 +52,7 @@ def make_zombies(n):
 
 
 def main():
-    ap = parser("--crash", "--hang", "--child", "--zombies", "--worker-zombies", "--ignore-term", "--spin", "--block")
+    ap = parser("--crash", "--hang", "--child", "--zombies", "--worker-zombies", "--ignore-term", "--spin", "--block", "--slow")
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--warmup", type=float, default=0.0)
     args = ap.parse_args()
@@ -99,7 +100,8 @@ def main():
             metrics.write(json.dumps(rec) + "\n")
             metrics.flush()
         step += 1
-        time.sleep(args.period)
+        slow = mine(args.slow)
+        time.sleep(args.period * (float(slow[0]) if slow else 2.0) if slow is not None else args.period)
     print(f"{me} done after {step} steps", flush=True)
 
 

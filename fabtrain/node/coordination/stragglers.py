@@ -63,6 +63,22 @@ def judge(rates: dict, behind: Behind, now: float, rule: Rule) -> tuple[list, Be
     return found, replace(behind, since=since, reported=frozenset(reported))
 
 
+def rates_of(peers: dict) -> dict:
+    """{(node, name): rate} of the running trainers in the beats' process tables ({node: procs})."""
+    return {(node, name): p.get("rate") for node, procs in peers.items() for name, p in (procs or {}).items()
+            if isinstance(p, dict) and p.get("role") == "trainer" and p.get("state") == "running"
+            and (p.get("rate") is None or isinstance(p.get("rate"), (int, float)))}
+
+
+def rule_of(watchdog: dict) -> Rule | None:
+    """job.json's watchdog.straggler (the plan writes it from cluster.yaml), or None: no check."""
+    s = watchdog.get("straggler") if isinstance(watchdog, dict) else None
+    try:
+        return Rule(float(s["share"]), float(s["window"])) if isinstance(s, dict) else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def reason(f: Finding, rule: Rule) -> str:
     return ("%s on %s runs at %.3g steps/s, below %g of the median rank's %.3g steps/s for %g s or more"
             % (f.name, f.node, f.rate, rule.share, f.median, rule.window))
