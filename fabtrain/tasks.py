@@ -194,11 +194,14 @@ def watch(c, interval=1.0, timeout=None, job=None):
 
 
 @fabtask(lines=Number(whole=True, lo=0, hi=10**7))
-def logs(c, lines=20, follow=False, job=None):
-    """Print the last --lines of every process's log, prefixed [node role-rank]; --follow streams."""
-    if lines == 0 and not follow:
+def logs(c, lines=20, follow=False, job=None, stacks=False):
+    """Print the last --lines of every process's log, prefixed [node role-rank]; --follow streams;
+    --stacks prints instead every thread's stack each process had when a hang stopped the job."""
+    if stacks and follow:
+        raise UserError("--stacks and --follow do not go together: stacks are saved once, before a hang's teardown")
+    if lines == 0 and not follow and not stacks:
         raise UserError("--lines 0 shows nothing: give 1 or more (with --follow, 0 shows only new lines)")
-    replies = lifecycle.logs(session(c), lines=lines, follow=follow, job_id=job)
+    replies = lifecycle.logs(session(c), lines=lines, follow=follow, job_id=job, stacks=stacks)
     lifecycle.require_job(replies, job)
     for r in replies:
         if not r.ok:

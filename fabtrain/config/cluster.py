@@ -29,7 +29,8 @@ MODES = ("pserver", "collective")
 HOST_KEY_POLICIES = ("strict", "accept-new")
 ON_FAILURE = ("kill-job", "keep", "restart")
 LAUNCHERS = ("fabtrain", "mpirun")
-NOTIFY_ON = ("failed", "hang", "restart", "finished")
+NOTIFY_ON = ("failed", "hang", "restart", "finished")  # the default `on`
+NOTIFY_KINDS = NOTIFY_ON + ("straggler",)  # what `on` may name
 WEBHOOK_RE = re.compile(r"^https?://[^\s/?#]+[^\s]*$")
 
 
@@ -48,7 +49,8 @@ FIELDS: dict[str, set[str]] = {
     "job.trainer": {"per_node", "command", "use_gpu", "trainer_count"},
     "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq", "max_extract_mb", "max_expansion"},
     "job.watchdog": {"enabled", "interval", "hang_timeout", "startup_timeout", "grace", "on_failure", "port", "notify",
-                     "max_restarts", "restart_backoff", "restart_on_exit_codes"},
+                     "max_restarts", "restart_backoff", "restart_on_exit_codes", "straggler"},
+    "job.watchdog.straggler": {"share", "window"},
     "job.watchdog.notify": {"webhook", "command", "on"},
 }
 
@@ -134,6 +136,9 @@ class WatchdogSpec:
     notify: NotifySpec | None = None
     # on_failure restart: how many times, the first backoff (doubled each time), which exit codes (None: any).
     max_restarts: int = 3
+    # A rank below straggler_share of the median rank's step rate for straggler_window seconds: a straggler.
+    straggler_share: float = 0.7
+    straggler_window: float = 60.0
     restart_backoff: float = 10.0
     restart_on_exit_codes: tuple[int, ...] | None = None
 
@@ -438,6 +443,7 @@ class _Parser(Checks):
             restart_backoff=self.number(w.get("restart_backoff", dw.restart_backoff), "job.watchdog.restart_backoff",
                                         0, 3600),
             restart_on_exit_codes=self.exit_codes(w.get("restart_on_exit_codes"), "job.watchdog.restart_on_exit_codes"),
+            **self.straggler(w.get("straggler"), dw),
         )
 
         env_doc = d.get("env") or {}
@@ -477,9 +483,16 @@ class _Parser(Checks):
             raise self.fail(where, "give a webhook, a command, or both")
         on = n.get("on", list(NOTIFY_ON))
         if not isinstance(on, list) or not on:
-            raise self.fail(f"{where}.on", f"must be a non-empty list of: {', '.join(NOTIFY_ON)}")
-        on = tuple(self.choice(k, f"{where}.on[{i}]", NOTIFY_ON) for i, k in enumerate(on))
+            raise self.fail(f"{where}.on", f"must be a non-empty list of: {', '.join(NOTIFY_KINDS)}")
+        on = tuple(self.choice(k, f"{where}.on[{i}]", NOTIFY_KINDS) for i, k in enumerate(on))
         return NotifySpec(webhook=webhook, command=command, on=on)
+
+    def straggler(self, doc, dw: WatchdogSpec) -> dict:
+        s = self.mapping(doc, "job.watchdog.straggler", FIELDS["job.watchdog.straggler"])
+        return {"straggler_share": self.number(s.get("share", dw.straggler_share), "job.watchdog.straggler.share",
+                                               0.01, 1),
+                "straggler_window": self.number(s.get("window", dw.straggler_window), "job.watchdog.straggler.window",
+                                                1, 7 * 86400)}
 
     def check_roles(self, cluster: Cluster) -> None:
         if not cluster.trainer_nodes:

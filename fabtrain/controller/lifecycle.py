@@ -353,9 +353,12 @@ def status(session: Session, job_id: str | None = None, health: bool = False, ti
     return replies
 
 
-def logs(session: Session, lines: int = 20, follow: bool = False, job_id: str | None = None, out=None) -> list[Reply]:
+def logs(session: Session, lines: int = 20, follow: bool = False, job_id: str | None = None, out=None,
+         stacks: bool = False) -> list[Reply]:
     out = VisibleLines(out or sys.stdout)  # a program's escape sequences never reach the terminal as such
     payload = {"lines": lines, "follow": follow, "job_id": jobid.checked(job_id, UserError, optional=True)}
+    if stacks:
+        payload["stacks"] = True
     return session.map(lambda t: rpc.call(t, "logs", payload, stream=out))
 
 

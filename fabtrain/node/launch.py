@@ -24,6 +24,15 @@ this very file into the job directory at start, so it runs before and without
 
 The program is run under ``stdbuf -oL -eL`` where stdbuf exists, so C stdio
 writes the log a line at a time.
+
+Stacks on request: the program's environment gets ``FABTRAIN_STACKS``
+(``<job_dir>/stacks/<name>.txt``) and ``PYTHONPATH`` led by
+``<job_dir>/stacks/hook``, whose ``sitecustomize.py`` (written here) has a
+Python program register ``faulthandler`` for STACK_SIGNAL, all threads, into
+that file, then imports the user's own ``sitecustomize`` if there is one. The
+user's code is unchanged; a program that is not Python, or runs with ``-I``,
+``-E`` or ``-S``, installs no handler, and the agent (which checks the
+signal's handler in /proc before sending it) leaves it alone.
 """
 from __future__ import annotations
 
@@ -35,6 +44,55 @@ SCRIPT = "launch.py"  # its name in the job directory
 RESERVE = 64  # bytes reserved for the exit record
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+STACK_SIGNAL_OFFSET = 6  # SIGRTMIN + 6: a real-time signal no runtime we know of uses
+STACK_HOOK = """\
+import os, sys
+def _fabtrain_stacks():
+    import faulthandler, signal
+    path = os.environ.get("FABTRAIN_STACKS")
+    if path:
+        try:
+            faulthandler.register(signal.SIGRTMIN + %d, file=open(path, "a"), all_threads=True)
+        except (OSError, ValueError, AttributeError, RuntimeError):
+            pass
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    from importlib.machinery import PathFinder
+    from importlib.util import module_from_spec
+    spec = PathFinder.find_spec("sitecustomize", sys.path)  # the user's own, if any
+    if spec is not None and spec.loader is not None:
+        spec.loader.exec_module(module_from_spec(spec))
+_fabtrain_stacks()
+del _fabtrain_stacks
+""" % STACK_SIGNAL_OFFSET
+
+
+def stack_signal() -> int:
+    """The signal a program of ours answers with its stacks (see the module's docstring)."""
+    return signal.SIGRTMIN + STACK_SIGNAL_OFFSET
+
+
+def stacks_path(job_dir: str, name: str) -> str:
+    return os.path.join(job_dir, "stacks", name + ".txt")
+
+
+def _stack_hook(exit_path: str) -> None:
+    """In the program's child, before exec: the environment that makes a Python program dump stacks on request."""
+    run = os.path.dirname(os.path.abspath(exit_path))
+    job_dir, name = os.path.dirname(run), os.path.basename(exit_path)[:-len(".exit")]
+    hook = os.path.join(job_dir, "stacks", "hook")
+    try:
+        os.makedirs(hook, mode=0o700, exist_ok=True)
+        target = os.path.join(hook, "sitecustomize.py")
+        tmp = "%s.%d" % (target, os.getpid())
+        with open(tmp, "w") as f:
+            f.write(STACK_HOOK)
+        os.replace(tmp, target)
+    except OSError:
+        return  # no stacks for this one; it runs all the same
+    os.environ["FABTRAIN_STACKS"] = stacks_path(job_dir, name)
+    old = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != hook]
+    os.environ["PYTHONPATH"] = os.pathsep.join([hook] + old)
 
 
 def command(python: str, job_dir: str, exit_path: str, argv, subreaper: bool = True) -> list:
@@ -131,7 +189,7 @@ def _parse(argv):
     return exit_path, subreaper, program
 
 
-def _start(program) -> int:
+def _start(program, exit_path: str = "") -> int:
     import shutil  # here: the agent imports this module too, and keeps small
     parent = os.getpid()
     if shutil.which("stdbuf"):
@@ -146,6 +204,8 @@ def _start(program) -> int:
         # Python ignores SIGPIPE and SIGXFSZ; a program expects the defaults. SIGHUP stays ignored (nohup).
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
+        if exit_path.endswith(".exit"):
+            _stack_hook(exit_path)
         os.execvp(program[0], program)
     except OSError as e:
         os.write(2, ("fabtrain launch: cannot run %s: %s\n" % (program[0], e.strerror)).encode())
@@ -170,7 +230,7 @@ def main(argv) -> int:
         return 1
     if subreaper:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    child = _start(program)
+    child = _start(program, exit_path)
     state = {"code": None}
 
     def forward(sig, frame):

@@ -351,6 +351,8 @@ def op_logs(payload):
     if not jd or not os.path.isdir(jd):
         return {"job_id": None}  # the controller says it once for every node: lifecycle.no_job
     node = payload["node"]
+    if payload.get("stacks"):
+        return print_stacks(jd, node)
     logs_dir = os.path.join(jd, "logs")
     names = sorted(f[:-4] for f in os.listdir(logs_dir) if f.endswith(".log"))
     offsets = {}
@@ -382,6 +384,19 @@ def op_logs(payload):
         if not live_job_processes(jd) and not importlib.import_module("fabtrain.node.allocation").running_elsewhere(jd):
             return {"job_id": os.path.basename(jd)}
         time.sleep(0.2)
+
+
+def print_stacks(jd, node):
+    """The stacks the agent saved before a hang's teardown (stacks/<name>.txt), prefixed [node name]."""
+    sdir = os.path.join(jd, "stacks")
+    names = sorted(f[:-4] for f in os.listdir(sdir) if f.endswith(".txt")) if os.path.isdir(sdir) else []
+    for name in names:
+        for line in tail_lines(os.path.join(sdir, name + ".txt"), 10 ** 4, max_bytes=1 << 20):
+            sys.stdout.write("[%s %s] %s\n" % (node, name, line))
+    if not names:
+        sys.stdout.write("[%s] no stacks saved (they are taken before a hang's teardown)\n" % node)
+    sys.stdout.flush()
+    return {"job_id": os.path.basename(jd)}
 
 
 def kill_targets(ws, records, skip, only=None):

@@ -13,11 +13,16 @@ is stopped. Faults name the process they apply to as <role>-<rank> (or "*"):
     --zombies trainer-0:3        fork 3 children that exit at once and are never reaped
     --worker-zombies trainer-0:2 start a worker (in the group) that ignores SIGTERM and leaves 2 zombies
     --ignore-term pserver-0      ignore SIGTERM
+    --spin trainer-1:4           at step 4 stop writing and spin in Python (spin_forever), a thread asleep beside it
+    --slow trainer-1:2           take 2 times the period between records (a straggler)
+    --block trainer-1:4          at step 4 stop writing and block in recv() on a socket no one writes (wait_for_peer)
 """
 import json
 import os
 import signal
+import socket
 import sys
+import threading
 import time
 
 from faults import me, mine, parser, rank, role
@@ -28,6 +33,18 @@ def sleep_forever():
         time.sleep(3600)
 
 
+def spin_forever():
+    threading.Thread(target=sleep_forever, daemon=True).start()
+    n = 0
+    while True:
+        n += 1
+
+
+def wait_for_peer():
+    a, b = socket.socketpair()
+    a.recv(1)
+
+
 def make_zombies(n):
     for _ in range(n):
         if os.fork() == 0:
@@ -35,7 +52,7 @@ def make_zombies(n):
 
 
 def main():
-    ap = parser("--crash", "--hang", "--child", "--zombies", "--worker-zombies", "--ignore-term")
+    ap = parser("--crash", "--hang", "--child", "--zombies", "--worker-zombies", "--ignore-term", "--spin", "--block", "--slow")
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--warmup", type=float, default=0.0)
     args = ap.parse_args()
@@ -56,6 +73,8 @@ def main():
         print(f"{me} worker {os.getpid()} holds zombies", flush=True)
         sleep_forever()
     crash, hang = mine(args.crash), mine(args.hang)
+    stuck = [(f, mine(spec)) for f, spec in ((spin_forever, args.spin), (wait_for_peer, args.block))]
+    stuck = [(f, int(a[0]) if a else 0) for f, a in stuck if a is not None]
 
     metrics = open(os.environ["FABTRAIN_METRICS"], "a") if os.environ.get("FABTRAIN_METRICS") else None
     print(f"{me} started pid {os.getpid()} argv {sys.argv[1:]}", flush=True)
@@ -68,6 +87,10 @@ def main():
         if hang is not None and step >= int(hang[0] if hang else 0):
             print(f"{me} hanging at step {step}", flush=True)
             sleep_forever()
+        for f, at in stuck:
+            if step >= at:
+                print(f"{me} stuck in {f.__name__} at step {step}", flush=True)
+                f()
         rec = {"ts": time.time(), "role": role, "rank": rank, "step": step}
         if role == "trainer":
             rec.update(loss=round(5.0 / (step + 1), 4), samples_per_s=100.0, epoch=0)
@@ -77,7 +100,8 @@ def main():
             metrics.write(json.dumps(rec) + "\n")
             metrics.flush()
         step += 1
-        time.sleep(args.period)
+        slow = mine(args.slow)
+        time.sleep(args.period * (float(slow[0]) if slow else 2.0) if slow is not None else args.period)
     print(f"{me} done after {step} steps", flush=True)
 
 

@@ -52,7 +52,7 @@ def test_job_events_from_the_first_node_only_and_hangs_from_any(tmp_path, hook):
         log.write("job_failed", "trainer-1 on node2 exited with code 3", origin="node2")
         log.write("job_failed", "trainer-1 on node2 exited with code 3")  # the coordinator's word too
         log.write("exited", "exited 3", "trainer-1")  # not an alert
-    second.write("hang", "no progress for 3 s", "trainer-1")
+    second.write("hang", "no progress for 3 s", "trainer-1", frame="/w/train.py:42 in all_reduce")
     first.write("restarted", "restart 1 of 3", "trainer-0")  # not in `on`
     assert wait_for(lambda: len(hook.got) >= 2, timeout=5)
     time.sleep(0.5)
@@ -61,6 +61,8 @@ def test_job_events_from_the_first_node_only_and_hangs_from_any(tmp_path, hook):
     failed = next(b for _, b in hook.got if b["kind"] == "failed")
     assert failed["text"] == "fabtrain: job J1 failed on node2: trainer-1 on node2 exited with code 3"
     assert failed["event"]["kind"] == "job_failed" and failed["job_id"] == "J1"
+    hang = next(b for _, b in hook.got if b["kind"] == "hang")
+    assert hang["text"].endswith("no progress for 3 s [at /w/train.py:42 in all_reduce]"), hang["text"]
 
 
 def test_kill_all_is_no_failure_alert_by_its_reason_or_by_the_marker(tmp_path, hook):

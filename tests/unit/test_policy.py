@@ -4,8 +4,9 @@ from __future__ import annotations
 import signal
 from dataclasses import replace
 
-from fabtrain.node.agent.policy import (Config, Escalate, Ledger, Note, Observation, Orphan, Peers, ProcFacts, Signal,
+from fabtrain.node.agent.policy import (Config, DumpStacks, Escalate, Ledger, Note, Observation, Orphan, Peers, ProcFacts, Signal,
                                         Status, Stop, Stray, decide, next_deadline, on_status)
+from fabtrain.node.agent.stacks import top_frame
 from fabtrain.node.states import ProcessState, describe_end, state_of
 
 CFG = Config(node="n2", job_id="J", interval=1.0, hang_timeout=3.0, startup_timeout=60.0, grace=2.0, on_failure="kill-job",
@@ -198,3 +199,41 @@ def test_zombies_are_reported_once_and_their_parent_killed_when_the_job_ends():
     ledger = replace(ledger, status=Status("failed", "x"))
     actions, ledger = run(p, ledger=ledger)
     assert notes(actions, "zombie") == [] and Signal(250, None, signal.SIGKILL) in actions
+
+
+# -- stacks before the kill ------------------------------------------------------------------
+
+
+def test_a_hang_dumps_every_live_processs_stacks_once_before_any_stop_and_names_the_first_to_stop():
+    hung = trainer("trainer-1", last_record=5.0)  # stopped first
+    late = trainer("trainer-0", last_record=6.0)
+    actions, ledger = run(late, hung, now=8.5)
+    dumps = [a for a in actions if isinstance(a, DumpStacks)]
+    assert dumps == [DumpStacks(("trainer-0", "trainer-1"))]
+    first_stop = next(i for i, a in enumerate(actions) if isinstance(a, Stop))
+    assert actions.index(dumps[0]) < first_stop
+    assert [(n.name, n.fields["first"]) for n in notes(actions, "hang")] == [("trainer-1", "trainer-1")]
+    assert ledger.stacks_taken
+    again, _ = run(late, hung, now=12.0, ledger=ledger)
+    assert not [a for a in again if isinstance(a, DumpStacks)]
+
+
+def test_another_nodes_hang_dumps_stacks_here_before_the_teardown_but_another_failure_does_not():
+    hang = {"op": "status", "job_id": "J", "status": "failed", "reason": "trainer-1 on n3 hung: no progress",
+            "node": "n3"}
+    _, ledger = on_status(hang, "J", Ledger(), CFG)
+    actions, _ = run(trainer(last_record=9.9), ledger=ledger)
+    assert actions.index(DumpStacks(("trainer-0",))) < actions.index(Stop("trainer-0", "teardown: job failed (%s)"
+                                                                            % hang["reason"]))
+    _, ledger = on_status(dict(hang, reason="trainer-1 on n3 exited with code 1"), "J", Ledger(), CFG)
+    actions, _ = run(trainer(last_record=9.9), ledger=ledger)
+    assert not [a for a in actions if isinstance(a, DumpStacks)]
+
+
+def test_the_main_threads_top_frame_is_read_from_faulthandlers_dump():
+    text = ('Thread 0x00007f31b272e6c0 (most recent call first):\n'
+            '  File "/w/x.py", line 5 in sleeper\n  File "/usr/lib/threading.py", line 982 in run\n\n'
+            'Current thread 0x00007f31b3490240 (most recent call first):\n'
+            '  File "/w/fakejob.py", line 42 in spin_forever\n  File "/w/fakejob.py", line 90 in main\n')
+    assert top_frame(text) == "/w/fakejob.py:42 in spin_forever"
+    assert top_frame("") is None

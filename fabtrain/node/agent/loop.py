@@ -21,7 +21,9 @@ from fabtrain.node.coordination.restart import RestartPolicy
 from fabtrain.node.kill import send
 from fabtrain.node.states import FINAL, JobState, read_killer, signal_name
 
-from . import policy, snapshot
+from fabtrain.node.coordination import stragglers
+
+from . import policy, snapshot, stacks
 from .events import EventLog
 from .keeper import AgentLife
 from .link import Link
@@ -151,6 +153,8 @@ class Agent:
         self.final_since: float | None = None
         self.started_generation = 0  # the job's generation this node last started (beats carry it)
         self.launchers: list = []  # launchers this agent started (a restart): reaped here
+        self.straggler_rule = stragglers.rule_of(self.job.get("watchdog"))
+        self.behind = stragglers.Behind()
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -242,6 +246,7 @@ class Agent:
             if error:
                 self.events.write("agent_error", error)
             self.write_health(now)
+            self.check_stragglers(now)
         self.beat(urgent=not tick)
         self.hot = hot_pids(self.pid, self.contexts, self.ledger.orphans, self.markers.marked(), self.kids)
         self.launchers = [p for p in self.launchers if p.poll() is None]  # reap the ones that ended
@@ -265,9 +270,17 @@ class Agent:
 
     def execute(self, actions: list, now: float) -> None:
         protected = {self.pid, os.getppid(), self.life.keeper_pid}
+        frames = None  # the stacks just dumped: the hang or teardown event that follows carries them
         for a in actions:
-            if isinstance(a, policy.Note):
-                self.events.write(a.kind, a.reason, a.name, **a.fields)
+            if isinstance(a, policy.DumpStacks):
+                frames = stacks.dump(stacks.targets_of(self.contexts, a.names, self.kids), self.jd)
+            elif isinstance(a, policy.Note):
+                fields = a.fields
+                if frames is not None and a.kind in ("hang", "teardown"):
+                    fields = dict(fields, stacks=frames)
+                    if a.name in frames:
+                        fields["frame"] = frames[a.name].get("frame") or frames[a.name].get("why")
+                self.events.write(a.kind, a.reason, a.name, **fields)
             elif isinstance(a, policy.Stop):
                 self.by_name[a.name].close(a.reason, now, self.procs)
             elif isinstance(a, policy.Escalate):
@@ -295,6 +308,20 @@ class Agent:
                 generation, self.node, "; ".join(new.errors)), "start")
             self.execute(actions, time.time())
         self.beat(urgent=True)
+
+    def check_stragglers(self, now: float) -> None:
+        """On the coordinator's node, once an interval: the straggler rule over every node's step rates,
+        which the beats carry (the coordinator itself does no more work a beat)."""
+        co = self.link.coordinator
+        if co is None or self.straggler_rule is None or self.ledger.status.status != JobState.RUNNING:
+            return
+        with co.lock:
+            tables = {node: peer.procs for node, peer in co.board.peers.items()}
+        found, self.behind = stragglers.judge(stragglers.rates_of(tables), self.behind, now, self.straggler_rule)
+        for f in found:
+            p = tables.get(f.node, {}).get(f.name, {})
+            self.events.write("straggler", stragglers.reason(f, self.straggler_rule), f.name, role=p.get("role"),
+                              rank=p.get("rank"), origin=f.node, rate=f.rate, median=f.median)
 
     def _take_messages(self) -> bool:
         """Take in the coordinator's lines; True if the job's status changed."""

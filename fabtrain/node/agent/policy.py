@@ -14,6 +14,7 @@ from fabtrain.node.states import (FINAL, JobState, ProcessState, describe_end, s
                                   stopped_by)
 
 EXIT_ONLY_ROLES = ("mpirun",)  # watched for its exit only: it is silent by design; its ranks are watched for hangs
+HUNG = " hung: "  # in a hang's failure reason, which the coordinator passes on to every node
 ORPHAN_MIN_AGE = 5.0  # a process younger than this may be one node ops is starting right now
 
 
@@ -145,6 +146,7 @@ class Ledger:
     generation: int = 0  # the job's generation this agent works on (the one it runs, or is about to start)
     restart_at: float | None = None  # restarting: when the backoff ends (epoch)
     pending: bool = False  # our failure may be restarted: the coordinator's word on it is still to come
+    stacks_taken: bool = False  # this generation's stacks were dumped (once: before a hang's teardown)
 
 
 # -- what it does ---------------------------------------------------------------------------
@@ -157,6 +159,13 @@ class Note:
     reason: str
     name: str | None = None
     fields: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DumpStacks:
+    """Record every thread's stack of these live processes into the job's directory (stacks.py), before
+    the Stop actions that follow it; the next `hang` or `teardown` Note carries each one's top frame."""
+    names: tuple
 
 
 @dataclass(frozen=True)
@@ -383,12 +392,23 @@ class _Decision:
             if reason is None:
                 continue
             self.update(hung=self.ledger.hung | {p.name})
+            self.dump_stacks()
+            first = min((q for q in self.obs.procs if q.live and q.role not in EXIT_ONLY_ROLES
+                          and progress_at(q, self.ledger) is not None),
+                        key=lambda q: progress_at(q, self.ledger), default=p)
             if cfg.on_failure == "keep":
-                self.note("hang", reason + "; not killed: on_failure is keep", p, pid=p.pid)
+                self.note("hang", reason + "; not killed: on_failure is keep", p, pid=p.pid, first=first.name)
             else:
-                self.note("hang", reason, p, signal="SIGTERM", pid=p.pid)
+                self.note("hang", reason, p, signal="SIGTERM", pid=p.pid, first=first.name)
                 self.actions.append(Stop(p.name, "hang: " + reason))
-            self.fail("%s on %s hung: %s" % (p.name, cfg.node, reason), "hang")
+            self.fail("%s on %s%s%s" % (p.name, cfg.node, HUNG, reason), "hang")
+
+    def dump_stacks(self) -> None:
+        """Once a generation, before anything of it is stopped for a hang: every live process's stacks."""
+        if self.ledger.stacks_taken:
+            return
+        self.update(stacks_taken=True)
+        self.actions.append(DumpStacks(tuple(p.name for p in self.obs.procs if p.live and p.term_at is None)))
 
     def _hang_reason(self, p: ProcFacts, now: float) -> str | None:
         timeout = self.cfg.hang_timeout
@@ -513,6 +533,8 @@ class _Decision:
                       % (names or "nothing (no process left here)"))
             return
         names = ", ".join(p.name for p in live)
+        if HUNG in (st.reason or "") and live:  # another node's hang: its stacks here too, before the stop
+            self.dump_stacks()
         what = "restarting the job" if st.status == JobState.RESTARTING else "job failed"
         self.note("teardown", "%s (%s); %s" % (what, st.reason, ("stopping " + names) if names else
                                                 "nothing else of it runs here"), origin=st.origin)

@@ -19,6 +19,7 @@ def process_view(ctx, ledger, procs: dict, gpu_pids: dict) -> dict:
     last = None
     if progress is not None:
         last = progress.last_record if progress.last_record is not None else progress.last_activity
+    rate = progress.steps.rate() if progress is not None and ctx.live else None
     return {"name": ctx.name, "role": ctx.role, "rank": ctx.rank, "pid": ctx.pid,
             "launcher_pid": ctx.launcher, "state": str(ctx.state), "exit_code": ctx.exit_code,
             "signal": signal_name(ctx.signal),
@@ -26,6 +27,7 @@ def process_view(ctx, ledger, procs: dict, gpu_pids: dict) -> dict:
             "children": max(0, len(live_tree) - 1) if ctx.live else 0, "zombies": len(ctx.zombies),
             "last_progress": round(last, 3) if last else None,
             "last_record": round(progress.last_record, 3) if progress and progress.last_record else None,
+            "step_rate": round(rate, 3) if rate is not None else None,
             "hung": ctx.name in ledger.hung, "killed_by_agent": ctx.close_reason,
             "gpu_mem": sum(gpu_pids.get(p, 0) for p in live_tree) if gpu_pids else None}
 
@@ -84,7 +86,8 @@ class Health:
 def beat(job: dict, ledger, contexts, done: bool, generation: int) -> dict:
     """The heartbeat the coordinator gets (coordination.py's protocol): `generation` is the one this
     node last started; `done`: nothing of the job is left here."""
-    procs = {ctx.name: {"role": ctx.role, "rank": ctx.rank, "state": str(ctx.state), "exit_code": ctx.exit_code}
+    procs = {ctx.name: {"role": ctx.role, "rank": ctx.rank, "state": str(ctx.state), "exit_code": ctx.exit_code,
+                        "rate": ctx.progress.steps.rate() if ctx.progress and ctx.live else None}
              for ctx in contexts}
     status = ledger.status
     final = {"status": status.status, "reason": status.reason, "node": status.origin} \

@@ -12,15 +12,18 @@ Standard library only: node ops ship this module to nodes with no deployed code.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 
 from fabtrain.node import launch, procfs
 from fabtrain.node.atomic import read_json
+from fabtrain.node.coordination.stragglers import StepRate
 from fabtrain.node.kill import send, signal_all, trusted
 from fabtrain.node.states import ProcessState, signal_of, state_of
 
 CPU_PROGRESS = 0.01  # CPU seconds per second (1% of a core) that count as activity
+RATE_WINDOW = 10.0  # seconds of records a step rate is measured over (the straggler rule's input)
 NO_RECORD_WAIT = 2.0  # a launcher that outlives its program this long without recording an exit code is broken
 
 
@@ -35,6 +38,7 @@ class Progress:
         self.last_activity = floor
         self.cpu_seen: float | None = None
         self.cpu_percent = 0.0
+        self.steps = StepRate(RATE_WINDOW)
 
     def records(self, path: str | None) -> None:
         try:
@@ -47,6 +51,7 @@ class Progress:
             return
         self.records_size = st.st_size
         self.last_record = max(st.st_mtime, self.floor)
+        self.steps.add(self.last_record, last_step(path))
         self.first_record = self.first_record or self.last_record
         self.last_activity = max(self.last_activity, self.last_record)
 
@@ -63,6 +68,23 @@ class Progress:
             if delta >= max(CPU_PROGRESS * interval, 1.0 / procfs.CLK_TCK):
                 self.last_activity = max(self.last_activity, now)
         self.cpu_seen = seconds
+
+
+def last_step(path: str):
+    """The ``step`` of the last whole record in a metrics file (None: none to be had)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+            lines = f.read().split(b"\n")
+    except OSError:
+        return None
+    for line in reversed(lines[1:] if len(lines) > 1 else lines):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        return rec.get("step") if isinstance(rec, dict) else None
+    return None
 
 
 class ProcessContext:

@@ -1,0 +1,55 @@
+"""The straggler rule as data: step rates in, findings out (no process, no clock)."""
+from fabtrain.node.coordination.stragglers import Behind, Rule, StepRate, judge, median, reason
+
+RULE = Rule(share=0.7, window=60.0)
+
+
+def rates(**by_rank):
+    return {("node%d" % (i + 1), name.replace("_", "-")): r for i, (name, r) in enumerate(sorted(by_rank.items()))}
+
+
+def run(seq, rule=RULE):
+    """Feed (time, rates) in order; every finding with its time."""
+    behind, out = Behind(), []
+    for t, r in seq:
+        found, behind = judge(r, behind, t, rule)
+        out += [(t, f) for f in found]
+    return out
+
+
+def test_a_rank_at_half_the_others_rate_is_a_straggler_once_it_stayed_behind_for_the_window():
+    slow = rates(trainer_0=10.0, trainer_1=10.0, trainer_2=5.0, trainer_3=10.0)
+    found = run([(t, slow) for t in range(0, 121, 5)])
+    assert [(t, f.name, f.node, f.rate, f.median) for t, f in found] == [(60, "trainer-2", "node3", 5.0, 10.0)]
+    assert reason(found[0][1], RULE) == ("trainer-2 on node3 runs at 5 steps/s, below 0.7 of the median rank's "
+                                         "10 steps/s for 60 s or more")
+
+
+def test_a_whole_job_that_slows_down_together_has_no_straggler():
+    seq = [(t, rates(trainer_0=10.0 - t / 20, trainer_1=10.0 - t / 20, trainer_2=9.8 - t / 20)) for t in range(0, 181, 5)]
+    assert run(seq) == []
+
+
+def test_a_rank_that_catches_up_before_the_window_is_not_reported_and_its_clock_starts_again():
+    behind = rates(trainer_0=10.0, trainer_1=4.0, trainer_2=10.0)
+    even = rates(trainer_0=10.0, trainer_1=9.0, trainer_2=10.0)
+    seq = [(t, behind) for t in range(0, 50, 5)] + [(50, even)] + [(t, behind) for t in range(55, 120, 5)]
+    assert [t for t, _ in run(seq)] == [115]
+
+
+def test_unknown_rates_and_a_stalled_job_compare_nothing():
+    assert run([(t, {("n1", "trainer-0"): 10.0, ("n2", "trainer-1"): None}) for t in range(0, 200, 10)]) == []
+    assert run([(t, rates(trainer_0=0.0, trainer_1=0.0, trainer_2=0.0)) for t in range(0, 200, 10)]) == []
+    assert median([3, 1, 2]) == 2 and median([1, 2, 3, 4]) == 2.5 and median([]) == 0.0
+
+
+def test_a_step_rate_is_steps_over_the_window_and_starts_again_when_the_steps_do():
+    r = StepRate(window=10.0)
+    assert r.rate() is None
+    for t in range(0, 31):
+        r.add(float(t), 2 * t)
+    assert r.rate() == 2.0 and r.samples[0][0] >= 30 - 11
+    r.add(31.0, 0)  # the program restarted from step 0
+    r.add(32.0, 3)
+    r.add(33.0, "x")  # not a number: ignored
+    assert r.rate() == 3.0
