@@ -14,7 +14,7 @@ import os
 import pwd
 import subprocess
 
-from fabtrain.node import procfs
+from fabtrain.node import gpulease, procfs
 
 STANDIN_ENV = "FABTRAIN_GPU_STANDIN"
 GPU_FIELDS = ("index", "uuid", "name", "memory.total", "memory.used", "ecc.errors.uncorrected.volatile.total",
@@ -70,15 +70,18 @@ def _owner(pid: int):
         return str(uid)
 
 
-def _holders(gpus: list) -> list:
+def _holders(gpus: list, environ) -> list:
     """Each process with its user and command, from /proc where the reading did not give them."""
+    leases = gpulease.holders(environ)
     for g in gpus:
+        if g["index"] in leases:
+            g["leased_by"] = leases[g["index"]]
         for p in g["processes"]:
             if not p.get("user"):
                 p["user"] = _owner(p["pid"]) or "?"
             if not p.get("command") or "/" in p["command"]:
                 p["command"] = " ".join(procfs.cmdline(p["pid"])) or p.get("command") or "?"
-        g["free"] = not g["processes"]
+        g["free"] = not g["processes"] and "leased_by" not in g
     return gpus
 
 
@@ -108,9 +111,9 @@ def inventory(environ=None, run=subprocess.run) -> dict:
                 g.setdefault("processes", [])
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             return {"source": "stand-in", "gpus": [], "error": "cannot read the stand-in %s: %s" % (standin, e)}
-        return {"source": "stand-in", "gpus": _holders(gpus)}
+        return {"source": "stand-in", "gpus": _holders(gpus, environ)}
     try:
-        return {"source": "nvidia-smi", "gpus": _holders(from_smi(run))}
+        return {"source": "nvidia-smi", "gpus": _holders(from_smi(run), environ)}
     except FileNotFoundError:
         return {"source": "none", "gpus": [], "error": "no NVIDIA driver"}
     except (OSError, subprocess.SubprocessError) as e:
@@ -129,6 +132,9 @@ def describe(inv: dict) -> list:
         for p in g["processes"]:
             lines.append("  GPU %d%s: %s pid %d %s %s MiB" % (g["index"], flag, p["user"], p["pid"], p["command"],
                                                              p["mem"] if p.get("mem") is not None else "?"))
-        if flag and not g["processes"]:
+        if "leased_by" in g:
+            pid = g["leased_by"]
+            lines.append("  GPU %d%s: leased by a fabtrain job, %s pid %d" % (g["index"], flag, _owner(pid) or "?", pid))
+        elif flag and not g["processes"]:
             lines.append("  GPU %d%s" % (g["index"], flag))
     return lines

@@ -75,3 +75,23 @@ def leased(index: int, environ=None) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def holders(environ=None) -> dict:
+    """{GPU index: pid} of the leases held now, read from /proc/locks; {} where no lease was ever taken."""
+    path = (os.environ if environ is None else environ).get(LEASE_DIR_ENV) or DEFAULT_LEASE_DIR
+    try:
+        names = [n for n in os.listdir(path) if n.startswith("gpu") and n.endswith(".lease")]
+        inodes = {os.stat(os.path.join(path, n)).st_ino: int(n[3:-6]) for n in names if n[3:-6].isdigit()}
+        with open("/proc/locks") as f:
+            locks = f.read().splitlines()
+    except OSError:
+        return {}
+    held = {}
+    for line in locks:
+        cells = line.split()
+        if len(cells) >= 6 and cells[1] == "FLOCK" and cells[3] == "WRITE" and cells[4].isdigit():
+            inode = cells[5].rsplit(":", 1)[-1]
+            if inode.isdigit() and int(inode) in inodes:
+                held[inodes[int(inode)]] = int(cells[4])
+    return held

@@ -4,7 +4,7 @@ import json
 import os
 import subprocess
 
-from fabtrain.node import gpuinv
+from fabtrain.node import gpuinv, gpulease
 
 SMI_GPUS = """0, GPU-aaa, NVIDIA H100 80GB HBM3, 81559, 1, 0, No, No
 1, GPU-bbb, NVIDIA H100 80GB HBM3, 81559, 20480, 0, No, No
@@ -55,3 +55,18 @@ def test_an_unreadable_stand_in_says_which_file(tmp_path):
     bad.write_text("{not json")
     inv = gpuinv.inventory(environ={gpuinv.STANDIN_ENV: str(bad)})
     assert inv["gpus"] == [] and inv["error"].startswith(f"cannot read the stand-in {bad}: ")
+
+
+def test_a_gpu_leased_by_a_fabtrain_job_is_not_free_and_names_the_holder(tmp_path):
+    standin = tmp_path / "gpus.json"  # STAND-IN: two idle GPUs
+    standin.write_text(json.dumps({"gpus": [{"index": 0, "mem_total": 1000, "mem_used": 0},
+                                            {"index": 1, "mem_total": 1000, "mem_used": 0}]}))
+    environ = {gpuinv.STANDIN_ENV: str(standin), gpulease.LEASE_DIR_ENV: str(tmp_path / "leases")}
+    held = gpulease.take([1], 1, environ)
+    try:
+        inv = gpuinv.inventory(environ=environ)
+        assert [g["free"] for g in inv["gpus"]] == [True, False]
+        assert gpuinv.describe(inv)[1:] == [f"  GPU 1: leased by a fabtrain job, {getpass.getuser()} pid {os.getpid()}"]
+    finally:
+        gpulease.release(held)
+    assert [g["free"] for g in gpuinv.inventory(environ=environ)["gpus"]] == [True, True]

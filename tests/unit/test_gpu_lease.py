@@ -30,6 +30,7 @@ def test_two_takers_at_once_get_disjoint_gpus_and_a_killed_one_frees_its_own(tmp
         a.send_signal(signal.SIGKILL)
         a.wait()
         assert [gpulease.leased(i, env) for i in range(4)] == [i not in got[0] for i in range(4)]
+        assert gpulease.holders(env) == {i: b.pid for i in got[1]}  # from /proc/locks
         assert (os.stat(tmp_path / "leases").st_mode & 0o7777) == 0o1777
     finally:
         for p in (a, b):
