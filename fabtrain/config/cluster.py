@@ -17,6 +17,7 @@ import yaml
 
 from fabtrain.config.checks import (ENV_NAME_RE, HOST_RE, IFACE_RE, IMAGE_RE, INVALID, NAME_RE, ONE_LINE_RE, USER_RE,
                                     Checks, FieldError, kind_of, reported, shown, valid)
+from fabtrain.config.gpus import fit_gpus, parse_gpus, per_node_given
 from fabtrain.config.launcher import check_launcher
 from fabtrain.config.scheduler import SlurmSpec, address_placeholder, node_roles, parse_scheduler
 from fabtrain.config.yamlfile import YAMLFileError, load_yaml_with_lines
@@ -46,7 +47,7 @@ FIELDS: dict[str, set[str]] = {
     "job": {"name", "mode", "sgd", "master_port", "code", "pserver", "trainer", "data", "watchdog", "env", "image",
             "launcher"},
     "job.pserver": {"port", "ports_num", "ports_num_for_sparse", "per_node", "command"},
-    "job.trainer": {"per_node", "command", "use_gpu", "trainer_count"},
+    "job.trainer": {"per_node", "command", "use_gpu", "trainer_count", "gpus_per_rank"},
     "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq", "max_extract_mb", "max_expansion"},
     "job.watchdog": {"enabled", "interval", "hang_timeout", "startup_timeout", "grace", "on_failure", "port", "notify",
                      "max_restarts", "restart_backoff", "restart_on_exit_codes", "straggler"},
@@ -74,7 +75,8 @@ class Node:
     python: str
     address: str  # how the other nodes reach this one (torch/paddle endpoints)
     ssh: SSHSettings
-    gpus: int | None = None  # None: whatever the node has
+    gpus: int | None = None  # how many; None: whatever the node has
+    gpu_ids: tuple[int, ...] | None = None  # the physical indices `gpus: [2, 3]` names; None: 0..gpus-1
     iface: str | None = None  # the interface gloo/NCCL use; None: the one carrying `address`, found at start
 
     @property
@@ -101,6 +103,7 @@ class TrainerSpec:
     command: str = "python -m workload.trainer --model word2vec"
     use_gpu: bool = False
     trainer_count: int = 1  # PaddlePaddle's per-process thread/GPU count
+    gpus_per_rank: int = 1  # with use_gpu: how many of its node's GPUs each local rank sees
 
 
 @dataclass(frozen=True)
@@ -276,6 +279,8 @@ class _Parser(Checks):
 
         if not self.errors:  # the checks across fields, once every field is right
             cluster = Cluster(name=name, path=self.path, parallel=parallel, nodes=nodes, job=job, scheduler=scheduler)
+            fitted = self.part(fit_gpus, cluster, per_node_given(doc), self.fail)
+            cluster = fitted if valid(fitted) else cluster
             self.part(self.check_roles, cluster)
             self.part(check_launcher, cluster, self.fail)
         if self.errors:
@@ -337,9 +342,10 @@ class _Parser(Checks):
             ws = self.path_value(d["workspace"], f"{where}.workspace") if "workspace" in d else f"{workspace}/{name}"
             py = self.path_value(d["python"], f"{where}.python") if "python" in d else python
             address = self.string(d["address"], f"{where}.address", HOST_RE, "address") if "address" in d else None
-            gpus = self.integer(d["gpus"], f"{where}.gpus", 0, 1024) if "gpus" in d else None
+            gpus = self.gpus(d["gpus"], f"{where}.gpus") if "gpus" in d else (None, None)
             iface = self.string(d["iface"], f"{where}.iface", IFACE_RE, "interface name") if "iface" in d else None
-            nodes.append(self.make_node(name, host, roles, ws, py, address, node_ssh, gpus, iface))
+            nodes.append(self.make_node(name, host, roles, ws, py, address, node_ssh,
+                                        *(gpus if valid(gpus) else (None, None)), iface=iface))
         return tuple(nodes)
 
     @reported
@@ -370,10 +376,12 @@ class _Parser(Checks):
         for i, ip in enumerate(ips):
             host = self.string(ip, f"dist_ips[{i}]", HOST_RE, "host")
             roles = ("pserver", "trainer") if (i == 0 and pserver_mode) else ("trainer",)
-            nodes.append(self.make_node(f"node{i}", host, roles, f"{workspace}/node{i}", python, None, ssh, None))
+            nodes.append(self.make_node(f"node{i}", host, roles, f"{workspace}/node{i}", python, None, ssh, None, None))
         return tuple(nodes)
 
-    def make_node(self, name, host, roles, workspace, python, address, ssh, gpus, iface=None) -> Node:
+    gpus = parse_gpus
+
+    def make_node(self, name, host, roles, workspace, python, address, ssh, gpus, gpu_ids, iface=None) -> Node:
         if host == "local":
             address = address or "127.0.0.1"
             # A local node runs on this machine: the interpreter that runs fab.
@@ -382,7 +390,7 @@ class _Parser(Checks):
             address = address or host
             python = python or "python3"
         return Node(name=name, host=host, roles=roles, workspace=workspace, python=python, address=address, ssh=ssh,
-                    gpus=gpus, iface=iface)
+                    gpus=gpus, gpu_ids=gpu_ids, iface=iface)
 
     def job(self, value: Any) -> JobSpec:
         d = self.mapping(value, "job", FIELDS["job"])
@@ -412,6 +420,7 @@ class _Parser(Checks):
             command=self.command(t.get("command", dt.command), "job.trainer.command"),
             use_gpu=self.boolean(t.get("use_gpu", dt.use_gpu), "job.trainer.use_gpu"),
             trainer_count=self.integer(t.get("trainer_count", dt.trainer_count), "job.trainer.trainer_count", 1, 1024),
+            gpus_per_rank=self.integer(t.get("gpus_per_rank", dt.gpus_per_rank), "job.trainer.gpus_per_rank", 1, 64),
         )
 
         dd = self.mapping(d.get("data"), "job.data", FIELDS["job.data"])

@@ -10,6 +10,7 @@ from fabtrain.controller.preflight import Bandwidth, NetworkCheck
 from fabtrain.node.states import LIVE, JobState, ProcessState, stopped_by
 from fabtrain.plan.plan import IFACE_VARS, Plan, render_shell, render_start
 from fabtrain.node.ops import RUNNING_HERE_RE
+from fabtrain.node import gpuinv
 from fabtrain.controller.verdict_text import sentence
 from fabtrain.controller.terminal import visible
 from fabtrain.remote.transport import Reply, down_label
@@ -154,6 +155,10 @@ def check_text(checks: list[NodeCheck]) -> str:
     for c in checks:
         for problem in c.problems:
             out.append(f"{c.node}: {problem}" if not problem.startswith(c.node) else problem)
+    for c in checks:
+        inventory = (c.probe or {}).get("gpu_inventory")
+        if inventory and (inventory["gpus"] or inventory["source"] == "stand-in"):
+            out.extend(f"{c.node}: {line}" for line in gpuinv.describe(inventory))
     if any("differs" in c.probe for c in checks):
         out.append("(!) differs across nodes")
     return "\n".join(out)

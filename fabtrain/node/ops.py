@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from fabtrain.node import atomic, launch, procfs, runtime
+from fabtrain.node import atomic, gpuinv, launch, procfs, runtime
 from fabtrain.node.kill import family, send, stop_all, trusted
 from fabtrain.node.refusal import UserFacing
 from fabtrain.node.workspace import (check_workspace, claim_workspace, code_refusal, job_dir, make_private_dirs,
@@ -145,6 +145,8 @@ def op_probe(payload):
             probe["gpus"] = count
         except Exception as e:  # a broken torch install is a finding, not a crash
             probe["torch_error"] = str(e)[:200]
+    if payload.get("torch_cuda", True):  # check only: who holds which GPU, and their health
+        probe["gpu_inventory"] = gpuinv.inventory()
     return probe
 
 

@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from fabtrain.config.cluster import Cluster, Node
+from fabtrain.config.gpus import visible_devices
 from fabtrain.plan.ports import AddressSlots, PortUse, needed_ports, pserver_layout, port_uses, resolved_ports
 from fabtrain.plan.runtime import runtime_dir
 from fabtrain.node import launch
@@ -334,8 +335,9 @@ def _trainer_env(cluster, node, v, local_rank, pserver_endpoints, paddle_endpoin
         }
         if not job.trainer.use_gpu:
             env["PADDLE_DISTRI_BACKEND"] = "gloo"
-    if job.trainer.use_gpu and node.gpus:
-        env["CUDA_VISIBLE_DEVICES"] = str(local_rank % node.gpus)
+    devices = visible_devices(node, local_rank, job.trainer.gpus_per_rank) if job.trainer.use_gpu else None
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = devices
     return env
 
 

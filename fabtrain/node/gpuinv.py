@@ -1,0 +1,140 @@
+"""The GPUs of this node and who holds each: `nvidia-smi` queries, or a STAND-IN for tests.
+
+The stand-in: where the environment names a JSON file in FABTRAIN_GPU_STANDIN, the inventory is read from
+it instead of the driver (tests on machines without a GPU; every reading says `"source": "stand-in"`):
+    {"gpus": [{"index": 0, "name": "...", "mem_total": 81920, "mem_used": 0,
+               "health": ["uncorrected ECC"],
+               "processes": [{"pid": 123, "mem": 2048, "user": "alice", "command": "python train.py"}]}]}
+A process's user and command, where not given, are read from /proc as for a real one. Memory in MiB.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import subprocess
+
+from fabtrain.node import gpulease, procfs
+
+STANDIN_ENV = "FABTRAIN_GPU_STANDIN"
+GPU_FIELDS = ("index", "uuid", "name", "memory.total", "memory.used", "ecc.errors.uncorrected.volatile.total",
+              "retired_pages.pending", "remapped_rows.failure")
+APP_FIELDS = ("gpu_uuid", "pid", "process_name", "used_memory")
+
+
+def _number(text: str):
+    try:
+        return int(float(text))
+    except ValueError:
+        return None  # "[N/A]", "[Not Supported]"
+
+
+def parse_smi_gpus(text: str) -> list:
+    """`nvidia-smi --query-gpu=<GPU_FIELDS> --format=csv,noheader,nounits` as GPU records."""
+    gpus = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != len(GPU_FIELDS) or _number(cells[0]) is None:
+            continue
+        health = []
+        if (_number(cells[5]) or 0) > 0:
+            health.append("uncorrected ECC")
+        if cells[6].lower() == "yes":
+            health.append("retired page pending")
+        if cells[7].lower() == "yes":
+            health.append("remapped row failure")
+        gpus.append({"index": int(cells[0]), "uuid": cells[1], "name": cells[2], "mem_total": _number(cells[3]),
+                     "mem_used": _number(cells[4]), "health": health, "processes": []})
+    return gpus
+
+
+def parse_smi_apps(text: str) -> list:
+    """`nvidia-smi --query-compute-apps=<APP_FIELDS> --format=csv,noheader,nounits` as (uuid, process)."""
+    apps = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",", 3)]
+        if len(cells) == 4 and _number(cells[1]) is not None:
+            uuid, pid, name, mem = cells[0], int(cells[1]), cells[2], cells[3]
+            apps.append((uuid, {"pid": pid, "command": name, "mem": _number(mem)}))
+    return apps
+
+
+def _owner(pid: int):
+    try:
+        uid = os.stat("/proc/%d" % pid).st_uid
+    except OSError:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _holders(gpus: list, environ) -> list:
+    """Each process with its user and command, from /proc where the reading did not give them."""
+    leases = gpulease.holders(environ)
+    for g in gpus:
+        if g["index"] in leases:
+            g["leased_by"] = leases[g["index"]]
+        for p in g["processes"]:
+            if not p.get("user"):
+                p["user"] = _owner(p["pid"]) or "?"
+            if not p.get("command") or "/" in p["command"]:
+                p["command"] = " ".join(procfs.cmdline(p["pid"])) or p.get("command") or "?"
+        g["free"] = not g["processes"] and "leased_by" not in g
+    return gpus
+
+
+def from_smi(run=subprocess.run) -> list:
+    common = ["--format=csv,noheader,nounits"]
+    gpus = parse_smi_gpus(run(["nvidia-smi", "--query-gpu=" + ",".join(GPU_FIELDS)] + common,
+                              capture_output=True, text=True, timeout=30, check=True).stdout)
+    apps = parse_smi_apps(run(["nvidia-smi", "--query-compute-apps=" + ",".join(APP_FIELDS)] + common,
+                              capture_output=True, text=True, timeout=30, check=True).stdout)
+    by_uuid = {g["uuid"]: g for g in gpus}
+    for uuid, proc in apps:
+        if uuid in by_uuid:
+            by_uuid[uuid]["processes"].append(proc)
+    return gpus
+
+
+def inventory(environ=None, run=subprocess.run) -> dict:
+    """{"source": "stand-in" | "nvidia-smi" | "none", "gpus": [...], "error": why none where there is one}."""
+    environ = os.environ if environ is None else environ
+    standin = environ.get(STANDIN_ENV)
+    if standin:
+        try:
+            with open(standin) as f:
+                gpus = json.load(f)["gpus"]
+            for g in gpus:
+                g.setdefault("health", [])
+                g.setdefault("processes", [])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            return {"source": "stand-in", "gpus": [], "error": "cannot read the stand-in %s: %s" % (standin, e)}
+        return {"source": "stand-in", "gpus": _holders(gpus, environ)}
+    try:
+        return {"source": "nvidia-smi", "gpus": _holders(from_smi(run), environ)}
+    except FileNotFoundError:
+        return {"source": "none", "gpus": [], "error": "no NVIDIA driver"}
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"source": "none", "gpus": [], "error": "nvidia-smi failed: %s" % (str(e).strip() or "no reason")}
+
+
+def describe(inv: dict) -> list:
+    """Lines for `fab check`: total and free, then each busy or flagged GPU with who holds it."""
+    gpus = inv["gpus"]
+    if not gpus:
+        return ["GPUs: none (%s)" % inv.get("error", "none found")]
+    free = [g for g in gpus if g["free"] and not g["health"]]
+    lines = ["GPUs: %d, free %d%s" % (len(gpus), len(free), " (stand-in)" if inv["source"] == "stand-in" else "")]
+    for g in gpus:
+        flag = " (!) " + ", ".join(g["health"]) if g["health"] else ""
+        for p in g["processes"]:
+            lines.append("  GPU %d%s: %s pid %d %s %s MiB" % (g["index"], flag, p["user"], p["pid"], p["command"],
+                                                             p["mem"] if p.get("mem") is not None else "?"))
+        if "leased_by" in g:
+            pid = g["leased_by"]
+            lines.append("  GPU %d%s: leased by a fabtrain job, %s pid %d" % (g["index"], flag, _owner(pid) or "?", pid))
+        elif flag and not g["processes"]:
+            lines.append("  GPU %d%s" % (g["index"], flag))
+    return lines

@@ -1,0 +1,97 @@
+"""Leases on this machine's GPUs: an flock on one file per GPU in a machine-wide directory.
+
+A lease lives exactly as long as an open descriptor on its file: the kernel drops the lock when the last
+process holding that descriptor exits (crash, SIGKILL, reboot), so a dead job's GPUs are free again with no
+cleanup, and two takers in the same instant never both win (flock is atomic). The directory is sticky and
+world-writable like /tmp, and each file is opened read-only: another user can neither remove a file nor
+release a lock held through someone else's descriptor; taking a free GPU is what every user may do.
+The one exception is the directory's owner, who may unlink files in it: on a shared server an administrator
+makes it root-owned first (`install -d -m 1777 -o root /tmp/fabtrain-gpu-leases`).
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+
+LEASE_DIR_ENV = "FABTRAIN_GPU_LEASE_DIR"
+DEFAULT_LEASE_DIR = "/tmp/fabtrain-gpu-leases"
+
+
+def lease_dir(environ=None) -> str:
+    """The machine-wide directory, made sticky and world-writable by whoever makes it first."""
+    path = (os.environ if environ is None else environ).get(LEASE_DIR_ENV) or DEFAULT_LEASE_DIR
+    try:
+        os.mkdir(path, 0o700)
+        os.chmod(path, 0o1777)  # after mkdir: the umask would drop the bits
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or not st.st_mode & stat.S_ISVTX:
+        raise OSError(errno.EPERM, "GPU lease directory %s is not a sticky shared directory" % path)
+    return path
+
+
+def _lock_file(directory: str, index: int) -> int:
+    return os.open(os.path.join(directory, "gpu%d.lease" % index), os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o444)
+
+
+def take(candidates, count: int, environ=None):
+    """Descriptors holding leases on the first `count` free GPUs of `candidates`, as {index: fd}; None if too few.
+
+    Keep the descriptors open (and inheritable into the process that lives as long as the job) to hold them.
+    """
+    directory = lease_dir(environ)
+    held = {}
+    for index in candidates:
+        if len(held) == count:
+            break
+        fd = _lock_file(directory, index)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        held[index] = fd
+    if len(held) < count:
+        release(held)
+        return None
+    return held
+
+
+def release(held) -> None:
+    for fd in held.values():
+        os.close(fd)
+
+
+def leased(index: int, environ=None) -> bool:
+    """Whether some live process holds GPU `index`'s lease."""
+    fd = _lock_file(lease_dir(environ), index)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def holders(environ=None) -> dict:
+    """{GPU index: pid} of the leases held now, read from /proc/locks; {} where no lease was ever taken."""
+    path = (os.environ if environ is None else environ).get(LEASE_DIR_ENV) or DEFAULT_LEASE_DIR
+    try:
+        names = [n for n in os.listdir(path) if n.startswith("gpu") and n.endswith(".lease")]
+        inodes = {os.stat(os.path.join(path, n)).st_ino: int(n[3:-6]) for n in names if n[3:-6].isdigit()}
+        with open("/proc/locks") as f:
+            locks = f.read().splitlines()
+    except OSError:
+        return {}
+    held = {}
+    for line in locks:
+        cells = line.split()
+        if len(cells) >= 6 and cells[1] == "FLOCK" and cells[3] == "WRITE" and cells[4].isdigit():
+            inode = cells[5].rsplit(":", 1)[-1]
+            if inode.isdigit() and int(inode) in inodes:
+                held[inodes[int(inode)]] = int(cells[4])
+    return held

@@ -1,0 +1,72 @@
+"""The node's GPU inventory: nvidia-smi's CSV as records, and the STAND-IN inventory tests use without a GPU."""
+import getpass
+import json
+import os
+import subprocess
+
+from fabtrain.node import gpuinv, gpulease
+
+SMI_GPUS = """0, GPU-aaa, NVIDIA H100 80GB HBM3, 81559, 1, 0, No, No
+1, GPU-bbb, NVIDIA H100 80GB HBM3, 81559, 20480, 0, No, No
+2, GPU-ccc, NVIDIA H100 80GB HBM3, 81559, 0, 3, [N/A], Yes
+"""
+SMI_APPS = "GPU-bbb, 4242, /usr/bin/python3, 20470\n"
+
+
+def fake_smi(args, **kwargs):
+    text = SMI_GPUS if args[1].startswith("--query-gpu=") else SMI_APPS
+    return subprocess.CompletedProcess(args, 0, stdout=text, stderr="")
+
+
+def test_nvidia_smi_output_becomes_gpus_with_their_processes_and_health():
+    gpus = gpuinv.from_smi(run=fake_smi)
+    assert [(g["index"], g["mem_used"], g["health"]) for g in gpus] == [
+        (0, 1, []), (1, 20480, []), (2, 0, ["uncorrected ECC", "remapped row failure"])]
+    assert gpus[1]["processes"] == [{"pid": 4242, "command": "/usr/bin/python3", "mem": 20470}]
+
+
+def test_no_driver_is_said_and_is_not_an_error():
+    def missing(args, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory", "nvidia-smi")
+    inv = gpuinv.inventory(environ={}, run=missing)
+    assert inv == {"source": "none", "gpus": [], "error": "no NVIDIA driver"}
+    assert gpuinv.describe(inv) == ["GPUs: none (no NVIDIA driver)"]
+
+
+def test_the_stand_in_names_a_real_holder_from_proc_and_flags_unhealthy_gpus(tmp_path):
+    # A STAND-IN inventory: fixed GPUs, one held by this test's own process (user and command from /proc).
+    standin = tmp_path / "gpus.json"
+    standin.write_text(json.dumps({"gpus": [
+        {"index": 0, "name": "stand-in", "mem_total": 1000, "mem_used": 0},
+        {"index": 1, "name": "stand-in", "mem_total": 1000, "mem_used": 600,
+         "processes": [{"pid": os.getpid(), "mem": 600}]},
+        {"index": 2, "name": "stand-in", "mem_total": 1000, "mem_used": 0, "health": ["XID 79 since boot"]}]}))
+    inv = gpuinv.inventory(environ={gpuinv.STANDIN_ENV: str(standin)})
+    assert inv["source"] == "stand-in" and [g["free"] for g in inv["gpus"]] == [True, False, True]
+    lines = gpuinv.describe(inv)
+    assert lines[0] == "GPUs: 3, free 1 (stand-in)"  # GPU 2 is unhealthy: not free to choose
+    assert lines[1].startswith(f"  GPU 1: {getpass.getuser()} pid {os.getpid()} ") and "pytest" in lines[1]
+    assert lines[1].endswith(" 600 MiB")
+    assert lines[2] == "  GPU 2 (!) XID 79 since boot"
+
+
+def test_an_unreadable_stand_in_says_which_file(tmp_path):
+    bad = tmp_path / "gpus.json"
+    bad.write_text("{not json")
+    inv = gpuinv.inventory(environ={gpuinv.STANDIN_ENV: str(bad)})
+    assert inv["gpus"] == [] and inv["error"].startswith(f"cannot read the stand-in {bad}: ")
+
+
+def test_a_gpu_leased_by_a_fabtrain_job_is_not_free_and_names_the_holder(tmp_path):
+    standin = tmp_path / "gpus.json"  # STAND-IN: two idle GPUs
+    standin.write_text(json.dumps({"gpus": [{"index": 0, "mem_total": 1000, "mem_used": 0},
+                                            {"index": 1, "mem_total": 1000, "mem_used": 0}]}))
+    environ = {gpuinv.STANDIN_ENV: str(standin), gpulease.LEASE_DIR_ENV: str(tmp_path / "leases")}
+    held = gpulease.take([1], 1, environ)
+    try:
+        inv = gpuinv.inventory(environ=environ)
+        assert [g["free"] for g in inv["gpus"]] == [True, False]
+        assert gpuinv.describe(inv)[1:] == [f"  GPU 1: leased by a fabtrain job, {getpass.getuser()} pid {os.getpid()}"]
+    finally:
+        gpulease.release(held)
+    assert [g["free"] for g in gpuinv.inventory(environ=environ)["gpus"]] == [True, True]
