@@ -22,6 +22,7 @@ import time
 
 from fabtrain.node import atomic, gpuinv, launch, procfs, runtime
 from fabtrain.node.kill import family, send, stop_all, trusted
+from fabtrain.node.killevents import append_events, write_kill_events
 from fabtrain.node.refusal import UserFacing
 from fabtrain.node.workspace import (check_workspace, claim_workspace, code_refusal, job_dir, make_private_dirs,
                                      snapshot_code, workspace)
@@ -488,40 +489,6 @@ def op_kill(payload):
     killed = [dict(described[p], signal=sent[p]) for p in sorted(sent) if p in described]
     write_kill_events(jobs_root, touched, killed, payload.get("node"), reason or by)
     return {"killed": killed, "left": left, "late": [], "untrusted": untrusted}
-
-
-def append_events(path, events):
-    """Append events to an events.jsonl, one write a line: never interleaved with the agent's."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        for ev in events:
-            os.write(fd, (json.dumps(ev) + "\n").encode())
-    finally:
-        os.close(fd)
-
-
-def write_kill_events(jobs_root, touched, killed, node, reason):
-    """One `killed` event per process (its program and children share it) in each job's events.jsonl."""
-    now = time.time()
-    for job_id in touched:
-        path = os.path.join(jobs_root, job_id, "events.jsonl")
-        if not os.path.isdir(os.path.dirname(path)):
-            continue
-        by_name = {}
-        for k in killed:
-            if k["job_id"] == job_id:
-                by_name.setdefault(k["name"], []).append(k)
-        events = []
-        for name, ks in sorted(by_name.items()):
-            role, _, rank = name.rpartition("-")
-            orphan = any(k.get("orphan") for k in ks)
-            events.append({
-                "ts": now, "node": node, "kind": "killed", "role": role,
-                "rank": int(rank) if rank.isdigit() else rank, "name": name, "pid": min(k["pid"] for k in ks),
-                "pids": sorted(k["pid"] for k in ks),
-                "reason": reason + (" (orphan: run record lost, or it left its launcher)" if orphan else ""),
-                "signal": "SIGKILL" if any(k["signal"] == "SIGKILL" for k in ks) else "SIGTERM"})
-        append_events(path, events)
 
 
 def op_verify(payload):

@@ -1,0 +1,40 @@
+"""What node ops' kill writes into a job's events.jsonl beside the agent: a failed start's
+`start_failed`, and one `killed` event per process it stopped. One write a line, with O_APPEND,
+so a line is never interleaved with the agent's own (fabtrain/node/agent/events.py)."""
+import json
+import os
+import time
+
+
+def append_events(path, events):
+    """Append events to an events.jsonl, one write a line: never interleaved with the agent's."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        for ev in events:
+            os.write(fd, (json.dumps(ev) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def write_kill_events(jobs_root, touched, killed, node, reason):
+    """One `killed` event per process (its program and children share it) in each job's events.jsonl."""
+    now = time.time()
+    for job_id in touched:
+        path = os.path.join(jobs_root, job_id, "events.jsonl")
+        if not os.path.isdir(os.path.dirname(path)):
+            continue
+        by_name = {}
+        for k in killed:
+            if k["job_id"] == job_id:
+                by_name.setdefault(k["name"], []).append(k)
+        events = []
+        for name, ks in sorted(by_name.items()):
+            role, _, rank = name.rpartition("-")
+            orphan = any(k.get("orphan") for k in ks)
+            events.append({
+                "ts": now, "node": node, "kind": "killed", "role": role,
+                "rank": int(rank) if rank.isdigit() else rank, "name": name, "pid": min(k["pid"] for k in ks),
+                "pids": sorted(k["pid"] for k in ks),
+                "reason": reason + (" (orphan: run record lost, or it left its launcher)" if orphan else ""),
+                "signal": "SIGKILL" if any(k["signal"] == "SIGKILL" for k in ks) else "SIGTERM"})
+        append_events(path, events)
