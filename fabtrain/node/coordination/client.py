@@ -14,6 +14,8 @@ import time
 from typing import Callable
 
 from . import protocol
+from .board import hung_timeout
+from .connections import kernel_timeout, watch_liveness
 from .protocol import Channel, LineReader, ProtocolError
 
 REFUSED_EVENT_EVERY = 60.0  # a refused coordinator is retried every interval; said at most this often
@@ -29,13 +31,20 @@ class Client(threading.Thread):
 
     `secret`, `job_id` and `node` default to the first beat's fields; a beat's
     "secret" is taken out of it and never sent.
+
+    A connection is given up when it is gone (closed, reset, or closed by the
+    kernel when the coordinator's host stops answering TCP for about
+    `peer_timeout`: see connections.watch_liveness), and otherwise only after
+    `hung_timeout(peer_timeout)` of silence: a coordinator that is slow to
+    answer keeps its connection, and a reconnect would only add to its load.
     """
 
     def __init__(self, host: str, port: int, interval: float, on_message: Callable[[dict], None],
                  secret: str | None = None, job_id: str | None = None, node: str | None = None,
-                 on_event: Callable[..., None] | None = None):
+                 on_event: Callable[..., None] | None = None, peer_timeout: float | None = None):
         super().__init__(name="coordinator-client", daemon=True)
         self.host, self.port, self.interval = host, port, interval
+        self.peer_timeout = peer_timeout if peer_timeout is not None else max(5 * interval, 5.0)
         self.on_message = on_message
         self.on_event = on_event or (lambda *a, **k: None)
         self.secret, self.job_id, self.node = secret, job_id, node
@@ -158,6 +167,7 @@ class Client(threading.Thread):
             self.error = "handshake with the coordinator at %s failed: %s" % (where, e.strerror or e)
             return None
         sock.settimeout(timeout)
+        watch_liveness(sock, kernel_timeout(self.peer_timeout, self.interval))
         reader.limit = protocol.MAX_FRAME
         reader.buf = b"\n".join(lines[1:] + [reader.buf]) if len(lines) > 1 else reader.buf
         self.connected, self.ever_connected, self.error = True, True, None
@@ -196,9 +206,11 @@ class Client(threading.Thread):
                         if msg.get("op") == "error":
                             self.error = "coordinator: %s" % msg.get("error")
                             return
-                # A coordinator that answers nothing for a while is as good as gone: reconnect.
-                if time.monotonic() - silent_since > max(3 * self.interval, 3.0):
-                    self.error = "no answer from the coordinator for %.0f s" % (time.monotonic() - silent_since)
+                # Slow is not gone: the kernel ends a connection whose other side is gone; one that stays
+                # open but silent this long is a hung coordinator: reconnect (the agent's policy decides).
+                if time.monotonic() - silent_since > hung_timeout(self.peer_timeout):
+                    self.error = "no answer from the coordinator for %.0f s on an open connection" % (
+                        time.monotonic() - silent_since)
                     return
         except ProtocolError as e:
             self._refused("refused a line from the coordinator at %s:%d: %s; reconnecting" % (self.host, self.port, e))
