@@ -13,6 +13,7 @@ is stopped. Faults name the process they apply to as <role>-<rank> (or "*"):
     --zombies trainer-0:3        fork 3 children that exit at once and are never reaped
     --worker-zombies trainer-0:2 start a worker (in the group) that ignores SIGTERM and leaves 2 zombies
     --ignore-term pserver-0      ignore SIGTERM
+    --burn *:1                   start 1 child (in the group) that keeps a core busy; the process goes on
 """
 import json
 import os
@@ -35,7 +36,7 @@ def make_zombies(n):
 
 
 def main():
-    ap = parser("--crash", "--hang", "--child", "--zombies", "--worker-zombies", "--ignore-term")
+    ap = parser("--crash", "--hang", "--child", "--zombies", "--worker-zombies", "--ignore-term", "--burn")
     ap.add_argument("--steps", type=int, default=0)
     args = ap.parse_args()
 
@@ -54,6 +55,11 @@ def main():
         make_zombies(int(wz[0]) if wz else 2)
         print(f"{me} worker {os.getpid()} holds zombies", flush=True)
         sleep_forever()
+    burn = mine(args.burn)
+    for _ in range(int(burn[0]) if burn else 1 if burn is not None else 0):
+        if os.fork() == 0:
+            while True:
+                pass
     crash, hang = mine(args.crash), mine(args.hang)
 
     metrics = open(os.environ["FABTRAIN_METRICS"], "a") if os.environ.get("FABTRAIN_METRICS") else None
