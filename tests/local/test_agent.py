@@ -215,6 +215,33 @@ def test_a_stopped_agent_is_slow_and_a_killed_one_is_lost_after_peer_timeout():
             p.wait()
 
 
+def test_a_coordinator_that_falls_behind_gets_one_beat_at_a_time_but_a_failure_at_once():
+    co = Coordinator("j1", "127.0.0.1", 0, ["a"], 0.1, 1.0)
+    handled = []
+    handle = co.handle
+    co.handle = lambda msg: (handled.append(msg.get("seq")), handle(msg))[1]
+    co.start()
+    assert co.wait_listening(5)
+    client = Client("127.0.0.1", co.port, 0.1, lambda msg: None, job_id="j1", node="a", peer_timeout=1.0)
+    client.update(beat("a"))
+    client.start()
+    try:
+        assert wait_for(lambda: client.acked_seq >= 1, timeout=5)
+        with co.lock:  # the coordinator's loop waits here: as busy as it gets
+            for _ in range(20):
+                client.update(beat("a"))
+                time.sleep(0.05)
+            failed = client.update(beat("a", failure={"reason": "trainer-0 on a exited with code 1"}), urgent=True)
+            time.sleep(0.3)
+        assert wait_for(lambda: client.acked_seq >= failed, timeout=5)
+        # 20 beats while it could not answer: it got the one in flight and the failure, not a backlog.
+        assert len(handled) <= 4 and handled[-1] == failed, handled
+        assert co.status["status"] == "failed"
+    finally:
+        client.stop()
+        co.stop()
+
+
 # -- /proc sampling ----------------------------------------------------------------------------
 
 

@@ -93,7 +93,7 @@ class Link:
         if urgent and key == self.last_beat_key:
             return  # nothing new since the last beat; the next tick sends one anyway
         self.last_beat_key = key
-        self.last_seq = self.client.update(dict(beat, roster=self.roster_known))
+        self.last_seq = self.client.update(dict(beat, roster=self.roster_known), urgent)
 
     @property
     def acked(self) -> bool:
