@@ -22,7 +22,9 @@ the ratio to ssh. Then, with the job running:
                 the background at one poll a second, the oldest node view,
                 and the time to build /api/cluster and /api/job
   model         the coordinator's per-beat work in-process (no sockets) at
-                16 to 1,000 peers: where its cost goes as nodes grow
+                16 to 1,000 peers, each beat naming the roster version its
+                node holds: CPU and bytes a reply as nodes grow, and one
+                failure sealed for every other peer (--model-only: this alone)
 
     .venv/bin/python bench/scale.py [--nodes 16,64] [--repeat 3] [--window 10] [--model-only]
 """
