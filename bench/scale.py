@@ -22,9 +22,11 @@ the ratio to ssh. Then, with the job running:
                 the background at one poll a second, the oldest node view,
                 and the time to build /api/cluster and /api/job
   model         the coordinator's per-beat work in-process (no sockets) at
-                16 to 1,000 peers: where its cost goes as nodes grow
+                16 to 1,000 peers, each beat naming the roster version its
+                node holds: CPU and bytes a reply as nodes grow, and one
+                failure sealed for every other peer (--model-only: this alone)
 
-    .venv/bin/python bench/scale.py [--nodes 16,64] [--repeat 3] [--window 10]
+    .venv/bin/python bench/scale.py [--nodes 16,64] [--repeat 3] [--window 10] [--model-only]
 """
 from __future__ import annotations
 
@@ -198,9 +200,11 @@ def collector_cost(path: Path, window: float) -> list[str]:
             f"/api/job in {spread([1000 * v for v in jobs], '{:.1f}')} ms"]
 
 
-def coordinator_model(peers: list[int], beats: int = 1000) -> list[str]:
+def coordinator_model(peers: list[int], beats: int = 3000) -> list[str]:
     """The coordinator's work for one beat with `n` peers known, in-process (no sockets):
-    check the frame's MAC and parse it, update the board, build the status reply, seal it."""
+    check the frame's MAC and parse it, update the board, build the reply, seal it. Each
+    beat names the roster version its node got in its last reply (a board that sends none
+    ignores it). Then one failure: its beat, and the status line sealed for every peer."""
     from fabtrain.node.coordination import Coordinator
     from fabtrain.node.coordination.protocol import Channel
     lines = []
@@ -210,20 +214,41 @@ def coordinator_model(peers: list[int], beats: int = 1000) -> list[str]:
         pairs = {x: (Channel("s" * 32, "job", x, "a" * 32, "b" * 32, "agent"),
                      Channel("s" * 32, "job", x, "a" * 32, "b" * 32, "coordinator")) for x in names}
         proc = {"trainer-0": {"role": "trainer", "rank": 0, "state": "sleeping", "exit_code": None}}
+        known: dict = {}
 
-        def beat(x: str, seq: int) -> bytes:
+        def beat(x: str, seq: int, **extra) -> bytes:
             return pairs[x][0].seal({"op": "beat", "job_id": "job", "node": x, "seq": seq, "ts": time.time(),
                                      "procs": proc, "done": False, "failure": None, "final": None,
-                                     "trainers_expected": n})[:-1]
-        for x in names:  # every peer known, as in a running job
-            co.handle(pairs[x][1].open(beat(x, 1)))
-        frames = [(x, beat(x, 2 + i // n)) for i, x in zip(range(beats), names * (beats // n + 1))]
+                                     "trainers_expected": n, "roster": known.get(x), **extra})[:-1]
+
+        def answer(x: str, frame: bytes) -> tuple[int, bool]:
+            reply, broadcast = co.handle(pairs[x][1].open(frame))
+            if isinstance(reply.get("roster"), dict):
+                known[x] = {"epoch": reply["roster"]["epoch"], "at": reply["roster"]["at"]}
+            return len(pairs[x][1].seal(reply)), broadcast
+        for rnd in range(2):  # every peer known and told, as in a running job
+            for x in names:
+                answer(x, beat(x, 1 + rnd))
+        order = (names * (beats // n + 1))[:beats]
+        frames = [(x, beat(x, 3 + i // n)) for i, x in enumerate(order)]
+        sizes = []
         t0 = time.process_time()
         for x, frame in frames:
-            reply = pairs[x][1].seal(co.handle(pairs[x][1].open(frame))[0])
+            sizes.append(answer(x, frame)[0])
         per = (time.process_time() - t0) / beats
-        lines.append(f"{n:>5} peers: {1000 * per:7.3f} ms CPU per beat, reply {len(reply):>7,} B; "
-                     f"at one beat a node a second: {100 * per * n:6.1f}% of a core, {len(reply) * n / 1e6:6.2f} MB/s out")
+        failing = names[n // 2]
+        frame = beat(failing, 10**6, failure={"reason": "trainer-0 exited with code 1", "kind": "exit",
+                                              "exit_code": 1, "generation": 0})
+        t0 = time.perf_counter()
+        _, broadcast = answer(failing, frame)
+        board = co.board
+        line = board.status_line() if hasattr(board, "status_line") else board.view()
+        pushed = [len(pairs[x][1].seal(line)) for x in names if x != failing] if broadcast else []
+        spread_s = time.perf_counter() - t0
+        lines.append(f"{n:>5} peers: {1000 * per:7.3f} ms CPU per beat, reply {statistics.median(sizes):>7,.0f} B "
+                     f"(largest {max(sizes):,}); at one beat a node a second: {100 * per * n:6.1f}% of a core, "
+                     f"{statistics.median(sizes) * n / 1e6:6.2f} MB/s out; a failure sealed for all {len(pushed)} "
+                     f"others in {1000 * spread_s:.1f} ms ({statistics.median(pushed or [0]):,.0f} B each)")
     return lines
 
 
@@ -276,6 +301,7 @@ def main() -> None:
     ap.add_argument("--nodes", default="16,64")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--window", type=float, default=10.0, help="seconds of each CPU window")
+    ap.add_argument("--model-only", action="store_true", help="the in-process coordinator model only, no sshd")
     args = ap.parse_args()
     counts = [int(x) for x in args.nodes.split(",")]
     root = Path(tempfile.mkdtemp(prefix="scale-"))
@@ -283,6 +309,8 @@ def main() -> None:
     print("coordinator model (in-process, one beat = handle() + the JSON reply):")
     for line in coordinator_model([16, 64, 256, 1000]):
         print(" ", line, flush=True)
+    if args.model_only:
+        return
     t0 = time.perf_counter()
     sshd = SshdCluster(root / "sshd", count=max(counts))
     print(f"{max(counts)} sshd nodes up in {time.perf_counter() - t0:.1f} s", flush=True)

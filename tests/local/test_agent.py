@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -155,6 +156,92 @@ def test_agents_before_the_coordinator_a_failure_pushed_at_once_and_a_coordinato
         co.stop()
         for c in clients.values():
             c.stop()
+
+
+def in_child(code: str) -> subprocess.Popen:
+    """`code` in a Python of its own, so a test can stop and kill it as the world would."""
+    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
+
+
+def test_a_stopped_coordinator_keeps_its_agents_and_a_killed_one_is_gone_at_once():
+    port = free_port(["127.0.0.1"])
+    co = in_child("from fabtrain.node.coordination import Coordinator\n"
+                  f"co = Coordinator('j1', '127.0.0.1', {port}, ['a'], 0.2, 1.0)\nco.start()\nco.join()")
+    client = Client("127.0.0.1", port, 0.2, lambda msg: None, job_id="j1", node="a", peer_timeout=1.0)
+    client.update(beat("a"))
+    client.start()
+    try:
+        assert wait_for(lambda: client.acked_seq >= 1, timeout=10)
+        os.kill(co.pid, signal.SIGSTOP)  # slow, as a starved or paused process is: its kernel still answers
+        for _ in range(20):  # 3 s of beats: 3 peer_timeouts, and past TCP_USER_TIMEOUT (2 s) had they gone unanswered
+            client.update(beat("a"))
+            time.sleep(0.15)
+        assert client.connected and time.monotonic() - client.last_contact > 2.5
+        os.kill(co.pid, signal.SIGCONT)
+        seq = client.update(beat("a"))
+        assert wait_for(lambda: client.acked_seq >= seq, timeout=5)  # the same connection answers again
+        os.kill(co.pid, signal.SIGKILL)  # gone: its kernel closes the connection at once
+        assert wait_for(lambda: not client.connected, timeout=1, interval=0.01)
+        assert client.error  # closed, reset or refused: whichever the client met first
+    finally:
+        client.stop()
+        co.kill()
+        co.wait()
+
+
+def test_a_stopped_agent_is_slow_and_a_killed_one_is_lost_after_peer_timeout():
+    events = []
+    co = Coordinator("j1", "127.0.0.1", 0, ["a", "b"], 0.2, 1.0, on_event=lambda k, **kw: events.append((k, kw)))
+    co.start()
+    assert co.wait_listening(5)
+    agents = {n: in_child("import time\nfrom fabtrain.node.coordination import Client\n"
+                          f"c = Client('127.0.0.1', {co.port}, 0.2, print, job_id='j1', node='{n}', peer_timeout=1.0)\n"
+                          "c.start()\nwhile True:\n"
+                          f"    c.update({{'op': 'beat', 'job_id': 'j1', 'node': '{n}', 'procs': {{}}}})\n"
+                          "    time.sleep(0.2)") for n in ("a", "b")}
+    try:
+        assert wait_for(lambda: set(co.peers) == {"a", "b"}, timeout=10)
+        os.kill(agents["a"].pid, signal.SIGSTOP)
+        time.sleep(3.0)  # 3 peer_timeouts of silence on an open connection
+        assert "peer_lost" not in [k for k, _ in events] and co.status["status"] == "running"
+        os.kill(agents["b"].pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        assert wait_for(lambda: "peer_lost" in [k for k, _ in events], timeout=5, interval=0.02)
+        assert time.monotonic() - t0 < 1.0 + 0.5 + 0.5  # peer_timeout, the loop's check period, slack
+        (lost,) = [kw for k, kw in events if k == "peer_lost"]
+        assert lost["node"] == "b" and "peer_timeout" in lost["reason"]
+    finally:
+        co.stop()
+        for p in agents.values():
+            p.kill()
+            p.wait()
+
+
+def test_a_coordinator_that_falls_behind_gets_one_beat_at_a_time_but_a_failure_at_once():
+    co = Coordinator("j1", "127.0.0.1", 0, ["a"], 0.1, 1.0)
+    handled = []
+    handle = co.handle
+    co.handle = lambda msg: (handled.append(msg.get("seq")), handle(msg))[1]
+    co.start()
+    assert co.wait_listening(5)
+    client = Client("127.0.0.1", co.port, 0.1, lambda msg: None, job_id="j1", node="a", peer_timeout=1.0)
+    client.update(beat("a"))
+    client.start()
+    try:
+        assert wait_for(lambda: client.acked_seq >= 1, timeout=5)
+        with co.lock:  # the coordinator's loop waits here: as busy as it gets
+            for _ in range(20):
+                client.update(beat("a"))
+                time.sleep(0.05)
+            failed = client.update(beat("a", failure={"reason": "trainer-0 on a exited with code 1"}), urgent=True)
+            time.sleep(0.3)
+        assert wait_for(lambda: client.acked_seq >= failed, timeout=5)
+        # 20 beats while it could not answer: it got the one in flight and the failure, not a backlog.
+        assert len(handled) <= 4 and handled[-1] == failed, handled
+        assert co.status["status"] == "failed"
+    finally:
+        client.stop()
+        co.stop()
 
 
 # -- /proc sampling ----------------------------------------------------------------------------

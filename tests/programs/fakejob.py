@@ -16,6 +16,7 @@ is stopped. Faults name the process they apply to as <role>-<rank> (or "*"):
     --spin trainer-1:4           at step 4 stop writing and spin in Python (spin_forever), a thread asleep beside it
     --slow trainer-1:2           take 2 times the period between records (a straggler)
     --block trainer-1:4          at step 4 stop writing and block in recv() on a socket no one writes (wait_for_peer)
+    --burn *:1                   start 1 child (in the group) that keeps a core busy; the process goes on
 """
 import json
 import os
@@ -52,7 +53,8 @@ def make_zombies(n):
 
 
 def main():
-    ap = parser("--crash", "--hang", "--child", "--zombies", "--worker-zombies", "--ignore-term", "--spin", "--block", "--slow")
+    ap = parser("--crash", "--hang", "--child", "--zombies", "--worker-zombies", "--ignore-term", "--spin", "--block",
+                "--slow", "--burn")
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--warmup", type=float, default=0.0)
     args = ap.parse_args()
@@ -72,6 +74,11 @@ def main():
         make_zombies(int(wz[0]) if wz else 2)
         print(f"{me} worker {os.getpid()} holds zombies", flush=True)
         sleep_forever()
+    burn = mine(args.burn)
+    for _ in range(int(burn[0]) if burn else 1 if burn is not None else 0):
+        if os.fork() == 0:
+            while True:
+                pass
     crash, hang = mine(args.crash), mine(args.hang)
     stuck = [(f, mine(spec)) for f, spec in ((spin_forever, args.spin), (wait_for_peer, args.block))]
     stuck = [(f, int(a[0]) if a else 0) for f, a in stuck if a is not None]

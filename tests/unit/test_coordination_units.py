@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fabtrain.node.coordination import protocol
+from fabtrain.node.coordination import protocol, roster
 from fabtrain.node.coordination.board import Board, Event
 from fabtrain.node.coordination.protocol import Channel, LineReader, ProtocolError
 
@@ -167,3 +167,76 @@ def test_frames_are_refused_when_forged_replayed_reflected_or_from_another_conne
     deep = agent.seal({"op": "beat", "procs": json.loads("[" * 20 + "]" * 20)}).rstrip(b"\n")
     with pytest.raises(ProtocolError, match="nested deeper"):
         coord.open(deep)  # even a holder of the secret cannot make the parser recurse
+
+
+# -- at scale: a beat's reply does not grow with the nodes ----------------------------------------
+
+
+def running_board(n):
+    b = Board("j1", ["n%d" % i for i in range(n)], peer_timeout=5)
+    known = {}
+    for rnd in range(2):
+        for i in range(n):
+            out = b.beat(beat("n%d" % i, trainer("trainer-0"), roster=known.get(i)), now=rnd, wall=100 + rnd)
+            if "roster" in out.reply:
+                known[i] = {"epoch": out.reply["roster"]["epoch"], "at": out.reply["roster"]["at"]}
+    return b, known
+
+
+def test_an_up_to_date_beat_is_answered_the_same_at_16_and_1000_nodes():
+    replies = []
+    for n in (16, 1000):
+        b, known = running_board(n)
+        out = b.beat(beat("n3", trainer("trainer-0"), roster=known[3]), now=2, wall=102)
+        assert "roster" not in out.reply and not out.changed and not out.broadcast
+        assert out.reply["trainers_running"] == n and out.reply["nodes_seen"] == n
+        replies.append(json.dumps(out.reply).replace(str(n), "N"))
+    assert len(replies[0]) == len(replies[1])
+
+
+def test_the_roster_travels_as_what_changed_since_the_version_the_agent_holds():
+    b, known = running_board(50)
+    b.beat(beat("n7", done=True), now=3, wall=103)  # n7 is done, n9 goes silent
+    for i in range(50):
+        if i != 9:
+            b.beat(beat("n%d" % i, done=i == 7), now=20, wall=120)
+    b.check_peers(now=20, wall=120)
+    out = b.beat(beat("n3", roster=known[3]), now=20, wall=120)
+    delta = out.reply["roster"]
+    assert not delta["full"] and set(delta["nodes"]) == {"n7", "n9"}
+    assert delta["nodes"]["n7"][1:] == [True, False] and delta["nodes"]["n9"][1:] == [False, True]
+    # Merged into what the agent held, it is the coordinator's whole roster.
+    held = roster.merged({}, b.roster.since(None))
+    assert roster.merged(roster.merged({}, running_board(50)[0].roster.since(None)), delta).keys() == held.keys()
+    view = b.view()
+    assert view["lost"] == ["n9"] and view["done"] == ["n7"] and len(view["peers"]) == 50
+    # An agent that holds nothing, or another coordinator's version (it restarted), gets it all.
+    assert b.roster.since(None)["full"] and b.roster.since({"epoch": "other", "at": 3})["full"]
+    assert b.roster.since({"epoch": b.roster.epoch, "at": b.roster.version}) is None
+
+
+def test_a_peer_whose_connection_stays_open_is_slow_not_lost():
+    b = Board("j1", ["n0", "n1"], peer_timeout=5)
+    b.beat(beat("n0", trainer("trainer-0")), now=0, wall=0)
+    b.beat(beat("n1", trainer("trainer-1")), now=0, wall=0)
+    assert b.check_peers(now=29, wall=29, connected={"n0", "n1"}) == []  # silent, but its kernel answers TCP
+    events = b.check_peers(now=29.5, wall=30, connected={"n0"})  # n1's connection is gone: lost after 5 s
+    assert [e.node for e in events] == ["n1"] and "peer_timeout 5 s" in events[0].reason
+    b = Board("j1", ["n0"], peer_timeout=5)
+    b.beat(beat("n0"), now=0, wall=0)
+    (event,) = b.check_peers(now=30, wall=30, connected={"n0"})  # hung_timeout: 6 peer_timeouts
+    assert "while its connection stayed open (hung_timeout 30 s)" in event.reason
+    assert b.status["status"] == "failed"
+
+
+def test_trainer_counts_follow_the_beats_and_survive_a_restore():
+    b = Board("j1", ["n0", "n1"], peer_timeout=5)
+    b.beat(beat("n0", trainer("trainer-0")), 0, 0)
+    b.beat(beat("n1", trainer("trainer-1")), 0, 0)
+    assert b.status_line()["trainers_running"] == 2
+    b.beat(beat("n1", trainer("trainer-1", "exited", 0)), 1, 1)
+    assert b.status_line()["trainers_running"] == 1 and b.status["status"] == "running"
+    again = Board.restore(json.loads(json.dumps(b.saved(2))), "j1", ["n0", "n1"], 5, now=3)
+    assert again.status_line()["trainers_running"] == 1 and again.every_node_spoke()
+    again.beat(beat("n0", trainer("trainer-0", "exited", 0)), 4, 4)
+    assert again.status["status"] == "finished"

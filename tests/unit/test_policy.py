@@ -169,6 +169,15 @@ def test_a_silent_coordinator_fails_the_job():
     assert ledger.status.reason.startswith("coordinator 10.0.0.1:7180 (agent of n1) unreachable for 6 s: reset")
 
 
+def test_a_slow_coordinator_on_an_open_connection_is_not_lost_until_hung_timeout():
+    slow = Peers(ever_connected=True, connected=True, silent_for=29.0)
+    actions, ledger = run(trainer(last_record=9.9), peers=slow)
+    assert not notes(actions, "peer_lost") and ledger.status.status == "running"
+    actions, ledger = run(trainer(last_record=9.9), peers=replace(slow, silent_for=31.0))
+    assert notes(actions, "peer_lost") and ledger.status.status == "failed"
+    assert "answered nothing for 31 s on an open connection (hung_timeout 30 s)" in ledger.status.reason
+
+
 # -- orphans and zombies ------------------------------------------------------------------------
 
 

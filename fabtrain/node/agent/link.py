@@ -4,6 +4,11 @@ The client's thread hands every coordinator line to `Link`, which keeps them
 until the loop takes them (`take`), and wakes the loop. The loop sends its
 beats through `send`; `acked` says whether the coordinator has the last one.
 `peers` and `health` are what the policy and health.json see of it.
+
+Status lines carry the job's status and counts only; the roster (who beat,
+who is done or lost) comes as what changed since the version this agent
+holds, which every beat names (coordination/roster.py). `view` is the two
+put together: the latest status line, with `peers`, `done` and `lost`.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import time
 
 from fabtrain.node.coordination import Client, Coordinator
 from fabtrain.node.coordination.restart import RestartPolicy
+from fabtrain.node.coordination.roster import merged
 
 from . import policy
 
@@ -27,7 +33,9 @@ class Link:
         self.on_event, self.wake = on_event, wake
         self.coordinator: Coordinator | None = None
         self.client: Client | None = None
-        self.view: dict = {}  # the coordinator's last status line for this job
+        self.view: dict = {}  # the coordinator's last status line for this job, with the roster
+        self.roster: dict = {}  # node -> [ts, done, lost], as the replies' rosters built it
+        self.roster_known: dict | None = None  # the version of it we hold, named in every beat
         self.msgs: list[dict] = []
         self.msgs_lock = threading.Lock()
         self.last_seq = 0
@@ -47,7 +55,8 @@ class Link:
             if not self.coordinator.wait_listening(self.coordinator.bind_wait + 5):
                 return False
         self.client = Client(self.host, self.port, self.cfg.interval, self._on_message, secret=self.secret,
-                             job_id=self.job_id, node=self.node, on_event=self.on_event)
+                             job_id=self.job_id, node=self.node, on_event=self.on_event,
+                             peer_timeout=self.cfg.peer_timeout)
         self.client.start()
         return True
 
@@ -62,8 +71,19 @@ class Link:
             msgs, self.msgs = self.msgs, []
         for msg in msgs:
             if msg.get("op") == "status" and msg.get("job_id") == self.job_id:
-                self.view = msg
+                self.view = dict(msg, peers=self.view.get("peers") or {}, done=self.view.get("done") or [],
+                                 lost=self.view.get("lost") or [])
+                if isinstance(msg.get("roster"), dict):
+                    self._take_roster(msg.pop("roster"))
         return msgs
+
+    def _take_roster(self, roster: dict) -> None:
+        self.roster = merged(self.roster, roster)
+        self.roster_known = {"epoch": roster.get("epoch"), "at": roster.get("at")}
+        self.view.pop("roster", None)
+        self.view.update(peers={n: e[0] for n, e in self.roster.items()},
+                         done=sorted(n for n, e in self.roster.items() if e[1]),
+                         lost=sorted(n for n, e in self.roster.items() if e[2]))
 
     def send(self, beat: dict, urgent: bool = False) -> None:
         """A beat to the coordinator; an urgent one only if something in it changed since the last."""
@@ -73,7 +93,7 @@ class Link:
         if urgent and key == self.last_beat_key:
             return  # nothing new since the last beat; the next tick sends one anyway
         self.last_beat_key = key
-        self.last_seq = self.client.update(beat)
+        self.last_seq = self.client.update(dict(beat, roster=self.roster_known), urgent)
 
     @property
     def acked(self) -> bool:
@@ -86,7 +106,7 @@ class Link:
     def peers(self) -> policy.Peers:
         c, view = self.client, self.view
         return policy.Peers(
-            ever_connected=self.ever_connected,
+            ever_connected=self.ever_connected, connected=bool(c and c.connected),
             silent_for=(time.monotonic() - c.last_contact) if c and c.last_contact is not None else None,
             error=c.error if c else None, seen=tuple(sorted(view.get("peers") or {})),
             trainers_running=int(view.get("trainers_running") or 0))

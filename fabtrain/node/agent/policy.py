@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field, replace
 
+from fabtrain.node.coordination.board import hung_timeout
 from fabtrain.node.states import (FINAL, JobState, ProcessState, describe_end, signal_name, signal_of,
                                   stopped_by)
 
@@ -36,7 +37,13 @@ class Config:
 
     @property
     def peer_timeout(self) -> float:
+        """Silence after which a coordinator (or peer) whose connection is gone is lost."""
         return max(5 * self.interval, 5.0)
+
+    @property
+    def hung_timeout(self) -> float:
+        """Silence after which one whose connection stays open (slow, starved, stopped) is lost."""
+        return hung_timeout(self.peer_timeout)
 
 
 @dataclass(frozen=True)
@@ -88,10 +95,18 @@ class Stray:
 class Peers:
     """The coordinator, as this agent's connection to it knows it."""
     ever_connected: bool = False
+    connected: bool = False  # the connection is open now (the kernel on the other side answers)
     silent_for: float | None = None  # seconds since its last line
     error: str | None = None
     seen: tuple = ()  # nodes whose agents have spoken to it
     trainers_running: int = 0
+
+
+def coordinator_lost(peers: Peers, cfg: Config) -> bool:
+    """Gone (no connection) and silent for peer_timeout, or silent for hung_timeout on an open connection."""
+    if not peers.ever_connected or peers.silent_for is None:
+        return False
+    return peers.silent_for > (cfg.hung_timeout if peers.connected else cfg.peer_timeout)
 
 
 @dataclass(frozen=True)
@@ -457,13 +472,13 @@ class _Decision:
         peers, cfg = self.obs.peers, self.cfg
         if not peers.ever_connected or self.ledger.coordinator_lost or self.ledger.status.status in FINAL:
             return
-        if peers.silent_for is None or peers.silent_for <= cfg.peer_timeout:
-            return
-        if not any(p.live for p in self.obs.procs):
+        if not coordinator_lost(peers, cfg) or not any(p.live for p in self.obs.procs):
             return
         self.update(coordinator_lost=True)
         reason = "coordinator %s (agent of %s) unreachable for %.0f s: %s" % (
-            cfg.coordinator, cfg.coordinator_node, peers.silent_for, peers.error or "no answer")
+            cfg.coordinator, cfg.coordinator_node, peers.silent_for, peers.error or "no answer") if not peers.connected \
+            else "coordinator %s (agent of %s) answered nothing for %.0f s on an open connection (hung_timeout %.0f s)" % (
+                cfg.coordinator, cfg.coordinator_node, peers.silent_for, cfg.hung_timeout)
         self.note("peer_lost", reason, peer=cfg.coordinator_node)
         self.fail(reason)
 
@@ -550,10 +565,9 @@ class _Decision:
             self.fail("%s during the restart to generation %d: the job is not restarted"
                       % (stopped_by(obs.killed_by), ledger.generation), "kill-all")
             return
-        silent = obs.peers.silent_for
-        if obs.peers.ever_connected and silent is not None and silent > cfg.peer_timeout:
+        if coordinator_lost(obs.peers, cfg):
             self.fail("cannot restart: coordinator %s (agent of %s) unreachable for %.0f s"
-                      % (cfg.coordinator, cfg.coordinator_node, silent), "start")
+                      % (cfg.coordinator, cfg.coordinator_node, obs.peers.silent_for), "start")
             return
         left = any(p.live or p.leftovers for p in obs.procs) or ledger.orphans
         if left or obs.now < ledger.restart_at:

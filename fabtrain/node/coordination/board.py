@@ -7,8 +7,17 @@ authenticated beats and the passing of time, and carries out what it returns:
 a reply, whether to push the new status to every agent, and events to write.
 
 The job's status only moves from running to failed or finished, never back;
-the first failure wins. A peer silent for `peer_timeout` that did not say it
-was done is lost, and a lost node fails a running job. Under `on_failure:
+the first failure wins. A peer that did not say it was done is lost when it
+is silent for `peer_timeout` and its connection is gone (closed, reset, or
+timed out by TCP: the process or the network is gone), or for
+`hung_timeout(peer_timeout)` while its connection stays open (the kernel on
+its side still answers: the agent is slow, stopped or starved, and slow is
+not lost). A lost node fails a running job.
+
+Work per beat does not grow with the number of nodes: the reply is the
+job's status, counters kept as beats come in (`trainers_running`, the
+trainers that finished), and only the roster entries that changed since the
+version the sender holds (roster.py). Under `on_failure:
 restart` (restart.py decides) a failure of the current generation moves it to
 ``restarting`` instead, with the next generation's number: every agent tears
 down, waits the backoff and starts its part again; once every node that ran
@@ -24,8 +33,15 @@ from typing import NamedTuple
 from fabtrain.node.states import FINAL, LIVE, JobState, ProcessState
 
 from .restart import RestartPolicy
+from .roster import Roster
 
 MAX_PROCS = 4096  # processes one node may report; a real node has a handful
+HUNG_FACTOR = 6  # a peer whose connection stays open is lost after this many peer_timeouts of silence
+
+
+def hung_timeout(peer_timeout: float) -> float:
+    """Silence after which a peer (or the coordinator) whose TCP connection is still open is lost."""
+    return HUNG_FACTOR * peer_timeout
 
 
 class Event(NamedTuple):
@@ -36,10 +52,11 @@ class Event(NamedTuple):
 
 
 class Outcome(NamedTuple):
-    """What to do with one beat: the reply to its sender, push the status to everyone?, events."""
+    """What to do with one beat: the reply to its sender, save the board?, events, push the status to everyone?"""
     reply: dict
     changed: bool
     events: list
+    broadcast: bool = False
 
 
 @dataclass
@@ -52,6 +69,9 @@ class Peer:
     expected: int | None = None  # trainers the job has (WORLD_SIZE), if the node knows
     had_procs: bool = False  # it has run job processes: it must start its part of every generation
     generation: int = 0  # the last generation it said it started
+    trainers: int = 0  # of procs: trainers, those that exited with code 0, those alive
+    trainers_ok: int = 0
+    trainers_live: int = 0
 
 
 def beat_error(msg: dict) -> str | None:
@@ -79,39 +99,40 @@ class Board:
     def __init__(self, job_id: str, nodes: list[str], peer_timeout: float, restart: RestartPolicy | None = None):
         self.job_id = job_id
         self.nodes = list(nodes)
+        self.node_set = frozenset(self.nodes)
         self.peer_timeout = peer_timeout
+        self.hung_timeout = hung_timeout(peer_timeout)
         self.restart = restart or RestartPolicy.never()
         self.status: dict = {"status": JobState.RUNNING, "reason": None, "node": None, "ts": None, "generation": 0,
                              "restarts_left": self.restart.restarts_left(0), "backoff": None}
         self.restart_due: float | None = None  # monotonic: every node's part of the generation started by then
         self.peers: dict[str, Peer] = {}
+        self.roster = Roster()
+        self.spoke = 0  # peers that are nodes of the job
+        self.trainers = self.trainers_ok = self.trainers_live = 0  # sums of the peers' counts
+        self.expected: int | None = None  # the largest trainers_expected a peer said
         self.superseded = False  # a newer job asked for this port while ours is over
 
     # -- what it says -------------------------------------------------------------------------
 
-    def view(self) -> dict:
-        """The status line as every agent gets it."""
-        trainers_running = sum(1 for p in self.peers.values() for proc in p.procs.values()
-                               if proc.get("role") == "trainer" and proc.get("state") in LIVE)
+    def status_line(self) -> dict:
+        """The status line every agent gets when the job's status changes: its size does not grow with the nodes."""
         return {"op": "status", "job_id": self.job_id, **self.status,
-                "peers": {n: p.ts for n, p in self.peers.items()},
-                "done": sorted(n for n, p in self.peers.items() if p.done),
-                "lost": sorted(n for n, p in self.peers.items() if p.lost),
-                "nodes_seen": len(self.peers), "trainers_running": trainers_running}
+                "nodes_seen": len(self.peers), "trainers_running": self.trainers_live}
+
+    def view(self) -> dict:
+        """The status line with the whole roster (the agents build the same from the replies' rosters)."""
+        return dict(self.status_line(), peers={n: e[0] for n, e in self.roster.entries.items()},
+                    done=self.roster.names(1), lost=self.roster.names(2))
 
     def finished_now(self) -> bool:
         """Every trainer of the job has exited with code 0, and every trainer is accounted for."""
-        trainers, expected = {}, None
-        for p in self.peers.values():
-            if p.expected:
-                expected = max(expected or 0, p.expected)
-            trainers.update((name, proc) for name, proc in p.procs.items() if proc.get("role") == "trainer")
-        if not trainers or any(t.get("state") != ProcessState.EXITED or t.get("exit_code") != 0 for t in trainers.values()):
+        if not self.trainers or self.trainers_ok != self.trainers:
             return False
-        return self.every_node_spoke() or (expected is not None and len(trainers) >= expected)
+        return self.every_node_spoke() or (self.expected is not None and self.trainers >= self.expected)
 
     def every_node_spoke(self) -> bool:
-        return set(self.nodes) <= set(self.peers)
+        return self.spoke >= len(self.node_set)
 
     def all_peers_settled(self) -> bool:
         """Every agent that ever spoke is done or lost: nobody needs the coordinator any more."""
@@ -119,7 +140,7 @@ class Board:
 
     def knows(self, node: str) -> bool:
         """Whether `node` is one of the job's nodes (any node, for a board that was given none)."""
-        return not self.nodes or node in self.nodes
+        return not self.nodes or node in self.node_set
 
     # -- what changes it ------------------------------------------------------------------------
 
@@ -144,7 +165,7 @@ class Board:
         if not decision.restart:
             return self._set_status(JobState.FAILED, reason + ("; not restarted: %s" % decision.why_not
                                                         if decision.why_not else ""), node, wall)
-        for p in self.peers.values():
+        for p in self.peers.values():  # once a failure: O(nodes) here is not O(nodes) a beat
             p.had_procs = p.had_procs or bool(p.procs)
         changed = self._set_status(JobState.RESTARTING, reason, node, wall, decision.generation, decision.backoff)
         self.restart_due = now + self.restart.start_deadline(decision.generation)
@@ -158,49 +179,77 @@ class Board:
             return False
         return self._set_status(JobState.RUNNING, None, None, wall)
 
+    def _join(self, node: str, now: float) -> Peer:
+        peer = self.peers[node] = Peer(seen=now)
+        self.spoke += node in self.node_set
+        return peer
+
+    def _count(self, peer: Peer, procs: dict) -> None:
+        """Set the peer's processes, keeping the board's trainer counts (so no beat walks every peer)."""
+        trainers = ok = live = 0
+        for proc in procs.values():
+            if proc.get("role") == "trainer":
+                state = proc.get("state")
+                trainers += 1
+                ok += state == ProcessState.EXITED and proc.get("exit_code") == 0
+                live += state in LIVE
+        self.trainers += trainers - peer.trainers
+        self.trainers_ok += ok - peer.trainers_ok
+        self.trainers_live += live - peer.trainers_live
+        peer.procs, peer.trainers, peer.trainers_ok, peer.trainers_live = procs, trainers, ok, live
+        if peer.expected:
+            self.expected = max(self.expected or 0, peer.expected)
+
     def beat(self, msg: dict, now: float, wall: float) -> Outcome:
         """Take in one agent's beat (already authenticated as coming from msg["node"])."""
         error = beat_error(msg)
         if error:
             return Outcome({"op": "error", "error": error}, False, [])
         node, events = msg["node"], []
-        peer = self.peers.get(node)
-        changed = peer is None
-        if peer is None:
-            peer = self.peers[node] = Peer(seen=now)
+        peer = self.peers.get(node) or self._join(node, now)
         if peer.lost:
-            peer.lost, changed = False, True  # it came back; the job's status stays what it is
+            peer.lost = False  # it came back; the job's status stays what it is
             events.append(Event("peer_back", node, "agent on %s beats again" % node))
         peer.seen, peer.ts = now, wall
-        changed |= peer.done != bool(msg.get("done"))
         peer.done = bool(msg.get("done"))
-        # Process states change all the time; they travel with each reply, not in broadcasts.
-        peer.procs = msg.get("procs") or {}
+        changed = self.roster.set(node, wall, peer.done, peer.lost)
+        # Process states change all the time; the board keeps counts of them, the replies carry the counts.
         peer.expected = msg.get("trainers_expected")
+        self._count(peer, msg.get("procs") or {})
         peer.had_procs = peer.had_procs or bool(peer.procs)
+        status = False
         started = msg.get("generation")
         if isinstance(started, int) and not isinstance(started, bool) and started > peer.generation:
             peer.generation = started
-            changed |= self._restarted(wall)
+            status |= self._restarted(wall)
         failure, final = msg.get("failure"), msg.get("final")
         if failure:
-            changed |= self._failure(failure, node, now, wall)
+            status |= self._failure(failure, node, now, wall)
         elif final and final.get("status") in FINAL:
-            changed |= self._set_status(final["status"], _text(final.get("reason"), ""),
-                                        _text(final.get("node"), node), wall)
+            status |= self._set_status(final["status"], _text(final.get("reason"), ""),
+                                       _text(final.get("node"), node), wall)
         if self.status["status"] == JobState.RUNNING and self.finished_now():
-            changed |= self._set_status(JobState.FINISHED, "every trainer exited with code 0", None, wall)
-        return Outcome(dict(self.view(), ack=msg.get("seq")), changed, events)
+            status |= self._set_status(JobState.FINISHED, "every trainer exited with code 0", None, wall)
+        reply = dict(self.status_line(), ack=msg.get("seq"))
+        roster = self.roster.since(msg.get("roster"))
+        if roster is not None:
+            reply["roster"] = roster
+        return Outcome(reply, changed or status, events, status)
 
-    def check_peers(self, now: float, wall: float) -> list[Event]:
-        """Mark agents silent for peer_timeout lost (a lost node fails a running job); the events."""
+    def check_peers(self, now: float, wall: float, connected=()) -> list[Event]:
+        """Mark lost the agents silent for peer_timeout whose connection is gone, or for hung_timeout
+        while it is in `connected` (the nodes with an open connection); a lost node fails a running job."""
         events = []
         for name, p in self.peers.items():
-            if p.done or p.lost or now - p.seen < self.peer_timeout:
+            open_ = name in connected
+            if p.done or p.lost or now - p.seen < (self.hung_timeout if open_ else self.peer_timeout):
                 continue
             p.lost = True
-            reason = "no heartbeat from the agent on %s for %.0f s (peer_timeout %.0f s)" % (
-                name, now - p.seen, self.peer_timeout)
+            self.roster.set(name, wall, p.done, True)
+            reason = ("no heartbeat from the agent on %s for %.0f s while its connection stayed open "
+                      "(hung_timeout %.0f s)" % (name, now - p.seen, self.hung_timeout) if open_ else
+                      "no heartbeat from the agent on %s for %.0f s (peer_timeout %.0f s)" % (
+                          name, now - p.seen, self.peer_timeout))
             events.append(Event("peer_lost", name, reason))
             self._set_status(JobState.FAILED, "node %s lost: %s" % (name, reason), name, wall)
         if self.status["status"] == JobState.RESTARTING and self.restart_due is not None and now >= self.restart_due:
@@ -223,7 +272,7 @@ class Board:
 
     def saved(self, wall: float) -> dict:
         return {"job_id": self.job_id, "status": self.status, "saved": wall,
-                "peers": {n: {k: v for k, v in asdict(p).items() if k != "seen"} for n, p in self.peers.items()}}
+                "peers": {n: {k: v for k, v in asdict(p).items() if k in SAVED} for n, p in self.peers.items()}}
 
     @classmethod
     def restore(cls, saved, job_id: str, nodes: list[str], peer_timeout: float, now: float,
@@ -247,9 +296,14 @@ class Board:
                 continue
             # A restarted coordinator gives every known peer a fresh peer_timeout.
             procs = p.get("procs") if isinstance(p.get("procs"), dict) else {}
-            board.peers[name] = Peer(seen=now, ts=p.get("ts"), done=bool(p.get("done")), lost=bool(p.get("lost")),
-                                     procs={k: v for k, v in procs.items() if isinstance(v, dict)},
-                                     expected=p.get("expected") if isinstance(p.get("expected"), int) else None,
-                                     had_procs=bool(p.get("had_procs")),
-                                     generation=p.get("generation") if isinstance(p.get("generation"), int) else 0)
+            peer = board._join(name, now)
+            peer.ts, peer.done, peer.lost = p.get("ts"), bool(p.get("done")), bool(p.get("lost"))
+            peer.expected = p.get("expected") if isinstance(p.get("expected"), int) else None
+            board._count(peer, {k: v for k, v in procs.items() if isinstance(v, dict)})
+            peer.had_procs = bool(p.get("had_procs"))
+            peer.generation = p.get("generation") if isinstance(p.get("generation"), int) else 0
+            board.roster.set(name, peer.ts, peer.done, peer.lost)
         return board
+
+
+SAVED = ("ts", "done", "lost", "procs", "expected", "had_procs", "generation")  # what a restored board needs of a peer

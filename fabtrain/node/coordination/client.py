@@ -14,6 +14,8 @@ import time
 from typing import Callable
 
 from . import protocol
+from .board import hung_timeout
+from .connections import kernel_timeout, watch_liveness
 from .protocol import Channel, LineReader, ProtocolError
 
 REFUSED_EVENT_EVERY = 60.0  # a refused coordinator is retried every interval; said at most this often
@@ -21,7 +23,7 @@ HANDSHAKE_WAIT = 5.0  # seconds for the coordinator's challenge (its HANDSHAKE_T
 
 
 class Client(threading.Thread):
-    """`update(beat)` hands over the latest beat (sent at once); `on_message` is
+    """`update(beat)` hands over the latest beat; `on_message` is
     called on this thread for every status line (and for the error line of a
     coordinator that is not this job's). Reconnects by itself, with a short
     backoff, for as long as the agent lives: the coordinator may start later
@@ -29,13 +31,26 @@ class Client(threading.Thread):
 
     `secret`, `job_id` and `node` default to the first beat's fields; a beat's
     "secret" is taken out of it and never sent.
+
+    One beat at a time: a beat goes at once when the coordinator has answered
+    the one before (or it is `urgent`: a failure, an exit), else as soon as that
+    answer comes, and only the newest one goes. A coordinator that falls behind
+    (starved of CPU, hundreds of agents) is sent no more than it answers, so it
+    never has a backlog of stale beats to work through before the news.
+
+    A connection is given up when it is gone (closed, reset, or closed by the
+    kernel when the coordinator's host stops answering TCP for about
+    `peer_timeout`: see connections.watch_liveness), and otherwise only after
+    `hung_timeout(peer_timeout)` of silence: a coordinator that is slow to
+    answer keeps its connection, and a reconnect would only add to its load.
     """
 
     def __init__(self, host: str, port: int, interval: float, on_message: Callable[[dict], None],
                  secret: str | None = None, job_id: str | None = None, node: str | None = None,
-                 on_event: Callable[..., None] | None = None):
+                 on_event: Callable[..., None] | None = None, peer_timeout: float | None = None):
         super().__init__(name="coordinator-client", daemon=True)
         self.host, self.port, self.interval = host, port, interval
+        self.peer_timeout = peer_timeout if peer_timeout is not None else max(5 * interval, 5.0)
         self.on_message = on_message
         self.on_event = on_event or (lambda *a, **k: None)
         self.secret, self.job_id, self.node = secret, job_id, node
@@ -44,6 +59,8 @@ class Client(threading.Thread):
         self.seq = 0
         self.sent_seq = 0
         self.acked_seq = 0
+        self.urgent = False  # the beat waiting to go may not wait for the answer to the one before
+        self.answered = True  # the last beat sent on this connection has its answer
         self.connected = False  # to a coordinator that proved the secret
         self.ever_connected = False
         self.last_contact: float | None = None  # monotonic time of the last line from the coordinator
@@ -55,7 +72,7 @@ class Client(threading.Thread):
         os.set_blocking(self._wake_r, False)
         self._stopping = threading.Event()
 
-    def update(self, beat: dict) -> int:
+    def update(self, beat: dict, urgent: bool = False) -> int:
         beat = dict(beat)
         secret = beat.pop("secret", None)
         with self.lock:
@@ -65,6 +82,7 @@ class Client(threading.Thread):
             self.node = self.node or beat.get("node")
             self.seq += 1
             self.beat = dict(beat, seq=self.seq)
+            self.urgent = self.urgent or urgent
             seq = self.seq
         self._wake()
         return seq
@@ -158,11 +176,13 @@ class Client(threading.Thread):
             self.error = "handshake with the coordinator at %s failed: %s" % (where, e.strerror or e)
             return None
         sock.settimeout(timeout)
+        watch_liveness(sock, kernel_timeout(self.peer_timeout, self.interval))
         reader.limit = protocol.MAX_FRAME
         reader.buf = b"\n".join(lines[1:] + [reader.buf]) if len(lines) > 1 else reader.buf
         self.connected, self.ever_connected, self.error = True, True, None
         with self.lock:
             self.sent_seq = 0  # a new connection gets the latest beat at once
+            self.answered = True
         return sock, channel, reader
 
     def _serve(self, sock: socket.socket, channel: Channel, reader: LineReader) -> None:
@@ -173,9 +193,10 @@ class Client(threading.Thread):
         try:
             while not self._stopping.is_set():
                 with self.lock:
-                    beat = self.beat if self.seq > self.sent_seq else None
+                    due = self.seq > self.sent_seq and (self.answered or self.urgent)
+                    beat = self.beat if due else None
                     if beat is not None:
-                        self.sent_seq = self.seq
+                        self.sent_seq, self.urgent, self.answered = self.seq, False, False
                 if beat is not None:
                     sock.sendall(channel.seal(beat))
                 for key, _ in sel.select(self.interval):
@@ -192,13 +213,17 @@ class Client(threading.Thread):
                         self.last_contact, self.last_contact_epoch = silent_since, time.time()
                         if isinstance(msg.get("ack"), int):
                             self.acked_seq = max(self.acked_seq, msg["ack"])
+                            with self.lock:
+                                self.answered = self.answered or msg["ack"] >= self.sent_seq
                         self.on_message(msg)
                         if msg.get("op") == "error":
                             self.error = "coordinator: %s" % msg.get("error")
                             return
-                # A coordinator that answers nothing for a while is as good as gone: reconnect.
-                if time.monotonic() - silent_since > max(3 * self.interval, 3.0):
-                    self.error = "no answer from the coordinator for %.0f s" % (time.monotonic() - silent_since)
+                # Slow is not gone: the kernel ends a connection whose other side is gone; one that stays
+                # open but silent this long is a hung coordinator: reconnect (the agent's policy decides).
+                if time.monotonic() - silent_since > hung_timeout(self.peer_timeout):
+                    self.error = "no answer from the coordinator for %.0f s on an open connection" % (
+                        time.monotonic() - silent_since)
                     return
         except ProtocolError as e:
             self._refused("refused a line from the coordinator at %s:%d: %s; reconnecting" % (self.host, self.port, e))

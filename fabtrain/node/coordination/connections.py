@@ -27,6 +27,35 @@ MAX_OUTBUF = 1 << 20  # a peer that does not read is dropped (it reconnects)
 REFUSED_EVENT_EVERY = 60.0
 
 
+def kernel_timeout(peer_timeout: float, interval: float) -> float:
+    """How long the kernel waits for the other side's kernel: an interval less than peer_timeout, so a
+    cut connection is closed by the time the silence on it reaches peer_timeout."""
+    return max(2.0, peer_timeout - interval)
+
+
+def watch_liveness(sock: socket.socket, timeout: float) -> None:
+    """Let the kernel close `sock` once the other side's kernel has not answered for `timeout` seconds.
+
+    TCP keepalive probes an idle connection every second, and TCP_USER_TIMEOUT
+    bounds how long sent data (a beat, a reply, a probe) may stay unacknowledged.
+    Both are answered by the kernel on the other side, not by the process: a
+    process that is slow, starved of CPU or stopped keeps its connection, while
+    a network cut or a host that is down ends it within `timeout`, and a process
+    that died ends it at once (its kernel closes the socket). Where the platform
+    lacks an option, the coordinator's silence limits still apply.
+    """
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_KEEPIDLE", 1), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", max(1, int(timeout))),
+                        ("TCP_USER_TIMEOUT", int(timeout * 1000))):
+        if hasattr(socket, name):
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    for level, option, value in options:
+        try:
+            sock.setsockopt(level, option, value)
+        except OSError:
+            pass
+
+
 class Conn:
     __slots__ = ("sock", "addr", "reader", "outbuf", "node", "claimed", "channel", "opened", "heard")
 
@@ -89,9 +118,10 @@ class Connections:
             if now - conn.heard > silent:
                 self.close(conn)  # the agent reconnects if it lives; the board decides if it is lost
 
-    def authenticated(self, conn: Conn) -> None:
-        """`conn` proved the secret for the node its hello named."""
+    def authenticated(self, conn: Conn, peer_timeout: float) -> None:
+        """`conn` proved the secret for the node its hello named: the kernel watches it from now on."""
         self.pending.pop(conn.sock, None)
+        watch_liveness(conn.sock, peer_timeout)
         conn.node = conn.claimed
         conn.reader.limit = protocol.MAX_FRAME
         older = self.by_node.get(conn.node)

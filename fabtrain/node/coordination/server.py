@@ -18,9 +18,9 @@ import time
 from typing import Callable
 
 from . import protocol
-from .board import Board, Event
+from .board import Board, Event, hung_timeout
 from .restart import RestartPolicy
-from .connections import Conn, Connections
+from .connections import Conn, Connections, kernel_timeout
 from .protocol import Channel, ProtocolError
 
 BIND_WAIT = 3.0  # how long a busy port is retried before the coordinator gives up
@@ -85,6 +85,7 @@ class Coordinator(threading.Thread):
         return self.connections.last_refusal
 
     def view(self) -> dict:
+        """The job's status with the whole roster (what an agent's copy adds up to)."""
         with self.lock:
             return self.board.view()
 
@@ -112,12 +113,12 @@ class Coordinator(threading.Thread):
             if outcome.changed:
                 self._save()
         self._emit(outcome.events)
-        return outcome.reply, outcome.changed
+        return outcome.reply, outcome.broadcast
 
     def check_peers(self) -> bool:
         """Mark silent agents lost (a lost node fails a running job). True if anything changed."""
         with self.lock:
-            events = self.board.check_peers(time.monotonic(), time.time())
+            events = self.board.check_peers(time.monotonic(), time.time(), self.connections.by_node)
             if events:
                 self._save()
         self._emit(events)
@@ -199,7 +200,7 @@ class Coordinator(threading.Thread):
                     self._serve(key.data, mask)
             if time.monotonic() - last_check >= period:
                 last_check = time.monotonic()
-                self.connections.expire(last_check, silent=max(self.peer_timeout, 3 * self.interval))
+                self.connections.expire(last_check, silent=hung_timeout(self.peer_timeout))
                 if self.check_peers():
                     self._broadcast()
         self.connections.close_all()
@@ -255,7 +256,7 @@ class Coordinator(threading.Thread):
         if conn.node is None:
             if msg.get("op") != "auth":
                 raise ProtocolError("first frame is %r, not auth" % str(msg.get("op"))[:40])
-            self.connections.authenticated(conn)
+            self.connections.authenticated(conn, kernel_timeout(self.peer_timeout, self.interval))
             return False
         if msg.get("node") != conn.node:
             raise ProtocolError("a beat for node %r on %s's connection" % (str(msg.get("node"))[:40], conn.node))
@@ -280,7 +281,8 @@ class Coordinator(threading.Thread):
         self.connections.send(conn, protocol.challenge(self.secret, self.job_id, hello["node"], hello["nonce"], nonce))
 
     def _broadcast(self, skip: Conn | None = None) -> None:
-        msg = self.view()
+        with self.lock:
+            msg = self.board.status_line()
         for conn in list(self.connections.by_node.values()):
             if conn is not skip and self.connections.open(conn):
                 self.connections.send(conn, conn.channel.seal(msg))
