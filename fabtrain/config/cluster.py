@@ -268,7 +268,7 @@ class _Parser(Checks):
             if valid(scheduler, job, workspace):
                 nodes = tuple(self.make_node(f"node{i}", scheduler.login or "local", node_roles(job.mode, i),
                                              f"{workspace}/node{i}", python, address_placeholder(i), ssh,
-                                             scheduler.gpus_per_node) for i in range(scheduler.nodes))
+                                             scheduler.gpus_per_node, None) for i in range(scheduler.nodes))
             scheduler = scheduler if valid(scheduler) else None
         elif "dist_ips" in top:
             nodes = self.part(self.dist_ips, top["dist_ips"], workspace, python, ssh, job)
