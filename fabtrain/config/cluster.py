@@ -392,6 +392,21 @@ class _Parser(Checks):
         return Node(name=name, host=host, roles=roles, workspace=workspace, python=python, address=address, ssh=ssh,
                     gpus=gpus, gpu_ids=gpu_ids, iface=iface)
 
+    def job_env(self, env_doc: Any) -> list[tuple[str, str]]:
+        """job.env: NAME: value pairs, every value a string (a YAML boolean as true/false)."""
+        if not isinstance(env_doc, dict):
+            self.report("job.env", f"must be a mapping of NAME: value, got {kind_of(env_doc)}")
+            return []
+        env = []
+        for k, v in env_doc.items():
+            if not isinstance(k, str) or not ENV_NAME_RE.match(k):
+                self.report(f"job.env.{k}", "not a valid environment variable name")
+            elif isinstance(v, (dict, list)) or v is None:
+                self.report(f"job.env.{k}", f"must be a string or number, got {kind_of(v)}")
+            else:
+                env.append((k, str(v).lower() if isinstance(v, bool) else str(v)))
+        return env
+
     def job(self, value: Any) -> JobSpec:
         d = self.mapping(value, "job", FIELDS["job"])
         name = self.string(d.get("name", "job"), "job.name", NAME_RE, "job name")
@@ -455,19 +470,7 @@ class _Parser(Checks):
             **self.straggler(w.get("straggler"), dw),
         )
 
-        env_doc = d.get("env") or {}
-        if not isinstance(env_doc, dict):
-            self.report("job.env", f"must be a mapping of NAME: value, got {kind_of(env_doc)}")
-            env_doc = {}
-        env = []
-        for k, v in env_doc.items():
-            if not isinstance(k, str) or not ENV_NAME_RE.match(k):
-                self.report(f"job.env.{k}", "not a valid environment variable name")
-            elif isinstance(v, (dict, list)) or v is None:
-                self.report(f"job.env.{k}", f"must be a string or number, got {kind_of(v)}")
-            else:
-                env.append((k, str(v).lower() if isinstance(v, bool) else str(v)))
-
+        env = self.job_env(d.get("env") or {})
         code = self.path_value(d.get("code", JobSpec.code), "job.code")
         image = self.string(d["image"], "job.image", IMAGE_RE, "container image") if d.get("image") is not None else None
         launcher = self.choice(d.get("launcher", JobSpec.launcher), "job.launcher", LAUNCHERS)

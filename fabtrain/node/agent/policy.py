@@ -8,8 +8,9 @@ are the table in docs/watchdog.md.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
+from fabtrain.node.agent.actions import DumpStacks, Escalate, KillLauncher, Note, Relaunch, Signal, Stop
 from fabtrain.node.coordination.board import hung_timeout
 from fabtrain.node.states import (FINAL, JobState, ProcessState, describe_end, signal_name, signal_of,
                                   stopped_by)
@@ -164,55 +165,7 @@ class Ledger:
     stacks_taken: bool = False  # this generation's stacks were dumped (once: before a hang's teardown)
 
 
-# -- what it does ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Note:
-    """An event for events.jsonl."""
-    kind: str
-    reason: str
-    name: str | None = None
-    fields: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class DumpStacks:
-    """Record every thread's stack of these live processes into the job's directory (stacks.py), before
-    the Stop actions that follow it; the next `hang` or `teardown` Note carries each one's top frame."""
-    names: tuple
-
-
-@dataclass(frozen=True)
-class Stop:
-    """SIGTERM to a job process and everything it started; the grace starts."""
-    name: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Escalate:
-    """SIGKILL to what of a job process survived its grace."""
-    name: str
-
-
-@dataclass(frozen=True)
-class KillLauncher:
-    name: str
-
-
-@dataclass(frozen=True)
-class Relaunch:
-    """Start this node's processes again as generation `generation` (on_failure restart)."""
-    generation: int
-
-
-@dataclass(frozen=True)
-class Signal:
-    """A signal to one process that is not a job process of its own (an orphan, a zombie's parent)."""
-    pid: int
-    ctime: float | None
-    signal: int
+# -- what it does: actions.py (Note, DumpStacks, Stop, Escalate, KillLauncher, Relaunch, Signal) --
 
 
 # -- the rules -------------------------------------------------------------------------------
