@@ -305,7 +305,8 @@ def test_a_start_refused_on_one_node_stops_the_rest_of_the_job_at_once(fresh):
     # The next job starts cleanly; a start that every node refuses (it is running) started nothing: it stops nothing.
     job.start()
     again = job.fab("start-pserver")
-    assert again.returncode == 1 and "still running here" in again.stdout, again.stdout
+    said = again.stdout + again.stderr
+    assert again.returncode == 1 and f"nothing was started: job {job.job_id} is running" in said, said
     assert "stopping job" not in again.stdout and "start_failed" not in job.kinds(), again.stdout
     assert job.fab("status").returncode == 0
     assert not gone(job.program("node1", "pserver-0")) and not gone(job.program("node2", "trainer-0"))

@@ -95,7 +95,7 @@ def test_whole_lifecycle_on_three_ssh_nodes_and_one_local(fab, four_nodes, sshd)
 
     # A second job over a running one is refused.
     out = fab("start-pserver", cluster=cluster, check=False)
-    assert out.returncode != 0 and "still running" in out.stdout + out.stderr
+    assert out.returncode != 0 and f"nothing was started: job {job_id} is running" in out.stdout + out.stderr
 
     assert live_marked(workspaces)
     out = fab("kill-all", cluster=cluster, check=True)

@@ -210,7 +210,9 @@ def test_a_refused_start_pserver_does_not_become_the_current_job(fresh):
     start_printing(job)
     running = job.job_id
     out = job.fab("start-pserver")
-    assert out.returncode == 1 and "still running" in out.stdout and "pserver started" not in out.stdout, out.stdout
+    said = out.stdout + out.stderr
+    assert out.returncode == 1 and f"nothing was started: job {running} is running" in said, said
+    assert "pserver started" not in out.stdout, out.stdout
     assert json.loads((job.state / "test.json").read_text())["job_id"] == running  # the refused id was not saved
     job.fab("kill-all", "--grace", "1", check=True)
 
