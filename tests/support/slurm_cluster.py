@@ -40,6 +40,54 @@ def slurm_missing() -> list[str]:
     return missing
 
 
+def _carrying(conf: Path) -> list[tuple[int, str]]:
+    """(pid, command name) of every process whose environment names `conf` as its SLURM_CONF."""
+    wanted, found = b"SLURM_CONF=" + bytes(conf), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if wanted in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                    found.append((int(entry), Path(f"/proc/{entry}/comm").read_text().strip()))
+            except OSError:
+                continue  # gone, or not ours to read
+    return found
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _alive_slurmctld(pidfile: Path) -> bool:
+    try:
+        stat = Path(f"/proc/{int(pidfile.read_text().strip())}/stat").read_text()
+    except (OSError, ValueError):
+        return False
+    return "(slurmctld)" in stat and stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def stop_orphaned_steps() -> None:
+    """SIGKILL the step daemons (and their tasks) of earlier test clusters whose slurmctld is gone: a run killed
+    midway never reached its own stop, and slurmstepd outlives slurmd."""
+    for entry in os.listdir("/proc"):
+        try:
+            if not entry.isdigit() or Path(f"/proc/{entry}/comm").read_text().strip() != "slurmstepd":
+                continue
+            env = dict(e.split(b"=", 1) for e in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0") if b"=" in e)
+        except OSError:
+            continue
+        conf = Path(os.fsdecode(env.get(b"SLURM_CONF", b"")))
+        if not conf.name or "ClusterName=fabtrain-test" not in (conf.read_text() if conf.exists() else
+                                                               "ClusterName=fabtrain-test"):
+            continue  # not a test cluster's
+        if _alive_slurmctld(conf.parent / "slurmctld.pid"):
+            continue  # its cluster is still up (another test run's)
+        for pid, _ in _carrying(conf):
+            _kill(pid)
+
+
 @dataclass
 class SlurmCluster:
     root: Path
@@ -67,6 +115,7 @@ class SlurmCluster:
 
     def start(self) -> "SlurmCluster":
         self.root.mkdir(parents=True, exist_ok=True)
+        stop_orphaned_steps()
         try:
             self._start_munge()
             self._write_conf()
@@ -153,7 +202,15 @@ class SlurmCluster:
     # -- stop ------------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Every daemon by its pid: slurmd first, then slurmctld, then munged; SIGKILL after 10 s."""
+        """Every job cancelled, then every daemon by its pid: slurmd first, then slurmctld, then munged (SIGKILL
+        after 10 s); then whatever still carries this cluster's slurm.conf (a step daemon, which outlives its
+        slurmd, and its tasks) is SIGKILLed by pid."""
+        if self.procs and self.conf.exists():
+            self.run("scancel", "--full", "--quiet", f"--user={os.getuid()}", check=False)
+            deadline = time.monotonic() + 5
+            while any(comm == "slurmstepd" for _, comm in _carrying(self.conf)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        daemons = {p.pid for p in self.procs}
         for p in reversed(self.procs):
             if p.poll() is None:
                 os.kill(p.pid, signal.SIGTERM)
@@ -163,6 +220,9 @@ class SlurmCluster:
                 os.kill(p.pid, signal.SIGKILL)
                 p.wait(5)
         self.procs.clear()
+        for pid, _ in _carrying(self.conf):
+            if pid not in daemons:
+                _kill(pid)
         if self.munge_dir is not None:
             shutil.rmtree(self.munge_dir, ignore_errors=True)
             self.munge_dir = None
