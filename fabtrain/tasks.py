@@ -15,7 +15,7 @@ from fabtrain import taskargs
 from fabtrain.errors import UserError, reader_gone
 from fabtrain.plan.plan import make_plan, new_job_id
 from fabtrain.remote.session import get_session
-from fabtrain.slurm import tasks as slurm_tasks
+from fabtrain.slurm import jobs as slurm_jobs, tasks as slurm_tasks
 from fabtrain.taskargs import Number
 
 taskargs.install()
@@ -188,7 +188,9 @@ def status(c, job=None):
 def watch(c, interval=1.0, timeout=None, job=None):
     """Follow the job until it ends: node health, trainer progress, watchdog events; exit 0 finished, 1 failed, 3 killed."""
     from fabtrain.controller.watch import watch as follow
-    code = follow(session(c), interval=interval, timeout=timeout, job_id=job)
+    s = session(c)
+    code = follow(s, interval=interval, timeout=timeout, job_id=job,
+                  scheduler_line=slurm_jobs.ShownLine(s) if s.cluster.scheduler else None)
     if code:
         raise Exit(code=code)
 

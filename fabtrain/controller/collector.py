@@ -53,6 +53,7 @@ class NodeView:
     killed: bool = False
     killed_by: str | None = None  # who wrote the job's `killed` marker (states.KILLERS)
     stop_reason: str | None = None  # why it was stopped, when a start that failed elsewhere stopped it
+    slurm_job: str | None = None  # the Slurm job the node's job runs in (a job on Slurm)
     milestones: list[dict] = field(default_factory=list)  # the job-level events (job_failed, finished, kept)
     offsets: dict[str, int] = field(default_factory=dict)
     bad: set = field(default_factory=set)  # what was wrong in the last reply's snapshots (counted once)
@@ -100,6 +101,7 @@ class NodeSnapshot:
     killed: bool
     health: dict | None
     processes: tuple[dict, ...]
+    slurm_job: str | None = None  # the Slurm job the node's job runs in (a job on Slurm)
 
     def agent_state(self) -> str | None:
         return next((p["state"] for p in self.processes if p["name"] == "agent"), None)
@@ -241,6 +243,7 @@ class Collector:
         view.killed = reply.get("killed") is True
         view.killed_by = reply.get("killed_by") if isinstance(reply.get("killed_by"), str) else None
         view.stop_reason = records.stop_reason(reply.get("stop_reason"))
+        view.slurm_job = records.slurm_job(reply.get("slurm"))
         view.processes, bad = [], set()
         procs = reply.get("processes")
         for p in procs if isinstance(procs, list) else []:
@@ -393,7 +396,7 @@ class Collector:
             for n in cluster.nodes:
                 v = self.nodes[n.name]
                 nodes.append(NodeSnapshot(n.name, n.host, tuple(n.roles), v.up, v.since, v.error, v.down, v.last_seen,
-                                          v.job_id, v.killed, v.health, tuple(v.processes)))
+                                          v.job_id, v.killed, v.health, tuple(v.processes), v.slurm_job))
             observations = [v.observation() for v in self.nodes.values()]
             progress = {name: TrainerSnapshot(p.node, p.name, p.role, p.rank, dict(p.last), p.last_ts, p.records)
                         for name, p in self.progress.items()}

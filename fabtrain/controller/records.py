@@ -260,3 +260,12 @@ def health(doc: Any) -> dict:
 def stop_reason(v: Any) -> str | None:
     """Node ops' `stop_reason` (why a job was stopped, other than by kill-all): text, or None."""
     return v[:MAX_REASON] if isinstance(v, str) and v.strip() else None
+
+
+SLURM_JOB_RE = re.compile(r"^\d{1,12}(_\d{1,12})?$")
+
+
+def slurm_job(v: Any) -> str | None:
+    """Node ops' `slurm` (a job in a Slurm allocation): its Slurm job id, or None."""
+    job = v.get("job_id") if isinstance(v, dict) else None
+    return job if isinstance(job, str) and SLURM_JOB_RE.match(job) else None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from typing import Callable, TextIO
 
 from fabtrain.controller.collector import Collector, NodeSnapshot, Snapshot
 from fabtrain.controller.jobstate import WATCH_EXIT, Verdict
@@ -56,15 +56,17 @@ def event_line(ev: dict) -> str:
     return visible(f"{t} {ev.get('node', '?')} {ev.get('kind', '?')}{' ' + who if who else ''}{sig}: {ev.get('reason', '')}")
 
 
-def frame(snap: Snapshot, now: float, began: float, fresh: dict | None = None) -> list[str]:
+def frame(snap: Snapshot, now: float, began: float, fresh: dict | None = None, scheduler: str | None = None) -> list[str]:
     """The redrawn part. `fresh` maps node -> (health ts, controller time it first changed to that):
-    snapshot ages are measured on the controller's clock, so node clock skew does not matter."""
+    snapshot ages are measured on the controller's clock, so node clock skew does not matter.
+    `scheduler`: the scheduler's own line on the job (Slurm's state), shown under the job's."""
     fresh = {} if fresh is None else fresh
     verdict = snap.verdict
     why = visible(verdict.summary())
     lines = [f"job {snap.job_id or '-'}: {verdict.state}{' (' + why + ')' if why and verdict.state != JobState.RUNNING else ''}"
              f"{'  [' + verdict.restarts + ']' if verdict.restarts else ''}"
              f"   watching {now - began:.0f}s"]
+    lines += [visible(scheduler)] if scheduler else []
     lines += [f"note: {note}" for note in verdict.notes]
     for node, d in sorted(snap.dropped.items()):
         lines.append(f"note: {node}: {d['count']} malformed record(s) dropped (latest: {d['last']})")
@@ -137,7 +139,10 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 
 def watch(session: Session, interval: float = 1.0, timeout: float | None = None, job_id: str | None = None,
-          out: TextIO | None = None, tty: bool | None = None) -> int:
+          out: TextIO | None = None, tty: bool | None = None,
+          scheduler_line: Callable[[Snapshot], str | None] | None = None) -> int:
+    """Follow the job until it ends; its exit code. `scheduler_line` (snapshot -> a line): the scheduler's
+    own word on the job (fabtrain.slurm.jobs.ShownLine), shown under the job's line."""
     out = out or sys.stdout
     tty = out.isatty() if tty is None else tty
     col = Collector(session, job_id=job_id)
@@ -160,7 +165,8 @@ def watch(session: Session, interval: float = 1.0, timeout: float | None = None,
             if key not in seen:
                 seen.add(key)
                 new.append(ev)
-        lines = frame(snap, now, began, fresh)
+        scheduler = scheduler_line(snap) if scheduler_line else None
+        lines = frame(snap, now, began, fresh, scheduler)
         if tty:
             buf = f"\x1b[{drawn}F\x1b[J" if drawn else ""
             buf += "".join(event_line(e) + "\n" for e in new)
@@ -171,7 +177,7 @@ def watch(session: Session, interval: float = 1.0, timeout: float | None = None,
             for e in new:
                 out.write(event_line(e) + "\n")
             # Plain output (a log file, CI): a frame when a node's state changes, else every 10 s.
-            summary = plain_state(snap)
+            summary = (plain_state(snap), scheduler)
             if summary != last_plain[0] or now - last_plain[1] >= PLAIN_EVERY or verdict.ended:
                 out.write("\n".join(lines) + "\n")
                 last_plain = (summary, now)

@@ -36,6 +36,8 @@ def create_app(config: dict | None = None) -> Flask:
       ALLOWED_HOSTS    Host header values accepted, e.g. ("127.0.0.1:8265", "localhost:8265")
       KILL             callable(grace) -> list of fabtrain.remote.transport.Reply; default:
                        fabtrain.controller.lifecycle.kill_all on the collector's session
+      SCHEDULER_LINE   callable(snapshot) -> str or None: the scheduler's own line on the job; default: Slurm's
+                       state (fabtrain.slurm.jobs.ShownLine) for a cluster with a `scheduler:` section, else none
       HISTORY          the run history for /api/jobs (fabtrain.controller.history.History); default:
                        one over the collector's session, made on first use
       REFRESH_MS, STALE_AFTER, EVENTS_LIMIT, KILL_GRACE, MAX_CONTENT_LENGTH: see DEFAULTS
@@ -51,6 +53,8 @@ def create_app(config: dict | None = None) -> Flask:
     app.config["ALLOWED_HOSTS"] = frozenset(h.lower() for h in app.config["ALLOWED_HOSTS"])
     if app.config.get("KILL") is None:
         app.config["KILL"] = _default_kill(app.config["COLLECTOR"])
+    if "SCHEDULER_LINE" not in app.config:
+        app.config["SCHEDULER_LINE"] = _default_scheduler_line(app.config["COLLECTOR"])
     # JSON as small as it gets: the page polls it every second.
     app.json.compact = True
     app.json.sort_keys = False
@@ -64,6 +68,15 @@ def create_app(config: dict | None = None) -> Flask:
     app.register_blueprint(views.bp)
     views.register_error_handlers(app)
     return app
+
+
+def _default_scheduler_line(collector) -> Callable | None:
+    session = getattr(collector, "session", None)
+    if session is None or not getattr(session.cluster, "scheduler", None):
+        return None
+    from fabtrain.slurm.jobs import ShownLine
+
+    return ShownLine(session)
 
 
 def _default_kill(collector) -> Callable[[float], list]:

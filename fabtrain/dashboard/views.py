@@ -187,7 +187,10 @@ def api_cluster():
 def api_job():
     _no_unknown_args()
     cfg = current_app.config
-    return jsonify(api.job_view(_collector().snapshot(), float(cfg["STALE_AFTER"]), current_app.extensions["fabtrain_ended"]))
+    snap = _collector().snapshot()
+    view = api.job_view(snap, float(cfg["STALE_AFTER"]), current_app.extensions["fabtrain_ended"])
+    view["scheduler"] = cfg["SCHEDULER_LINE"](snap) if cfg.get("SCHEDULER_LINE") else None  # Slurm's own state
+    return jsonify(view)
 
 
 @bp.get("/api/metrics")

@@ -532,6 +532,7 @@ def op_collect(payload):
     reply["killed"] = status["killed"]
     reply["killed_by"] = status["killed_by"]
     reply["stop_reason"] = status["stop_reason"]
+    reply["slurm"] = status["slurm"]
     reply["health"] = atomic.read_json(os.path.join(jd, "health.json"))
     max_bytes = int(payload.get("max_bytes", 1 << 20))
     wanted = ["events.jsonl"] + ["metrics/" + f for f in sorted(os.listdir(os.path.join(jd, "metrics")))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 
@@ -133,6 +134,51 @@ def slurm_state(session: Session, slurm_job: str) -> SlurmState:
         st, code, nodes = (out.stdout.strip().splitlines()[0].split("|") + ["", ""])[:3]
         return SlurmState(slurm_job, st.split()[0], "", nodes, code, "sacct")
     return SlurmState(slurm_job, "UNKNOWN", "no longer in squeue or scontrol, and accounting is off", source="none")
+
+
+def shown_line(session: Session, ran: set[tuple[str, str]], job_id: str | None = None) -> str | None:
+    """Slurm's state of the job a view shows (`fab status`, `fab watch`, the dashboard), as one line.
+
+    `ran` is the (fabtrain job, Slurm job) pairs the nodes name (a script submitted by hand too); before the
+    job runs, the controller's state names it. `job_id` limits it to one fabtrain job. None: no Slurm job known.
+    """
+    ran = set(ran)
+    saved = state.load(session.cluster.name)
+    if saved.get("slurm_job") and saved.get("job_id") and (job_id in (None, saved["job_id"])):
+        ran.add((saved["job_id"], saved["slurm_job"]))
+    if not ran:
+        return None
+    # Job ids sort by their start: the newest is the one shown, or the one still waiting for its allocation.
+    job, slurm_job = max(ran)
+    line = slurm_state(session, slurm_job).line()
+    if stopped_for_time_limit(session, job):
+        line += f" (its programs were stopped {session.cluster.scheduler.term_before} s before its time limit)"
+    return line
+
+
+class ShownLine:
+    """`shown_line` for a view that redraws every second (fab watch, the dashboard): Slurm is asked at most
+    every `every` seconds, or when the nodes name another job, as each ask runs squeue (over SSH, a round trip)."""
+
+    def __init__(self, session: Session, every: float = 5.0):
+        self.session, self.every = session, every
+        self._lock = threading.Lock()
+        self._asked: tuple | None = None
+        self._line: str | None = None
+        self._at = 0.0
+
+    def __call__(self, snap) -> str | None:
+        """The line for a collector's Snapshot."""
+        ran = frozenset((n.job_id, n.slurm_job) for n in snap.nodes if n.job_id and n.slurm_job)
+        asked = (snap.job_id, ran)
+        with self._lock:
+            if asked != self._asked or time.monotonic() - self._at >= self.every:
+                try:
+                    self._line = shown_line(self.session, set(ran), snap.job_id)
+                except UserError as e:  # a login node that stopped answering: said, not raised into the view
+                    self._line = f"slurm: {e}"
+                self._asked, self._at = asked, time.monotonic()
+            return self._line
 
 
 def wait_for_allocation(session: Session, slurm_job: str, show, timeout: float | None = None,

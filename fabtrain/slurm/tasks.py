@@ -11,7 +11,6 @@ import sys
 
 from invoke import Exit
 
-from fabtrain.controller import state
 from fabtrain.errors import UserError
 from fabtrain.remote.session import Session
 from fabtrain.slurm import jobs
@@ -61,17 +60,7 @@ def status_line(session: Session, replies, job_id: str | None = None) -> str | N
     by hand too); before it runs, the controller's state does. None: no Slurm job known."""
     ran = {(r.value["job_id"], r.value["slurm"]["job_id"]) for r in replies
            if r.ok and isinstance(r.value.get("slurm"), dict) and r.value["slurm"].get("job_id")}
-    saved = state.load(session.cluster.name)
-    if saved.get("slurm_job") and saved.get("job_id") and (job_id in (None, saved["job_id"])):
-        ran.add((saved["job_id"], saved["slurm_job"]))
-    if not ran:
-        return None
-    # Job ids sort by their start: the newest is the one shown, or the one still waiting for its allocation.
-    job, slurm_job = max(ran)
-    line = jobs.slurm_state(session, slurm_job).line()
-    if jobs.stopped_for_time_limit(session, job):
-        line += f" (its programs were stopped {session.cluster.scheduler.term_before} s before its time limit)"
-    return line
+    return jobs.shown_line(session, ran, job_id)
 
 
 def kill_all(session: Session, grace: float) -> None:

@@ -20,6 +20,7 @@ from fabtrain.node import procfs
 from tests.conftest import FAB, REPO
 from tests.support.procscan import live_marked, wait_for
 from tests.support.slurm_job import SlurmJob
+from tests.support.webhook import Receiver
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +32,32 @@ def job(slurm, tmp_path_factory):
     j.fab("kill-all")
 
 
-def test_collective_job_all_reduces_across_three_slurm_nodes(job):
-    job.configure("python allreduce.py --steps 10 --period 0.1")
-    out = job.submit()
-    assert "RUNNING" in out.stdout or "COMPLETED" in out.stdout, out.stdout
-    assert job.wait_state("COMPLETED", "FAILED", "CANCELLED") == "COMPLETED", job.describe()
+def test_collective_job_all_reduces_across_three_slurm_nodes(job, tmp_path):
+    hook = Receiver()
+    job.configure("python allreduce.py --steps 40 --period 0.1", notify={"webhook": hook.url, "on": ["finished"]})
+    try:
+        out = job.submit()
+        assert "RUNNING" in out.stdout or "COMPLETED" in out.stdout, out.stdout
+        follow = subprocess.Popen([FAB, "logs", "--follow"], cwd=REPO, env=job.env(), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        # fab watch follows the job to its end as on SSH nodes (exit 0: finished), with Slurm's state under it.
+        watched = job.fab("watch", "--timeout=120", check=True)
+        assert f"job {job.job_id}: finished" in watched.stdout, watched.stdout
+        assert f"slurm job {job.slurm_job}: RUNNING" in watched.stdout, watched.stdout
+        streamed, _ = follow.communicate(timeout=60)  # --follow ends with the job
+        assert follow.returncode == 0 and all(f"[node{i} trainer-{i}] rank {i}/3 step 39" in streamed
+                                              for i in range(3)), streamed
+        assert job.wait_state("COMPLETED", "FAILED", "CANCELLED") == "COMPLETED", job.describe()
+        # The alert: one POST for the job (every agent sees it finish; the first node's sends it).
+        assert wait_for(lambda: hook.got, timeout=10), "no alert"
+        time.sleep(1)
+        assert [(b["kind"], b["job_id"]) for _, b in hook.got] == [("finished", job.job_id)], hook.got
+    finally:
+        hook.close()
+    tensorboard = tmp_path / "tb"
+    exported = job.fab("export", f"--tensorboard={tensorboard}", check=True).stdout.splitlines()
+    assert sorted(exported) == [f"{tensorboard}/{job.job_id}/trainer-{i}: 40 points" for i in range(3)], exported
+    assert all(list((tensorboard / job.job_id / f"trainer-{i}").glob("events.out.tfevents.*")) for i in range(3))
     results = [json.loads((job.node_ws(i) / f"allreduce-{i}.json").read_text()) for i in range(3)]
     assert [r["sum"] for r in results] == [6.0, 6.0, 6.0]  # 1 + 2 + 3 on every rank
     assert {r["node"] for r in results} == {"n1", "n2", "n3"}  # one rank on each Slurm node

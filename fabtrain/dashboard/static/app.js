@@ -182,6 +182,9 @@ function renderJob(j) {
     `${p.running}/${p.total} processes running` + (p.failed ? ` · ${p.failed} failed` : "") + (p.killed ? ` · ${p.killed} killed` : "") +
     (j.restarts_left != null || j.generation ? ` · generation ${j.generation || 0}` +
       (j.restarts_left != null ? `, ${j.restarts_left} restart${j.restarts_left === 1 ? "" : "s"} left` : "") : "");
+  const scheduler = document.getElementById("job-scheduler");  // Slurm's own state (PENDING and why, RUNNING, ...)
+  scheduler.hidden = !j.scheduler;
+  scheduler.textContent = j.scheduler || "";
   const marks = JSON.stringify(j.restarts || []);
   if (marks !== state.restartMarks) { state.restartMarks = marks; state.chartsDirty = true; }
   killControl(j.kill);
