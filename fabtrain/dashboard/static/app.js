@@ -189,7 +189,7 @@ function renderJob(j) {
   const rows = j.trainers.map(t => el("tr", {class: t.stale ? "stale" : "", "data-trainer": t.name},
     el("td", {}, el("b", {}, t.name), t.stale ? el("span", {class: "tag stale", title: `no metrics record for over ${j.stale_after}s`}, "stale") : null,
       t.straggler ? el("span", {class: "tag straggler", title: "below the straggler share of the median rank's step rate (watchdog.straggler)"},
-        `straggler ${fmt(t.straggler.rate, 3)} vs median ${fmt(t.straggler.median, 3)} steps/s`) : null),
+        t.straggler.mark) : null),  // fab status's words
     el("td", {}, t.node || "–"),
     el("td", {}, t.label),
     el("td", {class: "num"}, fmt(t.step)),
