@@ -5,11 +5,9 @@
 // causeKey, naturalCompare and state; a separate file so the live page's code stays as it is.
 "use strict";
 
-const stacks = {open: new Set(), saved: new Map()};  // event keys shown open; "node|job" -> reply or {error}
-
-function savedKey(node) {
-  return `${node}|${state.job ? state.job.job_id : ""}`;
-}
+// Event keys shown open; event key -> what its node said (read once an event: a later hang's
+// teardown writes the files anew).
+const stacks = {open: new Set(), saved: new Map()};
 
 // The block under an event that carries `stacks`; null for any other event.
 function stackBlock(e) {
@@ -20,7 +18,7 @@ function stackBlock(e) {
   const toggle = el("a", {href: "#", class: "stacks-toggle", onclick: ev => { ev.preventDefault(); toggleStacks(key, e.node); }},
     open ? "hide stacks" : `stacks of ${names.length} process${names.length === 1 ? "" : "es"}`);
   if (!open) return el("div", {class: "stacks"}, toggle);
-  const saved = stacks.saved.get(savedKey(e.node));
+  const saved = stacks.saved.get(key);
   const rows = names.map(name => {
     const s = e.stacks[name] || {};
     const full = saved && saved.stacks ? saved.stacks[name] : null;
@@ -38,12 +36,11 @@ function stackBlock(e) {
 async function toggleStacks(key, node) {
   if (stacks.open.has(key)) stacks.open.delete(key); else stacks.open.add(key);
   if (state.events) renderEvents(state.events);
-  const where = savedKey(node);
-  if (!stacks.open.has(key) || stacks.saved.has(where)) return;
+  if (!stacks.open.has(key) || stacks.saved.has(key)) return;
   try {
-    stacks.saved.set(where, await api(`/api/stacks/${encodeURIComponent(node)}`));
+    stacks.saved.set(key, await api(`/api/stacks/${encodeURIComponent(node)}`));
   } catch (err) {
-    stacks.saved.set(where, {error: err.message});
+    stacks.saved.set(key, {error: err.message});
   }
   if (state.events) renderEvents(state.events);
 }
