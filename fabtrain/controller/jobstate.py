@@ -102,6 +102,20 @@ class ProcessView:
 
 
 @dataclass(frozen=True)
+class Straggler:
+    """A rank the coordinator's agent reported behind the others (the `straggler` event) and still is."""
+    node: str
+    name: str
+    rate: float  # its steps a second now
+    median: float  # the median rank's
+
+    @property
+    def mark(self) -> str:
+        """What fab status, fab watch and the dashboard put next to its process."""
+        return f"STRAGGLER {self.rate:.3g} vs median {self.median:.3g} steps/s"
+
+
+@dataclass(frozen=True)
 class Verdict:
     state: JobState
     reason: str = ""
@@ -118,6 +132,10 @@ class Verdict:
     cause: tuple[str, str | None] | None = None  # (node, process or None): where a failure or restart began
     startup_deadline: float | None = None  # starting: when the agents' startup_timeout runs out (node clock)
     restart_at: float | None = None  # restarting: when the backoff ends and the next generation starts
+    stragglers: tuple[Straggler, ...] = ()  # running: the ranks that fell behind and have not caught up
+
+    def straggler(self, node: str, name: str) -> Straggler | None:
+        return next((s for s in self.stragglers if s.node == node and s.name == name), None)
 
     @property
     def restarts(self) -> str:
@@ -338,6 +356,21 @@ def _cause(state: JobState, reason: str, procs: list[ProcessView], facts: _Facts
     return (facts.origin, None) if facts.origin else None
 
 
+def _stragglers(state: JobState, ours: list[NodeObservation], procs: list[ProcessView]) -> tuple[Straggler, ...]:
+    """The coordinator's agent's word (its health.json `stragglers`: reported, and below the share of
+    the median now), while that agent is fresh, the job runs and the rank is live: a rank that
+    caught up leaves the list there, and a job that ended marks none."""
+    if state != JobState.RUNNING:
+        return ()
+    live = {(p.node, p.name) for p in procs if p.live}
+    found = {}
+    for n in (n for n in ours if n.agent_fresh):
+        for s in n.agent.get("stragglers") or []:
+            if (s["node"], s["name"]) in live:
+                found[(s["node"], s["name"])] = Straggler(s["node"], s["name"], s["rate"], s["median"])
+    return tuple(found[k] for k in sorted(found))
+
+
 def job_verdict(nodes: Iterable[NodeObservation], job_id: str | None = None) -> Verdict:
     """The job's state from one observation per node (of job `job_id`, else the newest job seen)."""
     nodes = list(nodes)
@@ -360,4 +393,5 @@ def job_verdict(nodes: Iterable[NodeObservation], job_id: str | None = None) -> 
                    unreachable=tuple(n.name for n in nodes if n.reachable is False), notes=notes,
                    generation=facts.generation, restarts_left=facts.restarts_left,
                    cause=_cause(state, reason, procs, facts), startup_deadline=min(deadlines, default=None),
-                   restart_at=facts.restart_at if state == JobState.RESTARTING else None)
+                   restart_at=facts.restart_at if state == JobState.RESTARTING else None,
+                   stragglers=_stragglers(state, ours, procs))

@@ -6,8 +6,10 @@ node where it can) and returns per-node results; printing is `report`'s job.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -360,6 +362,23 @@ def logs(session: Session, lines: int = 20, follow: bool = False, job_id: str | 
     if stacks:
         payload["stacks"] = True
     return session.map(lambda t: rpc.call(t, "logs", payload, stream=out))
+
+
+STACK_LINE = re.compile(r"^\[(\S+) (\S+)\] ?(.*)$")  # node ops' `logs --stacks` lines: [node process] text
+
+
+def stacks(session: Session, node: str, job_id: str | None, timeout: float = 30.0) -> dict[str, list[str]]:
+    """One node's saved stacks (what `fab logs --stacks` prints for it), {process: lines}; empty when
+    none were saved. Raises rpc.NodeError when the node cannot be asked."""
+    out = io.StringIO()
+    rpc.call(session.transport(session.cluster.node(node)), "logs", {"stacks": True, "lines": 0, "job_id": job_id}, timeout=timeout,
+             stream=out)
+    by_process: dict[str, list[str]] = {}
+    for line in out.getvalue().splitlines():
+        m = STACK_LINE.match(line)
+        if m and m.group(1) == node:
+            by_process.setdefault(m.group(2), []).append(m.group(3))
+    return by_process
 
 
 def no_job(job_id: str | None) -> UserError:

@@ -241,6 +241,9 @@ def _process_rows(obs: NodeObservation, verdict: Verdict, now: float) -> list[li
             agent_state += " HUNG"
         if a.get("killed_by_agent"):
             agent_state += " (by agent)"
+        behind = verdict.straggler(obs.name, p["name"])
+        if behind:
+            agent_state += " " + behind.mark
         ended = p["state"] not in LIVE
         progress = _ago(a.get("last_progress"), now) if a and not ended and a.get("state") not in ("exited", "killed") else ""
         rows.append([obs.name, p["name"], state, uptime, agent_state, progress,

@@ -114,14 +114,16 @@ def _node_row(v: NodeSnapshot, verdict: Verdict, now: float, fresh: dict) -> lis
         seen = verdict.process(v.name, p["name"])
         s = seen.label if seen else p["state"]
         z = zombies.get(p["name"]) or p.get("zombies")
-        procs.append(f"{p['name']} {s}{f'+{z}Z' if z else ''}")
+        behind = verdict.straggler(v.name, p["name"])
+        procs.append(f"{p['name']} {s}{f'+{z}Z' if z else ''}{' ' + behind.mark if behind else ''}")
     return [v.name, _pct(host.get("cpu_percent")), _pct(host.get("mem_percent")), str(load), gpu, agent,
             ", ".join(procs) or ("no job" if not v.job_id else "-")]
 
 
 def plain_state(snap: Snapshot) -> tuple:
     """What is a change for plain output: the job's state and notes, each node up or down,
-    its agent's state and each process's state. Not CPU, memory, load, steps or ages."""
+    its agent's state, each process's state and which ranks are stragglers. Not CPU, memory, load,
+    steps, rates or ages."""
     verdict = snap.verdict
     nodes = []
     for v in snap.nodes:
@@ -130,7 +132,8 @@ def plain_state(snap: Snapshot) -> tuple:
             seen = verdict.process(v.name, p["name"])
             procs.append((p["name"], seen.label if seen else p["state"]))
         nodes.append((v.name, v.up, v.down, v.agent_state(), tuple(procs)))
-    return (snap.job_id, verdict.state, verdict.restarts, tuple(verdict.notes), tuple(nodes))
+    return (snap.job_id, verdict.state, verdict.restarts, tuple(verdict.notes), tuple(nodes),
+            tuple((s.node, s.name) for s in verdict.stragglers))
 
 
 def _table(rows: list[list[str]]) -> list[str]:

@@ -217,6 +217,7 @@ def _trainers(snap, states: dict, health_progress: dict, stale_after: float, now
         if age is None and seen and seen.live and p.get("started_at") is not None:
             age = max(0.0, now - p["started_at"])  # running but no record yet
         running = (seen.live if seen else snap.verdict.state == JobState.RUNNING)
+        behind = snap.verdict.straggler(node, name) if node else None
         out.append({
             "name": name, "node": node or (prog.node if prog else None), "rank": process_role(name)[1],
             "state": seen.state.value if seen else p.get("state"), "label": process_label(p, seen) if p else "?",
@@ -226,6 +227,9 @@ def _trainers(snap, states: dict, health_progress: dict, stale_after: float, now
             "last_progress": number(health_progress.get(name)) or ts,
             "stale": bool(running and age is not None and age > stale_after),
             "records": prog.records if prog else 0,
+            # fell behind the median rank and has not caught up (the verdict's, as fab status marks it)
+            "straggler": {"rate": short(behind.rate, 4), "median": short(behind.median, 4), "mark": behind.mark}
+            if behind else None,
         })
     return out
 

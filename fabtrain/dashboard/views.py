@@ -16,6 +16,7 @@ from flask import (Blueprint, Response, current_app, jsonify, make_response, ren
 from werkzeug.exceptions import HTTPException
 
 from fabtrain.node import jobid
+from fabtrain.remote.transport import NodeError
 
 from . import api, prometheus
 
@@ -229,6 +230,28 @@ def api_logs(node: str, process: str):
     unchanged = tail.offset is not None and since == tail.offset
     return jsonify(node=node, process=process, offset=tail.offset, unchanged=unchanged,
                    lines=[] if unchanged else tail.lines)
+
+
+@bp.get("/api/stacks/<node>")
+def api_stacks(node: str):
+    """Every thread's stack of each process of `node`, as saved before a hang's teardown (the files
+    `fab logs --stacks` prints), asked of the node when the page expands a hang event."""
+    _no_unknown_args()
+    collector = _collector()
+    snap = collector.snapshot()
+    seen = snap.node(node)
+    if seen is None:
+        raise ApiError(404, f"unknown node {node!r}; nodes: {', '.join(n.name for n in snap.nodes)}")
+    job_id = seen.job_id or snap.verdict.job_id
+    if job_id is None:
+        raise ApiError(404, f"no job seen on node {node!r} yet")
+    from fabtrain.controller import lifecycle  # as the Kill button's kill_all: only when asked
+
+    try:
+        found = lifecycle.stacks(collector.session, node, job_id)
+    except NodeError as e:
+        raise ApiError(502, str(e)) from None
+    return jsonify(node=node, job_id=job_id, stacks=found)
 
 
 def _history():

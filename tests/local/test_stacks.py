@@ -1,9 +1,11 @@
 """Stacks before the kill: a hung rank's stack, and every rank's, are in the job's directory before teardown."""
+import json
 import re
 import time
 
 import pytest
 
+from fabtrain.controller import records
 from tests.support.local_job import FAKE
 from tests.support.procscan import live_marked, wait_for
 from tests.support.sshd import free_port
@@ -35,6 +37,11 @@ def test_a_hang_names_the_stuck_function_and_saves_every_ranks_stack(local_job, 
     assert "fakejob.py" in (job.jd("n0") / "stacks" / "trainer-0.txt").read_text()
     out = job.fab("logs", "--stacks", check=True)
     assert f"in {func}" in out.stdout and "trainer-0" in out.stdout, out.stdout
+    # The controller keeps both events whole (the dashboard shows their stacks), not as malformed.
+    for line in (job.jd("n1") / "events.jsonl").read_text().splitlines() + \
+            (job.jd("n0") / "events.jsonl").read_text().splitlines():
+        if '"stacks"' in line:
+            assert records.event(line)["stacks"] == json.loads(line)["stacks"], line
 
 
 def test_a_program_that_is_not_python_gets_no_signal_and_the_event_says_why(local_job):

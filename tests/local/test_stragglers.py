@@ -1,4 +1,5 @@
 """Stragglers: a trainer at half the others' step rate is named; a job whose ranks all slow together is not."""
+import re
 import time
 
 from tests.support.local_job import FAKE
@@ -25,6 +26,10 @@ def test_a_trainer_at_half_the_rate_is_a_straggler_named_with_its_node_rate_and_
     assert ev["name"] == "trainer-1" and ev["origin"] == "n1" and ev["rank"] == 1, ev
     assert ev["rate"] < 0.7 * ev["median"] and 5 <= ev["median"] <= 11, ev
     assert [e["name"] for e in job.events("n0") if e["kind"] == "straggler"] == ["trainer-1"]
+    # Still behind: the coordinator's agent says so in health.json, and fab status marks its row only.
+    status = job.fab("status").stdout
+    assert re.search(r"^n1\s+trainer-1\s+running\s.*STRAGGLER [0-9.]+ vs median [0-9.]+ steps/s", status, re.M), status
+    assert status.count("STRAGGLER") == 1, status
 
 
 def test_a_job_whose_ranks_all_slow_together_has_no_straggler(local_job):
@@ -34,4 +39,5 @@ def test_a_job_whose_ranks_all_slow_together_has_no_straggler(local_job):
     assert max(rates()) < 4, rates()  # all three at a third of the 10 steps/s they could do
     time.sleep(WINDOW + 8)
     assert not [e for e in job.events("n0") if e["kind"] == "straggler"], job.events("n0")
+    assert "STRAGGLER" not in job.fab("status").stdout
     assert any(e["kind"] == "agent_started" for e in job.events("n0"))

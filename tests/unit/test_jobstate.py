@@ -69,7 +69,7 @@ def four_states(world) -> dict[str, str]:
     assert job["sentence"] in text.splitlines(), (job["sentence"], text)
     return {"status": re.match(r"job \S+: ([a-z ]+?)(  code .*)?$", text.splitlines()[0]).group(1),
             "watch": said.group(1) if said else last, "api": job["state"], "metrics": on[0] if len(on) == 1 else on,
-            "watch_exit": code, "status_text": text, "job": job}
+            "watch_exit": code, "status_text": text, "watch_text": out.getvalue(), "job": job}
 
 
 def agent_health(job: SyntheticJob, status: str = "running", states: dict | None = None, **job_fields) -> None:
@@ -162,6 +162,32 @@ def test_kill_all_is_killed_everywhere(world):
     s = four_states(world)
     assert (s["status"], s["watch"], s["api"], s["metrics"]) == ("killed",) * 4, s["status_text"]
     assert s["watch_exit"] == 3
+
+
+def test_a_straggler_is_marked_alike_in_fab_status_fab_watch_and_the_dashboard_until_the_job_ends(world):
+    """The coordinator's agent (node0) lists trainer-1 as reported and still behind: all three mark it,
+    the other trainer not; once the job has ended, a snapshot that still lists it marks nothing."""
+    job = world["new_job"](8)
+    agent_health(job)
+    behind = [{"node": "node2", "name": "trainer-1", "rate": 0.5, "median": 1.0, "since": time.time() - 70}]
+    job.health("node0", processes=[{"name": "pserver-0", "state": "running"}], stragglers=behind,
+               job={"status": "running", "on_failure": "kill-job"})
+    s = four_states(world)
+    mark = "STRAGGLER 0.5 vs median 1 steps/s"
+    assert re.search(rf"^node2\s+trainer-1\s+running\s.*{mark}$", s["status_text"], re.M), s["status_text"]
+    assert s["status_text"].count("STRAGGLER") == 1, s["status_text"]
+    assert f"trainer-1 running {mark}" in s["watch_text"] and s["watch_text"].count("STRAGGLER") >= 1, s["watch_text"]
+    marks = {t["name"]: t["straggler"] for t in s["job"]["trainers"]}
+    assert marks == {"trainer-0": None, "trainer-1": {"rate": 0.5, "median": 1.0, "mark": mark}}, marks
+
+    for node, name in (("node1", "trainer-0"), ("node2", "trainer-1"), ("node0", "pserver-0")):
+        job.exit(node, name, 0 if name.startswith("trainer") else 143)
+    agent_health(job, "finished", {"trainer-0": "exited", "trainer-1": "exited", "pserver-0": "killed"})
+    job.health("node0", processes=[{"name": "pserver-0", "state": "killed"}], stragglers=behind,
+               job={"status": "finished", "on_failure": "kill-job"})
+    s = four_states(world)
+    assert s["status"] == "finished" and "STRAGGLER" not in s["status_text"] + s["watch_text"], s["status_text"]
+    assert all(t["straggler"] is None for t in s["job"]["trainers"]), s["job"]["trainers"]
 
 
 def test_the_sentence_says_state_cause_and_what_was_done_with_the_time_left():

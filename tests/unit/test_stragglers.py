@@ -1,5 +1,5 @@
 """The straggler rule as data: step rates in, findings out (no process, no clock)."""
-from fabtrain.node.coordination.stragglers import Behind, Rule, StepRate, judge, median, reason
+from fabtrain.node.coordination.stragglers import Behind, Rule, StepRate, judge, median, reason, standing
 
 RULE = Rule(share=0.7, window=60.0)
 
@@ -53,3 +53,16 @@ def test_a_step_rate_is_steps_over_the_window_and_starts_again_when_the_steps_do
     r.add(32.0, 3)
     r.add(33.0, "x")  # not a number: ignored
     assert r.rate() == 3.0
+
+
+def test_standing_names_a_reported_rank_while_it_stays_behind_and_none_once_it_caught_up():
+    slow = rates(trainer_0=10.0, trainer_1=4.0, trainer_2=10.0)
+    behind = Behind()
+    for t in (0, 30, 60):
+        _, behind = judge(slow, behind, t, RULE)
+        if t < 60:
+            assert standing(slow, behind) == []  # behind, not yet for the window: not reported
+    assert standing(slow, behind) == [{"node": "node2", "name": "trainer-1", "rate": 4.0, "median": 10.0, "since": 0}]
+    even = rates(trainer_0=10.0, trainer_1=9.0, trainer_2=10.0)
+    _, behind = judge(even, behind, 65, RULE)
+    assert standing(even, behind) == []

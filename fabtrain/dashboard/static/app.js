@@ -190,7 +190,9 @@ function renderJob(j) {
   killControl(j.kill);
   renderVerdict(j);
   const rows = j.trainers.map(t => el("tr", {class: t.stale ? "stale" : "", "data-trainer": t.name},
-    el("td", {}, el("b", {}, t.name), t.stale ? el("span", {class: "tag stale", title: `no metrics record for over ${j.stale_after}s`}, "stale") : null),
+    el("td", {}, el("b", {}, t.name), t.stale ? el("span", {class: "tag stale", title: `no metrics record for over ${j.stale_after}s`}, "stale") : null,
+      t.straggler ? el("span", {class: "tag straggler", title: "below the straggler share of the median rank's step rate (watchdog.straggler)"},
+        t.straggler.mark) : null),  // fab status's words
     el("td", {}, t.node || "–"),
     el("td", {}, t.label),
     el("td", {class: "num"}, fmt(t.step)),
@@ -452,6 +454,7 @@ async function pollLog() {
 // -- events ---------------------------------------------------------------------------------------
 
 function renderEvents(ev) {
+  state.events = ev;
   const items = ev.events.map(e => {
     const who = [e.node, e.role !== undefined ? `${e.role}${e.rank !== undefined ? "-" + e.rank : ""}` : null].filter(Boolean).join(" ");
     return el("li", {"data-kind": e.kind, "data-key": causeKey(e)},
@@ -459,7 +462,8 @@ function renderEvents(ev) {
       el("span", {class: "kind " + String(e.kind || "")}, e.kind || "event"),
       el("span", {}, who),
       e.signal || e.pid ? el("span", {class: "muted"}, ` (${[e.signal, e.pid ? "pid " + e.pid : null].filter(Boolean).join(", ")})`) : null,
-      e.reason ? el("span", {class: "reason"}, e.reason) : null);
+      e.reason ? el("span", {class: "reason"}, e.reason) : null,
+      stackBlock(e));  // a hang's stacks (stacks.js)
   });
   const list = document.getElementById("events");
   list.replaceChildren(...(items.length ? items : [el("li", {class: "muted"}, "no events yet")]));

@@ -155,6 +155,7 @@ class Agent:
         self.launchers: list = []  # launchers this agent started (a restart): reaped here
         self.straggler_rule = stragglers.rule_of(self.job.get("watchdog"))
         self.behind = stragglers.Behind()
+        self.straggling: list = []  # the ranks reported and still behind (health.json's `stragglers`)
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -245,8 +246,8 @@ class Agent:
             error = self.life.check_keeper()
             if error:
                 self.events.write("agent_error", error)
-            self.write_health(now)
             self.check_stragglers(now)
+            self.write_health(now)
         self.beat(urgent=not tick)
         self.hot = hot_pids(self.pid, self.contexts, self.ledger.orphans, self.markers.marked(), self.kids)
         self.launchers = [p for p in self.launchers if p.poll() is None]  # reap the ones that ended
@@ -314,10 +315,13 @@ class Agent:
         which the beats carry (the coordinator itself does no more work a beat)."""
         co = self.link.coordinator
         if co is None or self.straggler_rule is None or self.ledger.status.status != JobState.RUNNING:
+            self.straggling = []
             return
         with co.lock:
             tables = {node: peer.procs for node, peer in co.board.peers.items()}
-        found, self.behind = stragglers.judge(stragglers.rates_of(tables), self.behind, now, self.straggler_rule)
+        rates = stragglers.rates_of(tables)
+        found, self.behind = stragglers.judge(rates, self.behind, now, self.straggler_rule)
+        self.straggling = stragglers.standing(rates, self.behind)
         for f in found:
             p = tables.get(f.node, {}).get(f.name, {})
             self.events.write("straggler", stragglers.reason(f, self.straggler_rule), f.name, role=p.get("role"),
@@ -336,7 +340,9 @@ class Agent:
                        urgent)
 
     def write_health(self, now: float) -> None:
-        self.health.write(now, self.ledger, self.contexts, self.procs, self.gpu_pids, self.link, self.startup_deadline)
+        running = self.ledger.status.status == JobState.RUNNING  # a job that ends has no straggler left
+        self.health.write(now, self.ledger, self.contexts, self.procs, self.gpu_pids, self.link, self.startup_deadline,
+                          self.straggling if running else [])
 
     # -- the end ------------------------------------------------------------------------------
 

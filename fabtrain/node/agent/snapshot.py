@@ -2,7 +2,8 @@
 
 health.json's contract (docs/architecture.md, docs/watchdog.md): ``ts node
 job_id interval host gpus processes agent peers`` plus ``job``,
-``coordinator``, ``orphans``, ``zombies`` and the last five ``events``.
+``coordinator``, ``orphans``, ``zombies``, the last five ``events`` and, on the
+coordinator's node, ``stragglers`` (the ranks reported behind and still behind).
 """
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ class Health:
         self.own_cpu, self.own_t = cpu, mono
         return percent
 
-    def write(self, now: float, ledger, contexts, procs: dict, gpu_pids: dict, link, startup_deadline: float) -> None:
+    def write(self, now: float, ledger, contexts, procs: dict, gpu_pids: dict, link, startup_deadline: float,
+              straggling: list = ()) -> None:
         cfg, me, view = self.cfg, procs.get(self.pid), link.view
         processes = [process_view(ctx, ledger, procs, gpu_pids) for ctx in contexts]
         snapshot = {
@@ -74,6 +76,7 @@ class Health:
                         for o in ledger.orphans],
             "zombies": sum(p["zombies"] for p in processes),
             "events": self.events.recent,
+            "stragglers": list(straggling),
         }
         if self.gpus.error and self.gpus.error != "no NVIDIA driver":
             snapshot["gpu_error"] = self.gpus.error

@@ -63,6 +63,16 @@ def judge(rates: dict, behind: Behind, now: float, rule: Rule) -> tuple[list, Be
     return found, replace(behind, since=since, reported=frozenset(reported))
 
 
+def standing(rates: dict, behind: Behind) -> list:
+    """The ranks reported and still behind, with their rate and the median now: what health.json's
+    `stragglers` says (the controller marks these in fab status, fab watch and the dashboard)."""
+    known = {k: r for k, r in rates.items() if r is not None}
+    mid = median(known.values())
+    return [{"node": key[0], "name": key[1], "rate": round(known[key], 3), "median": round(mid, 3),
+             "since": round(behind.since[key], 3)}
+            for key in sorted(behind.reported) if key in known and key in behind.since]
+
+
 def rates_of(peers: dict) -> dict:
     """{(node, name): rate} of the running trainers in the beats' process tables ({node: procs})."""
     return {(node, name): p.get("rate") for node, procs in peers.items() for name, p in (procs or {}).items()
