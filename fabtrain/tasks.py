@@ -171,6 +171,11 @@ def status(c, job=None):
     """Show every process of the job on every node; exit 1 if one failed."""
     s = session(c)
     replies = lifecycle.status(s, job_id=job, health=True)
+    if s.cluster.scheduler and not any(r.ok and r.value.get("job_id") for r in replies):
+        queued = slurm_tasks.status_line(s, replies, job)  # submitted, and no node has it yet
+        if queued:
+            print(queued)
+            return
     lifecycle.require_job(replies, job)
     text, failed = report.status_text(replies)
     print(text)
@@ -189,6 +194,8 @@ def watch(c, interval=1.0, timeout=None, job=None):
     """Follow the job until it ends: node health, trainer progress, watchdog events; exit 0 finished, 1 failed, 3 killed."""
     from fabtrain.controller.watch import watch as follow
     s = session(c)
+    if s.cluster.scheduler and not job:  # the job submitted last, though it may still be queued
+        job = slurm_jobs.submitted_job(s)
     code = follow(s, interval=interval, timeout=timeout, job_id=job,
                   scheduler_line=slurm_jobs.ShownLine(s) if s.cluster.scheduler else None)
     if code:

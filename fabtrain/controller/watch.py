@@ -145,7 +145,8 @@ def watch(session: Session, interval: float = 1.0, timeout: float | None = None,
           out: TextIO | None = None, tty: bool | None = None,
           scheduler_line: Callable[[Snapshot], str | None] | None = None) -> int:
     """Follow the job until it ends; its exit code. `scheduler_line` (snapshot -> a line): the scheduler's
-    own word on the job (fabtrain.slurm.jobs.ShownLine), shown under the job's line."""
+    own word on the job (fabtrain.slurm.jobs.ShownLine), shown under the job's line; while its `waiting` is
+    true (the scheduler's job has not ended), no job on any node is a job still to come, not a mistake."""
     out = out or sys.stdout
     tty = out.isatty() if tty is None else tty
     col = Collector(session, job_id=job_id)
@@ -160,7 +161,10 @@ def watch(session: Session, interval: float = 1.0, timeout: float | None = None,
         now = time.time()
         snap = col.snapshot()
         verdict = snap.verdict
-        if job_id and all(n.up for n in snap.nodes) and not any(n.job_id for n in snap.nodes):
+        scheduler = scheduler_line(snap) if scheduler_line else None
+        none_here = all(n.up for n in snap.nodes) and not any(n.job_id for n in snap.nodes) and \
+            not (scheduler_line and scheduler_line.waiting)
+        if job_id and none_here:
             raise no_job(job_id)  # not "starting": it never will
         new = []
         for ev in reversed(snap.events):  # oldest first
@@ -168,7 +172,6 @@ def watch(session: Session, interval: float = 1.0, timeout: float | None = None,
             if key not in seen:
                 seen.add(key)
                 new.append(ev)
-        scheduler = scheduler_line(snap) if scheduler_line else None
         lines = frame(snap, now, began, fresh, scheduler)
         if tty:
             buf = f"\x1b[{drawn}F\x1b[J" if drawn else ""
@@ -194,7 +197,7 @@ def watch(session: Session, interval: float = 1.0, timeout: float | None = None,
             out.flush()
             return verdict.exit_code
         # Every node answered and none has the job (none yet, or not the --job asked for).
-        if all(n.up for n in snap.nodes) and not any(n.job_id for n in snap.nodes) and now - began > 5 * interval:
+        if none_here and now - began > 5 * interval:
             raise no_job(job_id)
         if timeout is not None and now - began >= timeout:
             out.write(f"watch: timed out after {timeout:g} s; the job is {verdict.state}\n")

@@ -142,6 +142,11 @@ def shown_line(session: Session, ran: set[tuple[str, str]], job_id: str | None =
     `ran` is the (fabtrain job, Slurm job) pairs the nodes name (a script submitted by hand too); before the
     job runs, the controller's state names it. `job_id` limits it to one fabtrain job. None: no Slurm job known.
     """
+    shown = _shown(session, ran, job_id)
+    return shown[1] if shown else None
+
+
+def _shown(session: Session, ran: set[tuple[str, str]], job_id: str | None) -> tuple[SlurmState, str] | None:
     ran = set(ran)
     saved = state.load(session.cluster.name)
     if saved.get("slurm_job") and saved.get("job_id") and (job_id in (None, saved["job_id"])):
@@ -150,18 +155,22 @@ def shown_line(session: Session, ran: set[tuple[str, str]], job_id: str | None =
         return None
     # Job ids sort by their start: the newest is the one shown, or the one still waiting for its allocation.
     job, slurm_job = max(ran)
-    line = slurm_state(session, slurm_job).line()
+    st = slurm_state(session, slurm_job)
+    line = st.line()
     if stopped_for_time_limit(session, job):
         line += f" (its programs were stopped {session.cluster.scheduler.term_before} s before its time limit)"
-    return line
+    return st, line
 
 
 class ShownLine:
     """`shown_line` for a view that redraws every second (fab watch, the dashboard): Slurm is asked at most
-    every `every` seconds, or when the nodes name another job, as each ask runs squeue (over SSH, a round trip)."""
+    every `every` seconds, or when the nodes name another job, as each ask runs squeue (over SSH, a round trip).
+    `waiting`: Slurm's job has not ended (queued, or running but its nodes have not started fabtrain's job yet
+    when no node has it), so a view that finds no job on any node waits instead of giving up."""
 
     def __init__(self, session: Session, every: float = 5.0):
         self.session, self.every = session, every
+        self.waiting = False
         self._lock = threading.Lock()
         self._asked: tuple | None = None
         self._line: str | None = None
@@ -174,7 +183,8 @@ class ShownLine:
         with self._lock:
             if asked != self._asked or time.monotonic() - self._at >= self.every:
                 try:
-                    self._line = shown_line(self.session, set(ran), snap.job_id)
+                    shown = _shown(self.session, set(ran), snap.job_id)
+                    self._line, self.waiting = (shown[1], not shown[0].ended) if shown else (None, False)
                 except UserError as e:  # a login node that stopped answering: said, not raised into the view
                     self._line = f"slurm: {e}"
                 self._asked, self._at = asked, time.monotonic()
@@ -203,6 +213,12 @@ def current(session: Session, job_id: str | None = None) -> str | None:
     if job_id and saved.get("job_id") != job_id:
         return None
     return saved.get("slurm_job")
+
+
+def submitted_job(session: Session) -> str | None:
+    """fabtrain's job id of the Slurm job fab submitted last (None: none, or pserver mode's recorded half)."""
+    saved = state.load(session.cluster.name)
+    return saved.get("job_id") if saved.get("slurm_job") else None
 
 
 def our_jobs(session: Session) -> list[str]:
