@@ -108,7 +108,7 @@ class Board:
         self.hung_timeout = hung_timeout(peer_timeout)
         self.restart = restart or RestartPolicy.never()
         self.status: dict = {"status": JobState.RUNNING, "reason": None, "node": None, "ts": None, "generation": 0,
-                             "restarts_left": self.restart.restarts_left(0), "backoff": None, "out": []}
+                             "restarts_left": self.restart.restarts_left(0), "backoff": None}
         self.restart_due: float | None = None  # monotonic: every node's part of the generation started by then
         self.restart_start: float | None = None  # monotonic: when the agents start the generation (backoff over)
         self.out: frozenset = frozenset()  # nodes that left the job (min_nodes): no generation waits for them
@@ -156,7 +156,9 @@ class Board:
             return False
         g = self.status["generation"] if generation is None else generation
         self.status = {"status": status, "reason": reason, "node": node, "ts": wall, "generation": g,
-                       "restarts_left": self.restart.restarts_left(g), "backoff": backoff, "out": sorted(self.out)}
+                       "restarts_left": self.restart.restarts_left(g), "backoff": backoff}
+        if self.out:  # the nodes that left (min_nodes): each agent starts its part without them
+            self.status["out"] = sorted(self.out)
         if status != JobState.RESTARTING:
             self.restart_due = None
         return True
@@ -341,7 +343,8 @@ class Board:
             board.status["backoff"] = status.get("backoff")
             out = status.get("out")
             board.out = frozenset(n for n in out if isinstance(n, str)) if isinstance(out, list) else frozenset()
-            board.status["out"] = sorted(board.out)
+            if board.out:
+                board.status["out"] = sorted(board.out)
             if board.status["status"] == JobState.RESTARTING:  # a fresh deadline, as peers get a fresh peer_timeout
                 board.restart_due = now + board.restart.start_deadline(board.status["generation"])
         peers = saved.get("peers")
