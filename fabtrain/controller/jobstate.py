@@ -118,6 +118,8 @@ class Verdict:
     cause: tuple[str, str | None] | None = None  # (node, process or None): where a failure or restart began
     startup_deadline: float | None = None  # starting: when the agents' startup_timeout runs out (node clock)
     restart_at: float | None = None  # restarting: when the backoff ends and the next generation starts
+    left: tuple[str, ...] = ()  # min_nodes: the nodes that left the job (node_left events)
+    world_size: int | None = None  # min_nodes: the trainers of the smaller world, once a node left
 
     @property
     def restarts(self) -> str:
@@ -213,6 +215,8 @@ class _Facts:
     restarts_left: int | None = None
     origin: str | None = None  # the node where the failure (or the restart's cause) began
     restart_at: float | None = None  # the restarting event's time + its backoff
+    left: set = field(default_factory=set)  # nodes that left the job (min_nodes), as the agents say
+    world_size: int | None = None  # the trainers of the smaller world (the smallest an agent says)
 
 
 def _since_restart(events) -> list[dict]:
@@ -233,6 +237,9 @@ def _restart_facts(f: _Facts, n: NodeObservation) -> None:
     for e in n.events:
         if e["kind"] in ("restarting", "restarted") and isinstance(e.get("generation"), int):
             f.generation = max(f.generation, e["generation"])
+    if job.get("out") and isinstance(job.get("world_size"), int):
+        f.left.update(job["out"])
+        f.world_size = job["world_size"] if f.world_size is None else min(f.world_size, job["world_size"])
     if job.get("status") == JobState.RESTARTING:
         f.restarting = f.restarting or f"{RESTARTING_AFTER}{job.get('reason') or 'a failure'}"
         f.origin = f.origin or job.get("origin")
@@ -360,4 +367,5 @@ def job_verdict(nodes: Iterable[NodeObservation], job_id: str | None = None) -> 
                    unreachable=tuple(n.name for n in nodes if n.reachable is False), notes=notes,
                    generation=facts.generation, restarts_left=facts.restarts_left,
                    cause=_cause(state, reason, procs, facts), startup_deadline=min(deadlines, default=None),
-                   restart_at=facts.restart_at if state == JobState.RESTARTING else None)
+                   restart_at=facts.restart_at if state == JobState.RESTARTING else None,
+                   left=tuple(sorted(facts.left)), world_size=facts.world_size)

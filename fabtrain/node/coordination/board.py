@@ -158,7 +158,7 @@ class Board:
         self.status = {"status": status, "reason": reason, "node": node, "ts": wall, "generation": g,
                        "restarts_left": self.restart.restarts_left(g), "backoff": backoff}
         if self.out:  # the nodes that left (min_nodes): each agent starts its part without them
-            self.status["out"] = sorted(self.out)
+            self.status.update(out=sorted(self.out), world_size=self.restart.layout.world_size(self.out))
         if status != JobState.RESTARTING:
             self.restart_due = None
         return True
@@ -343,8 +343,8 @@ class Board:
             board.status["backoff"] = status.get("backoff")
             out = status.get("out")
             board.out = frozenset(n for n in out if isinstance(n, str)) if isinstance(out, list) else frozenset()
-            if board.out:
-                board.status["out"] = sorted(board.out)
+            if board.out and board.restart.layout is not None:
+                board.status.update(out=sorted(board.out), world_size=board.restart.layout.world_size(board.out))
             if board.status["status"] == JobState.RESTARTING:  # a fresh deadline, as peers get a fresh peer_timeout
                 board.restart_due = now + board.restart.start_deadline(board.status["generation"])
         peers = saved.get("peers")
