@@ -48,10 +48,10 @@ class RestartPolicy:
         """From job.json's `watchdog` (the plan's copy of cluster.yaml's job.watchdog) and, for
         min_nodes, the job's `nodes` and `trainers`, strictly: KeyError, TypeError or ValueError
         where a setting is missing or malformed."""
-        codes, enabled = w["restart_on_exit_codes"], w["on_failure"] == "restart"
+        codes, enabled, min_nodes = w["restart_on_exit_codes"], w["on_failure"] == "restart", w["min_nodes"]
         layout = None
-        if enabled and w["min_nodes"] is not None and job is not None:
-            layout = Layout.from_job(w["min_nodes"], job["nodes"], job["trainers"])
+        if enabled and min_nodes is not None and job is not None:
+            layout = Layout.from_job(min_nodes, job["nodes"], job["trainers"])
         return cls(enabled=enabled, max_restarts=int(w["max_restarts"]),
                    backoff=float(w["restart_backoff"]),
                    exit_codes=tuple(int(c) for c in codes) if codes is not None else None,
