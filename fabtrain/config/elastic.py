@@ -23,7 +23,9 @@ def check_min_nodes(cluster, fail: Callable[[str, str], UserError]) -> None:
     from fabtrain.plan.plan import is_torchrun  # the one test of a torchrun command
 
     where = "job.watchdog.min_nodes"
-    if job.watchdog.on_failure != "restart" or not job.watchdog.enabled:
+    if not job.watchdog.enabled:
+        raise fail(where, "needs the watchdog: its agents restart the job on fewer nodes (job.watchdog.enabled: true)")
+    if job.watchdog.on_failure != "restart":
         raise fail(where, "needs job.watchdog.on_failure: restart (the job goes on as a restart on fewer nodes)")
     if cluster.scheduler is not None:
         raise fail(where, "is for nodes: and dist_ips: clusters; Slurm ends the whole step when a node is lost")
