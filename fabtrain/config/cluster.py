@@ -18,6 +18,7 @@ import yaml
 from fabtrain.config.checks import (ENV_NAME_RE, HOST_RE, IFACE_RE, IMAGE_RE, INVALID, NAME_RE, ONE_LINE_RE, USER_RE,
                                     Checks, FieldError, kind_of, reported, shown, valid)
 from fabtrain.config.gpus import fit_gpus, parse_gpus, per_node_given
+from fabtrain.config.elastic import check_min_nodes
 from fabtrain.config.launcher import check_launcher
 from fabtrain.config.scheduler import SlurmSpec, address_placeholder, node_roles, parse_scheduler
 from fabtrain.config.yamlfile import YAMLFileError, load_yaml_with_lines
@@ -50,7 +51,7 @@ FIELDS: dict[str, set[str]] = {
     "job.trainer": {"per_node", "command", "use_gpu", "trainer_count", "gpus_per_rank"},
     "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq", "max_extract_mb", "max_expansion"},
     "job.watchdog": {"enabled", "interval", "hang_timeout", "startup_timeout", "grace", "on_failure", "port", "notify",
-                     "max_restarts", "restart_backoff", "restart_on_exit_codes", "straggler"},
+                     "max_restarts", "restart_backoff", "restart_on_exit_codes", "straggler", "min_nodes"},
     "job.watchdog.straggler": {"share", "window"},
     "job.watchdog.notify": {"webhook", "command", "on"},
 }
@@ -144,6 +145,8 @@ class WatchdogSpec:
     straggler_window: float = 60.0
     restart_backoff: float = 10.0
     restart_on_exit_codes: tuple[int, ...] | None = None
+    # on_failure restart: a lost node leaves and the job goes on while this many trainer nodes are left (None: fails).
+    min_nodes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -283,6 +286,7 @@ class _Parser(Checks):
             cluster = fitted if valid(fitted) else cluster
             self.part(self.check_roles, cluster)
             self.part(check_launcher, cluster, self.fail)
+            self.part(check_min_nodes, cluster, self.fail)
         if self.errors:
             raise UserErrors(sorted(self.errors, key=lambda e: e.line))
         return cluster
@@ -467,6 +471,8 @@ class _Parser(Checks):
             restart_backoff=self.number(w.get("restart_backoff", dw.restart_backoff), "job.watchdog.restart_backoff",
                                         0, 3600),
             restart_on_exit_codes=self.exit_codes(w.get("restart_on_exit_codes"), "job.watchdog.restart_on_exit_codes"),
+            min_nodes=self.integer(w["min_nodes"], "job.watchdog.min_nodes", 1, 1 << 20)
+            if w.get("min_nodes") is not None else None,
             **self.straggler(w.get("straggler"), dw),
         )
 

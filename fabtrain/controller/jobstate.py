@@ -133,6 +133,8 @@ class Verdict:
     startup_deadline: float | None = None  # starting: when the agents' startup_timeout runs out (node clock)
     restart_at: float | None = None  # restarting: when the backoff ends and the next generation starts
     stragglers: tuple[Straggler, ...] = ()  # running: the ranks that fell behind and have not caught up
+    left: tuple[str, ...] = ()  # min_nodes: the nodes that left the job (node_left events)
+    world_size: int | None = None  # min_nodes: the trainers of the smaller world, once a node left
 
     def straggler(self, node: str, name: str) -> Straggler | None:
         return next((s for s in self.stragglers if s.node == node and s.name == name), None)
@@ -231,6 +233,8 @@ class _Facts:
     restarts_left: int | None = None
     origin: str | None = None  # the node where the failure (or the restart's cause) began
     restart_at: float | None = None  # the restarting event's time + its backoff
+    left: set = field(default_factory=set)  # nodes that left the job (min_nodes), as the agents say
+    world_size: int | None = None  # the trainers of the smaller world (the smallest an agent says)
 
 
 def _since_restart(events) -> list[dict]:
@@ -251,6 +255,9 @@ def _restart_facts(f: _Facts, n: NodeObservation) -> None:
     for e in n.events:
         if e["kind"] in ("restarting", "restarted") and isinstance(e.get("generation"), int):
             f.generation = max(f.generation, e["generation"])
+    if job.get("out") and isinstance(job.get("world_size"), int):
+        f.left.update(job["out"])
+        f.world_size = job["world_size"] if f.world_size is None else min(f.world_size, job["world_size"])
     if job.get("status") == JobState.RESTARTING:
         f.restarting = f.restarting or f"{RESTARTING_AFTER}{job.get('reason') or 'a failure'}"
         f.origin = f.origin or job.get("origin")
@@ -394,4 +401,5 @@ def job_verdict(nodes: Iterable[NodeObservation], job_id: str | None = None) -> 
                    generation=facts.generation, restarts_left=facts.restarts_left,
                    cause=_cause(state, reason, procs, facts), startup_deadline=min(deadlines, default=None),
                    restart_at=facts.restart_at if state == JobState.RESTARTING else None,
-                   stragglers=_stragglers(state, ours, procs))
+                   stragglers=_stragglers(state, ours, procs),
+                   left=tuple(sorted(facts.left)), world_size=facts.world_size)

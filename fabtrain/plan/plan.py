@@ -267,6 +267,7 @@ def _watchdog(cluster: Cluster, secret: str | None, port: int | None) -> dict:
         "startup_timeout": w.startup_timeout, "on_failure": w.on_failure,
         "max_restarts": w.max_restarts, "restart_backoff": w.restart_backoff,
         "restart_on_exit_codes": list(w.restart_on_exit_codes) if w.restart_on_exit_codes is not None else None,
+        "min_nodes": w.min_nodes,
         "straggler": {"share": w.straggler_share, "window": w.straggler_window},
         # The agents' shared view of the job lives with the first node's agent.
         "coordinator": {"host": cluster.nodes[0].address, "port": port},

@@ -377,7 +377,7 @@ def test_the_agent_exits_at_once_for_an_empty_or_ended_job(tmp_path):
     (jd / "run").mkdir(parents=True)
     port = free_port(["127.0.0.1"])
     watchdog = {"interval": 0.2, "hang_timeout": 5, "startup_timeout": 30, "grace": 1, "on_failure": "kill-job",
-                "max_restarts": 0, "restart_backoff": 1, "restart_on_exit_codes": None,
+                "max_restarts": 0, "restart_backoff": 1, "restart_on_exit_codes": None, "min_nodes": None,
                 "coordinator": {"host": "127.0.0.1", "port": port}}
     job = {"job_id": "j1", "node": "solo", "node_index": 0, "nodes": [{"name": "solo", "address": "127.0.0.1"}],
            "watchdog": watchdog, "processes": []}

@@ -59,7 +59,7 @@ def settings(job: dict, nodes: list[str]) -> tuple[policy.Config, RestartPolicy]
             hang_timeout=float(w["hang_timeout"]), startup_timeout=float(w["startup_timeout"]),
             grace=float(w["grace"]), on_failure=str(w["on_failure"]),
             coordinator_node=nodes[0], coordinator="%s:%d" % (coord["host"], int(coord["port"])))
-        return cfg, RestartPolicy.from_watchdog(w)
+        return cfg, RestartPolicy.from_watchdog(w, job)
     except KeyError as e:
         raise SystemExit("agent: job.json of job %s has no watchdog setting %s" % (job.get("job_id"), e)) from None
     except (TypeError, ValueError) as e:
@@ -179,8 +179,8 @@ class Agent:
             self.shutdown(1)
             raise SystemExit(1)
 
-    def _peer_event(self, kind: str, reason: str, node: str | None = None) -> None:
-        self.events.write(kind, reason, peer=node)
+    def _peer_event(self, kind: str, reason: str, node: str | None = None, **fields) -> None:
+        self.events.write(kind, reason, peer=node, **fields)
 
     def _on_signal(self, sig, frame) -> None:
         self.stop_signal = sig
@@ -296,7 +296,8 @@ class Agent:
 
     def start_generation(self, generation: int) -> None:
         """This node's part of a restart: its processes start again as `generation`; the job runs here again."""
-        new = relaunch(self.contexts, self.job, self.jd, self.ws, generation, self.ledger.status.reason)
+        new = relaunch(self.contexts, self.job, self.jd, self.ws, generation, self.ledger.status.reason,
+                       self.link.view.get("out") or ())
         self.contexts, self.by_name = new.contexts, {ctx.name: ctx for ctx in new.contexts}
         self.launchers += new.launchers
         self.started_generation = generation

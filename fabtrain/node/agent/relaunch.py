@@ -6,6 +6,9 @@ starter node ops uses (fabtrain/node/spawn.py), with FABTRAIN_RESTART_COUNT
 and TORCHELASTIC_RESTART_COUNT set to the generation. Logs are appended to,
 after a marker line, so one file keeps every generation; the previous
 generation's exit records are removed first (the launcher writes a new one).
+Under `min_nodes` the coordinator's status names the nodes that left (`out`):
+each process starts with its world renumbered without them
+(coordination/elastic.py), and a node that is itself out starts nothing.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import os
 import time
 from typing import NamedTuple
 
+from fabtrain.node.coordination.elastic import renumbered
 from fabtrain.node.spawn import expand, name_programs, spawn
 
 from .supervisor import ProcessContext
@@ -52,15 +56,15 @@ class Generation(NamedTuple):
     errors: list
 
 
-def relaunch(contexts: list, job: dict, job_dir: str, workspace: str, generation: int, cause: str | None
-             ) -> Generation:
-    """Start again what ran here as `generation`."""
-    specs = {p["name"]: p for p in job.get("processes", [])}
+def relaunch(contexts: list, job: dict, job_dir: str, workspace: str, generation: int, cause: str | None,
+             out=()) -> Generation:
+    """Start again what ran here as `generation`, in the world without the nodes in `out`."""
+    specs = {p["name"]: dict(p, env=renumbered(job, p, out)) for p in job.get("processes", [])}
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("FABTRAIN_")}
     fresh, started, errors = [], [], []
     for old in contexts:
         spec = specs[old.name]
-        if not old.started:  # never started in the last generation (its start-* has not run): leave it to fab
+        if not old.started or job["node"] in out:  # not started last time (left to fab), or this node left the job
             fresh.append(ProcessContext(spec, job_dir, workspace))
             continue
         _clear(job_dir, old.name)

@@ -67,6 +67,8 @@ class Health:
             "job": {"status": ledger.status.status, "reason": ledger.status.reason, "origin": ledger.status.origin,
                     "on_failure": cfg.on_failure, "generation": ledger.generation,
                     "restarts_left": view.get("restarts_left"), "pending": ledger.pending,
+                    # min_nodes: the nodes that left the job and the trainers of the smaller world
+                    "out": view.get("out") or [], "world_size": view.get("world_size"),
                     "kept": cfg.on_failure == "keep" and ledger.status.status == JobState.FAILED,
                     # when startup_timeout fails a start that has not come together (the controller's
                     # "starting: ... left"); none once that check is done or cannot fire any more

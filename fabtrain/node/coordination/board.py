@@ -23,7 +23,10 @@ restart` (restart.py decides) a failure of the current generation moves it to
 down, waits the backoff and starts its part again; once every node that ran
 processes has said so the status is ``running`` again, and if one has not
 within the restart's deadline the job fails naming it. A failure of an older
-generation (an agent that has not heard yet) changes nothing.
+generation (an agent that has not heard yet) changes nothing. With
+`min_nodes` (elastic.py) a node that is lost or cannot start its part leaves
+instead: the job restarts on the nodes that are left (the status's `out`),
+and stays without it until the next `fab start-*`.
 """
 from __future__ import annotations
 
@@ -45,10 +48,11 @@ def hung_timeout(peer_timeout: float) -> float:
 
 
 class Event(NamedTuple):
-    """Something the hosting agent writes to events.jsonl."""
+    """Something the hosting agent writes to events.jsonl (`fields`: more of the event's keys)."""
     kind: str
     node: str | None
     reason: str
+    fields: dict | None = None
 
 
 class Outcome(NamedTuple):
@@ -106,6 +110,8 @@ class Board:
         self.status: dict = {"status": JobState.RUNNING, "reason": None, "node": None, "ts": None, "generation": 0,
                              "restarts_left": self.restart.restarts_left(0), "backoff": None}
         self.restart_due: float | None = None  # monotonic: every node's part of the generation started by then
+        self.restart_start: float | None = None  # monotonic: when the agents start the generation (backoff over)
+        self.out: frozenset = frozenset()  # nodes that left the job (min_nodes): no generation waits for them
         self.peers: dict[str, Peer] = {}
         self.roster = Roster()
         self.spoke = 0  # peers that are nodes of the job
@@ -151,16 +157,25 @@ class Board:
         g = self.status["generation"] if generation is None else generation
         self.status = {"status": status, "reason": reason, "node": node, "ts": wall, "generation": g,
                        "restarts_left": self.restart.restarts_left(g), "backoff": backoff}
+        if self.out:  # the nodes that left (min_nodes): each agent starts its part without them
+            self.status.update(out=sorted(self.out), world_size=self.restart.layout.world_size(self.out))
         if status != JobState.RESTARTING:
             self.restart_due = None
         return True
 
-    def _failure(self, failure: dict, node: str, now: float, wall: float) -> bool:
+    def _failure(self, failure: dict, node: str, now: float, wall: float, events: list) -> bool:
         """A failure an agent reported: restart the job (a new generation) or fail it."""
         generation = self.status["generation"]
-        if failure.get("generation", 0) != generation:
+        if failure.get("generation", 0) != generation or node in self.out:
             return False  # of an older generation, already acted on (or of one this board never started)
         reason = _text(failure.get("reason"), "failed") or "failed"
+        if failure.get("kind") == "start" and self.restart.layout is not None:
+            return self._leave(node, reason, now, wall, events)
+        return self._decide(failure, reason, node, now, wall)
+
+    def _decide(self, failure: dict, reason: str, node: str | None, now: float, wall: float) -> bool:
+        """Restart after this failure of the current generation, or fail the job."""
+        generation = self.status["generation"]
         decision = self.restart.decide(failure, generation)
         if not decision.restart:
             return self._set_status(JobState.FAILED, reason + ("; not restarted: %s" % decision.why_not
@@ -169,13 +184,45 @@ class Board:
             p.had_procs = p.had_procs or bool(p.procs)
         changed = self._set_status(JobState.RESTARTING, reason, node, wall, decision.generation, decision.backoff)
         self.restart_due = now + self.restart.start_deadline(decision.generation)
+        self.restart_start = now + decision.backoff
+        return changed
+
+    def _leave(self, node: str, reason: str, now: float, wall: float, events: list) -> bool:
+        """`node` is lost or could not start its part: the job goes on without it (min_nodes), or fails."""
+        layout, st = self.restart.layout, self.status
+        if st["status"] in FINAL:
+            return False
+        out, why = layout.leave(node, self.out) if layout is not None else (None, "")
+        if out is None:
+            return self._set_status(JobState.FAILED, reason + ("; not restarted: %s" % why if why else ""), node, wall)
+        if out == self.out:
+            return False
+        self.out = out
+        peer = self.peers.get(node)
+        if peer is not None:  # its processes are no longer the job's: they count for nothing
+            self._count(peer, {})
+            peer.had_procs = False
+        g, world = st["generation"], layout.world_size(out)
+        left = "%s left the job (%s)" % (node, reason)
+        # A generation no agent has started yet (its backoff is not over) runs without the node;
+        # otherwise the nodes that started it with the node in their world start the next one.
+        if st["status"] == JobState.RESTARTING and self.restart_start is not None and now < self.restart_start - 1.0:
+            changed = self._set_status(JobState.RESTARTING, st["reason"], st["node"], wall, g, st["backoff"])
+        else:
+            changed = self._decide({"kind": "left"}, left, node, now, wall)
+        if self.status["status"] == JobState.RESTARTING:
+            events.append(Event("node_left", node, "%s; generation %d runs on %d of %d nodes without %s (WORLD_SIZE %d)"
+                                % (left, self.status["generation"], layout.nodes_left(out), len(layout.trainer_nodes),
+                                   ", ".join(sorted(out)), world),
+                                {"world_size": world, "nodes_left": layout.nodes_left(out),
+                                 "generation": self.status["generation"]}))
         return changed
 
     def _restarted(self, wall: float) -> bool:
         """Every node that runs processes has started its part of the new generation: running again."""
         g = self.status["generation"]
         if self.status["status"] != JobState.RESTARTING or \
-                any(p.had_procs and p.generation < g for p in self.peers.values()):
+                any(p.had_procs and p.generation < g and n not in self.out for n, p in self.peers.items()):
             return False
         return self._set_status(JobState.RUNNING, None, None, wall)
 
@@ -215,7 +262,7 @@ class Board:
         changed = self.roster.set(node, wall, peer.done, peer.lost)
         # Process states change all the time; the board keeps counts of them, the replies carry the counts.
         peer.expected = msg.get("trainers_expected")
-        self._count(peer, msg.get("procs") or {})
+        self._count(peer, {} if node in self.out else msg.get("procs") or {})
         peer.had_procs = peer.had_procs or bool(peer.procs)
         status = False
         started = msg.get("generation")
@@ -224,7 +271,7 @@ class Board:
             status |= self._restarted(wall)
         failure, final = msg.get("failure"), msg.get("final")
         if failure:
-            status |= self._failure(failure, node, now, wall)
+            status |= self._failure(failure, node, now, wall, events)
         elif final and final.get("status") in FINAL:
             status |= self._set_status(final["status"], _text(final.get("reason"), ""),
                                        _text(final.get("node"), node), wall)
@@ -251,15 +298,21 @@ class Board:
                       "no heartbeat from the agent on %s for %.0f s (peer_timeout %.0f s)" % (
                           name, now - p.seen, self.peer_timeout))
             events.append(Event("peer_lost", name, reason))
-            self._set_status(JobState.FAILED, "node %s lost: %s" % (name, reason), name, wall)
+            if name not in self.out:
+                self._leave(name, "node %s lost: %s" % (name, reason), now, wall, events)
         if self.status["status"] == JobState.RESTARTING and self.restart_due is not None and now >= self.restart_due:
             g = self.status["generation"]
-            late = sorted(n for n, p in self.peers.items() if p.had_procs and p.generation < g)
+            late = sorted(n for n, p in self.peers.items() if p.had_procs and p.generation < g and n not in self.out)
             reason = ("restart to generation %d failed: node%s %s did not start %s part within %.0f s (%s)" % (
                 g, "s" if len(late) > 1 else "", ", ".join(late), "their" if len(late) > 1 else "its",
                 self.restart.start_deadline(g), self.status["reason"]))
-            self._set_status(JobState.FAILED, reason, late[0] if late else None, wall)
-            events.append(Event("restart_failed", late[0] if late else None, reason))
+            if self.restart.layout is not None and late:
+                for name in late:
+                    self._leave(name, "node %s did not start its part of generation %d" % (name, g), now, wall, events)
+            else:
+                self._set_status(JobState.FAILED, reason, late[0] if late else None, wall)
+            if self.status["status"] == JobState.FAILED:
+                events.append(Event("restart_failed", late[0] if late else None, self.status["reason"]))
         return events
 
     def wrong_job(self, job_id: str) -> dict:
@@ -288,6 +341,10 @@ class Board:
             board.status["generation"] = g if isinstance(g, int) and not isinstance(g, bool) and g >= 0 else 0
             board.status["restarts_left"] = board.restart.restarts_left(board.status["generation"])
             board.status["backoff"] = status.get("backoff")
+            out = status.get("out")
+            board.out = frozenset(n for n in out if isinstance(n, str)) if isinstance(out, list) else frozenset()
+            if board.out and board.restart.layout is not None:
+                board.status.update(out=sorted(board.out), world_size=board.restart.layout.world_size(board.out))
             if board.status["status"] == JobState.RESTARTING:  # a fresh deadline, as peers get a fresh peer_timeout
                 board.restart_due = now + board.restart.start_deadline(board.status["generation"])
         peers = saved.get("peers")

@@ -6,11 +6,14 @@ is what an agent's beat carries: ``{"reason", "generation", "kind",
 "exit_code"}``, where kind is ``exit`` (a process ended non-zero or by a
 signal), ``hang`` (the agent stopped a hung process) or anything else (a lost
 node, a start that never joined, ``fab kill-all``, a relaunch that could not
-start): only the first two are restarted.
+start): only the first two are restarted. With ``min_nodes`` (elastic.py) a
+node that left (kind ``left``) restarts the job too, on the nodes that are left.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .elastic import Layout
 
 BACKOFF_CAP = 300.0  # the doubling stops here (or at restart_backoff, if that is larger)
 START_WINDOW = 15.0  # after backoff + teardown, how long every node has to report its part started
@@ -33,6 +36,7 @@ class RestartPolicy:
     backoff: float
     exit_codes: tuple | None  # None: any exit code
     grace: float  # the teardown's SIGTERM -> SIGKILL, before a node can start again
+    layout: Layout | None = None  # with min_nodes: the job's nodes, to go on without a lost one
 
     @classmethod
     def never(cls) -> RestartPolicy:
@@ -40,14 +44,18 @@ class RestartPolicy:
         return cls(enabled=False, max_restarts=0, backoff=0.0, exit_codes=None, grace=0.0)
 
     @classmethod
-    def from_watchdog(cls, w: dict) -> RestartPolicy:
-        """From job.json's `watchdog` (the plan's copy of cluster.yaml's job.watchdog), strictly:
-        KeyError, TypeError or ValueError where a setting is missing or malformed."""
-        codes = w["restart_on_exit_codes"]
-        return cls(enabled=w["on_failure"] == "restart", max_restarts=int(w["max_restarts"]),
+    def from_watchdog(cls, w: dict, job: dict | None = None) -> RestartPolicy:
+        """From job.json's `watchdog` (the plan's copy of cluster.yaml's job.watchdog) and, for
+        min_nodes, the job's `nodes` and `trainers`, strictly: KeyError, TypeError or ValueError
+        where a setting is missing or malformed."""
+        codes, enabled, min_nodes = w["restart_on_exit_codes"], w["on_failure"] == "restart", w["min_nodes"]
+        layout = None
+        if enabled and min_nodes is not None and job is not None:
+            layout = Layout.from_job(min_nodes, job["nodes"], job["trainers"])
+        return cls(enabled=enabled, max_restarts=int(w["max_restarts"]),
                    backoff=float(w["restart_backoff"]),
                    exit_codes=tuple(int(c) for c in codes) if codes is not None else None,
-                   grace=float(w["grace"]))
+                   grace=float(w["grace"]), layout=layout)
 
     def backoff_for(self, generation: int) -> float:
         """Seconds before generation g (1, 2, ...) starts: restart_backoff, doubled each time, capped."""
@@ -65,7 +73,7 @@ class RestartPolicy:
         if not self.enabled:
             return Decision(False, generation)
         kind, code = failure.get("kind"), failure.get("exit_code")
-        if kind not in RESTARTABLE:
+        if kind not in RESTARTABLE and not (kind == "left" and self.layout is not None):
             return Decision(False, generation, why_not="not a restartable failure (only an exit or a hang is)")
         if kind == "exit" and self.exit_codes is not None and code not in self.exit_codes:
             return Decision(False, generation, why_not="exit code %s is not in restart_on_exit_codes %s"

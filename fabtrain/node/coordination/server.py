@@ -126,7 +126,7 @@ class Coordinator(threading.Thread):
 
     def _emit(self, events: list[Event]) -> None:
         for ev in events:
-            self.on_event(ev.kind, node=ev.node, reason=ev.reason)
+            self.on_event(ev.kind, node=ev.node, reason=ev.reason, **(ev.fields or {}))
 
     # -- state across restarts ---------------------------------------------------------------------
 

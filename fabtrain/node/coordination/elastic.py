@@ -1,0 +1,106 @@
+"""Going on without a lost node (`job.watchdog.min_nodes`), pure: who may leave, and the smaller world.
+
+The coordinator's board asks `Layout.leave` when a node is lost (its agent
+silent: machine, sshd or agent gone) or could not start its part of a
+generation: the next generation runs on the nodes that are left, or the job
+fails and the answer says why (a pserver node, the coordinator's node, fewer
+than min_nodes left). Each agent then starts its part of that generation with
+`renumbered`: the job.json environment of a process, its world renumbered
+over the trainer nodes that are left, in their order in the cluster file.
+Process names, FABTRAIN_RANK and the files they name keep the start's
+numbering: they say which slot of the job a process is, not its rank.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The job's nodes as the board needs them to decide a leave (from job.json's `nodes` and `trainers`)."""
+    min_nodes: int
+    nodes: tuple  # every node's name, in order: nodes[0] hosts the coordinator
+    trainer_nodes: tuple  # the names of the nodes with the trainer role, in order
+    pserver_nodes: frozenset
+    trainers: int  # the job's trainer processes at full size
+
+    @classmethod
+    def from_job(cls, min_nodes: int, nodes: list, trainers: int) -> Layout:
+        """From job.json's `nodes` ([{"name", "address", "roles"}]) and `trainers`, strictly."""
+        return cls(min_nodes=int(min_nodes), nodes=tuple(n["name"] for n in nodes),
+                   trainer_nodes=tuple(n["name"] for n in nodes if "trainer" in n["roles"]),
+                   pserver_nodes=frozenset(n["name"] for n in nodes if "pserver" in n["roles"]),
+                   trainers=int(trainers))
+
+    def world_size(self, out) -> int:
+        """Trainer processes once the nodes in `out` are gone (every trainer node runs as many)."""
+        per_node = self.trainers // max(1, len(self.trainer_nodes))
+        return per_node * sum(1 for n in self.trainer_nodes if n not in out)
+
+    def nodes_left(self, out) -> int:
+        return sum(1 for n in self.trainer_nodes if n not in out)
+
+    def leave(self, node: str, out: frozenset) -> tuple[frozenset | None, str]:
+        """The nodes out once `node` leaves, or None and why the job cannot go on without it."""
+        if node in out:
+            return out, ""
+        if self.nodes and node == self.nodes[0]:
+            return None, ("%s is the first node: the agents' coordinator lives there, so the job cannot go "
+                          "on without it" % node)
+        if node in self.pserver_nodes:
+            return None, ("%s runs parameter servers: their shard of the model lives only there, so a "
+                          "pserver job cannot go on without it" % node)
+        after = out | {node}
+        left = self.nodes_left(after)
+        if left < self.min_nodes:
+            return None, "%d trainer node%s would be left, fewer than min_nodes (%d)" % (
+                left, "" if left == 1 else "s", self.min_nodes)
+        return frozenset(after), ""
+
+
+# The variables that say the size of the trainers' world, on trainers and pservers alike.
+WORLD_SIZE_KEYS = ("WORLD_SIZE", "PADDLE_TRAINERS_NUM", "PADDLE_INIT_NUM_GRADIENT_SERVERS")
+# A trainer's rank among all trainers.
+RANK_KEYS = ("RANK", "PADDLE_TRAINER_ID", "PADDLE_INIT_TRAINER_ID", "OMPI_COMM_WORLD_RANK")
+
+
+def renumbered(job: dict, spec: dict, out) -> dict:
+    """The environment of job.json process `spec` on this node in the world without the nodes in `out`.
+
+    Only the variables the plan set are changed (a variable absent from the
+    spec stays absent); LOCAL_RANK and the endpoint of the process itself do
+    not change: a node keeps its own processes.
+    """
+    env = dict(spec["env"])
+    if not out:
+        return env
+    trainer_nodes = [n for n in job["nodes"] if "trainer" in n["roles"]]
+    kept = [n for n in trainer_nodes if n["name"] not in out]
+    per_node = int(job["trainers"]) // max(1, len(trainer_nodes))
+    world = per_node * len(kept)
+
+    def put(key: str, value) -> None:
+        if key in env:
+            env[key] = str(value)
+
+    for key in WORLD_SIZE_KEYS:
+        put(key, world)
+    if spec["role"] != "trainer" or not kept:
+        return env
+    names = [n["name"] for n in kept]
+    node_rank = names.index(job["node"])
+    local = int(env.get("LOCAL_RANK", int(spec["rank"]) % max(1, per_node)))
+    for key in RANK_KEYS:
+        put(key, node_rank * per_node + local)
+    put("OMPI_COMM_WORLD_SIZE", world)
+    put("NODE_RANK", node_rank)
+    master = kept[0]["address"]
+    put("MASTER_ADDR", master)
+    if "PADDLE_MASTER" in env:
+        env["PADDLE_MASTER"] = "%s:%s" % (master, env["PADDLE_MASTER"].rsplit(":", 1)[-1])
+    if "PADDLE_TRAINER_ENDPOINTS" in env:
+        endpoints = env["PADDLE_TRAINER_ENDPOINTS"].split(",")  # per_node a trainer node, in node order
+        env["PADDLE_TRAINER_ENDPOINTS"] = ",".join(
+            e for i, e in enumerate(endpoints) if trainer_nodes[min(i // max(1, per_node), len(trainer_nodes) - 1)]
+            ["name"] not in out)
+    return env

@@ -1,0 +1,141 @@
+"""job.watchdog.min_nodes as data: the config's refusals, who may leave, the board's smaller generation,
+and the renumbered world each process of it gets. No process."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from fabtrain.config.cluster import parse_cluster
+from fabtrain.errors import UserError
+from fabtrain.node.coordination.board import Board
+from fabtrain.node.coordination.elastic import Layout, renumbered
+from fabtrain.node.coordination.restart import RestartPolicy
+from fabtrain.plan.plan import make_plan
+
+NODES = ("n1", "n2", "n3")
+
+
+def cluster(mode="collective", min_nodes=2, per_node=1, roles=None, command=None, **watchdog):
+    roles = roles or {n: ["trainer"] for n in NODES}
+    trainer = {"per_node": per_node, **({"command": command} if command else {})}
+    return parse_cluster({"cluster": {"name": "c"},
+                          "nodes": [{"name": n, "host": f"10.0.0.{i + 1}", "roles": roles[n]} for i, n in enumerate(NODES)],
+                          "job": {"mode": mode, "master_port": 29500, "trainer": trainer,
+                                  "watchdog": {"on_failure": "restart", "min_nodes": min_nodes, **watchdog}}}, "c.yaml")
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"on_failure": "kill-job"}, "job.watchdog.min_nodes: needs job.watchdog.on_failure: restart"),
+    ({"min_nodes": 4}, "job.watchdog.min_nodes: is 4, but the cluster has 3 trainer nodes"),
+    ({"min_nodes": 0}, "job.watchdog.min_nodes: must be between 1 and"),
+    ({"command": "torchrun train.py"}, "job.watchdog.min_nodes: not with a torchrun command"),
+    ({"command": "python train.py --world {world_size}"}, "job.trainer.command: {world_size} is fixed at start"),
+])
+def test_min_nodes_that_cannot_work_is_one_line_naming_the_field(changes, words):
+    with pytest.raises(UserError) as e:
+        cluster(**changes)
+    assert str(e.value).startswith("c.yaml: ") and words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def job_json(c, node: str) -> dict:
+    return make_plan(c, "J").job_json(node)
+
+
+def policy(c) -> RestartPolicy:
+    j = job_json(c, "n1")
+    return RestartPolicy.from_watchdog(j["watchdog"], j)
+
+
+def test_who_may_leave_a_collective_job_and_a_pserver_job():
+    layout = policy(cluster()).layout
+    assert layout == Layout(2, NODES, NODES, frozenset(), 3)
+    out, why = layout.leave("n3", frozenset())
+    assert out == {"n3"} and why == "" and layout.world_size(out) == 2
+    assert layout.leave("n2", out) == (None, "1 trainer node would be left, fewer than min_nodes (2)")
+    assert "the first node: the agents' coordinator lives there" in layout.leave("n1", frozenset())[1]
+    ps = policy(cluster("pserver", 1, roles={"n1": ["pserver"], "n2": ["pserver", "trainer"], "n3": ["trainer"]})).layout
+    assert "runs parameter servers" in ps.leave("n2", frozenset())[1]
+    assert ps.leave("n3", frozenset()) == ({"n3"}, "")
+    assert policy(cluster(min_nodes=None)).layout is None
+
+
+def beat(b, node, now, **kw):
+    return b.beat({"node": node, "procs": {f"t-{node}": {"role": "trainer", "state": "running"}}, **kw}, now, 1000 + now)
+
+
+def board(**watchdog):
+    b = Board("J", list(NODES), 5.0, replace(policy(cluster(**watchdog)), backoff=10.0))
+    for n in NODES:
+        beat(b, n, 0)
+    return b
+
+
+def test_a_lost_node_leaves_and_the_generation_not_yet_started_runs_without_it():
+    b = board()
+    beat(b, "n2", 1, failure={"reason": "trainer-0 on n2 exited 1", "kind": "exit", "generation": 0})
+    assert b.status["status"] == "restarting" and b.status["generation"] == 1
+    beat(b, "n1", 6)
+    beat(b, "n2", 6)
+    events = b.check_peers(6.0, 2000)  # n3 silent for 6 s, its connection gone: lost
+    assert [e.kind for e in events] == ["peer_lost", "node_left"]
+    assert b.status["status"] == "restarting" and b.status["generation"] == 1 and b.status["out"] == ["n3"]
+    assert events[1].fields == {"world_size": 2, "nodes_left": 2, "generation": 1}
+    assert "n3 left the job" in events[1].reason and "WORLD_SIZE 2" in events[1].reason
+    beat(b, "n1", 12, generation=1)
+    assert beat(b, "n2", 12, generation=1).changed and b.status["status"] == "running"  # n3 is not waited for
+    # It stays out: its beats count for nothing, and a coordinator restored from its file knows it.
+    beat(b, "n3", 13, failure={"reason": "x", "kind": "exit", "generation": 1})
+    assert b.status["status"] == "running" and b.trainers == 2
+    again = Board.restore(b.saved(2000), "J", list(NODES), 5.0, 50, b.restart)
+    assert again.out == {"n3"} and again.status["out"] == ["n3"]
+
+
+def test_a_node_lost_while_running_restarts_smaller_and_a_second_loss_fails_naming_min_nodes():
+    b = board()
+    beat(b, "n1", 6)
+    beat(b, "n2", 6)
+    b.check_peers(6.0, 2000)
+    assert b.status["status"] == "restarting" and b.status["generation"] == 1 and b.status["out"] == ["n3"]
+    beat(b, "n1", 17, generation=1)
+    beat(b, "n2", 17, generation=1)
+    assert b.status["status"] == "running"
+    beat(b, "n1", 30)
+    b.check_peers(30.0, 2030)
+    assert b.status["status"] == "failed" and b.status["node"] == "n2"
+    assert "not restarted: 1 trainer node would be left, fewer than min_nodes (2)" in b.status["reason"]
+
+
+def test_a_node_that_cannot_start_its_part_leaves_and_the_others_start_the_next_generation():
+    b = board()
+    beat(b, "n2", 1, failure={"reason": "trainer-0 on n2 exited 1", "kind": "exit", "generation": 0})
+    due = 1 + b.restart.start_deadline(1)
+    for n in ("n1", "n2"):
+        beat(b, n, due - 1, generation=1)
+    beat(b, "n3", due - 1)  # alive, but its part did not start
+    events = b.check_peers(due, 2000)
+    assert [e.kind for e in events] == ["node_left"] and b.status["generation"] == 2 and b.status["out"] == ["n3"]
+    b2 = board()
+    beat(b2, "n3", 1, failure={"reason": "restart 1 on n3: cannot start", "kind": "start", "generation": 0})
+    assert b2.status["status"] == "restarting" and b2.status["out"] == ["n3"]
+
+
+def test_the_smaller_world_is_renumbered_over_the_nodes_that_are_left():
+    c = cluster(per_node=2)
+    j3 = job_json(c, "n3")
+    env = renumbered(j3, j3["processes"][1], {"n2"})  # trainer-5 on n3: now node 1 of 2, local rank 1
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["NODE_RANK"]) == ("3", "4", "1", "1")
+    assert (env["PADDLE_TRAINER_ID"], env["PADDLE_TRAINERS_NUM"], env["OMPI_COMM_WORLD_RANK"]) == ("3", "4", "3")
+    assert env["MASTER_ADDR"] == "10.0.0.1" and env["FABTRAIN_RANK"] == "5"  # the slot keeps its name
+    assert env["PADDLE_TRAINER_ENDPOINTS"].split(",") == [
+        "10.0.0.1:29501", "10.0.0.1:29502", "10.0.0.3:29501", "10.0.0.3:29502"]
+    assert env["PADDLE_CURRENT_ENDPOINT"] == "10.0.0.3:29502"
+    # The first trainer node gone (a pserver job's coordinator is on its pserver node): the master moves.
+    ps = cluster("pserver", 1, roles={"n1": ["pserver"], "n2": ["trainer"], "n3": ["trainer"]})
+    p3 = job_json(ps, "n3")
+    env = renumbered(p3, p3["processes"][0], {"n2"})
+    assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"], env["PADDLE_INIT_NUM_GRADIENT_SERVERS"]) == (
+        "0", "1", "10.0.0.3", "1")
+    pserver = job_json(ps, "n1")["processes"][0]
+    assert renumbered(job_json(ps, "n1"), pserver, {"n2"})["PADDLE_INIT_NUM_GRADIENT_SERVERS"] == "1"
+    assert renumbered(j3, j3["processes"][0], ()) == j3["processes"][0]["env"]
