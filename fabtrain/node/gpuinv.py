@@ -75,7 +75,10 @@ def _holders(gpus: list, environ) -> list:
     leases = gpulease.holders(environ)
     for g in gpus:
         if g["index"] in leases:
-            g["leased_by"] = leases[g["index"]]
+            holder = gpulease.holder_job(g["index"], leases[g["index"]], environ)
+            g["leased_by"] = holder["pid"]
+            if holder["job"]:
+                g["lease_job"] = holder["job"]
         for p in g["processes"]:
             if not p.get("user"):
                 p["user"] = _owner(p["pid"]) or "?"
@@ -133,8 +136,25 @@ def describe(inv: dict) -> list:
             lines.append("  GPU %d%s: %s pid %d %s %s MiB" % (g["index"], flag, p["user"], p["pid"], p["command"],
                                                              p["mem"] if p.get("mem") is not None else "?"))
         if "leased_by" in g:
-            pid = g["leased_by"]
-            lines.append("  GPU %d%s: leased by a fabtrain job, %s pid %d" % (g["index"], flag, _owner(pid) or "?", pid))
+            lines.append("  GPU %d%s: %s" % (g["index"], flag, lease_holder(g)))
         elif flag and not g["processes"]:
             lines.append("  GPU %d%s" % (g["index"], flag))
     return lines
+
+
+def lease_holder(gpu: dict) -> str:
+    """Who holds a GPU's fabtrain lease, in words: the job where this user can read it."""
+    pid = gpu["leased_by"]
+    job = "fabtrain job %s" % gpu["lease_job"] if gpu.get("lease_job") else "a fabtrain job"
+    return "leased by %s, %s pid %d" % (job, _owner(pid) or "?", pid)
+
+
+def holder_text(gpu: dict) -> str:
+    """Who keeps a GPU from being free, in one clause: its processes, its lease, or its health flag."""
+    who = ["%s pid %d %s %s MiB" % (p["user"], p["pid"], p["command"], p["mem"] if p.get("mem") is not None else "?")
+           for p in gpu["processes"]]
+    if "leased_by" in gpu:
+        who.append(lease_holder(gpu))
+    if gpu["health"]:
+        who.append("(!) " + ", ".join(gpu["health"]))
+    return "GPU %d: %s" % (gpu["index"], ", ".join(who) or "free")
