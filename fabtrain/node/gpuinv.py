@@ -149,12 +149,23 @@ def lease_holder(gpu: dict) -> str:
     return "leased by %s, %s pid %d" % (job, _owner(pid) or "?", pid)
 
 
-def holder_text(gpu: dict) -> str:
-    """Who keeps a GPU from being free, in one clause: its processes, its lease, or its health flag."""
-    who = ["%s pid %d %s %s MiB" % (p["user"], p["pid"], p["command"], p["mem"] if p.get("mem") is not None else "?")
-           for p in gpu["processes"]]
+def who(gpu: dict) -> str:
+    """Who keeps a GPU from being free, in one clause: its processes, its lease, and its health flag."""
+    parts = ["%s pid %d %s %s MiB" % (p["user"], p["pid"], p["command"], p["mem"] if p.get("mem") is not None else "?")
+             for p in gpu["processes"]]
     if "leased_by" in gpu:
-        who.append(lease_holder(gpu))
+        parts.append(lease_holder(gpu))
     if gpu["health"]:
-        who.append("(!) " + ", ".join(gpu["health"]))
-    return "GPU %d: %s" % (gpu["index"], ", ".join(who) or "free")
+        parts.append("(!) " + ", ".join(gpu["health"]))
+    return ", ".join(parts) or "free"
+
+
+def holder_text(gpu: dict) -> str:
+    return "GPU %d: %s" % (gpu["index"], who(gpu))
+
+
+def summary(inv: dict) -> dict:
+    """What the dashboard shows of a node's GPUs: total, free, and who holds each busy or flagged one."""
+    gpus = inv["gpus"]
+    return {"source": inv["source"], "total": len(gpus), "free": sum(1 for g in gpus if g["free"] and not g["health"]),
+            "busy": [{"index": g["index"], "by": who(g)} for g in gpus if not g["free"] or g["health"]]}

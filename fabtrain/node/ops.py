@@ -532,6 +532,8 @@ def op_collect(payload):
     ws = workspace(payload)
     jd = job_dir(ws, payload.get("job_id"))
     reply = {"time": time.time(), "job_id": None}
+    if payload.get("gpus"):  # who holds the node's GPUs (the dashboard asks every few polls: nvidia-smi is slow)
+        reply["gpus"] = gpuinv.summary(gpuinv.inventory())
     if not jd or not os.path.isdir(jd):
         return reply
     job_id = os.path.basename(jd)
