@@ -6,9 +6,9 @@ import subprocess
 
 from fabtrain.node import gpuinv, gpulease
 
-SMI_GPUS = """0, GPU-aaa, NVIDIA H100 80GB HBM3, 81559, 1, 0, No, No
-1, GPU-bbb, NVIDIA H100 80GB HBM3, 81559, 20480, 0, No, No
-2, GPU-ccc, NVIDIA H100 80GB HBM3, 81559, 0, 3, [N/A], Yes
+SMI_GPUS = """0, GPU-aaa, NVIDIA H100 80GB HBM3, 81559, 1, 0, No, No, 00000000:18:00.0
+1, GPU-bbb, NVIDIA H100 80GB HBM3, 81559, 20480, 0, No, No, 00000000:3B:00.0
+2, GPU-ccc, NVIDIA H100 80GB HBM3, 81559, 0, 3, [N/A], Yes, 00000000:86:00.0
 """
 SMI_APPS = "GPU-bbb, 4242, /usr/bin/python3, 20470\n"
 
@@ -25,10 +25,21 @@ def test_nvidia_smi_output_becomes_gpus_with_their_processes_and_health():
     assert gpus[1]["processes"] == [{"pid": 4242, "command": "/usr/bin/python3", "mem": 20470}]
 
 
-def test_no_driver_is_said_and_is_not_an_error():
+def test_without_nvml_the_inventory_asks_nvidia_smi_flags_xids_from_the_kernel_log_or_says_no_driver(tmp_path):
+    def no_library(name):
+        raise OSError(f"{name}: cannot open shared object file: No such file or directory")
+    kernel_log = tmp_path / "kmsg"  # the kernel log's records as /dev/kmsg gives them
+    kernel_log.write_text("6,1,1,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module\n"
+                          "4,2,9,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n"
+                          "4,3,9,-;NVRM: Xid (PCI:0000:18:00): 13, pid=99, Graphics Exception\n")
+    inv = gpuinv.inventory(environ={}, run=fake_smi, loader=no_library, kernel_log=str(kernel_log))
+    assert inv["source"] == "nvidia-smi"
+    assert [g["health"] for g in inv["gpus"]] == [  # XID 13 is the program's, not the GPU's
+        [], ["XID 79 since boot"], ["uncorrected ECC", "remapped row failure"]]
+
     def missing(args, **kwargs):
         raise FileNotFoundError(2, "No such file or directory", "nvidia-smi")
-    inv = gpuinv.inventory(environ={}, run=missing)
+    inv = gpuinv.inventory(environ={}, run=missing, loader=no_library)
     assert inv == {"source": "none", "gpus": [], "error": "no NVIDIA driver"}
     assert gpuinv.describe(inv) == ["GPUs: none (no NVIDIA driver)"]
 
