@@ -28,6 +28,13 @@ def auto_job(local_job, folder):
     return job
 
 
+def has_open(pid, path):
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}") == path for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+
+
 def visible_devices(job):
     """CUDA_VISIBLE_DEVICES as the running trainer's own /proc/<pid>/environ has it."""
     env = procfs.environ(job.program("n0", "trainer-0"))
@@ -52,6 +59,12 @@ def test_auto_jobs_get_disjoint_free_gpus_a_third_is_refused_and_sigkill_frees_t
             list(pool.map(lambda j: j.fab("start-trainers", check=True), (a, b)))
         got = {visible_devices(a), visible_devices(b)}
         assert got == {"1", "2"}, got  # disjoint, never the busy GPU 0 nor the flagged GPU 3
+        # Held by the agent (which hands it on to a restart) and by the trainer's launcher, not by `fab`.
+        lease = os.path.realpath(tmp_path / "leases" / f"gpu{visible_devices(a)}.lease")
+        holders = {pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if has_open(pid, lease)}
+        run = json.loads((a.jd("n0") / "run" / "trainer-0.json").read_text())
+        assert {a.program("n0", "agent"), run["pid"]} <= holders
+        assert holders <= {pid for pid, _ in live_marked([a.ws["n0"]])}
 
         refused = c.fab("start-trainers", check=False)
         assert refused.returncode == 1
