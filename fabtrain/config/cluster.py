@@ -267,6 +267,8 @@ class _Parser(Checks):
         job = self.part(self.job, top["job"])
         nodes: tuple[Node, ...] = ()
         scheduler = self.part(parse_scheduler, self, top["scheduler"], NAME_RE, HOST_RE) if "scheduler" in top else None
+        if scheduler is not None and "gpus" in c:
+            self.report("cluster.gpus", "Slurm chooses the GPUs (scheduler.gpus_per_node): leave cluster.gpus out")
         if scheduler is not None:  # the allocation's stand-ins: node K's workspace on the shared filesystem
             if valid(scheduler, job, workspace):
                 nodes = tuple(self.make_node(f"node{i}", scheduler.login or "local", node_roles(job.mode, i),
