@@ -39,7 +39,21 @@ def lease_dir(environ=None) -> str:
 
 
 def _lock_file(directory: str, index: int) -> int:
-    return os.open(os.path.join(directory, "gpu%d.lease" % index), os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o444)
+    """The GPU's lease file, opened read-only; made (0444) by whoever needs it first.
+
+    O_CREAT only where it is missing: with fs.protected_regular (systemd's default), opening with O_CREAT
+    another user's existing file in a sticky world-writable directory is refused, even read-only."""
+    path = os.path.join(directory, "gpu%d.lease" % index)
+    for _ in range(3):
+        try:
+            return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            pass
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444)
+        except FileExistsError:
+            continue  # made by another taker at this instant: open theirs
+    return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
 
 
 def take(candidates, count: int, environ=None):
