@@ -42,7 +42,7 @@ _SSH_FIELDS = {"user", "port", "key", "known_hosts", "host_key_policy", "connect
 # Every field cluster.yaml may hold, by where it sits (README documents each).
 FIELDS: dict[str, set[str]] = {
     "": {"cluster", "nodes", "dist_ips", "scheduler", "job"},
-    "cluster": {"name", "workspace", "python", "ssh"},
+    "cluster": {"name", "workspace", "python", "ssh", "gpus"},
     "cluster.ssh": _SSH_FIELDS | {"parallel"},
     "nodes[]": {"name", "host", "roles", "workspace", "python", "address", "iface", "gpus"} | _SSH_FIELDS,
     "job": {"name", "mode", "sgd", "master_port", "code", "pserver", "trainer", "data", "watchdog", "env", "image",
@@ -78,6 +78,7 @@ class Node:
     ssh: SSHSettings
     gpus: int | None = None  # how many; None: whatever the node has
     gpu_ids: tuple[int, ...] | None = None  # the physical indices `gpus: [2, 3]` names; None: 0..gpus-1
+    gpu_auto: bool = False  # `gpus: auto`: the node's free GPUs, leased at start (docs/gpu.md)
     iface: str | None = None  # the interface gloo/NCCL use; None: the one carrying `address`, found at start
 
     @property
@@ -263,10 +264,14 @@ class _Parser(Checks):
         ssh_doc = self.mapping(c.get("ssh"), "cluster.ssh", FIELDS["cluster.ssh"])
         parallel = self.integer(ssh_doc.get("parallel", 32), "cluster.ssh.parallel", 1, 1024)
         ssh = self.ssh(ssh_doc, "cluster.ssh", SSHSettings())
+        # Every node's `gpus` where it gives none of its own (`cluster: {gpus: auto}`).
+        self.default_gpus = self.gpus(c["gpus"], "cluster.gpus") if "gpus" in c else (None, None, False)
 
         job = self.part(self.job, top["job"])
         nodes: tuple[Node, ...] = ()
         scheduler = self.part(parse_scheduler, self, top["scheduler"], NAME_RE, HOST_RE) if "scheduler" in top else None
+        if scheduler is not None and "gpus" in c:
+            self.report("cluster.gpus", "Slurm chooses the GPUs (scheduler.gpus_per_node): leave cluster.gpus out")
         if scheduler is not None:  # the allocation's stand-ins: node K's workspace on the shared filesystem
             if valid(scheduler, job, workspace):
                 nodes = tuple(self.make_node(f"node{i}", scheduler.login or "local", node_roles(job.mode, i),
@@ -346,10 +351,10 @@ class _Parser(Checks):
             ws = self.path_value(d["workspace"], f"{where}.workspace") if "workspace" in d else f"{workspace}/{name}"
             py = self.path_value(d["python"], f"{where}.python") if "python" in d else python
             address = self.string(d["address"], f"{where}.address", HOST_RE, "address") if "address" in d else None
-            gpus = self.gpus(d["gpus"], f"{where}.gpus") if "gpus" in d else (None, None)
+            gpus = self.gpus(d["gpus"], f"{where}.gpus") if "gpus" in d else self.default_gpus
             iface = self.string(d["iface"], f"{where}.iface", IFACE_RE, "interface name") if "iface" in d else None
             nodes.append(self.make_node(name, host, roles, ws, py, address, node_ssh,
-                                        *(gpus if valid(gpus) else (None, None)), iface=iface))
+                                        *(gpus if valid(gpus) else (None, None, False)), iface=iface))
         return tuple(nodes)
 
     @reported
@@ -380,12 +385,14 @@ class _Parser(Checks):
         for i, ip in enumerate(ips):
             host = self.string(ip, f"dist_ips[{i}]", HOST_RE, "host")
             roles = ("pserver", "trainer") if (i == 0 and pserver_mode) else ("trainer",)
-            nodes.append(self.make_node(f"node{i}", host, roles, f"{workspace}/node{i}", python, None, ssh, None, None))
+            gpus = self.default_gpus if valid(self.default_gpus) else (None, None, False)
+            nodes.append(self.make_node(f"node{i}", host, roles, f"{workspace}/node{i}", python, None, ssh, *gpus))
         return tuple(nodes)
 
     gpus = parse_gpus
 
-    def make_node(self, name, host, roles, workspace, python, address, ssh, gpus, gpu_ids, iface=None) -> Node:
+    def make_node(self, name, host, roles, workspace, python, address, ssh, gpus, gpu_ids, gpu_auto=False,
+                  iface=None) -> Node:
         if host == "local":
             address = address or "127.0.0.1"
             # A local node runs on this machine: the interpreter that runs fab.
@@ -394,7 +401,7 @@ class _Parser(Checks):
             address = address or host
             python = python or "python3"
         return Node(name=name, host=host, roles=roles, workspace=workspace, python=python, address=address, ssh=ssh,
-                    gpus=gpus, gpu_ids=gpu_ids, iface=iface)
+                    gpus=gpus, gpu_ids=gpu_ids, gpu_auto=gpu_auto, iface=iface)
 
     def job_env(self, env_doc: Any) -> list[tuple[str, str]]:
         """job.env: NAME: value pairs, every value a string (a YAML boolean as true/false)."""

@@ -57,6 +57,8 @@ class NodeView:
     milestones: list[dict] = field(default_factory=list)  # the job-level events (job_failed, finished, kept)
     offsets: dict[str, int] = field(default_factory=dict)
     bad: set = field(default_factory=set)  # what was wrong in the last reply's snapshots (counted once)
+    gpus: dict | None = None  # who holds the node's GPUs (records.gpu_holders), asked every GPU_EVERY s
+    gpus_asked: float = 0.0
 
     def observation(self) -> NodeObservation:
         agent = self.health if self.health and self.health.get("job_id") == self.job_id else None
@@ -102,6 +104,7 @@ class NodeSnapshot:
     health: dict | None
     processes: tuple[dict, ...]
     slurm_job: str | None = None  # the Slurm job the node's job runs in (a job on Slurm)
+    gpus: dict | None = None  # who holds the node's GPUs (records.gpu_holders)
 
     def agent_state(self) -> str | None:
         return next((p["state"] for p in self.processes if p["name"] == "agent"), None)
@@ -166,6 +169,7 @@ class Collector:
     METRIC_KEYS = ("loss", "samples_per_s", "eval_loss")
     TAIL_BYTES = 64 * 1024  # where a newly followed log starts: this far from its end
     MAX_BYTES = 1 << 20  # what node ops sends of one file per poll
+    GPU_EVERY = 10.0  # seconds between asking a node who holds its GPUs (an nvidia-smi run there)
     MAX_MILESTONES = 100
 
     def __init__(self, session: Session, job_id: str | None = None, max_points: int = 1000,
@@ -206,6 +210,8 @@ class Collector:
         # The node's `current` job unless one was named (--job): a new job there replaces the old in the view.
         payload = {"job_id": self.job_id, "max_bytes": self.MAX_BYTES,
                    "offsets": {k: max(v, 0) for k, v in offsets.items()}}
+        if time.time() - view.gpus_asked >= self.GPU_EVERY:
+            payload["gpus"], view.gpus_asked = True, time.time()
         try:
             reply = self._collect(name, transport, payload, timeout)
         except NodeError as e:
@@ -257,6 +263,12 @@ class Collector:
                 view.health = records.health(reply["health"])
             except records.Malformed as e:
                 bad.add(("health.json", str(e)))
+        if "gpus" in reply:
+            try:
+                view.gpus = records.gpu_holders(reply["gpus"])
+            except records.Malformed as e:
+                view.gpus = None
+                bad.add(("gpus", str(e)))
         for source, why in sorted(bad - view.bad):  # sent again every poll: counted when it first goes wrong
             self._drop(name, source, why)
         view.bad = bad
@@ -396,7 +408,7 @@ class Collector:
             for n in cluster.nodes:
                 v = self.nodes[n.name]
                 nodes.append(NodeSnapshot(n.name, n.host, tuple(n.roles), v.up, v.since, v.error, v.down, v.last_seen,
-                                          v.job_id, v.killed, v.health, tuple(v.processes), v.slurm_job))
+                                          v.job_id, v.killed, v.health, tuple(v.processes), v.slurm_job, v.gpus))
             observations = [v.observation() for v in self.nodes.values()]
             progress = {name: TrainerSnapshot(p.node, p.name, p.role, p.rank, dict(p.last), p.last_ts, p.records)
                         for name, p in self.progress.items()}

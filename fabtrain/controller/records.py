@@ -205,6 +205,9 @@ HEALTH = obj({
     "stragglers": list_of(obj({"node": NAME, "name": NAME, "rate": number, "median": number, "since": number},
                               required=("node", "name", "rate", "median")), 1024, lenient=True),
 }, required=("ts",), lenient=True)
+GPU_HOLDERS = obj({"source": NAME, "total": integer, "free": integer,
+                   "busy": list_of(obj({"index": integer, "by": text(MAX_TEXT)}, required=("index",), lenient=True),
+                                   1024, lenient=True)}, lenient=True)
 
 
 def _no_constants(name: str):
@@ -261,6 +264,11 @@ def process(rec: Any) -> dict:
 def health(doc: Any) -> dict:
     """health.json, cleaned field by field; Malformed if it is not an object with a finite `ts`."""
     return _checked(HEALTH, doc)
+
+
+def gpu_holders(doc: Any) -> dict:
+    """Node ops' `gpus` (gpuinv.summary): total, free, who holds each busy GPU; cleaned field by field."""
+    return _checked(GPU_HOLDERS, doc)
 
 
 def stop_reason(v: Any) -> str | None:

@@ -87,6 +87,7 @@ def _node_view(n, verdict, now: float) -> dict:
         "down": down_label(n.down).lower() if n.up is False else None,  # "unreachable", "no reply", "error"
         "job_id": n.job_id, "killed": n.killed, "health": None,
         "processes": [_process_json(n.name, p, by_name.get(p["name"], {}), verdict) for p in n.processes],
+        "gpu_holders": n.gpus,  # {"total", "free", "busy": [{"index", "by"}]}: which job, or user and pid
     }
     if health:
         ts = health["ts"]

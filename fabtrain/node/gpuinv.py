@@ -1,4 +1,5 @@
-"""The GPUs of this node and who holds each: `nvidia-smi` queries, or a STAND-IN for tests.
+"""The GPUs of this node and who holds each: NVML (fabtrain/node/nvml.py, ctypes), else `nvidia-smi`
+queries, or a STAND-IN for tests; XID errors since boot from the kernel log, where this user may read it.
 
 The stand-in: where the environment names a JSON file in FABTRAIN_GPU_STANDIN, the inventory is read from
 it instead of the driver (tests on machines without a GPU; every reading says `"source": "stand-in"`):
@@ -9,16 +10,19 @@ A process's user and command, where not given, are read from /proc as for a real
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import pwd
+import re
 import subprocess
 
-from fabtrain.node import gpulease, procfs
+from fabtrain.node import gpulease, nvml, procfs
 
 STANDIN_ENV = "FABTRAIN_GPU_STANDIN"
 GPU_FIELDS = ("index", "uuid", "name", "memory.total", "memory.used", "ecc.errors.uncorrected.volatile.total",
-              "retired_pages.pending", "remapped_rows.failure")
+              "retired_pages.pending", "remapped_rows.failure", "pci.bus_id")
 APP_FIELDS = ("gpu_uuid", "pid", "process_name", "used_memory")
 
 
@@ -44,7 +48,7 @@ def parse_smi_gpus(text: str) -> list:
         if cells[7].lower() == "yes":
             health.append("remapped row failure")
         gpus.append({"index": int(cells[0]), "uuid": cells[1], "name": cells[2], "mem_total": _number(cells[3]),
-                     "mem_used": _number(cells[4]), "health": health, "processes": []})
+                     "mem_used": _number(cells[4]), "health": health, "processes": [], "pci": cells[8]})
     return gpus
 
 
@@ -75,7 +79,10 @@ def _holders(gpus: list, environ) -> list:
     leases = gpulease.holders(environ)
     for g in gpus:
         if g["index"] in leases:
-            g["leased_by"] = leases[g["index"]]
+            holder = gpulease.holder_job(g["index"], leases[g["index"]], environ)
+            g["leased_by"] = holder["pid"]
+            if holder["job"]:
+                g["lease_job"] = holder["job"]
         for p in g["processes"]:
             if not p.get("user"):
                 p["user"] = _owner(p["pid"]) or "?"
@@ -98,8 +105,58 @@ def from_smi(run=subprocess.run) -> list:
     return gpus
 
 
-def inventory(environ=None, run=subprocess.run) -> dict:
-    """{"source": "stand-in" | "nvidia-smi" | "none", "gpus": [...], "error": why none where there is one}."""
+# -- XID errors since boot, from the kernel log -------------------------------------------------------
+
+KERNEL_LOG = "/dev/kmsg"
+XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)[^)]*\): (\d+)")
+# XIDs a program causes (an illegal address, a page fault in its kernel, its process killed): not the GPU's fault.
+PROGRAM_XIDS = {13, 31, 43, 45}
+
+
+def pci_key(text):
+    """(domain, bus, device) of "00000000:3B:00.0" (nvidia-smi) or "0000:3b:00" (NVML, the kernel log)."""
+    parts = str(text or "").split(":")
+    try:
+        return int(parts[-3], 16), int(parts[-2], 16), int(parts[-1].split(".")[0], 16)
+    except (IndexError, ValueError):
+        return None
+
+
+def xid_errors(path=KERNEL_LOG, limit=200000) -> dict:
+    """{pci_key: sorted XIDs} the driver logged since boot; {} where the log cannot be read (dmesg_restrict)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return {}
+    found = {}
+    try:
+        for _ in range(limit):
+            try:
+                record = os.read(fd, 8192)
+            except OSError as e:
+                if e.errno == errno.EPIPE:
+                    continue  # records overwritten while reading: go on with the next
+                break  # EAGAIN: the end of the log
+            if not record:
+                break
+            for m in XID_RE.finditer(record.decode("utf-8", "replace")):  # /dev/kmsg: one record a read
+                if int(m.group(4)) not in PROGRAM_XIDS:
+                    key = (int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16))
+                    found.setdefault(key, set()).add(int(m.group(4)))
+    finally:
+        os.close(fd)
+    return {k: sorted(v) for k, v in found.items()}
+
+
+def flag_xids(gpus, xids: dict) -> None:
+    for g in gpus:
+        seen = xids.get(pci_key(g.get("pci")))
+        if seen:
+            g["health"].append("XID %s since boot" % ", ".join(str(x) for x in seen))
+
+
+def inventory(environ=None, run=subprocess.run, loader=ctypes.CDLL, kernel_log=KERNEL_LOG) -> dict:
+    """{"source": "stand-in" | "nvml" | "nvidia-smi" | "none", "gpus": [...], "error": why none where there is one}."""
     environ = os.environ if environ is None else environ
     standin = environ.get(STANDIN_ENV)
     if standin:
@@ -113,11 +170,16 @@ def inventory(environ=None, run=subprocess.run) -> dict:
             return {"source": "stand-in", "gpus": [], "error": "cannot read the stand-in %s: %s" % (standin, e)}
         return {"source": "stand-in", "gpus": _holders(gpus, environ)}
     try:
-        return {"source": "nvidia-smi", "gpus": _holders(from_smi(run), environ)}
-    except FileNotFoundError:
-        return {"source": "none", "gpus": [], "error": "no NVIDIA driver"}
-    except (OSError, subprocess.SubprocessError) as e:
-        return {"source": "none", "gpus": [], "error": "nvidia-smi failed: %s" % (str(e).strip() or "no reason")}
+        source, gpus = "nvml", nvml.gpus(loader)
+    except nvml.Unavailable:
+        try:
+            source, gpus = "nvidia-smi", from_smi(run)
+        except FileNotFoundError:
+            return {"source": "none", "gpus": [], "error": "no NVIDIA driver"}
+        except (OSError, subprocess.SubprocessError) as e:
+            return {"source": "none", "gpus": [], "error": "nvidia-smi failed: %s" % (str(e).strip() or "no reason")}
+    flag_xids(gpus, xid_errors(kernel_log))
+    return {"source": source, "gpus": _holders(gpus, environ)}
 
 
 def describe(inv: dict) -> list:
@@ -133,8 +195,36 @@ def describe(inv: dict) -> list:
             lines.append("  GPU %d%s: %s pid %d %s %s MiB" % (g["index"], flag, p["user"], p["pid"], p["command"],
                                                              p["mem"] if p.get("mem") is not None else "?"))
         if "leased_by" in g:
-            pid = g["leased_by"]
-            lines.append("  GPU %d%s: leased by a fabtrain job, %s pid %d" % (g["index"], flag, _owner(pid) or "?", pid))
+            lines.append("  GPU %d%s: %s" % (g["index"], flag, lease_holder(g)))
         elif flag and not g["processes"]:
             lines.append("  GPU %d%s" % (g["index"], flag))
     return lines
+
+
+def lease_holder(gpu: dict) -> str:
+    """Who holds a GPU's fabtrain lease, in words: the job where this user can read it."""
+    pid = gpu["leased_by"]
+    job = "fabtrain job %s" % gpu["lease_job"] if gpu.get("lease_job") else "a fabtrain job"
+    return "leased by %s, %s pid %d" % (job, _owner(pid) or "?", pid)
+
+
+def who(gpu: dict) -> str:
+    """Who keeps a GPU from being free, in one clause: its processes, its lease, and its health flag."""
+    parts = ["%s pid %d %s %s MiB" % (p["user"], p["pid"], p["command"], p["mem"] if p.get("mem") is not None else "?")
+             for p in gpu["processes"]]
+    if "leased_by" in gpu:
+        parts.append(lease_holder(gpu))
+    if gpu["health"]:
+        parts.append("(!) " + ", ".join(gpu["health"]))
+    return ", ".join(parts) or "free"
+
+
+def holder_text(gpu: dict) -> str:
+    return "GPU %d: %s" % (gpu["index"], who(gpu))
+
+
+def summary(inv: dict) -> dict:
+    """What the dashboard shows of a node's GPUs: total, free, and who holds each busy or flagged one."""
+    gpus = inv["gpus"]
+    return {"source": inv["source"], "total": len(gpus), "free": sum(1 for g in gpus if g["free"] and not g["health"]),
+            "busy": [{"index": g["index"], "by": who(g)} for g in gpus if not g["free"] or g["health"]]}

@@ -15,8 +15,13 @@ import fcntl
 import os
 import stat
 
+from fabtrain.node import procfs
+
 LEASE_DIR_ENV = "FABTRAIN_GPU_LEASE_DIR"
 DEFAULT_LEASE_DIR = "/tmp/fabtrain-gpu-leases"
+# In the agent's environment: the descriptors holding its job's leases on this node, which it hands on to
+# its keeper (so a restarted agent holds them too) and to each restart's next generation.
+FDS_ENV = "FABTRAIN_GPU_LEASE_FDS"
 
 
 def lease_dir(environ=None) -> str:
@@ -34,7 +39,21 @@ def lease_dir(environ=None) -> str:
 
 
 def _lock_file(directory: str, index: int) -> int:
-    return os.open(os.path.join(directory, "gpu%d.lease" % index), os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o444)
+    """The GPU's lease file, opened read-only; made (0444) by whoever needs it first.
+
+    O_CREAT only where it is missing: with fs.protected_regular (systemd's default), opening with O_CREAT
+    another user's existing file in a sticky world-writable directory is refused, even read-only."""
+    path = os.path.join(directory, "gpu%d.lease" % index)
+    for _ in range(3):
+        try:
+            return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            pass
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444)
+        except FileExistsError:
+            continue  # made by another taker at this instant: open theirs
+    return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
 
 
 def take(candidates, count: int, environ=None):
@@ -77,6 +96,20 @@ def leased(index: int, environ=None) -> bool:
         os.close(fd)
 
 
+def inherited(environ=None) -> tuple:
+    """The lease descriptors this process was given (FDS_ENV), those still open."""
+    text = (os.environ if environ is None else environ).get(FDS_ENV, "")
+    fds = []
+    for part in text.split(","):
+        if part.isdigit():
+            try:
+                os.fstat(int(part))
+                fds.append(int(part))
+            except OSError:
+                pass
+    return tuple(fds)
+
+
 def holders(environ=None) -> dict:
     """{GPU index: pid} of the leases held now, read from /proc/locks; {} where no lease was ever taken."""
     path = (os.environ if environ is None else environ).get(LEASE_DIR_ENV) or DEFAULT_LEASE_DIR
@@ -95,3 +128,31 @@ def holders(environ=None) -> dict:
             if inode.isdigit() and int(inode) in inodes:
                 held[inodes[int(inode)]] = int(cells[4])
     return held
+
+
+def _has_open(pid: str, path: str) -> bool:
+    try:
+        fds = os.listdir("/proc/%s/fd" % pid)
+    except OSError:
+        return False  # another user's process, or gone
+    for fd in fds:
+        try:
+            if os.readlink("/proc/%s/fd/%s" % (pid, fd)) == path:
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def holder_job(index: int, lock_pid: int, environ=None) -> dict:
+    """Who holds GPU `index`'s lease: {"pid", "job"}: a live process of a fabtrain job with the lease file
+    open and its FABTRAIN_JOB_ID, where this user may read them; else the pid that took the lock (it may
+    have exited: the descriptors live on in the job's processes) and no job."""
+    path = os.path.realpath(os.path.join(
+        (os.environ if environ is None else environ).get(LEASE_DIR_ENV) or DEFAULT_LEASE_DIR, "gpu%d.lease" % index))
+    for name in sorted((n for n in os.listdir("/proc") if n.isdigit()), key=int):
+        if _has_open(name, path):
+            job = procfs.environ(int(name)).get(b"FABTRAIN_JOB_ID")
+            if job:
+                return {"pid": int(name), "job": job.decode("utf-8", "replace")}
+    return {"pid": lock_pid, "job": None}

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from fabtrain.node import atomic, gpuinv, launch, procfs, runtime
+from fabtrain.node import atomic, gpuinv, gpulease, gpustart, launch, procfs, runtime
 from fabtrain.node.kill import family, send, stop_all, trusted
 from fabtrain.node.killevents import append_events, write_kill_events
 from fabtrain.node.refusal import UserFacing
@@ -184,7 +184,7 @@ def live_job_processes(jd, procs=None):
     return [name for name, run in run_records(jd) if procfs.alive(run["pid"], run.get("create_time"), procs)]
 
 
-def start_agent(agent, job, jd, ws, base_env, warnings):
+def start_agent(agent, job, jd, ws, base_env, warnings, leases=()):
     """Start the agent; on the node that hosts the coordinator, first, and only once it holds the port.
 
     Agents refuse a coordinator that cannot prove the job's secret, so a job whose
@@ -193,7 +193,7 @@ def start_agent(agent, job, jd, ws, base_env, warnings):
     """
     events = os.path.join(jd, "events.jsonl")
     offset = os.path.getsize(events) if os.path.exists(events) else 0
-    p, record = spawn(agent, ws, base_env)
+    p, record = spawn(agent, ws, base_env, leases=leases)
     if (job.get("nodes") or [{}])[0].get("name") != job["node"]:
         return p, record
     deadline = time.time() + 15
@@ -249,6 +249,15 @@ def op_start(payload):
             live = live_job_processes(os.path.join(ws, "jobs", other), procs)
             if live:
                 raise UserFacing(RUNNING_HERE % (other, ", ".join(live)))
+    # The job's GPUs here: leased by its first start on this node, before anything of it runs.
+    leases, gpu_warnings = gpustart.take(job, atomic.read_json(os.path.join(jd, "job.json")))
+    try:
+        return _start_leased(payload, job, ws, jd, procs, leases, gpu_warnings)
+    finally:
+        gpulease.release(leases)  # the job's processes hold their own descriptors
+
+
+def _start_leased(payload, job, ws, jd, procs, leases, warnings):
     make_private_dirs(ws, os.path.join(ws, "jobs"), jd, *(os.path.join(jd, sub) for sub in ("logs", "run", "metrics")))
     roles = set(payload["roles"])
     # A rank that mpirun starts is not started here; mpirun itself starts with the trainers.
@@ -270,16 +279,17 @@ def op_start(payload):
     os.replace(tmp_link, os.path.join(ws, "current"))
 
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("FABTRAIN_")}
-    started, failed, warnings, by_name = [], [], [], {}
+    started, failed, by_name = [], [], {}
     agent = payload.get("agent")
+    fds = tuple(leases.values())
     if agent and "agent" not in already:
         runtime.install(expand(agent["cwd"], ws))  # a job never runs without its agent: no deploy needed
         by_name[agent["name"]] = agent
-        started.append(start_agent(agent, job, jd, ws, base_env, warnings))
+        started.append(start_agent(agent, job, jd, ws, base_env, warnings, fds))
     for proc in wanted:
         by_name[proc["name"]] = proc
         try:
-            started.append(spawn(proc, ws, base_env))
+            started.append(spawn(proc, ws, base_env, leases=fds))
         except OSError as e:
             failed.append({"name": proc["name"], "exit_code": 127, "log": ["cannot start %s: %s"
                                                                            % (proc["launch"][0], e.strerror)]})
@@ -522,6 +532,8 @@ def op_collect(payload):
     ws = workspace(payload)
     jd = job_dir(ws, payload.get("job_id"))
     reply = {"time": time.time(), "job_id": None}
+    if payload.get("gpus"):  # who holds the node's GPUs (the dashboard asks every few polls: nvidia-smi is slow)
+        reply["gpus"] = gpuinv.summary(gpuinv.inventory())
     if not jd or not os.path.isdir(jd):
         return reply
     job_id = os.path.basename(jd)

@@ -9,7 +9,7 @@ import os
 import subprocess
 import time
 
-from fabtrain.node import atomic, procfs
+from fabtrain.node import atomic, gpulease, procfs
 
 
 def expand(value, ws):
@@ -57,13 +57,18 @@ def record(proc, ws, pid):
     return run
 
 
-def spawn(proc, ws, base_env, generation=0):
-    """Start one process through the launcher (its own session, nohup, line-buffered), stdin /dev/null."""
+def spawn(proc, ws, base_env, generation=0, leases=()):
+    """Start one process through the launcher (its own session, nohup, line-buffered), stdin /dev/null.
+
+    `leases`: descriptors of the job's GPU leases on this node (gpulease), inherited by the launcher so
+    that the leases live as long as it does; the agent is also told their numbers, to hand them on."""
     argv, env, cwd = prepare(proc, ws, base_env, generation)
+    if leases and proc["role"] == "agent":
+        env[gpulease.FDS_ENV] = ",".join(str(fd) for fd in leases)
     log = os.open(expand(proc["log"], ws), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         p = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                             stderr=subprocess.STDOUT, close_fds=True)
+                             stderr=subprocess.STDOUT, close_fds=True, pass_fds=tuple(leases))
     finally:
         os.close(log)
     return p, record(proc, ws, p.pid)

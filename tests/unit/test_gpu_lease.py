@@ -1,11 +1,15 @@
-"""GPU leases: real flocks taken by real processes; a SIGKILLed holder's GPUs are free again."""
+"""GPU leases: real flocks taken by real processes; a SIGKILLed holder's GPUs are free again; what a start takes."""
 import ast
+import json
 import os
 import signal
 import subprocess
 import sys
 
-from fabtrain.node import gpulease
+import pytest
+
+from fabtrain.node import gpuinv, gpulease, gpustart
+from fabtrain.node.refusal import UserFacing
 
 HOLD = ("import os, sys, time; from fabtrain.node import gpulease\n"
         "held = gpulease.take(range(4), 2)\n"
@@ -36,3 +40,21 @@ def test_two_takers_at_once_get_disjoint_gpus_and_a_killed_one_frees_its_own(tmp
         for p in (a, b):
             p.kill()
             p.wait()
+
+
+def test_a_start_naming_a_flagged_gpu_warns_and_leases_it_and_auto_without_an_inventory_is_refused(tmp_path):
+    standin = tmp_path / "gpus.json"  # STAND-IN inventory
+    standin.write_text(json.dumps({"gpus": [{"index": 0, "mem_total": 10, "mem_used": 0},
+                                            {"index": 1, "mem_total": 10, "mem_used": 0, "health": ["uncorrected ECC"]}]}))
+    env = {gpuinv.STANDIN_ENV: str(standin), gpulease.LEASE_DIR_ENV: str(tmp_path / "leases")}
+    job = {"job_id": "J", "processes": [{"env": {"CUDA_VISIBLE_DEVICES": "1"}}, {"env": {}}]}
+    held, warnings = gpustart.take(job, None, env)
+    try:
+        assert sorted(held) == [1] and job["gpu_leases"] == [1]
+        assert warnings == ["the job names GPU 1: (!) uncorrected ECC"]
+    finally:
+        gpulease.release(held)
+    auto = {"job_id": "J", "processes": [{"env": {"CUDA_VISIBLE_DEVICES": "auto:0"}}]}
+    with pytest.raises(UserFacing) as e:
+        gpustart.take(auto, None, {gpuinv.STANDIN_ENV: str(tmp_path / "absent.json")})
+    assert str(e.value).startswith("gpus: auto cannot tell which GPUs are free: cannot read the stand-in ")

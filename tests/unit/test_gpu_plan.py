@@ -38,6 +38,15 @@ def test_gpus_per_rank_gives_each_rank_a_group():
     assert devices(c) == [("n0", 0, "4,5"), ("n0", 1, "6,7"), ("n1", 2, "0,1"), ("n1", 3, "2,3")]
 
 
+def test_an_auto_node_gives_its_ranks_slots_that_the_start_fills_and_cluster_gpus_is_the_default():
+    c = cluster({"use_gpu": True, "per_node": 2, "gpus_per_rank": 2}, "auto", None)
+    assert devices(c) == [("n0", 0, "auto:0,auto:1"), ("n0", 1, "auto:2,auto:3"), ("n1", 2, None), ("n1", 3, None)]
+    every = parse_cluster({"cluster": {"name": "t", "gpus": "auto"}, "nodes": [
+        {"name": "a", "host": "local", "roles": ["trainer"]}, {"name": "b", "host": "local", "roles": ["trainer"],
+                                                                "gpus": [6]}], "job": {"mode": "collective"}}, "t.yaml")
+    assert [(n.gpu_auto, n.gpu_ids) for n in every.nodes] == [(True, None), (False, (6,))]
+
+
 def test_a_count_keeps_the_older_wrap_around_and_no_gpu_means_no_variable():
     assert devices(cluster({"use_gpu": True, "per_node": 3}, 2)) == [("n0", 0, "0"), ("n0", 1, "1"), ("n0", 2, "0")]
     assert devices(cluster({"use_gpu": False}, [2, 3])) == [("n0", 0, None)]
@@ -50,7 +59,7 @@ def test_a_count_keeps_the_older_wrap_around_and_no_gpu_means_no_variable():
     ({"use_gpu": True}, "[1, 1]", "nodes[0].gpus: lists GPU 1 twice (line 5)"),
     ({"use_gpu": True}, "[0, x]", "nodes[0].gpus[1]: must be an integer, got a string (line 5)"),
     ({"use_gpu": True}, "[0, 2000]", "nodes[0].gpus[1]: must be between 0 and 1023, got 2000 (line 5)"),
-    ({"use_gpu": True}, "two", "nodes[0].gpus: must be a number of GPUs or a list of GPU indices like [2, 3], got a string (line 5)"),
+    ({"use_gpu": True}, "two", "nodes[0].gpus: must be a number of GPUs, a list of GPU indices like [2, 3] or auto, got a string (line 5)"),
     ({"use_gpu": True, "per_node": 3}, "[2, 3]",
      "job.trainer.per_node: 3 ranks x 1 GPUs need 3 GPUs, node n0 lists 2 (line 10)"),
     ({"use_gpu": True, "gpus_per_rank": 0}, "2", "job.trainer.gpus_per_rank: must be between 1 and 64, got 0 (line 10)"),

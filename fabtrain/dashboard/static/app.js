@@ -114,6 +114,13 @@ function stateClass(p) {
   return "s-" + String(p.state || "unknown").replace(/\s+/g, "-");
 }
 
+// Who holds each busy GPU of a node (node ops' inventory): a fabtrain job, or a user and pid outside it.
+function gpuHolders(g) {
+  if (!g || !g.total) return [];
+  return [el("div", {class: "small gpu-free"}, `${g.free}/${g.total} GPUs free` + (g.source === "stand-in" ? " (stand-in)" : "")),
+    ...(g.busy || []).map(b => el("div", {class: "small gpu-holder", "data-gpu": b.index}, `GPU ${b.index}: ${b.by}`))];
+}
+
 function renderCluster(c) {
   state.cluster = c;
   const tbody = document.querySelector("#nodes tbody");
@@ -139,6 +146,7 @@ function renderCluster(c) {
       ? el("div", {}, gpus.map(g => el("div", {class: "small"},
           `#${g.index} ${fmt(g.util, 3)}% · ${bytes(g.mem_used)}/${bytes(g.mem_total)} · ${g.temp ?? "–"}°C`)))
       : el("span", {class: "muted"}, h ? "none" : "–");
+    gpuCell.append(...gpuHolders(n.gpu_holders));
     const procs = n.processes.map(p => {
       options.push([n.name, p.name]);
       return el("span", {

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from fabtrain.node import atomic, launch, procfs
+from fabtrain.node import atomic, gpulease, launch, procfs
 from fabtrain.node.states import describe_end
 
 _KEEPER = 'if read line; then exit 0; fi; exec "$@" </dev/null'
@@ -131,7 +131,8 @@ class AgentLife:
         env = dict(os.environ, FABTRAIN_AGENT_RESTARTS=str(restarts + 1))
         try:
             self.keeper = subprocess.Popen(["sh", "-c", _KEEPER, "fabtrain-keeper", *self.restart_argv()],
-                                           stdin=r, env=env, close_fds=True, start_new_session=True)
+                                           stdin=r, env=env, close_fds=True, start_new_session=True,
+                                           pass_fds=gpulease.inherited())  # a restarted agent holds them too
         except OSError as e:
             os.close(w)
             return "cannot start the keeper: %s" % e

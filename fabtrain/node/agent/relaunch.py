@@ -16,6 +16,7 @@ import os
 import time
 from typing import NamedTuple
 
+from fabtrain.node import gpulease
 from fabtrain.node.coordination.elastic import renumbered
 from fabtrain.node.spawn import expand, name_programs, spawn
 
@@ -77,7 +78,7 @@ def relaunch(contexts: list, job: dict, job_dir: str, workspace: str, generation
         ctx = ProcessContext(spec, job_dir, workspace, records_from=_size(old.metrics_path))
         fresh.append(ctx)
         try:
-            started.append(spawn(spec, workspace, base_env, generation))
+            started.append(spawn(spec, workspace, base_env, generation, leases=gpulease.inherited()))
         except OSError as e:
             errors.append("cannot start %s: %s: %s" % (old.name, spec["launch"][0], e.strerror))
     name_programs(started, workspace, specs, time.time() + PROGRAM_WAIT)
