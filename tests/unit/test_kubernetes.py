@@ -217,6 +217,17 @@ def test_what_the_export_cannot_render_is_one_line_and_exit_2(fab, tmp_path, job
     assert "Traceback" not in out.stderr and not (tmp_path / "out").exists()
 
 
+def test_min_nodes_is_not_exported_to_kubernetes(fab, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({
+        "cluster": {"name": "lab"},
+        "job": {"mode": "collective", "image": IMAGE, "watchdog": {"on_failure": "restart", "min_nodes": 1}},
+        "nodes": [{"name": n, "host": f"10.0.0.{i + 1}", "roles": ["trainer"]} for i, n in enumerate("ab")]}))
+    out = fab("export", "--k8s", str(tmp_path / "out"), cluster=path)
+    assert out.returncode == 2 and "job.watchdog.min_nodes is not exported to Kubernetes" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
 def test_export_writes_one_private_file_per_object_and_refuses_a_folder_with_manifests(fab, tmp_path):
     path = write_cluster_file(tmp_path / "c.yaml", {"mode": "collective", "image": IMAGE})
     out = fab("export", "--k8s", str(tmp_path / "out"), cluster=path, check=True)
