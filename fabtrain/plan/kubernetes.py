@@ -105,8 +105,8 @@ def pod_spec(cluster: Cluster, kind: str = "job") -> PodSpec:
         raise UserError(f"{cluster.path}: job.launcher: mpirun is not exported to Kubernetes (pods have no SSH "
                         f"between them); export with job.launcher: fabtrain, or run MPI jobs with the MPI Operator")
     if job.watchdog.enabled and job.watchdog.min_nodes:
-        raise UserError(f"{cluster.path}: job.watchdog.min_nodes is not exported to Kubernetes (the Job controller "
-                        f"replaces a lost pod, where min_nodes would leave it out); remove it for --k8s")
+        raise UserError(f"{cluster.path}: job.watchdog.min_nodes is not exported to Kubernetes (going on without a "
+                        f"lost node is built for SSH nodes, not pods); remove it for --k8s")
     gpus = max((n.gpus if n.gpus is not None else job.trainer.per_node for n in cluster.trainer_nodes), default=0)
     return PodSpec(image=job.image, kind=kind, gpus=(("trainer", gpus),) if job.trainer.use_gpu and gpus else (),
                    env=job.env)
