@@ -200,7 +200,9 @@ def watch(session: Session, interval: float = 1.0, timeout: float | None = None,
         if none_here and now - began > 5 * interval:
             raise no_job(job_id)
         if timeout is not None and now - began >= timeout:
-            out.write(f"watch: timed out after {timeout:g} s; the job is {verdict.state}\n")
+            where = f"not on any node yet ({scheduler})" if scheduler and not any(n.job_id for n in snap.nodes) \
+                else verdict.state
+            out.write(f"watch: timed out after {timeout:g} s; the job is {where}\n")
             out.flush()
             return EXIT_TIMEOUT
         time.sleep(max(0.0, interval - (time.time() - t0)))

@@ -110,7 +110,8 @@ def test_a_job_asking_for_more_nodes_than_exist_stays_pending_and_kill_all_cance
     assert "(PartitionConfig)" in status or "(Resources)" in status, status
     # fab watch waits for a queued job (no node has it yet) instead of saying there is none.
     watched = job.fab("watch", "--timeout=3")
-    assert watched.returncode == 124 and f"slurm job {job.slurm_job}: PENDING" in watched.stdout, watched
+    assert watched.returncode == 124 and f"the job is not on any node yet (slurm job {job.slurm_job}: PENDING" \
+        in watched.stdout, watched
     out = job.fab("kill-all", check=True)
     assert f"slurm job {job.slurm_job}: CANCELLED" in out.stdout, out.stdout
     job.configure("python allreduce.py")
