@@ -127,8 +127,9 @@ class ProcTable:
 class Sweep:
     """/proc as a stop polls it, cheaply: a ProcTable that re-reads only the `hot`
     pids (what is being stopped; new pids once), and each process's job marker
-    read once (a program's environment is fixed when it starts). A marker found
-    missing is read again at each full refresh, in case it was read mid-exec.
+    read once (a program's environment is fixed when it starts). So a process
+    read mid-exec may be missed here: a stop ends only once a full scan() and
+    marked() find nothing either (node ops' kill).
 
     A full scan() with marked() costs ~20 ms at 500 processes; polled every
     50 ms on a machine running many nodes' stops, that was most of their wait.
@@ -141,8 +142,6 @@ class Sweep:
         self.hot: set[int] = set()
 
     def scan(self) -> dict[int, Proc]:
-        if self.table.count % self.table.full_every == 0:
-            self.carrying = {k: v for k, v in self.carrying.items() if v}
         return self.table.refresh(self.hot)
 
     def marked(self, procs: dict[int, Proc], skip=()) -> list[int]:
