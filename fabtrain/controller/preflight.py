@@ -67,12 +67,13 @@ def _payloads(cluster: Cluster, uses: list[PortUse], serve: bool, job_id: str | 
     return payloads
 
 
-def _fan_out(session: Session, payloads: dict[str, dict]) -> dict[str, Reply]:
+def _fan_out(session: Session, payloads: dict[str, dict], call=rpc.call) -> dict[str, Reply]:
+    """call: rpc.call, or an rpc.Channels' call whose processes the next step reuses."""
     nodes = session.cluster.nodes
     # Every node at once, whatever ssh.parallel says: a node's listeners must be
     # up while the others connect to them.
     replies = fan_out([session.transport(n) for n in nodes],
-                      lambda t: rpc.call(t, "netcheck", payloads[t.node.name], timeout=EXCHANGE_DEADLINE + 60),
+                      lambda t: call(t, "netcheck", payloads[t.node.name], timeout=EXCHANGE_DEADLINE + 60),
                       max(session.cluster.parallel, len(nodes)))
     return {r.node: r for r in replies}
 
@@ -235,18 +236,19 @@ def _auto_collides(network: Network, replies: dict[str, Reply]) -> bool:
                for name, r in replies.items() if r.ok for e in r.value["listen"])
 
 
-def probe(session: Session, job_id: str | None, hosts: set[str] | None = None) -> tuple[Network, NetworkCheck]:
+def probe(session: Session, job_id: str | None, hosts: set[str] | None = None,
+          call=rpc.call) -> tuple[Network, NetworkCheck]:
     """One fan-out, nothing listened on for long: the Network of a job about to start, and what was found
     (about the ports that `hosts` hold; all when None)."""
     cluster = session.cluster
     configured = configured_ports(cluster)
     replies = _fan_out(session, _payloads(cluster, port_uses(cluster, configured), False, job_id,
-                                          secrets.token_hex(8)))
+                                          secrets.token_hex(8)), call)
     network = choose_ports(cluster, replies)
     return network, assess(cluster, network, replies, starting=True, hosts=hosts)
 
 
-def prepare_start(session: Session, job_id: str, roles: tuple[str, ...]) -> Network:
+def prepare_start(session: Session, job_id: str, roles: tuple[str, ...], call=rpc.call) -> Network:
     """Before a start: refuse (one line naming node and port) when a fixed port that this
     step's nodes will hold is taken; choose the `auto` ports; find each node's interface.
 
@@ -254,7 +256,7 @@ def prepare_start(session: Session, job_id: str, roles: tuple[str, ...]) -> Netw
     trainers is bound by start-trainers, and checked there by its agent (the
     coordinator refuses a port someone holds, in one line)."""
     hosts = {n.name for n in session.cluster.nodes if set(n.roles) & set(roles)}
-    network, found = probe(session, job_id, hosts)
+    network, found = probe(session, job_id, hosts, call)
     if found.problems:
         more = f" (and {len(found.problems) - 1} more)" if len(found.problems) > 1 else ""
         raise UserError(f"{found.problems[0]}{more}; nothing was started (fab check shows every port)")

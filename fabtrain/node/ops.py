@@ -412,10 +412,10 @@ def print_stacks(jd, node):
     return {"job_id": os.path.basename(jd)}
 
 
-def kill_targets(ws, records, skip, only=None):
+def kill_targets(ws, records, skip, only=None, sweep=None):
     """Everything of the workspace's jobs (of job `only`, if given) alive now: {pid: what it is}; launchers
-    apart (they go by themselves)."""
-    procs = procfs.scan()
+    apart (they go by themselves). sweep: a procfs.Sweep to poll with (what it finds becomes its hot pids)."""
+    procs = sweep.scan() if sweep else procfs.scan()
     kids = procfs.children_map(procs)
     found, launchers = {}, {}
     for job_id, record in records:
@@ -429,7 +429,7 @@ def kill_targets(ws, records, skip, only=None):
         program = program_of(record, procs, kids)
         for pid in family(record, procs, kids):
             found.setdefault(pid, {"job_id": job_id, "name": record["name"], "pid": pid, "child": pid != program})
-    for pid in procfs.marked(ws, procs, skip):
+    for pid in sweep.marked(procs, skip) if sweep else procfs.marked(ws, procs, skip):
         if pid in found or pid in launchers:
             continue
         env = procfs.environ(pid)
@@ -438,6 +438,8 @@ def kill_targets(ws, records, skip, only=None):
             continue
         name = "%s-%s" % (env.get(b"FABTRAIN_ROLE", b"?").decode(), env.get(b"FABTRAIN_RANK", b"?").decode())
         found[pid] = {"job_id": job_id, "pid": pid, "name": name, "orphan": True}
+    if sweep:
+        sweep.hot = set(found) | set(launchers) | {r["pid"] for _, r in records}
     return found, launchers
 
 
@@ -466,14 +468,19 @@ def op_kill(payload):
             elif procfs.alive(record["pid"], record.get("create_time"), procs) and record["pid"] not in skip:
                 # A live process that is not ours (no job marker, or not leading its group): never signalled.
                 untrusted.append("jobs/%s/run/%s.json (pid %d)" % (job_id, name, record["pid"]))
-    described = {}
+    described, sweep = {}, procfs.Sweep(ws)
 
     def find():
-        found, _ = kill_targets(ws, records, skip, only)
+        found, _ = kill_targets(ws, records, skip, only, sweep)
+        if not found:  # the cheap view's "all gone" is checked by a full scan before the stop ends
+            found, _ = kill_targets(ws, records, skip, only)
         described.update(found)
         return list(found)
 
-    first, _ = kill_targets(ws, records, skip, only)
+    def launchers_left():
+        return kill_targets(ws, records, skip, only, sweep)[1] or kill_targets(ws, records, skip, only)[1]
+
+    first, _ = kill_targets(ws, records, skip, only, sweep)
     touched = {d["job_id"] for d in first.values()} | {job_id for job_id, _ in records}
     if only is not None and only in (os.listdir(jobs_root) if os.path.isdir(jobs_root) else ()):
         touched.add(only)  # a name found in jobs/, never a path the payload made up
@@ -488,9 +495,11 @@ def op_kill(payload):
     sent, left = stop_all(find, grace)
     # With their programs gone, the launchers record the exit codes and exit; a stuck one gets SIGKILL.
     deadline = time.time() + 2
-    while time.time() < deadline and kill_targets(ws, records, skip, only)[1]:
+    stuck = launchers_left()
+    while stuck and time.time() < deadline:
         time.sleep(0.02)
-    for pid in kill_targets(ws, records, skip, only)[1]:
+        stuck = launchers_left()
+    for pid in stuck:
         send(pid, signal.SIGKILL)
         sent[pid] = "SIGKILL"
     time.sleep(0.05 if left else 0)

@@ -75,10 +75,12 @@ def spawn(proc, ws, base_env, generation=0, leases=()):
 
 
 def name_programs(started, ws, procs_by_name, deadline):
-    """Add each launcher's program to its run record (the pid to show), once it has forked it."""
-    pending = list(started)
+    """Add each launcher's program to its run record (the pid to show), once it has forked it.
+    Polled through a ProcTable: a full scan every 10 ms, on a machine whose nodes all start at
+    once, took the CPU the launchers needed to fork."""
+    pending, table = list(started), procfs.ProcTable(full_every=50)
     while pending:
-        procs = procfs.scan()
+        procs = table.refresh(p.pid for p, _ in pending)
         kids = procfs.children_map(procs)
         for p, record in list(pending):
             program = program_of(record, procs, kids)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from fabtrain.node.serve import SENTINEL
-from fabtrain.remote.transport import FAILED, NO_REPLY, NodeError, Transport
+from fabtrain.remote.transport import FAILED, NO_REPLY, NodeError, Transport, fan_out
 
 NODE_PACKAGE = Path(__file__).resolve().parent.parent / "node"
 IDLE_EXIT = 120  # seconds without a request before a node-side process exits by itself
@@ -288,3 +288,38 @@ def call(transport: Transport, op: str, payload: dict, *, timeout: float | None 
         return channel.request(op, payload, timeout, stream=stream, last=True)
     finally:
         channel.close()
+
+
+class Channels:
+    """One node-side process a node, kept across the fan-outs of one command (a start's port
+    probe, then the start): each node pays the login shell, the interpreter's start and the
+    compile once, not once a step. `call` is `rpc.call`'s twin; `last=True` ends that node's
+    process with its reply. What is still open is closed on leaving the `with` block."""
+
+    def __init__(self):
+        self.open: dict[str, Channel] = {}  # one fan-out thread a node uses its entry at a time
+
+    def call(self, transport: Transport, op: str, payload: dict, *, timeout: float | None = None,
+             last: bool = False) -> Any:
+        channel = self.open.pop(transport.node.name, None)
+        if channel is None or channel.broken:
+            if channel is not None:
+                channel.close()
+            channel = Channel(transport, timeout)
+        try:
+            result = channel.request(op, payload, timeout, last=last)
+        except BaseException:
+            channel.close()
+            raise
+        if last:
+            channel.close()
+        else:
+            self.open[transport.node.name] = channel
+        return result
+
+    def __enter__(self) -> "Channels":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        channels, self.open = list(self.open.values()), {}
+        fan_out(channels, lambda c: c.close(), max(1, len(channels)), name=lambda c: c.node.name)

@@ -3,6 +3,8 @@
 - kill-all signals a run record's pid (and its group) only if that pid is alive,
   started when the record says, leads its own group and carries the
   workspace's job marker: a planted record cannot make it kill another group.
+  Between signals it polls through procfs.Sweep, which still sees a new marked
+  process at once and a watched one's end.
 - Workspaces and job directories are 0700, the records in them 0600, and a
   workspace another user could tamper with is refused in one line.
 """
@@ -102,3 +104,25 @@ def test_a_workspace_others_can_write_is_refused_in_one_line(local, tmp_path):
         in out.stdout, out.stdout
     assert "Traceback" not in out.stdout + out.stderr
     assert not (open_dir / "ws" / "jobs").exists()
+
+
+def test_a_kills_cheap_poll_finds_a_marked_process_started_after_it_began_and_sees_it_end(tmp_path):
+    """procfs.Sweep, what kill-all polls with between signals: a new pid is read at once (its
+    marker too), a watched (hot) one is re-read each time, an unmarked one is never its."""
+    ws = str(tmp_path / "ws")
+    sweep = procfs.Sweep(ws, full_every=1000)  # no full re-read below: only what is new or hot
+    sweep.marked(sweep.scan())  # every process there now is known, none of them carries the marker
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FABTRAIN_")}
+    ours = subprocess.Popen(["sleep", "30"], env={**env, "FABTRAIN_WORKSPACE": ws}, start_new_session=True)
+    other = subprocess.Popen(["sleep", "30"], env={**env, "FABTRAIN_WORKSPACE": ws + "-other"}, start_new_session=True)
+    try:
+        found = sweep.marked(sweep.scan())  # Popen returned after the exec: both are there
+        assert ours.pid in found and other.pid not in found
+        sweep.hot = {ours.pid}
+        ours.kill()  # a zombie until reaped below: re-read as hot, it is dead, so no longer found
+        assert wait_for(lambda: procfs.stat(ours.pid).dead, timeout=5)
+        assert ours.pid not in sweep.marked(sweep.scan())
+    finally:
+        for p in (ours, other):
+            p.kill()
+            p.wait()
