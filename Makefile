@@ -36,7 +36,7 @@ system-deps:
 	command -v ip >/dev/null || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || missing="$$missing iproute2"; \
 	command -v mpirun >/dev/null || [ -x /usr/bin/mpirun ] || missing="$$missing openmpi-bin"; \
 	command -v mpicc >/dev/null || [ -x /usr/bin/mpicc ] || missing="$$missing libopenmpi-dev"; \
-	command -v cc >/dev/null || missing="$$missing gcc"; \
+	command -v cc >/dev/null || [ -x /usr/bin/cc ] || missing="$$missing gcc"; \
 	command -v slurmctld >/dev/null || [ -x /usr/sbin/slurmctld ] || missing="$$missing slurm-wlm"; \
 	command -v munged >/dev/null || [ -x /usr/sbin/munged ] || missing="$$missing munge"; \
 	if [ -n "$$missing" ]; then \

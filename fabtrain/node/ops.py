@@ -474,7 +474,8 @@ def op_kill(payload):
         found, _ = kill_targets(ws, records, skip, only, sweep)
         if not found:  # the cheap view's "all gone" is checked by a full scan before the stop ends
             found, _ = kill_targets(ws, records, skip, only)
-        described.update(found)
+        for pid, desc in found.items():  # as first seen: a child whose program is gone later reads as an orphan
+            described.setdefault(pid, desc)
         return list(found)
 
     def launchers_left():

@@ -52,5 +52,7 @@ def test_a_program_that_is_not_python_gets_no_signal_and_the_event_says_why(loca
     assert wait_for(lambda: any(e["kind"] == "hang" for e in job.events("n0")), timeout=20), job.events("n0")
     hang = next(e for e in job.events("n0") if e["kind"] == "hang")
     assert hang["frame"].startswith("no stack: its program (pid ") and "installed no stack handler" in hang["frame"]
-    killed = next(e for e in job.events("n0") if e["kind"] in ("exited", "killed") and e.get("name") == "trainer-0")
+    killed = wait_for(lambda: next((e for e in job.events("n0") if e["kind"] in ("exited", "killed")
+                                    and e.get("name") == "trainer-0"), None), timeout=10)  # the teardown after it
+    assert killed, job.events("n0")
     assert killed.get("signal") == "SIGTERM", killed  # stopped by the teardown, not by the stack signal
