@@ -23,19 +23,22 @@ pytestmark = [pytest.mark.ssh, pytest.mark.timeout(240)]
 
 NODES = ("node1", "node2", "node3")
 BACKOFF = 8.0  # longer than peer_timeout (5 s): the loss is known before generation 1 starts
+FAKE = "python tests/programs/allreduce.py --steps 100000 --period 0.2"
+WORKLOAD = "python -m workload.ddp --model word2vec --num_passes 200 --checkpoint_every 10"
 
 
 class ElasticJob:
-    def __init__(self, fab, tmp_path, sshd):
+    def __init__(self, fab, tmp_path, sshd, command=FAKE, data=None):
         self.fab_, self.sshd = fab, sshd
         self.ws = {n: tmp_path / f"ws-{n}" for n in NODES}
-        self.path = write_cluster(
-            tmp_path / "c.yaml", sshd, ssh_nodes=[(n, ["trainer"]) for n in NODES],
-            job={"mode": "collective", "master_port": free_port([n.address for n in sshd.nodes]),
-                 "trainer": {"per_node": 1, "command": "python tests/programs/allreduce.py --steps 100000 --period 0.2"},
-                 "watchdog": {"interval": 1, "grace": 2, "port": free_port([n.address for n in sshd.nodes]),
-                              "on_failure": "restart", "restart_backoff": BACKOFF, "max_restarts": 3, "min_nodes": 2}})
-        out = self.fab("deploy", "start-trainers", check=True)
+        job = {"mode": "collective", "master_port": free_port([n.address for n in sshd.nodes]),
+               "trainer": {"per_node": 1, "command": command},
+               "watchdog": {"interval": 1, "grace": 2, "hang_timeout": 60, "port": free_port([n.address for n in sshd.nodes]),
+                            "on_failure": "restart", "restart_backoff": BACKOFF, "max_restarts": 3, "min_nodes": 2}}
+        if data:
+            job["data"] = data
+        self.path = write_cluster(tmp_path / "c.yaml", sshd, ssh_nodes=[(n, ["trainer"]) for n in NODES], job=job)
+        out = self.fab(*(("split-data", "deploy", "copy-data") if data else ("deploy",)), "start-trainers", check=True)
         self.job_id = re.search(r"job (\S+): trainer started", out.stdout).group(1)
 
     def fab(self, *args, check=None):
@@ -119,3 +122,38 @@ def test_a_lost_node_leaves_the_job_which_goes_on_smaller_until_min_nodes(job):
     assert wait_for(lambda: not live_marked([job.ws["node1"]]), timeout=15), job.describe()
     status = job.fab("status")
     assert status.returncode == 1 and "min_nodes (2)" in status.stdout, status.stdout
+
+
+def metrics(job, node, name):
+    try:
+        lines = (job.jd(node) / "metrics" / f"{name}.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    return [r for r in map(json.loads, filter(str.strip, lines)) if isinstance(r.get("step"), int)]
+
+
+def test_the_reference_workload_resumes_from_its_checkpoint_in_the_smaller_world(fab, tmp_path, sshd):
+    job = ElasticJob(fab, tmp_path, sshd, WORKLOAD, data={"dir": str(tmp_path / "data"), "input": "sample"})
+    try:
+        assert wait_for(lambda: (metrics(job, "node1", "trainer-0") or [{}])[-1].get("step", 0) >= 25, timeout=120), \
+            job.describe()
+        t0 = job.lose("node3")
+
+        def resumed():  # node1's trainer of the next generation, and its first record
+            try:
+                run = job.run("node1", "trainer-0")
+            except (OSError, ValueError):
+                return None
+            if run.get("started_at", 0) <= t0:
+                return None
+            return next((r for r in metrics(job, "node1", "trainer-0") if r.get("ts", 0) >= run["started_at"]), None)
+        first = wait_for(resumed, timeout=BACKOFF + 10, interval=0.1)
+        assert first, job.describe()
+        assert first["step"] >= 10, first  # from its checkpoint (every 10 steps), not from step 0
+        env = {k.decode(): v.decode() for k, v in procfs.environ(job.run("node2", "trainer-1")["program_pid"]).items()}
+        assert (env["RANK"], env["WORLD_SIZE"]) == ("1", "2")
+    finally:
+        for node in sshd.nodes:
+            if node.process is None or node.process.poll() is not None:
+                sshd.start(node)
+        job.fab("kill-all", "--grace", "1")
