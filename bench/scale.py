@@ -8,7 +8,10 @@ times, interleaved:
 
   ssh       N parallel OpenSSH `ssh node true` (a new connection each: the issue's baseline)
   floor     N parallel `true` over connections already open
-  status    what `fab status` does: connect, one node-ops call per node (health on), the table
+  status    what `fab status` does: connect, one node-ops call per node (health on), the table;
+            measured once every agent has joined the coordinator (the job as a user finds it)
+  status@start  the same, right after the start returns, while the N fresh agents take their
+            first CPU (on one 2-core machine; on a cluster each node has its own cores)
   start     what `fab start-trainers` does: connect, one start per node (agent included)
   kill-all  what `fab kill-all` does: connect, one kill per node
 
@@ -277,22 +280,24 @@ def run_rows(path: Path, name: str, names: list[str], repeat: int, window: float
     print(f"\n== N={n} ({ACCOUNT.label}), parallel 64 ==")
     print(f"deploy: first {first[0]:.2f} s (CPU {first[1]:.2f} s), unchanged {again[0]:.2f} s (CPU {again[1]:.2f} s); "
           f"2 OpenSSH connections + 2 rsyncs a node", flush=True)
-    rows: dict[str, list[tuple[float, float]]] = {k: [] for k in ("ssh", "floor", "status", "start", "kill-all")}
+    rows: dict[str, list[tuple[float, float]]] = {
+        k: [] for k in ("ssh", "floor", "status", "status@start", "start", "kill-all")}
     for i in range(repeat):  # interleaved
         rows["ssh"].append(timed(lambda: ssh_true(path)))
         rows["floor"].append(floor_only(path))
         rows["start"].append(timed(with_session(do_start)))
+        rows["status@start"].append(timed(with_session(do_status)))
+        wait_for_peers(name, names[0], n)
         rows["status"].append(timed(with_session(do_status)))
         if i == repeat - 1:
-            wait_for_peers(name, names[0], n)
             print("coordinator:", coordinator_cost(name, names, window), flush=True)
             for line in collector_cost(path, window):
                 print("collector:", line, flush=True)
         rows["kill-all"].append(timed(with_session(do_kill)))
-    print(f"{'':<10} {'wall s':>17} {'/ ssh':>17} {'controller CPU s':>17} {'CPU ms a node':>14}")
+    print(f"{'':<12} {'wall s':>17} {'/ ssh':>17} {'controller CPU s':>17} {'CPU ms a node':>14}")
     for k, v in rows.items():
         ratio = [w / s[0] for (w, _), s in zip(v, rows["ssh"])]
-        print(f"{k:<10} {spread([w for w, _ in v]):>17} {spread(ratio):>17} {spread([c for _, c in v]):>17} "
+        print(f"{k:<12} {spread([w for w, _ in v]):>17} {spread(ratio):>17} {spread([c for _, c in v]):>17} "
               f"{1000 * statistics.median(c for _, c in v) / n:>14.1f}", flush=True)
 
 

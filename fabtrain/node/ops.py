@@ -7,20 +7,20 @@ names, so it needs no deployed code, only the Python standard library
 directory is gone, and ``fab check`` before anything was deployed. An op
 takes the request's payload and returns what goes back as the reply; it
 raises UserFacing for a refusal the user should read as one line.
+
+Every node-side call imports this module, so what only some ops need
+(hashlib, shutil, the GPU inventory; `fab check`'s probe is a module of its
+own) is imported in those ops: `fab status` on 64 nodes pays each import 64 times.
 """
-import hashlib
 import importlib
 import json
 import os
-import platform
-import shutil
 import signal
 import re
-import subprocess
 import sys
 import time
 
-from fabtrain.node import atomic, gpuinv, gpulease, gpustart, launch, procfs, runtime
+from fabtrain.node import atomic, gpulease, launch, procfs, runtime
 from fabtrain.node.kill import family, send, stop_all, trusted
 from fabtrain.node.killevents import append_events, write_kill_events
 from fabtrain.node.refusal import UserFacing
@@ -96,88 +96,6 @@ def process_record(jd, name, procs, kids):
 # -- operations --------------------------------------------------------------------
 
 
-def op_probe(payload):
-    ws = workspace(payload)
-    probe = {
-        "workspace_conflict": claim_workspace(ws, payload["cluster"], payload["node"]),
-        "hostname": platform.node(),
-        "python": platform.python_version(),
-        "python_path": sys.executable,
-        "workspace": ws,
-        "time": time.time(),
-        "boot_id": procfs.boot_id(),  # the controller's own machine has no clock offset
-        "cpus": os.cpu_count(),
-        "tools": {t: bool(shutil.which(t)) for t in ("rsync", "stdbuf")},
-    }
-    existing = ws
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    du = shutil.disk_usage(existing)
-    probe["disk_free"] = du.free
-    probe["disk_total"] = du.total
-    try:
-        with open("/proc/meminfo") as f:
-            probe["mem_total"] = int(f.readline().split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        probe["mem_total"] = None
-    try:
-        from importlib import metadata
-    except ImportError:  # Python < 3.8
-        metadata = None
-
-    def version(dist):
-        try:
-            return metadata.version(dist) if metadata else None
-        except Exception:
-            return None
-
-    probe["psutil"] = version("psutil")
-    probe["paddle"] = version("paddlepaddle") or version("paddlepaddle-gpu")
-    probe["torch"] = version("torch")
-    probe["cuda"] = None
-    probe["gpus"] = 0
-    if probe["torch"] and payload.get("torch_cuda", True):
-        # Only importing torch tells whether CUDA works; ~1 s, so only for check.
-        code = "import torch,json;print(json.dumps([torch.cuda.is_available(), torch.cuda.device_count(), torch.version.cuda]))"
-        try:
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-            ok, count, cuda = json.loads(out.stdout.strip().splitlines()[-1])
-            probe["cuda"] = cuda if ok else None
-            probe["gpus"] = count
-        except Exception as e:  # a broken torch install is a finding, not a crash
-            probe["torch_error"] = str(e)[:200]
-    if payload.get("torch_cuda", True):  # check only: who holds which GPU, and their health
-        probe["gpu_inventory"] = gpuinv.inventory()
-    return probe
-
-
-def op_provision(payload):
-    ws = workspace(payload)
-    os.umask(0o077)
-    refusal = check_workspace(ws)
-    if refusal:
-        raise UserFacing(refusal)
-    make_private_dirs(ws, os.path.join(ws, "jobs"))
-    for sub in ("code", "data", "runtime"):
-        os.makedirs(os.path.join(ws, sub), exist_ok=True)
-    result = {"workspace": ws, "venv": None}
-    if payload.get("venv"):
-        venv = os.path.join(ws, "venv")
-        if not os.path.exists(os.path.join(venv, "bin", "python")):
-            subprocess.run([sys.executable, "-m", "venv", venv], check=True, capture_output=True)
-        pip = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q"]
-        wheelhouse = os.path.join(ws, "wheelhouse")
-        if payload.get("wheelhouse"):
-            pip += ["--no-index", "--find-links", wheelhouse]
-        reqs = payload.get("requirements") or []
-        if reqs:
-            out = subprocess.run(pip + reqs, capture_output=True, text=True)
-            if out.returncode != 0:
-                raise RuntimeError("pip install failed: " + (out.stderr.strip().splitlines() or ["?"])[-1])
-        result["venv"] = os.path.join(venv, "bin", "python")
-    return result
-
-
 def live_job_processes(jd, procs=None):
     """Names of a job's processes whose launcher is still alive."""
     procs = procfs.scan() if procs is None else procs
@@ -250,6 +168,8 @@ def op_start(payload):
             if live:
                 raise UserFacing(RUNNING_HERE % (other, ", ".join(live)))
     # The job's GPUs here: leased by its first start on this node, before anything of it runs.
+    from fabtrain.node import gpustart
+
     leases, gpu_warnings = gpustart.take(job, atomic.read_json(os.path.join(jd, "job.json")))
     try:
         return _start_leased(payload, job, ws, jd, procs, leases, gpu_warnings)
@@ -513,6 +433,9 @@ def op_kill(payload):
 
 def op_verify(payload):
     """sha256 of files under a directory against what the manifest says."""
+    import hashlib
+    import shutil
+
     base = os.path.expanduser(expand(payload["dir"], workspace(payload)))
     result = {}
     for name, want in sorted(payload["files"].items()):
@@ -543,6 +466,8 @@ def op_collect(payload):
     jd = job_dir(ws, payload.get("job_id"))
     reply = {"time": time.time(), "job_id": None}
     if payload.get("gpus"):  # who holds the node's GPUs (the dashboard asks every few polls: nvidia-smi is slow)
+        from fabtrain.node import gpuinv
+
         reply["gpus"] = gpuinv.summary(gpuinv.inventory())
     if not jd or not os.path.isdir(jd):
         return reply
@@ -582,13 +507,13 @@ def op_collect(payload):
 
 
 def _module_op(module, name):
-    """An op of another node module, imported only when asked for (history, netcheck, bandwidth)."""
+    """An op of another node module, imported only when asked for (probe, history, netcheck, bandwidth)."""
     def op(payload):
         return getattr(importlib.import_module("fabtrain.node." + module), name)(payload)
     return op
 
 
-OPS = {"probe": op_probe, "provision": op_provision, "start": op_start, "status": op_status,
+OPS = {"probe": _module_op("probe", "op_probe"), "provision": _module_op("probe", "op_provision"), "start": op_start, "status": op_status,
        "logs": op_logs, "kill": op_kill, "verify": op_verify, "collect": op_collect,
        "mark_killed": _module_op("allocation", "op_mark_killed"),
        "jobs": _module_op("history", "op_jobs"), "job": _module_op("history", "op_job"),

@@ -6,7 +6,6 @@ write its run record; the agent, on `on_failure: restart`, starts the same
 specs again as the next generation. Standard library only.
 """
 import os
-import subprocess
 import time
 
 from fabtrain.node import atomic, gpulease, procfs
@@ -67,6 +66,8 @@ def spawn(proc, ws, base_env, generation=0, leases=()):
         env[gpulease.FDS_ENV] = ",".join(str(fd) for fd in leases)
     log = os.open(expand(proc["log"], ws), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
+        import subprocess  # here: every node-side call imports this module, few of them spawn
+
         p = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
                              stderr=subprocess.STDOUT, close_fds=True, pass_fds=tuple(leases))
     finally:

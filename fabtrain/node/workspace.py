@@ -7,7 +7,6 @@ in one line, and what fabtrain makes there is this user's only.
 import errno
 import json
 import os
-import shutil
 
 from fabtrain.node import atomic, jobid
 from fabtrain.node.refusal import UserFacing
@@ -112,6 +111,8 @@ def snapshot_code(ws, jd):
     file by renaming a new one over it, never writing into it, so a deploy while
     the job runs leaves the job's code as it was. Returns which code it is.
     """
+    import shutil  # here: every node-side call imports this module, only a job's first start copies
+
     src, dst = os.path.join(ws, "code"), os.path.join(jd, "code")
     if not os.path.isdir(dst):
         tmp = dst + ".tmp.%d" % os.getpid()
@@ -128,4 +129,6 @@ def _link_or_copy(src, dst):
     except OSError as e:
         if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
             raise
+        import shutil
+
         shutil.copy2(src, dst)

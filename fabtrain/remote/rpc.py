@@ -8,12 +8,14 @@ and a `start` payload carries the job's secret):
 
 Everything else goes over its stdin:
 
-    <n>\\n<n bytes: zlib'd JSON {"idle_exit": s, "modules": {name: [is_package, source]}}>
+    <n>\\n<n bytes: zlib'd JSON {"idle_exit": s, "modules": {name: [is_package, source]},
+                                    "digests": {name: sha256 of the source}}>
     {"op": "status", "payload": {...}}\\n       a request a line, as many as wanted
 
 The bootstrap reads the code, imports it as `fabtrain.node.*` from memory (a
 meta-path finder over the sources: nothing to deploy first, and a copy of
-fabtrain on the node is never mixed in) and hands the rest of stdin to
+fabtrain on the node is never mixed in; what it compiles it keeps in the
+user's ~/.cache/fabtrain/code, named by the module's digest) and hands the rest of stdin to
 fabtrain.node.serve, which answers each request with the reply frame: a
 SENTINEL line, then one JSON line. What comes before the sentinel is an
 op's streamed output (`logs --follow`) or noise from the login shell.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import base64
 import collections
 import functools
+import hashlib
 import json
 import re
 import threading
@@ -80,33 +83,84 @@ if sys.version_info < %(minimum)r:
     sys.stdout.flush()
     sys.exit(0)
 
-import importlib.abc
-import importlib.util
+import importlib.machinery  # not importlib.abc/util: importing those costs more than the rest of a status call
+import marshal
+import stat
 
 
-class SentModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def __init__(self, modules):
+def code_cache():
+    """This user's folder of compiled node code, or None where there is none to trust.
+
+    Compiling the node code is most of what a node-side call costs after the
+    interpreter's start; the code objects are kept per Python version and per
+    module digest, so a changed module is simply a new file. Only a folder that
+    is this user's alone is used (a code object is run as it is read)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = os.path.join(base, "fabtrain", "code", sys.implementation.cache_tag or "none")
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        st = os.lstat(folder)
+    except OSError:  # a read-only or full home: compile every time
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        return None
+    return folder
+
+
+def compiled(folder, name, digest, source, filename):
+    """The module's code object: from the cache where it is there and whole, else compiled (and kept)."""
+    path = folder and os.path.join(folder, "%%s-%%s" %% (name, digest))
+    if path:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as f:
+                return marshal.load(f)
+        except (OSError, EOFError, ValueError, TypeError):
+            pass
+    code = compile(source, filename, "exec")
+    if path:
+        part = "%%s.%%d.part" %% (path, os.getpid())
+        try:  # whole or not at all: written aside, then renamed into place
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                marshal.dump(code, f)
+            os.replace(part, path)
+        except (OSError, ValueError):
+            try:
+                os.unlink(part)
+            except OSError:
+                pass
+    return code
+
+
+class SentModules(object):
+    """A meta-path finder and loader over the sent sources (the import protocol asks only for these methods)."""
+
+    def __init__(self, modules, digests):
         self.modules = modules
+        self.digests = digests
+        self.cache = code_cache()
 
     def find_spec(self, name, path=None, target=None):
         if name not in self.modules:
             return None
-        return importlib.util.spec_from_loader(name, self, is_package=self.modules[name][0])
+        return importlib.machinery.ModuleSpec(name, self, is_package=self.modules[name][0])
 
     def create_module(self, spec):
         return None
 
     def exec_module(self, module):
-        is_package, source = self.modules[module.__name__]
-        path = module.__name__.replace(".", "/") + ("/__init__.py" if is_package else ".py")
+        name = module.__name__
+        is_package, source = self.modules[name]
+        path = name.replace(".", "/") + ("/__init__.py" if is_package else ".py")
         # No file on the node: __file__ says so, __source__ holds the text (for code that writes itself out).
         module.__file__ = "<sent>/" + path
         module.__source__ = source
-        exec(compile(source, module.__file__, "exec"), module.__dict__)
+        exec(compiled(self.cache, name, self.digests[name], source, module.__file__), module.__dict__)
 
 
 code = json.loads(zlib.decompress(data[:size]).decode())
-sys.meta_path.insert(0, SentModules(code["modules"]))
+sys.meta_path.insert(0, SentModules(code["modules"], code["digests"]))
 import fabtrain
 fabtrain.__sent__ = code["modules"]  # what node ops write out as the runtime (fabtrain.node.runtime)
 from fabtrain.node import serve
@@ -145,7 +199,10 @@ def node_modules() -> dict[str, tuple[bool, str]]:
 @functools.lru_cache(maxsize=4)
 def code_frame(idle_exit: float | None) -> bytes:
     """The first thing on a node-side process's stdin: the node code, behind its length."""
-    blob = zlib.compress(json.dumps({"idle_exit": idle_exit, "modules": node_modules()}).encode(), 9)
+    modules = node_modules()
+    # A module's digest names its compiled code in the node's cache (BOOTSTRAP's code_cache).
+    digests = {name: hashlib.sha256(source.encode()).hexdigest()[:32] for name, (_, source) in modules.items()}
+    blob = zlib.compress(json.dumps({"idle_exit": idle_exit, "modules": modules, "digests": digests}).encode(), 9)
     return b"%d\n" % len(blob) + blob
 
 

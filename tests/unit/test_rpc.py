@@ -29,7 +29,7 @@ def test_the_command_line_is_the_fixed_launcher_and_the_code_goes_over_stdin():
     assert argv[:3] == ["python3", "-c", rpc.LAUNCHER] and len(argv) == 4
     assert argv == rpc.launcher_argv("python3")  # nothing per call: no op, no payload
     size = sum(len(a) + 1 for a in argv)
-    assert size < 4096, size  # far under MAX_ARG_STRLEN (128 KiB), however the node code grows
+    assert size < 8192, size  # far under MAX_ARG_STRLEN (128 KiB), however the node code grows
     frame = rpc.code_frame(rpc.IDLE_EXIT)
     length, _, blob = frame.partition(b"\n")
     assert int(length) == len(blob)
@@ -153,3 +153,50 @@ def test_node_code_in_subpackages_is_imported_from_what_was_sent(tmp_path, monke
     finally:
         rpc.node_modules.cache_clear()
         rpc.code_frame.cache_clear()
+
+
+def test_compiled_node_code_is_kept_for_this_user_alone_and_a_spoiled_copy_is_compiled_again(tmp_path, monkeypatch):
+    """The node keeps what it compiles (the cost of a call after the interpreter's start), in a
+    folder only its user can write; a copy that is not whole, or a folder others could have
+    written, is never run."""
+    import marshal
+    import os
+    import stat
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    t = local_node(tmp_path)
+    assert rpc.call(t, "status", {}) == {"job_id": None, "processes": []}
+    (folder,) = (tmp_path / "cache" / "fabtrain" / "code").iterdir()
+    assert folder.name == sys.implementation.cache_tag
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    kept = {p.name.rsplit("-", 1)[0]: p for p in folder.iterdir()}
+    assert {"fabtrain.node.ops", "fabtrain.node.serve"} <= set(kept)
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in kept.values())
+    assert not [p for p in folder.iterdir() if p.name.endswith(".part")]
+
+    # What is kept is what runs: a planted ops module answers instead of the sent one ...
+    ops = kept["fabtrain.node.ops"]
+    planted = "OPS = {'status': lambda payload: {'planted': True}}\nclass UserFacing(Exception): pass\n"
+    ops.write_bytes(marshal.dumps(compile(planted, "planted", "exec")))
+    assert rpc.call(t, "status", {}) == {"planted": True}
+    # ... but not once others can write the folder, or the folder is a link to one.
+    folder.chmod(0o777)
+    assert rpc.call(t, "status", {}) == {"job_id": None, "processes": []}
+    folder.chmod(0o700)
+    moved = tmp_path / "elsewhere"
+    folder.rename(moved)
+    folder.symlink_to(moved)
+    assert rpc.call(t, "status", {}) == {"job_id": None, "processes": []}
+    folder.unlink()
+    moved.rename(folder)
+    assert rpc.call(t, "status", {}) == {"planted": True}
+
+    # A copy cut short (a full disk, a crash mid-write) is compiled again and replaced whole.
+    ops.write_bytes(ops.read_bytes()[:7])
+    assert rpc.call(t, "status", {}) == {"job_id": None, "processes": []}
+    assert "OPS" in marshal.loads(ops.read_bytes()).co_names
+
+    # No cache to be had (the cache path is a file): every call compiles, and works.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(ops))
+    assert rpc.call(t, "status", {}) == {"job_id": None, "processes": []}
+    assert os.path.isfile(ops)

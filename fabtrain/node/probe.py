@@ -1,0 +1,101 @@
+"""What `fab check` and `fab provision` ask of a node (ops "probe" and "provision").
+
+A module of its own, imported only for these two ops: what they need
+(platform, shutil, subprocess, the GPU inventory) would cost every other
+node-side call its import time.
+"""
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+
+from fabtrain.node import gpuinv, procfs
+from fabtrain.node.refusal import UserFacing
+from fabtrain.node.workspace import check_workspace, claim_workspace, make_private_dirs, workspace
+
+
+def op_probe(payload):
+    """What `fab check` reads of a node: its Python, tools, disk, memory, packages, GPUs, clock."""
+    ws = workspace(payload)
+    probe = {
+        "workspace_conflict": claim_workspace(ws, payload["cluster"], payload["node"]),
+        "hostname": platform.node(),
+        "python": platform.python_version(),
+        "python_path": sys.executable,
+        "workspace": ws,
+        "time": time.time(),
+        "boot_id": procfs.boot_id(),  # the controller's own machine has no clock offset
+        "cpus": os.cpu_count(),
+        "tools": {t: bool(shutil.which(t)) for t in ("rsync", "stdbuf")},
+    }
+    existing = ws
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    du = shutil.disk_usage(existing)
+    probe["disk_free"] = du.free
+    probe["disk_total"] = du.total
+    try:
+        with open("/proc/meminfo") as f:
+            probe["mem_total"] = int(f.readline().split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        probe["mem_total"] = None
+    try:
+        from importlib import metadata
+    except ImportError:  # Python < 3.8
+        metadata = None
+
+    def version(dist):
+        try:
+            return metadata.version(dist) if metadata else None
+        except Exception:
+            return None
+
+    probe["psutil"] = version("psutil")
+    probe["paddle"] = version("paddlepaddle") or version("paddlepaddle-gpu")
+    probe["torch"] = version("torch")
+    probe["cuda"] = None
+    probe["gpus"] = 0
+    if probe["torch"] and payload.get("torch_cuda", True):
+        # Only importing torch tells whether CUDA works; ~1 s, so only for check.
+        code = "import torch,json;print(json.dumps([torch.cuda.is_available(), torch.cuda.device_count(), torch.version.cuda]))"
+        try:
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+            ok, count, cuda = json.loads(out.stdout.strip().splitlines()[-1])
+            probe["cuda"] = cuda if ok else None
+            probe["gpus"] = count
+        except Exception as e:  # a broken torch install is a finding, not a crash
+            probe["torch_error"] = str(e)[:200]
+    if payload.get("torch_cuda", True):  # check only: who holds which GPU, and their health
+        probe["gpu_inventory"] = gpuinv.inventory()
+    return probe
+
+
+def op_provision(payload):
+    """`fab provision`: the workspace's folders and, if asked, a venv with the job's requirements."""
+    ws = workspace(payload)
+    os.umask(0o077)
+    refusal = check_workspace(ws)
+    if refusal:
+        raise UserFacing(refusal)
+    make_private_dirs(ws, os.path.join(ws, "jobs"))
+    for sub in ("code", "data", "runtime"):
+        os.makedirs(os.path.join(ws, sub), exist_ok=True)
+    result = {"workspace": ws, "venv": None}
+    if payload.get("venv"):
+        venv = os.path.join(ws, "venv")
+        if not os.path.exists(os.path.join(venv, "bin", "python")):
+            subprocess.run([sys.executable, "-m", "venv", venv], check=True, capture_output=True)
+        pip = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q"]
+        wheelhouse = os.path.join(ws, "wheelhouse")
+        if payload.get("wheelhouse"):
+            pip += ["--no-index", "--find-links", wheelhouse]
+        reqs = payload.get("requirements") or []
+        if reqs:
+            out = subprocess.run(pip + reqs, capture_output=True, text=True)
+            if out.returncode != 0:
+                raise RuntimeError("pip install failed: " + (out.stderr.strip().splitlines() or ["?"])[-1])
+        result["venv"] = os.path.join(venv, "bin", "python")
+    return result
