@@ -10,8 +10,12 @@ import json
 import os
 
 
-def write(path: str, data, mode: int = 0o600) -> None:
-    """Replace path with data (str or bytes), durably."""
+def write(path: str, data, mode: int = 0o600, durable: bool = True) -> None:
+    """Replace path with data (str or bytes), whole: readers see the old file or the new one.
+
+    durable: on disk before it replaces the old one (fsync). Without it a crash of the
+    machine may lose the newest write; for a file rewritten every second (health.json)
+    that is nothing, and an fsync a second on every agent of a node is not."""
     if isinstance(data, str):
         data = data.encode()
     tmp = "%s.tmp.%d" % (path, os.getpid())
@@ -20,7 +24,8 @@ def write(path: str, data, mode: int = 0o600) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         _unlink(tmp)
@@ -33,8 +38,8 @@ def write(path: str, data, mode: int = 0o600) -> None:
         raise
 
 
-def write_json(path: str, value, mode: int = 0o600, indent: int | None = None) -> None:
-    write(path, json.dumps(value, indent=indent), mode)
+def write_json(path: str, value, mode: int = 0o600, indent: int | None = None, durable: bool = True) -> None:
+    write(path, json.dumps(value, indent=indent), mode, durable)
 
 
 def read_json(path: str, default=None):

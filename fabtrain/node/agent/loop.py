@@ -138,7 +138,9 @@ class Agent:
         self.by_name = {ctx.name: ctx for ctx in self.contexts}
         self.ledger = policy.Ledger()
         self.obs = policy.Observation(now=self.started)
-        self.table, self.procs, self.kids, self.hot = procfs.ProcTable(), {}, {}, set()
+        # Every process re-read every 30 steps (~30 s), not 10: it only guards against a pid reused
+        # between two listings, and at 1,200 processes it was most of an agent's CPU (200 agents on one machine).
+        self.table, self.procs, self.kids, self.hot = procfs.ProcTable(full_every=30), {}, {}, set()
         self.markers = Markers(self.ws)
         self.watch = PidWatch()
         self.gpus = GpuSampler()
@@ -254,7 +256,7 @@ class Agent:
 
     def observe(self, now: float) -> policy.Observation:
         """What the policy is given: every process's facts, strays, the coordinator, the markers."""
-        self.markers.prune(self.procs)
+        self.markers.refresh(self.procs)
         mine = {self.pid, os.getppid(), self.life.keeper_pid}
         for ctx in self.contexts:
             mine.add(ctx.launcher)
@@ -470,13 +472,10 @@ def strays(procs: dict, markers: Markers, mine: set, job_id: str, workspace: str
     """Processes with this workspace's marker that no live job process here (`mine`) owns."""
     running: dict[str, bool] = {}
     out = []
-    for pid, p in procs.items():
-        if pid in mine or p.dead or pid < 2:
+    for pid, (job, role, rank) in markers.carrying.items():
+        p = procs.get(pid)
+        if pid in mine or p is None or p.dead or pid < 2:
             continue
-        marker = markers.of(p)
-        if marker is None:
-            continue
-        job, role, rank = marker
         if job not in running:
             running[job] = job == job_id or job_running(os.path.join(workspace, "jobs", job, "run"), procs)
         out.append(policy.Stray(pid, p.create_time, job, role, rank, now - p.create_time, running[job]))

@@ -83,7 +83,7 @@ class Health:
         if self.gpus.error and self.gpus.error != "no NVIDIA driver":
             snapshot["gpu_error"] = self.gpus.error
         try:
-            atomic.write_json(self.path, snapshot)
+            atomic.write_json(self.path, snapshot, durable=False)  # rewritten every interval
         except OSError:
             pass  # a full disk: events.jsonl says why
 

@@ -284,29 +284,33 @@ class ProcessContext:
 
 
 class Markers:
-    """Which processes carry this workspace's job marker; each process's environment is read once."""
+    """Which processes carry this workspace's job marker; each process's environment is read once.
+
+    `refresh` runs every step over every process of the machine, so what it does for
+    each is a set operation or one comparison: only a pid not seen before, or one
+    whose start time changed (a reused pid), has its environment read."""
 
     def __init__(self, workspace: str):
         self.ws = workspace.encode()
-        self.cache: dict[tuple[int, float], tuple | None] = {}
+        self.seen: dict[int, float] = {}  # pid -> the start time its environment was read for
+        self.carrying: dict[int, tuple] = {}  # pid -> (job id, role, rank), marked processes only
 
-    def of(self, p) -> tuple | None:
-        """(job id, role, rank) if the process carries the marker, else None."""
-        key = (p.pid, p.create_time)
-        if key not in self.cache:
-            env = procfs.environ(p.pid)
-            self.cache[key] = (env.get(b"FABTRAIN_JOB_ID", b"?").decode(), env.get(b"FABTRAIN_ROLE", b"?").decode(),
-                               env.get(b"FABTRAIN_RANK", b"?").decode()) \
-                if env.get(b"FABTRAIN_WORKSPACE") == self.ws else None
-        return self.cache[key]
-
-    def prune(self, procs: dict) -> None:
-        live = {(p.pid, p.create_time) for p in procs.values()}
-        for key in [k for k in self.cache if k not in live]:
-            del self.cache[key]
+    def refresh(self, procs: dict) -> None:
+        for pid in self.seen.keys() - procs.keys():
+            del self.seen[pid]
+            self.carrying.pop(pid, None)
+        seen = self.seen
+        for pid in [pid for pid, p in procs.items() if seen.get(pid) != p.create_time]:
+            self.seen[pid] = procs[pid].create_time
+            env = procfs.environ(pid)
+            if env.get(b"FABTRAIN_WORKSPACE") == self.ws:
+                self.carrying[pid] = (env.get(b"FABTRAIN_JOB_ID", b"?").decode(),
+                                      env.get(b"FABTRAIN_ROLE", b"?").decode(), env.get(b"FABTRAIN_RANK", b"?").decode())
+            else:
+                self.carrying.pop(pid, None)
 
     def marked(self) -> list[int]:
-        return [key[0] for key, m in self.cache.items() if m is not None]
+        return list(self.carrying)
 
 
 def job_running(run_dir: str, procs: dict) -> bool:
