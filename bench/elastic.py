@@ -59,24 +59,6 @@ class Bench(SshdJob):
         self.prepare = ("split-data", "deploy", "copy-data") if program == "workload" else ("deploy",)
         self.sshd_by_name = {n.name: n for n in self.sshd.nodes}
 
-    def run_record(self, node: str, name: str) -> dict:
-        return json.loads((self.jd(node) / "run" / f"{name}.json").read_text())
-
-    def first_record(self, node: str, name: str, since: float) -> dict | None:
-        """The trainer's first metrics record written at or after `since` (a generation's start)."""
-        try:
-            lines = (self.jd(node) / "metrics" / f"{name}.jsonl").read_text().splitlines()
-        except OSError:
-            return None
-        for line in lines:
-            try:
-                r = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(r.get("step"), (int, float)) and r.get("ts", 0) >= since:
-                return r
-        return None
-
     def generation_up(self, trainers: list, after: float, timeout: float = 300) -> tuple[float, float, list]:
         """Wait until each of `trainers` ([(node, name)]) runs a process started after `after` and wrote its
         first record; (the last first record's ts, the generation's first start, the first records)."""

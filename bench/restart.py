@@ -61,25 +61,6 @@ class Bench(SshdJob):
         super().__init__(root, 3, lambda names: [(names[0], ["pserver"])] + [(n, ["trainer"]) for n in names[1:]], job)
         self.prepare = ("split-data", "deploy", "copy-data") if program == "workload" else ("deploy",)
 
-    def run_record(self, node: str, name: str) -> dict:
-        return json.loads((self.jd(node) / "run" / f"{name}.json").read_text())
-
-    def first_record(self, node: str, name: str, since: float) -> float | None:
-        """The ts of the trainer's first metrics record written at or after `since` (a generation's start)."""
-        path = self.jd(node) / "metrics" / f"{name}.jsonl"
-        try:
-            lines = path.read_text().splitlines()
-        except OSError:
-            return None
-        for line in lines:
-            try:
-                r = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(r.get("step"), (int, float)) and r.get("ts", 0) >= since:
-                return r["ts"]
-        return None
-
     def generation_up(self, after: float, timeout: float = 300) -> tuple[float, float]:
         """Wait until every trainer runs a generation started after `after` and wrote its first record;
         (the last first record's ts, the generation's first start)."""
@@ -96,7 +77,7 @@ class Bench(SshdJob):
             if len(starts) == 3 and all(s > after for s in starts.values()):
                 firsts = [self.first_record(n, name, starts[(n, name)]) for n, name in TRAINERS]
                 if all(firsts):
-                    return max(firsts), min(starts.values())
+                    return max(r["ts"] for r in firsts), min(starts.values())
             time.sleep(0.02)
         raise SystemExit(f"no new generation within {timeout} s")
 

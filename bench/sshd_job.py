@@ -1,8 +1,9 @@
 """One job on real sshd nodes (root's account, 127.0.0.x), for the benchmarks that break a running job
-(teardown.py, restart.py): the nodes, the cluster file, `fab` run as a user runs it, and a close that
+(teardown.py, restart.py, elastic.py): the nodes, the cluster file, `fab` run as a user runs it, and a close that
 leaves nothing behind."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -40,6 +41,24 @@ class SshdJob:
     def jd(self, name: str) -> Path:
         """The job's directory on node `name`."""
         return self.ws[name] / "jobs" / self.job_id
+
+    def run_record(self, node: str, name: str) -> dict:
+        return json.loads((self.jd(node) / "run" / f"{name}.json").read_text())
+
+    def first_record(self, node: str, name: str, since: float) -> dict | None:
+        """The trainer's first metrics record written at or after `since` (a generation's start)."""
+        try:
+            lines = (self.jd(node) / "metrics" / f"{name}.jsonl").read_text().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(r.get("step"), (int, float)) and r.get("ts", 0) >= since:
+                return r
+        return None
 
     def close(self) -> None:
         if live_marked(self.ws.values()):
