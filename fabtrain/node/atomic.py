@@ -1,8 +1,8 @@
 """The one atomic write of the node side: a reader sees the old file or the new, never half of one.
 
-Temp file in the same directory, fsync, rename. Every record fabtrain writes
-on a node (job.json, run records, health.json, coordinator state) goes
-through `write`. Records are private to the user by default (0600).
+Temp file in the same directory, fsync (not for health.json, rewritten every
+interval), rename. Every record fabtrain writes on a node (job.json, run
+records, health.json, coordinator state) goes through `write`. Records are private to the user by default (0600).
 """
 from __future__ import annotations
 
