@@ -97,8 +97,7 @@ def process_record(jd, name, procs, kids):
 
 
 def live_job_processes(jd, procs=None):
-    """Names of a job's processes whose launcher is still alive."""
-    procs = procfs.scan() if procs is None else procs
+    """Names of a job's processes whose launcher is still alive (procs: a table to look in; else each is read)."""
     return [name for name, run in run_records(jd) if procfs.alive(run["pid"], run.get("create_time"), procs)]
 
 
@@ -159,12 +158,12 @@ def op_start(payload):
         raise UserFacing("%s; nothing of job %s was started here" % (refusal, job["job_id"]))
 
     # Refuse to start over a running job unless told (`--force` kills it first on the controller side),
-    # before anything of the new job exists here.
-    procs = procfs.scan()
+    # before anything of the new job exists here. Each record's launcher is read alone: a scan of
+    # /proc on every node of a start at once was CPU the start itself needed.
     jobs_root = os.path.join(ws, "jobs")
     for other in sorted(os.listdir(jobs_root)) if os.path.isdir(jobs_root) else []:
         if other != job["job_id"]:
-            live = live_job_processes(os.path.join(ws, "jobs", other), procs)
+            live = live_job_processes(os.path.join(ws, "jobs", other))
             if live:
                 raise UserFacing(RUNNING_HERE % (other, ", ".join(live)))
     # The job's GPUs here: leased by its first start on this node, before anything of it runs.
@@ -172,17 +171,17 @@ def op_start(payload):
 
     leases, gpu_warnings = gpustart.take(job, atomic.read_json(os.path.join(jd, "job.json")))
     try:
-        return _start_leased(payload, job, ws, jd, procs, leases, gpu_warnings)
+        return _start_leased(payload, job, ws, jd, leases, gpu_warnings)
     finally:
         gpulease.release(leases)  # the job's processes hold their own descriptors
 
 
-def _start_leased(payload, job, ws, jd, procs, leases, warnings):
+def _start_leased(payload, job, ws, jd, leases, warnings):
     make_private_dirs(ws, os.path.join(ws, "jobs"), jd, *(os.path.join(jd, sub) for sub in ("logs", "run", "metrics")))
     roles = set(payload["roles"])
     # A rank that mpirun starts is not started here; mpirun itself starts with the trainers.
     wanted = [p for p in job["processes"] if p.get("starts_with", p["role"]) in roles and not p.get("started_by")]
-    already = set(live_job_processes(jd, procs))
+    already = set(live_job_processes(jd))
     for p in wanted:
         if p["name"] in already:
             raise UserFacing("%s of job %s is already running here" % (p["name"], job["job_id"]))
@@ -237,7 +236,7 @@ def op_status(payload):
     jd = job_dir(ws, payload.get("job_id"))
     if not jd or not os.path.isdir(jd):
         return {"job_id": None, "processes": []}
-    procs = procfs.scan()
+    procs = procfs.below(record["pid"] for _, record in run_records(jd))  # the launchers and what they run
     kids = procfs.children_map(procs)
     job = atomic.read_json(os.path.join(jd, "job.json"), {})
     health = atomic.read_json(os.path.join(jd, "health.json"))
@@ -388,7 +387,7 @@ def op_kill(payload):
             elif procfs.alive(record["pid"], record.get("create_time"), procs) and record["pid"] not in skip:
                 # A live process that is not ours (no job marker, or not leading its group): never signalled.
                 untrusted.append("jobs/%s/run/%s.json (pid %d)" % (job_id, name, record["pid"]))
-    described, sweep = {}, procfs.Sweep(ws)
+    described, sweep = {}, procfs.Sweep(ws, procs=procs)
 
     def find():
         found, _ = kill_targets(ws, records, skip, only, sweep)
@@ -397,9 +396,6 @@ def op_kill(payload):
         for pid, desc in found.items():  # as first seen: a child whose program is gone later reads as an orphan
             described.setdefault(pid, desc)
         return list(found)
-
-    def launchers_left():
-        return kill_targets(ws, records, skip, only, sweep)[1] or kill_targets(ws, records, skip, only)[1]
 
     first, _ = kill_targets(ws, records, skip, only, sweep)
     touched = {d["job_id"] for d in first.values()} | {job_id for job_id, _ in records}
@@ -414,18 +410,19 @@ def op_kill(payload):
                     "ts": time.time(), "node": payload.get("node"), "kind": "start_failed", "reason": why}])
             atomic.write(os.path.join(jobs_root, job_id, "killed"), by + ("\n" + why if why else ""))
     sent, left = stop_all(find, grace)
-    # With their programs gone, the launchers record the exit codes and exit; a stuck one gets SIGKILL.
+    # With their programs gone, the launchers record the exit codes and exit (watched through the
+    # sweep); one still there after a full scan gets SIGKILL. A full scan has the last word.
     deadline = time.time() + 2
-    stuck = launchers_left()
-    while stuck and time.time() < deadline:
+    while kill_targets(ws, records, skip, only, sweep)[1] and time.time() < deadline:
         time.sleep(0.02)
-        stuck = launchers_left()
+    found, stuck = kill_targets(ws, records, skip, only)
     for pid in stuck:
         send(pid, signal.SIGKILL)
         sent[pid] = "SIGKILL"
-    time.sleep(0.05 if left else 0)
-    found, launchers = kill_targets(ws, records, skip, only)
-    left = sorted(set(found) | set(launchers))
+    if stuck or left:
+        time.sleep(0.05)
+        found, stuck = kill_targets(ws, records, skip, only)
+    left = sorted(set(found) | set(stuck))
     killed = [dict(described[p], signal=sent[p]) for p in sorted(sent) if p in described]
     write_kill_events(jobs_root, touched, killed, payload.get("node"), reason or by)
     return {"killed": killed, "left": left, "late": [], "untrusted": untrusted}

@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 
-from fabtrain.node import ops, procfs
+from fabtrain.node import ops
 from fabtrain.node.spawn import expand
 
 POLL = 0.2
@@ -142,7 +142,7 @@ def run(files, role, index_env, code_dir):
         if stop and not stopped:
             stopped = True
             ops.op_kill({"workspace": ws, "grace": watchdog.get("grace", 5.0), "node": job["node"]})
-        if not ops.live_job_processes(jd, procfs.scan()):
+        if not ops.live_job_processes(jd):
             break
         time.sleep(POLL)
     reap()

@@ -77,9 +77,10 @@ def spawn(proc, ws, base_env, generation=0, leases=()):
 
 def name_programs(started, ws, procs_by_name, deadline):
     """Add each launcher's program to its run record (the pid to show), once it has forked it.
-    Polled through a ProcTable: a full scan every 10 ms, on a machine whose nodes all start at
-    once, took the CPU the launchers needed to fork."""
-    pending, table = list(started), procfs.ProcTable(full_every=50)
+    Polled every 10 ms through a ProcTable that follows the launchers' children and never lists
+    /proc: a full scan every 10 ms, and then a listing, on a machine whose nodes all start at once,
+    took the CPU the launchers needed to fork."""
+    pending, table = list(started), procfs.ProcTable(list_period=float("inf"), list_first=False)
     while pending:
         procs = table.refresh(p.pid for p, _ in pending)
         kids = procfs.children_map(procs)

@@ -110,7 +110,7 @@ def test_a_kills_cheap_poll_finds_a_marked_process_started_after_it_began_and_se
     """procfs.Sweep, what kill-all polls with between signals: a new pid is read at once (its
     marker too), a watched (hot) one is re-read each time, an unmarked one is never its."""
     ws = str(tmp_path / "ws")
-    sweep = procfs.Sweep(ws, full_every=1000)  # no full re-read below: only what is new or hot
+    sweep = procfs.Sweep(ws, full_every=1000, list_period=0)  # listed each poll, no full re-read: what is new or hot
     sweep.marked(sweep.scan())  # every process there now is known, none of them carries the marker
     env = {k: v for k, v in os.environ.items() if not k.startswith("FABTRAIN_")}
     ours = subprocess.Popen(["sleep", "30"], env={**env, "FABTRAIN_WORKSPACE": ws}, start_new_session=True)

@@ -32,6 +32,7 @@ from .samplers import GpuSampler, HostSampler
 from .supervisor import Markers, ProcessContext, job_running
 
 DISK_FULL_BYTES = 1 << 20  # less than this free in the workspace: a full disk, for the events' reasons
+LIST_PERIOD = 5.0  # s between listings of /proc: the longest a stray of an earlier job goes unseen
 
 
 def load_job(job_dir: str) -> dict:
@@ -138,9 +139,14 @@ class Agent:
         self.by_name = {ctx.name: ctx for ctx in self.contexts}
         self.ledger = policy.Ledger()
         self.obs = policy.Observation(now=self.started)
-        # Every process re-read every 30 steps (~30 s), not 10: it only guards against a pid reused
-        # between two listings, and at 1,200 processes it was most of an agent's CPU (200 agents on one machine).
-        self.table, self.procs, self.kids, self.hot = procfs.ProcTable(full_every=30), {}, {}, set()
+        # /proc is listed every LIST_PERIOD s, not every step: between listings the job's processes and
+        # their new descendants are followed through their children files (ProcTable). Every process is
+        # re-read every 6th listing (~30 s): that only guards against a pid reused between two listings.
+        # At 1,250 processes the listing and the re-reads were most of an agent's CPU (200 agents on one machine).
+        # The first listing waits too: at a start every node's agent starts at once, and what it watches
+        # first, its job's processes, it finds from their run records.
+        self.table = procfs.ProcTable(full_every=6, list_period=LIST_PERIOD, list_first=False)
+        self.procs, self.kids, self.hot = {}, {}, set()
         self.markers = Markers(self.ws)
         self.watch = PidWatch()
         self.gpus = GpuSampler()

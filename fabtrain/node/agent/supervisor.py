@@ -191,12 +191,11 @@ class ProcessContext:
         record = read_json(self.run_path)
         if not isinstance(record, dict) or not isinstance(record.get("pid"), int):
             return False
-        if record["pid"] not in procs:
-            # Started after this step's /proc listing (node ops starts the coordinator's
-            # agent before the job): read it now, or it would look as if it had ended.
-            fresh = procfs.stat(record["pid"])
-            if fresh is not None:
-                procs[record["pid"]] = fresh
+        if record["pid"] not in procs or record.get("program_pid", record["pid"]) not in procs:
+            # Started after this step's look at /proc (node ops starts the coordinator's agent
+            # before the job), and not yet below a pid the table follows: read the launcher and
+            # what it runs now, or they would look as if they had ended.
+            procs.update(procfs.below([record["pid"]]))
         self.trusted = trusted(record, procs, self.workspace)
         if not self.trusted and procfs.alive(record["pid"], None, procs) and \
                 procfs.alive(record["pid"], record.get("create_time"), procs):
