@@ -33,6 +33,7 @@ import time  # noqa: E402
 import yaml  # noqa: E402
 
 from bench.fanout import spread  # noqa: E402
+from fabtrain.node.agent.loop import LIST_PERIOD  # noqa: E402
 from tests.support.sshd import free_port  # noqa: E402
 
 TRAINER = "sh -c 'while :; do echo tick; sleep 10; done'"
@@ -66,7 +67,8 @@ def measure(pid: int, extra: int, window: float) -> float:
     """The agent's CPU in ms a second with `extra` sleeping processes beside it."""
     sleepers = [subprocess.Popen(["sleep", str(int(window) + 30)]) for _ in range(extra)]
     try:
-        time.sleep(3)  # the agent reads each new process's environment once: not the steady cost
+        # The agent reads each new process once, at its next listing of /proc: not the steady cost.
+        time.sleep(LIST_PERIOD + 2)
         c0, t0 = cpu_s(pid), time.monotonic()
         time.sleep(window)
         return 1000 * (cpu_s(pid) - c0) / (time.monotonic() - t0)

@@ -145,6 +145,7 @@ class ProcTable:
         self.list_period = list_period
         self.count = 0
         self.listed_at: float | None = None if list_first else time.monotonic()
+        self.read: set[int] | None = None  # the pids the last refresh read (None: every pid)
 
     def refresh(self, hot=()) -> dict[int, Proc]:
         now = time.monotonic()
@@ -160,7 +161,8 @@ class ProcTable:
         for pid in [p for p in self.procs if p not in now]:
             del self.procs[pid]
         new = now - self.procs.keys()
-        for pid in (now if full else new | (set(hot) & now)):
+        self.read = None if full else new | (set(hot) & now)
+        for pid in (now if full else self.read):
             p = stat(pid)
             if p is None:
                 self.procs.pop(pid, None)
@@ -170,6 +172,7 @@ class ProcTable:
     def _follow(self, hot) -> bool:
         """Re-read the hot pids and everything below them, without listing /proc (False: no children files)."""
         todo, done = list(hot), set()
+        self.read = done
         while todo:
             pid = todo.pop()
             if pid in done:

@@ -141,11 +141,11 @@ class Agent:
         self.obs = policy.Observation(now=self.started)
         # /proc is listed every LIST_PERIOD s, not every step: between listings the job's processes and
         # their new descendants are followed through their children files (ProcTable). Every process is
-        # re-read every 6th listing (~30 s): that only guards against a pid reused between two listings.
+        # re-read every 12th listing (~60 s): that only guards against a pid reused between two listings.
         # At 1,250 processes the listing and the re-reads were most of an agent's CPU (200 agents on one machine).
         # The first listing waits too: at a start every node's agent starts at once, and what it watches
         # first, its job's processes, it finds from their run records.
-        self.table = procfs.ProcTable(full_every=6, list_period=LIST_PERIOD, list_first=False)
+        self.table = procfs.ProcTable(full_every=12, list_period=LIST_PERIOD, list_first=False)
         self.procs, self.kids, self.hot = {}, {}, set()
         self.markers = Markers(self.ws)
         self.watch = PidWatch()
@@ -262,7 +262,7 @@ class Agent:
 
     def observe(self, now: float) -> policy.Observation:
         """What the policy is given: every process's facts, strays, the coordinator, the markers."""
-        self.markers.refresh(self.procs)
+        self.markers.refresh(self.procs, self.table.read)
         mine = {self.pid, os.getppid(), self.life.keeper_pid}
         for ctx in self.contexts:
             mine.add(ctx.launcher)

@@ -287,19 +287,21 @@ class Markers:
 
     `refresh` runs every step over every process of the machine, so what it does for
     each is a set operation or one comparison: only a pid not seen before, or one
-    whose start time changed (a reused pid), has its environment read."""
+    whose start time changed (a reused pid), has its environment read. Given the
+    pids the table just read (`read`), only those are compared."""
 
     def __init__(self, workspace: str):
         self.ws = workspace.encode()
         self.seen: dict[int, float] = {}  # pid -> the start time its environment was read for
         self.carrying: dict[int, tuple] = {}  # pid -> (job id, role, rank), marked processes only
 
-    def refresh(self, procs: dict) -> None:
+    def refresh(self, procs: dict, read=None) -> None:
         for pid in self.seen.keys() - procs.keys():
             del self.seen[pid]
             self.carrying.pop(pid, None)
         seen = self.seen
-        for pid in [pid for pid, p in procs.items() if seen.get(pid) != p.create_time]:
+        candidates = procs.items() if read is None else ((pid, procs[pid]) for pid in read if pid in procs)
+        for pid in [pid for pid, p in candidates if seen.get(pid) != p.create_time]:
             self.seen[pid] = procs[pid].create_time
             env = procfs.environ(pid)
             if env.get(b"FABTRAIN_WORKSPACE") == self.ws:
