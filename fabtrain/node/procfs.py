@@ -247,7 +247,11 @@ def environ_raw(pid: int) -> bytes:
 
 
 def environ(pid: int) -> dict[bytes, bytes]:
-    return dict(kv.split(b"=", 1) for kv in environ_raw(pid).split(b"\0") if b"=" in kv)
+    return parse_environ(environ_raw(pid))
+
+
+def parse_environ(raw: bytes) -> dict[bytes, bytes]:
+    return dict(kv.split(b"=", 1) for kv in raw.split(b"\0") if b"=" in kv)
 
 
 def cmdline(pid: int) -> list[str]:

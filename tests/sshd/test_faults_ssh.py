@@ -219,7 +219,7 @@ def test_a_child_left_behind_by_a_dead_trainer_is_killed_as_an_orphan(fresh):
 def test_zombies_are_reported_and_their_parent_killed_when_the_job_ends(fresh):
     job = fresh
     job.start("--zombies trainer-0:2 --worker-zombies trainer-0:2")
-    assert wait_for(lambda: len([e for e in job.events("node2") if e["kind"] == "zombie"]) >= 4, timeout=10)
+    assert wait_for(lambda: len([e for e in job.events("node2") if e["kind"] == "zombie"]) >= 4, timeout=20)  # each defunct for ZOMBIE_MIN_AGE first
     health = job.health("node2")
     assert wait_for(lambda: job.health("node2")["processes"][0]["zombies"] >= 4, timeout=5), health
     status = job.fab("status")

@@ -5,7 +5,7 @@ import signal
 from dataclasses import replace
 
 from fabtrain.node.agent.policy import (Config, DumpStacks, Escalate, Ledger, Note, Observation, Orphan, Peers, ProcFacts, Signal,
-                                        Status, Stop, Stray, decide, next_deadline, on_status)
+                                        Status, Stop, Stray, ZOMBIE_MIN_AGE, decide, next_deadline, on_status)
 from fabtrain.node.agent.stacks import top_frame
 from fabtrain.node.states import ProcessState, describe_end, state_of
 
@@ -204,10 +204,27 @@ def test_what_a_process_left_behind_is_killed_as_an_orphan():
 def test_zombies_are_reported_once_and_their_parent_killed_when_the_job_ends():
     p = trainer(zombies=((301, 250, 3.0),), last_record=9.9)
     actions, ledger = run(p)
-    assert len(notes(actions, "zombie")) == 1 and not [a for a in actions if isinstance(a, Signal)]
+    assert notes(actions, "zombie") == []  # defunct since this look: its parent may reap it in a moment
+    p = replace(p, last_record=14.9)  # still making progress
+    actions, ledger = run(p, now=10.0 + ZOMBIE_MIN_AGE, ledger=ledger)
+    (note,) = notes(actions, "zombie")
+    assert "has not reaped it for 5 s" in note.reason and not [a for a in actions if isinstance(a, Signal)]
     ledger = replace(ledger, status=Status("failed", "x"))
-    actions, ledger = run(p, ledger=ledger)
+    actions, ledger = run(p, now=15.5, ledger=ledger)
     assert notes(actions, "zombie") == [] and Signal(250, None, signal.SIGKILL) in actions
+
+
+def test_a_zombie_reaped_between_two_looks_is_never_reported_and_a_new_one_at_its_pid_starts_again():
+    """On a starved machine a shell takes seconds to reap its `sleep`: defunct for a moment is not news."""
+    p = trainer(zombies=((301, 250, 3.0),), last_record=9.9)
+    _, ledger = run(p)
+    _, ledger = run(trainer(last_record=11.9), now=12.0, ledger=ledger)  # reaped
+    assert ledger.zombies_since == ()
+    p = replace(p, last_record=15.9)
+    actions, ledger = run(p, now=16.0, ledger=ledger)  # defunct again (a later child): counted from now
+    assert notes(actions, "zombie") == []
+    actions, _ = run(replace(p, last_record=20.9), now=21.0, ledger=ledger)
+    assert len(notes(actions, "zombie")) == 1
 
 
 # -- stacks before the kill ------------------------------------------------------------------

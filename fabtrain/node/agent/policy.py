@@ -18,6 +18,10 @@ from fabtrain.node.states import (FINAL, JobState, ProcessState, describe_end, s
 EXIT_ONLY_ROLES = ("mpirun",)  # watched for its exit only: it is silent by design; its ranks are watched for hangs
 HUNG = " hung: "  # in a hang's failure reason, which the coordinator passes on to every node
 ORPHAN_MIN_AGE = 5.0  # a process younger than this may be one node ops is starting right now
+# A child is defunct from its exit until its parent reaps it: a moment, longer on a starved machine
+# (200 nodes' shells on 2 cores took seconds to reap their `sleep`). Only one still defunct this
+# long after the agent first saw it is reported.
+ZOMBIE_MIN_AGE = 5.0
 
 
 # -- what the agent sees ---------------------------------------------------------------------
@@ -151,7 +155,8 @@ class Ledger:
     acted: bool = False  # teardown, keep or finish done
     reported: frozenset = frozenset()  # processes whose end is in events.jsonl
     hung: frozenset = frozenset()
-    zombies_seen: frozenset = frozenset()
+    zombies_seen: frozenset = frozenset()  # (pid, create time) of the zombies reported
+    zombies_since: tuple = ()  # ((pid, create time), first seen defunct): the ones not reported yet
     zombie_parents: frozenset = frozenset()
     orphans: tuple = ()
     quiet: tuple = ()  # (name, since): pservers waiting in silence for trainers
@@ -534,12 +539,17 @@ class _Decision:
         st = self.ledger.status.status
         ending = (st in FINAL and self.cfg.on_failure != "keep") or st in (JobState.FINISHED, JobState.RESTARTING)
         now = self.obs.now
+        since, pending = dict(self.ledger.zombies_since), {}
         for p in self.obs.procs:
             for pid, ppid, ctime in p.zombies:
-                if (pid, ctime) not in self.ledger.zombies_seen:
-                    self.update(zombies_seen=self.ledger.zombies_seen | {(pid, ctime)})
-                    self.note("zombie", "pid %d is defunct: its parent pid %d has not reaped it" % (pid, ppid), p,
-                              pid=pid, parent=ppid)
+                key = (pid, ctime)
+                if key not in self.ledger.zombies_seen:
+                    first = pending[key] = since.get(key, now)
+                    if now - first >= ZOMBIE_MIN_AGE:
+                        del pending[key]
+                        self.update(zombies_seen=self.ledger.zombies_seen | {key})
+                        self.note("zombie", "pid %d is defunct: its parent pid %d has not reaped it for %.0f s"
+                                  % (pid, ppid, now - first), p, pid=pid, parent=ppid)
                 if ppid == p.pid:
                     # The program itself gets its SIGTERM first, and an interval to act on it.
                     ending_here = p.term_at is not None and now - p.term_at >= min(self.cfg.grace, self.cfg.interval)
@@ -550,6 +560,8 @@ class _Decision:
                     self.actions += [Signal(ppid, None, signal.SIGKILL), Signal(ppid, None, signal.SIGCONT)]
                     self.note("killed", "pid %d left defunct children unreaped while the job is ending; killed so "
                               "they are reaped" % ppid, p, pid=ppid, signal="SIGKILL")
+        if tuple(pending.items()) != self.ledger.zombies_since:
+            self.update(zombies_since=tuple(pending.items()))  # a zombie reaped meanwhile is forgotten
 
     # -- escalation ----------------------------------------------------------------------------
 
