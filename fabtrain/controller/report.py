@@ -269,7 +269,9 @@ def _node_notes(obs: NodeObservation, value: dict, now: float) -> tuple[list[str
     if live and (agent is None or agent["state"] not in (ProcessState.RUNNING, ProcessState.SLEEPING, ProcessState.STOPPED)):
         notes.append(f"{obs.name}: NO WATCHDOG: the agent is not running while {', '.join(live)} run(s) here"
                      " (fab kill-all stops them)")
-    zombies = sum(p.get("zombies") or 0 for p in h.get("processes") or []) or \
+    # The agent counts a zombie once defunct ZOMBIE_MIN_AGE (a busy parent reaps late); node ops' own
+    # count, a single look, only where no agent reports.
+    zombies = sum(p.get("zombies") or 0 for p in h.get("processes") or []) if h else \
         sum(p.get("zombies") or 0 for p in obs.processes)
     if zombies:
         notes.append(f"{obs.name}: {zombies} ZOMBIE process(es): defunct children not reaped by their parent")

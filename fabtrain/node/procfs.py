@@ -146,6 +146,9 @@ class ProcTable:
         self.count = 0
         self.listed_at: float | None = None if list_first else time.monotonic()
         self.read: set[int] | None = None  # the pids the last refresh read (None: every pid)
+        # parent -> children: after a listing, of every process; between listings, of the followed
+        # ones (all that descendants() of a hot pid needs), from their children files
+        self.kids: dict[int, list[int]] = {}
 
     def refresh(self, hot=()) -> dict[int, Proc]:
         now = time.monotonic()
@@ -168,11 +171,11 @@ class ProcTable:
                 self.procs.pop(pid, None)
             else:
                 self.procs[pid] = p
+        self.kids = children_map(self.procs)
 
     def _follow(self, hot) -> bool:
         """Re-read the hot pids and everything below them, without listing /proc (False: no children files)."""
-        todo, done = list(hot), set()
-        self.read = done
+        todo, done, found = list(hot), set(), {}
         while todo:
             pid = todo.pop()
             if pid in done:
@@ -188,7 +191,10 @@ class ProcTable:
             kids = children(pid)
             if kids is None:
                 return False
+            if kids:
+                found[pid] = kids
             todo.extend(kids)
+        self.read, self.kids = done, found
         return True
 
 

@@ -235,7 +235,7 @@ class Agent:
     def step(self, tick: bool) -> None:
         self._take_messages()
         self.procs = self.table.refresh(self.hot)
-        self.kids = procfs.children_map(self.procs)
+        self.kids = self.table.kids
         if tick and self.gpus.nvml is not None:
             self.gpu_pids = self.gpus.pids()
         now = time.time()
@@ -262,7 +262,7 @@ class Agent:
 
     def observe(self, now: float) -> policy.Observation:
         """What the policy is given: every process's facts, strays, the coordinator, the markers."""
-        self.markers.refresh(self.procs, self.table.read)
+        self.markers.refresh(self.procs, self.table.read, now)
         mine = {self.pid, os.getppid(), self.life.keeper_pid}
         for ctx in self.contexts:
             mine.add(ctx.launcher)

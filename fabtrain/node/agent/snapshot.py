@@ -25,7 +25,7 @@ def process_view(ctx, ledger, procs: dict, gpu_pids: dict) -> dict:
             "launcher_pid": ctx.launcher, "state": str(ctx.state), "exit_code": ctx.exit_code,
             "signal": signal_name(ctx.signal),
             "cpu_percent": progress.cpu_percent if progress and ctx.live else 0.0, "rss": ctx.rss,
-            "children": max(0, len(live_tree) - 1) if ctx.live else 0, "zombies": len(ctx.zombies),
+            "children": max(0, len(live_tree) - 1) if ctx.live else 0, "zombies": sum((z[0], z[2]) in ledger.zombies_seen for z in ctx.zombies),  # reported ones
             "last_progress": round(last, 3) if last else None,
             "last_record": round(progress.last_record, 3) if progress and progress.last_record else None,
             "step_rate": round(rate, 3) if rate is not None else None,
