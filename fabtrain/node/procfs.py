@@ -137,25 +137,58 @@ class ProcTable:
     the first listing, too, waits `list_period`: for a process that starts
     with every other node of a job and cares first about its own. A kernel
     without the children files gets a listing at every refresh.
+
+    With `settle` (the agent), the hot pids are followed at every refresh, and
+    a pid a listing finds that no hot pid leads to is read only at the next
+    listing, if it is still there: the many short-lived processes of a busy
+    machine (a shell's `sleep`, a node-side call; 200 nodes' of them on one
+    host) are never read at all, and what is read has lived `list_period`.
     """
 
-    def __init__(self, full_every: int = 10, list_period: float = 0.0, list_first: bool = True):
+    def __init__(self, full_every: int = 10, list_period: float = 0.0, list_first: bool = True,
+                 settle: bool = False):
         self.procs: dict[int, Proc] = {}
         self.full_every = full_every
         self.list_period = list_period
+        self.settle = settle
         self.count = 0
         self.listed_at: float | None = None if list_first else time.monotonic()
         self.read: set[int] | None = None  # the pids the last refresh read (None: every pid)
         # parent -> children: after a listing, of every process; between listings, of the followed
         # ones (all that descendants() of a hot pid needs), from their children files
         self.kids: dict[int, list[int]] = {}
+        self.pending: set[int] = set()  # settle: pids the last listing found, to read at the next
 
     def refresh(self, hot=()) -> dict[int, Proc]:
         now = time.monotonic()
-        if self.listed_at is None or now - self.listed_at >= self.list_period or not self._follow(hot):
+        listing = self.listed_at is None or now - self.listed_at >= self.list_period
+        if self.settle and self._follow(hot):
+            if listing:
+                self.listed_at = now
+                self._list_settled()
+        elif listing or not self._follow(hot):
             self.listed_at = now
             self._list(hot)
         return self.procs
+
+    def _list_settled(self) -> None:
+        """After _follow: drop what is gone, read what the last listing found and still lives (all, every
+        `full_every` listings), and keep what is new for the next listing."""
+        full = self.count % self.full_every == 0
+        self.count += 1
+        now = set(pids())
+        for pid in [p for p in self.procs if p not in now]:
+            del self.procs[pid]
+        followed = self.read or set()
+        ripe = (now - followed) if full else (self.pending & now) - followed
+        for pid in ripe:
+            p = stat(pid)
+            if p is None:
+                self.procs.pop(pid, None)
+            else:
+                self.procs[pid] = p
+        self.pending = now - self.procs.keys() - followed
+        self.read = followed | ripe
 
     def _list(self, hot) -> None:
         full = self.count % self.full_every == 0

@@ -95,3 +95,25 @@ def test_without_children_files_every_refresh_lists_proc(monkeypatch):
     finally:
         started.kill()
         started.wait()
+
+
+def test_a_settling_table_reads_an_unrelated_process_only_once_it_has_lived_through_a_listing():
+    """The agent's table: of 200 nodes' short-lived processes on one machine, none is ever read."""
+    table = procfs.ProcTable(full_every=1000, list_period=0, settle=True)  # every refresh lists here
+    table.refresh(set())  # the first listing reads everything there is
+    lasting = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    brief = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        procs = table.refresh(set())  # listed once: pending, not read
+        assert lasting.pid not in procs and brief.pid not in procs
+        assert {lasting.pid, brief.pid} <= table.pending
+        brief.kill()
+        brief.wait()
+        procs = table.refresh(set())  # listed again: the one still there is read, the other never was
+        assert lasting.pid in procs and procs[lasting.pid].ppid == os.getpid()
+        assert brief.pid not in procs and brief.pid not in table.pending
+        assert lasting.pid in table.read
+    finally:
+        for p in (lasting, brief):
+            p.kill()
+            p.wait()

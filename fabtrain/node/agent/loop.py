@@ -32,7 +32,7 @@ from .samplers import GpuSampler, HostSampler
 from .supervisor import Markers, ProcessContext, job_running
 
 DISK_FULL_BYTES = 1 << 20  # less than this free in the workspace: a full disk, for the events' reasons
-LIST_PERIOD = 5.0  # s between listings of /proc: the longest a stray of an earlier job goes unseen
+LIST_PERIOD = 5.0  # s between listings of /proc: a stray of an earlier job is seen within two of them
 
 
 def load_job(job_dir: str) -> dict:
@@ -139,13 +139,14 @@ class Agent:
         self.by_name = {ctx.name: ctx for ctx in self.contexts}
         self.ledger = policy.Ledger()
         self.obs = policy.Observation(now=self.started)
-        # /proc is listed every LIST_PERIOD s, not every step: between listings the job's processes and
-        # their new descendants are followed through their children files (ProcTable). Every process is
+        # /proc is listed every LIST_PERIOD s, not every step: the job's processes and their new
+        # descendants are followed through their children files (ProcTable), and any other process is
+        # read only once it has lived through a listing (settle: never, if it is that short-lived). Every process is
         # re-read every 12th listing (~60 s): that only guards against a pid reused between two listings.
         # At 1,250 processes the listing and the re-reads were most of an agent's CPU (200 agents on one machine).
         # The first listing waits too: at a start every node's agent starts at once, and what it watches
         # first, its job's processes, it finds from their run records.
-        self.table = procfs.ProcTable(full_every=12, list_period=LIST_PERIOD, list_first=False)
+        self.table = procfs.ProcTable(full_every=12, list_period=LIST_PERIOD, list_first=False, settle=True)
         self.procs, self.kids, self.hot = {}, {}, set()
         self.markers = Markers(self.ws)
         self.watch = PidWatch()
@@ -262,7 +263,7 @@ class Agent:
 
     def observe(self, now: float) -> policy.Observation:
         """What the policy is given: every process's facts, strays, the coordinator, the markers."""
-        self.markers.refresh(self.procs, self.table.read, now)
+        self.markers.refresh(self.procs, self.table.read)
         mine = {self.pid, os.getppid(), self.life.keeper_pid}
         for ctx in self.contexts:
             mine.add(ctx.launcher)

@@ -282,39 +282,27 @@ class ProcessContext:
             send(self.launcher, signal.SIGKILL)
 
 
-# A process younger than this has its environment read later: most new processes on a busy
-# machine (a shell's `sleep`, a node-side call) are gone by then, and a stray is acted on only
-# once older than ORPHAN_MIN_AGE anyway.
-MARKER_MIN_AGE = 3.0
-
-
 class Markers:
     """Which processes carry this workspace's job marker; each process's environment is read once.
 
     `refresh` runs every step over every process of the machine, so what it does for
     each is a set operation or one comparison: only a pid not seen before, or one
     whose start time changed (a reused pid), has its environment read. Given the
-    pids the table just read (`read`), only those, and the young ones waiting, are compared."""
+    pids the table just read (`read`), only those are compared."""
 
     def __init__(self, workspace: str):
         self.ws = workspace.encode()
         self.mark = procfs.marker(workspace)
         self.seen: dict[int, float] = {}  # pid -> the start time its environment was read for
         self.carrying: dict[int, tuple] = {}  # pid -> (job id, role, rank), marked processes only
-        self.young: set[int] = set()  # pids not read yet: younger than MARKER_MIN_AGE when last compared
 
-    def refresh(self, procs: dict, read=None, now: float | None = None) -> None:
+    def refresh(self, procs: dict, read=None) -> None:
         for pid in self.seen.keys() - procs.keys():
             del self.seen[pid]
             self.carrying.pop(pid, None)
-        self.young &= procs.keys()
         seen = self.seen
-        candidates = procs.keys() if read is None else (set(read) | self.young) & procs.keys()
-        changed = [pid for pid in candidates if seen.get(pid) != procs[pid].create_time]
-        if now is not None:  # every young pid is among `changed` (never read): those still young wait
-            self.young = {pid for pid in changed if now - procs[pid].create_time < MARKER_MIN_AGE}
-            changed = [pid for pid in changed if pid not in self.young]
-        for pid in changed:
+        candidates = procs.keys() if read is None else set(read) & procs.keys()
+        for pid in [pid for pid in candidates if seen.get(pid) != procs[pid].create_time]:
             self.seen[pid] = procs[pid].create_time
             raw = procfs.environ_raw(pid)
             # Most processes are not ours: a search of the raw bytes, the dict only for a carrier
