@@ -397,6 +397,9 @@ def op_kill(payload):
             described.setdefault(pid, desc)
         return list(found)
 
+    def launchers_left():  # the sweep's view; "none" is checked by a full scan
+        return kill_targets(ws, records, skip, only, sweep)[1] or kill_targets(ws, records, skip, only)[1]
+
     first, _ = kill_targets(ws, records, skip, only, sweep)
     touched = {d["job_id"] for d in first.values()} | {job_id for job_id, _ in records}
     if only is not None and only in (os.listdir(jobs_root) if os.path.isdir(jobs_root) else ()):
@@ -410,19 +413,18 @@ def op_kill(payload):
                     "ts": time.time(), "node": payload.get("node"), "kind": "start_failed", "reason": why}])
             atomic.write(os.path.join(jobs_root, job_id, "killed"), by + ("\n" + why if why else ""))
     sent, left = stop_all(find, grace)
-    # With their programs gone, the launchers record the exit codes and exit (watched through the
-    # sweep); one still there after a full scan gets SIGKILL. A full scan has the last word.
+    # With their programs gone, the launchers record the exit codes and exit; a stuck one gets SIGKILL.
     deadline = time.time() + 2
-    while kill_targets(ws, records, skip, only, sweep)[1] and time.time() < deadline:
+    stuck = launchers_left()
+    while stuck and time.time() < deadline:
         time.sleep(0.02)
-    found, stuck = kill_targets(ws, records, skip, only)
+        stuck = launchers_left()
     for pid in stuck:
         send(pid, signal.SIGKILL)
         sent[pid] = "SIGKILL"
-    if stuck or left:
-        time.sleep(0.05)
-        found, stuck = kill_targets(ws, records, skip, only)
-    left = sorted(set(found) | set(stuck))
+    time.sleep(0.05 if left or stuck else 0)
+    found, launchers = kill_targets(ws, records, skip, only)
+    left = sorted(set(found) | set(launchers))
     killed = [dict(described[p], signal=sent[p]) for p in sorted(sent) if p in described]
     write_kill_events(jobs_root, touched, killed, payload.get("node"), reason or by)
     return {"killed": killed, "left": left, "late": [], "untrusted": untrusted}
