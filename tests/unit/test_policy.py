@@ -142,6 +142,18 @@ def test_a_node_that_never_joins_fails_the_job_by_name():
     assert ledger.status.reason.startswith("node n1 never joined: no coordinator answered at 10.0.0.1:7180")
 
 
+def test_once_a_job_that_came_together_passes_its_startup_deadline_the_deadline_is_never_due_again():
+    """It was: every agent of a job that had run startup_timeout stepped every 20 ms from then on."""
+    joined = dict(peers=Peers(ever_connected=True, seen=("n1", "n2")), must_join=("n1", "n2"), startup_deadline=60.0)
+    p = trainer(last_record=59.5)
+    _, ledger = run(p, now=30.0, **joined)
+    assert next_deadline(Observation(now=30.0, procs=(p,), **joined), ledger, CFG) == 60.0  # the check is ahead
+    actions, ledger = run(p, now=60.5, ledger=ledger, **joined)
+    assert notes(actions, "not_joined") == [] and ledger.status.status == "running" and ledger.startup_checked
+    due = next_deadline(Observation(now=60.5, procs=(p,), **joined), ledger, CFG)
+    assert due == 59.5 + CFG.hang_timeout  # the hang rule's moment, not the past startup deadline
+
+
 # -- the job's status, teardown, escalation ----------------------------------------------------
 
 

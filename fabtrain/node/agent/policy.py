@@ -162,6 +162,10 @@ class Ledger:
     quiet: tuple = ()  # (name, since): pservers waiting in silence for trainers
     coordinator_lost: bool = False
     startup_failed: bool = False
+    # The startup check is done: startup_deadline passed, and the job had come together or failed. Without
+    # it a deadline in the past stayed the agent's next deadline, and once a job had run startup_timeout
+    # every agent stepped every 20 ms (200 local nodes: the machine saturated, the coordinator starved).
+    startup_checked: bool = False
     failure_kind: str | None = None  # exit, hang, kill-all, other: whether the coordinator may restart the job
     failure_code: int | None = None
     generation: int = 0  # the job's generation this agent works on (the one it runs, or is about to start)
@@ -296,7 +300,7 @@ def next_deadline(obs: Observation, ledger: Ledger, cfg: Config) -> float | None
             if p.stopped_since is not None:
                 times.append(p.stopped_since + cfg.hang_timeout)
     times += [o.term_at + cfg.grace for o in ledger.orphans if o.signal == "SIGTERM"]
-    if ledger.status.status == JobState.RUNNING and not ledger.startup_failed and obs.startup_deadline:
+    if ledger.status.status == JobState.RUNNING and not ledger.startup_checked and obs.startup_deadline:
         times.append(obs.startup_deadline)
     if ledger.status.status == JobState.RESTARTING and ledger.restart_at is not None:
         times.append(ledger.restart_at)
@@ -402,9 +406,10 @@ class _Decision:
 
     def startup(self) -> None:
         obs, cfg = self.obs, self.cfg
-        if self.ledger.status.status != JobState.RUNNING or self.ledger.startup_failed or obs.startup_deadline is None \
+        if self.ledger.status.status != JobState.RUNNING or self.ledger.startup_checked or obs.startup_deadline is None \
                 or obs.now < obs.startup_deadline:
             return
+        self.update(startup_checked=True)  # whatever follows: the deadline never fires again
         missing = [n for n in obs.must_join if n not in obs.peers.seen]
         never = [p.name for p in obs.procs if not p.started]
         if not obs.peers.ever_connected and obs.must_join:

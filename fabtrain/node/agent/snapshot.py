@@ -72,7 +72,7 @@ class Health:
                     "kept": cfg.on_failure == "keep" and ledger.status.status == JobState.FAILED,
                     # when startup_timeout fails a start that has not come together (the controller's
                     # "starting: ... left"); none once that check is done or cannot fire any more
-                    "startup_deadline": None if ledger.startup_failed else round(startup_deadline, 3)},
+                    "startup_deadline": None if ledger.startup_checked else round(startup_deadline, 3)},
             "coordinator": link.health(),
             "orphans": [{"pid": o.pid, "name": o.name, "job_id": o.job or cfg.job_id, "reason": o.reason}
                         for o in ledger.orphans],
