@@ -369,3 +369,49 @@ def test_a_running_job_survives_a_bomb_a_huge_line_a_forged_finished_and_1100_id
     assert job.health("n0")["agent"]["pid"] == agent  # the same agent: it did not crash and restart
     assert "coordinator_refused" in [e["kind"] for e in job.events("n0")]
     assert job.health("n1")["processes"][0]["state"] in ("running", "sleeping")
+
+
+def test_a_large_jobs_agents_all_in_their_handshake_from_one_address_are_not_evicted():
+    """200 `host: local` nodes start together: all their handshakes come from 127.0.0.1 at once. The
+    caps are never below the job's size (16 a host evicted agents of a 200-node start under load),
+    and a flood beyond it from that address is still capped."""
+    nodes = ["n%03d" % i for i in range(300)]
+    co = Coordinator("j1", "127.0.0.1", 0, nodes, 0.1, 5.0, secret=SECRET)
+    co.start()
+    conns = []
+    try:
+        assert co.wait_listening(5), co.bind_error
+        for _ in range(len(nodes)):
+            conns.append(socket.create_connection(("127.0.0.1", co.port), timeout=5))
+        assert wait_for(lambda: len(co.connections.pending) == len(nodes), timeout=5), len(co.connections.pending)
+        assert co.refused == 0, co.last_refusal
+        for _ in range(40):  # beyond the job's size: the oldest from this address give way
+            conns.append(socket.create_connection(("127.0.0.1", co.port), timeout=5))
+        assert wait_for(lambda: co.refused == 40, timeout=5), co.refused
+        assert len(co.connections.pending) == len(nodes)
+        assert "from 127.0.0.1 without the secret" in co.last_refusal
+    finally:
+        for s in conns:
+            s.close()
+        co.stop()
+        co.join(3)
+
+
+RAISE_LIMIT = """
+import resource, sys
+from fabtrain.node.coordination import Coordinator
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+co = Coordinator("j1", "127.0.0.1", 0, ["n%d" % i for i in range(int(sys.argv[1]))], 1.0, 5.0, secret="s" * 32)
+print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+"""
+
+
+def test_a_coordinator_of_1000_nodes_raises_its_open_file_limit_for_their_connections():
+    """1,000 authenticated connections and the handshakes' cap do not fit the usual soft limit of 1,024
+    descriptors: the coordinator raises it (up to the hard limit), a small job's leaves it alone."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    out = {n: int(subprocess.run([sys.executable, "-c", RAISE_LIMIT, str(n)], capture_output=True, text=True,
+                                 check=True).stdout) for n in (3, 1000)}
+    assert out[3] == 1024
+    room = 1000 + (1000 + 48)  # one authenticated connection a node, and the handshakes' cap (at this size)
+    assert out[1000] >= (room if hard == resource.RLIM_INFINITY else min(hard, room)), (out, hard)

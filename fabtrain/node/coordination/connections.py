@@ -1,8 +1,8 @@
 """The coordinator's open connections: accepted, capped, timed out, written to, closed.
 
 Knows nothing of the job. Connections that have not proved the job's secret
-are few (a cap per address and in all; the oldest gives way, since an agent
-needs one round trip) and short-lived (HANDSHAKE_TIMEOUT), so a flood of idle
+are few (a cap per address and in all, never below the job's number of
+nodes; the oldest gives way, since an agent needs one round trip) and short-lived (HANDSHAKE_TIMEOUT), so a flood of idle
 connections cannot use up the agent's file descriptors. Each node keeps one
 authenticated connection, its newest. Every refusal is counted; an event says
 so at once and then at most every REFUSED_EVENT_EVERY seconds, so a flood is
@@ -20,7 +20,7 @@ from typing import Callable
 from . import protocol
 from .protocol import Channel, LineReader
 
-UNAUTHENTICATED_MAX = 64  # connections still in their handshake, in all
+UNAUTHENTICATED_MAX = 64  # connections still in their handshake, in all (at least: see Connections)
 UNAUTHENTICATED_PER_ADDRESS = 16  # ... from one address: a flood from one host evicts its own
 HANDSHAKE_TIMEOUT = 5.0  # seconds from accept to a proven secret: one round trip, on a busy node
 MAX_OUTBUF = 1 << 20  # a peer that does not read is dropped (it reconnects)
@@ -56,6 +56,27 @@ def watch_liveness(sock: socket.socket, timeout: float) -> None:
             pass
 
 
+def descriptors_for(nodes: int) -> int:
+    """Raise this process's soft limit on open files to what a coordinator of `nodes` nodes may hold:
+    one authenticated connection a node, the handshakes' cap, and the agent's own files. The usual
+    soft limit (1,024) is below that from ~480 nodes on; the hard limit is left alone, and where it is
+    lower the accept loop's EMFILE handling still evicts the oldest handshake. Returns the limit now."""
+    try:
+        import resource
+    except ImportError:  # not on Linux: the platform's limit
+        return -1
+    need = 2 * nodes + UNAUTHENTICATED_MAX + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
 class Conn:
     __slots__ = ("sock", "addr", "reader", "outbuf", "node", "claimed", "channel", "opened", "heard")
 
@@ -73,8 +94,13 @@ class Conn:
 
 
 class Connections:
-    def __init__(self, sel: selectors.BaseSelector, on_event: Callable[..., None]):
+    def __init__(self, sel: selectors.BaseSelector, on_event: Callable[..., None], nodes: int = 0):
         self.sel = sel
+        # Every node of the job may be in its handshake at once (all agents start together), and all
+        # from one address (`host: local` nodes, nodes behind one NAT): the caps are never below the
+        # job's size, or a legitimate start evicts its own agents (200 local nodes did, under load).
+        self.per_address = max(UNAUTHENTICATED_PER_ADDRESS, nodes)
+        self.in_all = max(UNAUTHENTICATED_MAX, nodes + UNAUTHENTICATED_MAX - UNAUTHENTICATED_PER_ADDRESS)
         self.on_event = on_event
         self.all: dict[socket.socket, Conn] = {}
         self.pending: collections.OrderedDict[socket.socket, Conn] = collections.OrderedDict()  # oldest first
@@ -104,9 +130,9 @@ class Connections:
 
     def _make_room(self, conn: Conn) -> None:
         same = [c for c in self.pending.values() if c.addr[0] == conn.addr[0]]
-        if len(same) >= UNAUTHENTICATED_PER_ADDRESS:
+        if len(same) >= self.per_address:
             self.refuse(same[0], "too many connections from %s without the secret" % conn.addr[0])
-        if len(self.pending) >= UNAUTHENTICATED_MAX:
+        if len(self.pending) >= self.in_all:
             self.refuse(next(iter(self.pending.values())), "too many connections without the secret")
 
     def expire(self, now: float, silent: float) -> None:

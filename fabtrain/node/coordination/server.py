@@ -20,7 +20,7 @@ from typing import Callable
 from . import protocol
 from .board import Board, Event, hung_timeout
 from .restart import RestartPolicy
-from .connections import Conn, Connections, kernel_timeout
+from .connections import Conn, Connections, descriptors_for, kernel_timeout
 from .protocol import Channel, ProtocolError
 
 BIND_WAIT = 3.0  # how long a busy port is retried before the coordinator gives up
@@ -55,7 +55,8 @@ class Coordinator(threading.Thread):
         os.set_blocking(self._wake_r, False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
         self._server: socket.socket | None = None
-        self.connections = Connections(self._sel, self.on_event)
+        self.connections = Connections(self._sel, self.on_event, len(nodes))
+        descriptors_for(len(nodes))
         self._load()
 
     # -- the board, as the agent and the tests see it ---------------------------------------------
