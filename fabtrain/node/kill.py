@@ -3,7 +3,8 @@
 `send` and `signal_all` signal pids (with SIGCONT after, so a stopped process
 acts on its SIGTERM); `family` finds what a job process started (its
 launcher's descendants and its group); `trusted` says whether a run record
-may be acted on at all; `stop_all` is SIGTERM -> grace -> SIGKILL, blocking,
+may be acted on at all; `starter` finds the daemon that started a process
+from elsewhere (Open MPI's orted), which outlives the job when mpirun fails; `stop_all` is SIGTERM -> grace -> SIGKILL, blocking,
 for ``fab kill-all``. The agent's process contexts (agent/supervisor.py)
 escalate through the same helpers, one step per loop.
 
@@ -46,6 +47,25 @@ def family(record: dict, procs: dict, kids: dict) -> list[int]:
         found.update(procfs.group(pgid, procs))
     found.discard(record.get("pid"))
     return sorted(p for p in found if p in procs and not procs[p].dead)
+
+
+# The daemons that may start a job process on a node from outside fabtrain (`job.launcher: mpirun`:
+# Open MPI's per-node daemon, orted in Open MPI 4, prted in 5). sshd started them, without the job
+# marker; a run record names one only under these names, so a planted record cannot aim a stop elsewhere.
+STARTERS = ("orted", "prted")
+
+
+def starter(record: dict, procs: dict) -> tuple[int, float] | None:
+    """The daemon a run record says started the process (mpirank.py records its parent), if it is alive,
+    started when the record says and still runs a daemon of that name: (pid, create time)."""
+    s = record.get("starter")
+    if not isinstance(s, dict) or not isinstance(s.get("pid"), int) or s.get("command") not in STARTERS:
+        return None
+    p = procs.get(s["pid"]) or procfs.stat(s["pid"])  # the agent's table may not have read it yet
+    if p is None or p.dead or not p.is_(s.get("create_time")) or s["pid"] < 2:
+        return None
+    cmd = procfs.cmdline(s["pid"])
+    return (s["pid"], p.create_time) if cmd and os.path.basename(cmd[0]) == s["command"] else None
 
 
 def trusted(record: dict, procs: dict, workspace: str) -> bool:

@@ -31,10 +31,14 @@ def write_kill_events(jobs_root, touched, killed, node, reason):
         for name, ks in sorted(by_name.items()):
             role, _, rank = name.rpartition("-")
             orphan = any(k.get("orphan") for k in ks)
+            daemons = sorted(k["pid"] for k in ks if k.get("starter"))
+            own = [k["pid"] for k in ks if not k.get("starter")]
             events.append({
                 "ts": now, "node": node, "kind": "killed", "role": role,
-                "rank": int(rank) if rank.isdigit() else rank, "name": name, "pid": min(k["pid"] for k in ks),
+                "rank": int(rank) if rank.isdigit() else rank, "name": name, "pid": min(own or daemons),
                 "pids": sorted(k["pid"] for k in ks),
-                "reason": reason + (" (orphan: run record lost, or it left its launcher)" if orphan else ""),
+                "reason": reason + (" (orphan: run record lost, or it left its launcher)" if orphan else "")
+                + (" (and Open MPI's daemon that started it here, pid %s)" % ", ".join(map(str, daemons))
+                   if daemons else ""),
                 "signal": "SIGKILL" if any(k["signal"] == "SIGKILL" for k in ks) else "SIGTERM"})
         append_events(path, events)

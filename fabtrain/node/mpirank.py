@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from fabtrain.node import launch, spawn
+from fabtrain.node import launch, procfs, spawn
 
 WAIT = 60.0  # seconds node ops' start may take on this node after mpirun reached it
 
@@ -26,6 +26,17 @@ def read_job(jd, deadline):
         if time.time() > deadline:
             sys.exit("fabtrain: %s did not appear within %g s: was the job started on this node?" % (path, WAIT))
         time.sleep(0.05)
+
+
+def parent():
+    """Who started this rank here: Open MPI's daemon (orted), or mpirun itself on its own node. sshd
+    started the daemon without the job marker, and it outlives the job when mpirun dies badly: the
+    record names it, so that the agent and kill-all end it (kill.starter)."""
+    ppid = os.getppid()
+    st, cmd = procfs.stat(ppid), procfs.cmdline(ppid)
+    if st is None or not cmd:
+        return None
+    return {"pid": ppid, "create_time": st.create_time, "command": os.path.basename(cmd[0])}
 
 
 def main(ws, job_id):
@@ -43,5 +54,5 @@ def main(ws, job_id):
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.chdir(cwd)
-    spawn.record(spec, ws, os.getpid())
+    spawn.record(spec, ws, os.getpid(), starter=parent())
     os.execvpe(argv[0], argv, env)

@@ -21,7 +21,7 @@ import sys
 import time
 
 from fabtrain.node import atomic, gpulease, launch, procfs, runtime
-from fabtrain.node.kill import family, send, stop_all, trusted
+from fabtrain.node.kill import family, send, starter, stop_all, trusted
 from fabtrain.node.killevents import append_events, write_kill_events
 from fabtrain.node.refusal import UserFacing
 from fabtrain.node.workspace import (check_workspace, claim_workspace, code_refusal, job_dir, make_private_dirs,
@@ -331,12 +331,16 @@ def print_stacks(jd, node):
     return {"job_id": os.path.basename(jd)}
 
 
-def kill_targets(ws, records, skip, only=None, sweep=None):
+def kill_targets(ws, records, skip, only=None, sweep=None, starters=()):
     """Everything of the workspace's jobs (of job `only`, if given) alive now: {pid: what it is}; launchers
-    apart (they go by themselves). sweep: a procfs.Sweep to poll with (what it finds becomes its hot pids)."""
+    apart (they go by themselves). sweep: a procfs.Sweep to poll with (what it finds becomes its hot pids).
+    starters: (job id, name, (pid, create time)) of the daemons that started job processes (kill.starter)."""
     procs = sweep.scan() if sweep else procfs.scan()
     kids = procfs.children_map(procs)
     found, launchers = {}, {}
+    for job_id, name, (pid, ctime) in starters:
+        if procfs.alive(pid, ctime, procs):
+            found.setdefault(pid, {"job_id": job_id, "name": name, "pid": pid, "starter": True})
     for job_id, record in records:
         if not procfs.alive(record["pid"], record.get("create_time"), procs):
             continue
@@ -358,7 +362,7 @@ def kill_targets(ws, records, skip, only=None, sweep=None):
         name = "%s-%s" % (env.get(b"FABTRAIN_ROLE", b"?").decode(), env.get(b"FABTRAIN_RANK", b"?").decode())
         found[pid] = {"job_id": job_id, "pid": pid, "name": name, "orphan": True}
     if sweep:
-        sweep.hot = set(found) | set(launchers) | {r["pid"] for _, r in records}
+        sweep.hot = set(found) | set(launchers) | {r["pid"] for _, r in records} | {s[2][0] for s in starters}
     return found, launchers
 
 
@@ -377,11 +381,14 @@ def op_kill(payload):
     jobs_root = os.path.join(ws, "jobs")
     procs = procfs.scan()
     skip = procfs.ancestors()
-    records, untrusted = [], []
+    records, untrusted, starters = [], [], []
     for job_id in sorted(os.listdir(jobs_root)) if os.path.isdir(jobs_root) else []:
         if only is not None and job_id != only:
             continue
         for name, record in run_records(os.path.join(jobs_root, job_id)):
+            daemon = starter(record, procs)  # Open MPI's orted: it outlives a job whose mpirun died badly
+            if daemon and daemon[0] not in skip and daemon not in [s[2] for s in starters]:
+                starters.append((job_id, name, daemon))
             if trusted(record, procs, ws):
                 records.append((job_id, record))
             elif procfs.alive(record["pid"], record.get("create_time"), procs) and record["pid"] not in skip:
@@ -390,9 +397,9 @@ def op_kill(payload):
     described, sweep = {}, procfs.Sweep(ws, procs=procs)
 
     def find():
-        found, _ = kill_targets(ws, records, skip, only, sweep)
+        found, _ = kill_targets(ws, records, skip, only, sweep, starters)
         if not found:  # the cheap view's "all gone" is checked by a full scan before the stop ends
-            found, _ = kill_targets(ws, records, skip, only)
+            found, _ = kill_targets(ws, records, skip, only, starters=starters)
         for pid, desc in found.items():  # as first seen: a child whose program is gone later reads as an orphan
             described.setdefault(pid, desc)
         return list(found)
@@ -400,7 +407,7 @@ def op_kill(payload):
     def launchers_left():  # the sweep's view; "none" is checked by a full scan
         return kill_targets(ws, records, skip, only, sweep)[1] or kill_targets(ws, records, skip, only)[1]
 
-    first, _ = kill_targets(ws, records, skip, only, sweep)
+    first, _ = kill_targets(ws, records, skip, only, sweep, starters)
     touched = {d["job_id"] for d in first.values()} | {job_id for job_id, _ in records}
     if only is not None and only in (os.listdir(jobs_root) if os.path.isdir(jobs_root) else ()):
         touched.add(only)  # a name found in jobs/, never a path the payload made up
@@ -423,7 +430,7 @@ def op_kill(payload):
         send(pid, signal.SIGKILL)
         sent[pid] = "SIGKILL"
     time.sleep(0.05 if left or stuck else 0)
-    found, launchers = kill_targets(ws, records, skip, only)
+    found, launchers = kill_targets(ws, records, skip, only, starters=starters)
     left = sorted(set(found) | set(launchers))
     killed = [dict(described[p], signal=sent[p]) for p in sorted(sent) if p in described]
     write_kill_events(jobs_root, touched, killed, payload.get("node"), reason or by)

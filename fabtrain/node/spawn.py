@@ -46,12 +46,15 @@ def prepare(proc, ws, base_env, generation=0):
     return argv, env, cwd
 
 
-def record(proc, ws, pid):
-    """Write the run record of a process just started as `pid` (the launcher: its session and group leader)."""
+def record(proc, ws, pid, starter=None):
+    """Write the run record of a process just started as `pid` (the launcher: its session and group leader).
+    `starter`: the daemon that started it, where that is not fabtrain (mpirank.py; kill.starter)."""
     st = procfs.stat(pid)
     run = {"name": proc["name"], "role": proc["role"], "rank": proc["rank"], "pid": pid,
            "pgid": pid, "create_time": st.create_time if st else time.time(),
            "argv": [expand(a, ws) for a in proc["argv"]], "started_at": time.time()}
+    if starter:
+        run["starter"] = starter
     atomic.write_json(expand(proc["run"], ws), run)
     return run
 

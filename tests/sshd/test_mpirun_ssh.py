@@ -147,3 +147,48 @@ def test_kill_all_leaves_nothing_of_an_mpirun_job(mpi_job):
     out = job.fab("kill-all", "--grace", "1", cluster=job.path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert wait_for(lambda: not job.leftovers(), timeout=10), job.describe()
+
+
+def daemon_of(job, rank):
+    """Open MPI's daemon that started `rank` on its node, as the rank's run record names it."""
+    starter = json.loads((job.jds[rank] / "run" / f"trainer-{rank}.json").read_text())["starter"]
+    assert os.path.basename(procfs.cmdline(starter["pid"])[0]) == starter["command"] == "orted", starter
+    return starter["pid"]
+
+
+def events_of(jd):
+    return [json.loads(line) for line in (jd / "events.jsonl").read_text().splitlines()]
+
+
+def test_a_daemon_that_does_not_leave_when_a_rank_fails_is_ended_by_its_nodes_agent(mpi_job):
+    """Open MPI's daemons leave when mpirun ends, unless they cannot hear it (here: stopped; in CI, once
+    mpirun crashed in its own abort and node2's daemon stayed). They carry no job marker: the agent
+    knows the one that started its ranks from their run records, and ends it once the job has ended."""
+    job = mpi_job(300)
+    programs = [job.program(rank) for rank in range(3)]
+    daemon = daemon_of(job, 2)
+    os.kill(daemon, signal.SIGSTOP)  # node3's daemon can neither stop rank 2 nor leave
+    os.kill(programs[1], signal.SIGKILL)
+    assert wait_for(lambda: not job.leftovers(agents=False), timeout=10, interval=0.05), job.describe()
+    assert procfs.stat(daemon) is None or procfs.stat(daemon).dead
+    orphans = [e for e in events_of(job.jds[2]) if e["kind"] == "orphan"]
+    assert any(f"Open MPI's daemon (pid {daemon}), which started trainer-2 here, outlived the job" in e["reason"]
+               for e in orphans), job.describe()
+    assert wait_for(lambda: not job.leftovers(), timeout=30), job.describe()
+
+
+def test_kill_all_ends_a_daemon_that_does_not_leave_even_without_the_agents(mpi_job):
+    job = mpi_job(300)
+    for rank in range(3):
+        job.program(rank)
+    daemon = daemon_of(job, 1)
+    agent = json.loads((job.jds[1] / "run" / "agent.json").read_text())["pid"]
+    for pid in (daemon, agent):  # node2's agent cannot help, and its daemon cannot leave
+        os.kill(pid, signal.SIGSTOP)
+    out = job.fab("kill-all", "--grace", "1", cluster=job.path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert procfs.stat(daemon) is None or procfs.stat(daemon).dead, job.describe()  # when kill-all returns
+    killed = [e for e in events_of(job.jds[1]) if e["kind"] == "killed" and e["name"] == "trainer-1" and "pids" in e]
+    assert killed and daemon in killed[0]["pids"], killed  # the rank itself: kill-all's, or the woken agent's
+    assert f"Open MPI's daemon that started it here, pid {daemon}" in killed[0]["reason"]
+    assert wait_for(lambda: not job.leftovers(), timeout=30), job.describe()

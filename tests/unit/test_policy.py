@@ -213,6 +213,24 @@ def test_what_a_process_left_behind_is_killed_as_an_orphan():
     assert ledger.orphans == (Orphan(300, 2.0, orphan.reason.replace("; killing it", ""), "trainer-0", "", 10.0),)
 
 
+def test_open_mpis_daemon_left_after_the_jobs_end_is_killed_as_an_orphan_and_only_then():
+    """The agent hands the policy a rank's starter (orted) only once it outstayed STARTER_WAIT; the policy
+    ends it only when the job has ended and nothing of it runs here (the daemon serves every rank here)."""
+    done = trainer(state=ProcessState.EXITED, exit_code=137, starter=(500, 4.0))
+    other = trainer("trainer-3", last_record=9.9)
+    failed = Ledger(status=Status("failed", "trainer-1 on node2 exited with code 137"))
+    actions, ledger = run(replace(done, exit_code=0), ledger=Ledger(reported=frozenset({"trainer-0"})))
+    assert ledger.status.status == "running" and notes(actions, "orphan") == []  # other ranks need the daemon
+    actions, _ = run(done, other, ledger=failed)  # trainer-3 still runs under it: the teardown comes first
+    assert not [a for a in actions if getattr(a, "pid", None) == 500]
+    actions, ledger = run(done, replace(done, name="trainer-4"), ledger=failed)  # two ranks, one daemon
+    (note,) = notes(actions, "orphan")
+    assert note.reason == "Open MPI's daemon (pid 500), which started trainer-0 here, outlived the job; killing it"
+    assert Signal(500, 4.0, signal.SIGTERM) in actions and [o.pid for o in ledger.orphans] == [500]
+    actions, ledger = run(done, now=12.0, ledger=ledger, orphans_alive=frozenset({500}))  # grace over
+    assert Signal(500, 4.0, signal.SIGKILL) in actions and notes(actions, "orphan")[0].fields["signal"] == "SIGKILL"
+
+
 def test_zombies_are_reported_once_and_their_parent_killed_when_the_job_ends():
     p = trainer(zombies=((301, 250, 3.0),), last_record=9.9)
     actions, ledger = run(p)

@@ -33,6 +33,10 @@ from .supervisor import Markers, ProcessContext, job_running
 
 DISK_FULL_BYTES = 1 << 20  # less than this free in the workspace: a full disk, for the events' reasons
 LIST_PERIOD = 5.0  # s between listings of /proc: a stray of an earlier job is seen within two of them
+# Seconds Open MPI's daemon (orted) gets to leave by itself once the ranks it started here ended and the
+# job's end is known here. It leaves when mpirun ends, unless mpirun dies badly (Open MPI 4.1's mpirun
+# can crash in its own abort): then it would stay forever, without the job marker.
+STARTER_WAIT = 0.5
 
 
 def load_job(job_dir: str) -> dict:
@@ -121,6 +125,17 @@ class PidWatch:
         return ended
 
 
+def proc_table() -> procfs.ProcTable:
+    """The agent's view of /proc, listed every LIST_PERIOD s, not every step: the job's processes and
+    their new descendants are followed through their children files (ProcTable), and any other process
+    is read only once it has lived through a listing (settle: never, if it is that short-lived). Every
+    process is re-read every 12th listing (~60 s): that only guards against a pid reused between two
+    listings. At 1,250 processes the listing and the re-reads were most of an agent's CPU (200 agents on
+    one machine). The first listing waits too: at a start every node's agent starts at once, and what
+    it watches first, its job's processes, it finds from their run records."""
+    return procfs.ProcTable(full_every=12, list_period=LIST_PERIOD, list_first=False, settle=True)
+
+
 class Agent:
     def __init__(self, job_dir: str, restarted: bool = False):
         self.jd = os.path.abspath(job_dir)
@@ -139,14 +154,7 @@ class Agent:
         self.by_name = {ctx.name: ctx for ctx in self.contexts}
         self.ledger = policy.Ledger()
         self.obs = policy.Observation(now=self.started)
-        # /proc is listed every LIST_PERIOD s, not every step: the job's processes and their new
-        # descendants are followed through their children files (ProcTable), and any other process is
-        # read only once it has lived through a listing (settle: never, if it is that short-lived). Every process is
-        # re-read every 12th listing (~60 s): that only guards against a pid reused between two listings.
-        # At 1,250 processes the listing and the re-reads were most of an agent's CPU (200 agents on one machine).
-        # The first listing waits too: at a start every node's agent starts at once, and what it watches
-        # first, its job's processes, it finds from their run records.
-        self.table = procfs.ProcTable(full_every=12, list_period=LIST_PERIOD, list_first=False, settle=True)
+        self.table = proc_table()
         self.procs, self.kids, self.hot = {}, {}, set()
         self.markers = Markers(self.ws)
         self.watch = PidWatch()
@@ -160,6 +168,7 @@ class Agent:
         self.is_done = False
         self.done_since: float | None = None
         self.final_since: float | None = None
+        self.final_at: float | None = None  # when this agent first saw the job's end (epoch)
         self.started_generation = 0  # the job's generation this node last started (beats carry it)
         self.launchers: list = []  # launchers this agent started (a restart): reaped here
         self.straggler_rule = stragglers.rule_of(self.job.get("watchdog"))
@@ -230,6 +239,8 @@ class Agent:
         if any(ctx.program_gone_at and not ctx.ended for ctx in self.contexts):
             return mono + 0.02  # its launcher is about to record the exit code
         due = policy.next_deadline(self.obs, self.ledger, self.cfg)
+        waits = [at for at in (starter_wait(ctx, self.procs, self.final_at) for ctx in self.contexts) if at and at > now]
+        due = min([due] + waits if due is not None else waits, default=None)
         soon = mono + self.cfg.interval
         return soon if due is None else min(soon, mono + max(0.02, due - now))
 
@@ -245,6 +256,8 @@ class Agent:
         self.obs = self.observe(now)
         actions, self.ledger = policy.decide(self.obs, self.ledger, self.cfg)
         self.execute(actions, now)
+        final = self.ledger.status.status in FINAL
+        self.final_at = (self.final_at or now) if final else None
         watched = [p for ctx in self.contexts for p in ctx.watched_pids()]
         self.watch.follow(watched + [o.pid for o in self.ledger.orphans])
         if tick:
@@ -270,7 +283,8 @@ class Agent:
             if not ctx.ended:
                 mine.update(ctx.family)
         return policy.Observation(
-            now=now, procs=tuple(facts(ctx, self.procs) for ctx in self.contexts),
+            now=now, procs=tuple(facts(ctx, self.procs, starter_due(ctx, self.procs, self.final_at, now))
+                       for ctx in self.contexts),
             strays=tuple(strays(self.procs, self.markers, mine, self.job_id, self.ws, now)),
             orphans_alive=frozenset(o.pid for o in self.ledger.orphans if procfs.alive(o.pid, o.ctime, self.procs)),
             killed_by=read_killer(os.path.join(self.jd, "killed")), peers=self.link.peers(),
@@ -368,6 +382,8 @@ class Agent:
         if not self.local_done() or self.ledger.status.status == JobState.RESTARTING:
             self.done_since, self.is_done = None, False
             return False
+        if self.final_at is not None and any(ctx.starter_alive(self.procs) for ctx in self.contexts):
+            return False  # Open MPI's daemon is about to leave, or to be ended (starter_due)
         now = time.monotonic()
         if self.done_since is None:
             self.done_since, self.is_done = now, True
@@ -455,6 +471,8 @@ def hot_pids(own: int, contexts, orphans, marked, kids: dict) -> set[int]:
         if ctx.launcher:
             hot.add(ctx.launcher)
             hot.update(procfs.descendants(ctx.launcher, kids))
+        if ctx.starter:
+            hot.add(ctx.starter[0])
         hot.update(ctx.members)
         hot.update(ctx.family)
     hot.update(o.pid for o in orphans)
@@ -464,7 +482,21 @@ def hot_pids(own: int, contexts, orphans, marked, kids: dict) -> set[int]:
     return hot
 
 
-def facts(ctx: ProcessContext, procs: dict) -> policy.ProcFacts:
+def starter_wait(ctx: ProcessContext, procs: dict, final_at: float | None) -> float | None:
+    """When the daemon that started `ctx` (Open MPI's orted) has had STARTER_WAIT to leave by itself: after
+    both ctx's end and the job's end as this node knows it (None: not ended, or no daemon alive)."""
+    if final_at is None or not ctx.ended or ctx.starter_alive(procs) is None:
+        return None
+    return max(ctx.ended_at, final_at) + STARTER_WAIT
+
+
+def starter_due(ctx: ProcessContext, procs: dict, final_at: float | None, now: float) -> tuple[int, float] | None:
+    """That daemon, once its wait is over: the policy ends it as an orphan."""
+    at = starter_wait(ctx, procs, final_at)
+    return ctx.starter_alive(procs) if at is not None and now >= at else None
+
+
+def facts(ctx: ProcessContext, procs: dict, starter=None) -> policy.ProcFacts:
     progress = ctx.progress
     return policy.ProcFacts(
         name=ctx.name, role=ctx.role, rank=ctx.rank, state=ctx.state, pid=ctx.pid, launcher=ctx.launcher,
@@ -472,7 +504,7 @@ def facts(ctx: ProcessContext, procs: dict) -> policy.ProcFacts:
         last_record=progress.last_record if progress else None,
         last_activity=progress.last_activity if progress else None, stopped_since=ctx.stopped_since,
         term_at=ctx.term_at, kill_signal=ctx.kill_signal, close_reason=ctx.close_reason,
-        leftovers=tuple(ctx.leftovers(procs)), zombies=tuple(ctx.zombies))
+        leftovers=tuple(ctx.leftovers(procs)), zombies=tuple(ctx.zombies), starter=starter)
 
 
 def strays(procs: dict, markers: Markers, mine: set, job_id: str, workspace: str, now: float) -> list[policy.Stray]:

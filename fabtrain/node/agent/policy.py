@@ -69,6 +69,9 @@ class ProcFacts:
     kill_signal: str | None = None
     close_reason: str | None = None
     leftovers: tuple = ()  # (pid, create time) still alive after it ended
+    # (pid, create time) of the daemon that started it (Open MPI's orted), alive STARTER_WAIT after the
+    # process ended and the job's end was known here: it should have left by itself
+    starter: tuple | None = None
     zombies: tuple = ()  # (pid, parent pid, create time) of defunct descendants
 
     @property
@@ -464,6 +467,15 @@ class _Decision:
                     continue
                 reason = "outlived its main process %s (pid %s, which %s)" % (
                     p.name, p.pid, describe_end(p.exit_code, launcher=p.launcher if p.launcher_lost else None))
+                orphans[pid] = Orphan(pid, ctime, reason, p.name, "", now)
+                self.actions += [Signal(pid, ctime, signal.SIGTERM), Signal(pid, ctime, signal.SIGCONT)]
+                self.note("orphan", reason + "; killing it", p, pid=pid, signal="SIGTERM")
+        if self.ledger.status.status in FINAL and not any(p.live for p in self.obs.procs):
+            for p in self.obs.procs:
+                if p.starter is None or p.starter[0] in orphans:
+                    continue
+                pid, ctime = p.starter
+                reason = "Open MPI's daemon (pid %d), which started %s here, outlived the job" % (pid, p.name)
                 orphans[pid] = Orphan(pid, ctime, reason, p.name, "", now)
                 self.actions += [Signal(pid, ctime, signal.SIGTERM), Signal(pid, ctime, signal.SIGCONT)]
                 self.note("orphan", reason + "; killing it", p, pid=pid, signal="SIGTERM")

@@ -19,7 +19,7 @@ import signal
 from fabtrain.node import launch, procfs
 from fabtrain.node.atomic import read_json
 from fabtrain.node.coordination.stragglers import StepRate
-from fabtrain.node.kill import send, signal_all, trusted
+from fabtrain.node.kill import send, signal_all, starter, trusted
 from fabtrain.node.states import ProcessState, signal_of, state_of
 
 CPU_PROGRESS = 0.01  # CPU seconds per second (1% of a core) that count as activity
@@ -103,6 +103,7 @@ class ProcessContext:
         self.records_from = records_from  # metrics bytes of earlier generations: not this one's progress
         self.record: dict | None = None
         self.launcher: int | None = None
+        self.starter: tuple[int, float] | None = None  # (pid, create time) of Open MPI's daemon that started it
         self.program: int | None = None
         self.program_ctime: float | None = None
         self.family: dict[int, float] = {}  # pid -> create time: everything seen under the launcher
@@ -201,6 +202,7 @@ class ProcessContext:
                 procfs.alive(record["pid"], record.get("create_time"), procs):
             return False  # alive but not ours (no marker, not its own group): a planted record; wait for ops'
         self.record, self.launcher = record, record["pid"]
+        self.starter = starter(record, procs)  # checked once, while it is known to be what the record says
         self.program = record.get("program_pid")
         self.program_ctime = record.get("program_create_time")
         self.state = ProcessState.RUNNING
@@ -247,6 +249,10 @@ class ProcessContext:
             return []
         return [(pid, ctime) for pid, ctime in sorted(self.family.items())
                 if pid != self.launcher and procfs.alive(pid, ctime, procs)]
+
+    def starter_alive(self, procs: dict) -> tuple[int, float] | None:
+        """The daemon that started it (kill.starter), while it lives."""
+        return self.starter if self.starter and procfs.alive(*self.starter, procs) else None
 
     @property
     def signal(self) -> int | None:
