@@ -1,7 +1,7 @@
 """on_failure restart as data: the restart policy, the coordinator's board and the agent's rules, no process."""
 from __future__ import annotations
 
-from dataclasses import replace
+from fabtrain.node.records import replace
 
 import pytest
 

@@ -4,50 +4,50 @@ The loop executes them in order: a Note is an event, DumpStacks comes before a h
 Stops, Stop and Escalate are the one kill escalation, Relaunch starts the next generation."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from fabtrain.node.records import factory, record
 
 
-@dataclass(frozen=True)
+@record
 class Note:
     """An event for events.jsonl."""
     kind: str
     reason: str
     name: str | None = None
-    fields: dict = field(default_factory=dict)
+    fields: dict = factory(dict)
 
 
-@dataclass(frozen=True)
+@record
 class DumpStacks:
     """Record every thread's stack of these live processes into the job's directory (stacks.py), before
     the Stop actions that follow it; the next `hang` or `teardown` Note carries each one's top frame."""
     names: tuple
 
 
-@dataclass(frozen=True)
+@record
 class Stop:
     """SIGTERM to a job process and everything it started; the grace starts."""
     name: str
     reason: str
 
 
-@dataclass(frozen=True)
+@record
 class Escalate:
     """SIGKILL to what of a job process survived its grace."""
     name: str
 
 
-@dataclass(frozen=True)
+@record
 class KillLauncher:
     name: str
 
 
-@dataclass(frozen=True)
+@record
 class Relaunch:
     """Start this node's processes again as generation `generation` (on_failure restart)."""
     generation: int
 
 
-@dataclass(frozen=True)
+@record
 class Signal:
     """A signal to one process that is not a job process of its own (an orphan, a zombie's parent)."""
     pid: int

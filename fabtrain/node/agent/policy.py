@@ -8,7 +8,7 @@ are the table in docs/watchdog.md.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, replace
+from fabtrain.node.records import record, replace
 
 from fabtrain.node.agent.actions import DumpStacks, Escalate, KillLauncher, Note, Relaunch, Signal, Stop
 from fabtrain.node.coordination.board import hung_timeout
@@ -27,7 +27,7 @@ ZOMBIE_MIN_AGE = 5.0
 # -- what the agent sees ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record
 class Config:
     """job.json's watchdog settings (no defaults here: cluster.yaml's config holds the only copy)."""
     node: str
@@ -51,7 +51,7 @@ class Config:
         return hung_timeout(self.peer_timeout)
 
 
-@dataclass(frozen=True)
+@record
 class ProcFacts:
     """One job process of this node, as the supervisor saw it."""
     name: str
@@ -87,7 +87,7 @@ class ProcFacts:
         return self.started and not self.ended
 
 
-@dataclass(frozen=True)
+@record
 class Stray:
     """A process with this workspace's job marker that no live job process here owns."""
     pid: int
@@ -99,7 +99,7 @@ class Stray:
     job_running: bool  # its job still has a live process on this node
 
 
-@dataclass(frozen=True)
+@record
 class Peers:
     """The coordinator, as this agent's connection to it knows it."""
     ever_connected: bool = False
@@ -117,7 +117,7 @@ def coordinator_lost(peers: Peers, cfg: Config) -> bool:
     return peers.silent_for > (cfg.hung_timeout if peers.connected else cfg.peer_timeout)
 
 
-@dataclass(frozen=True)
+@record
 class Observation:
     now: float
     procs: tuple = ()
@@ -133,14 +133,14 @@ class Observation:
 # -- what it remembers ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record
 class Status:
     status: str = JobState.RUNNING
     reason: str | None = None
     origin: str | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Orphan:
     pid: int
     ctime: float
@@ -151,7 +151,7 @@ class Orphan:
     signal: str = "SIGTERM"
 
 
-@dataclass(frozen=True)
+@record
 class Ledger:
     status: Status = Status()
     failure: str | None = None  # this node's own failure (its beats carry it)

@@ -30,7 +30,7 @@ and stays without it until the next `fab start-*`.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from fabtrain.node.records import as_dict, factory, record
 from typing import NamedTuple
 
 from fabtrain.node.states import FINAL, LIVE, JobState, ProcessState
@@ -63,13 +63,13 @@ class Outcome(NamedTuple):
     broadcast: bool = False
 
 
-@dataclass
+@record(frozen=False)
 class Peer:
     seen: float  # monotonic, of the last beat
     ts: float | None = None  # epoch, of the last beat
     done: bool = False  # nothing of the job is left on that node: it may go quiet
     lost: bool = False
-    procs: dict = field(default_factory=dict)
+    procs: dict = factory(dict)
     expected: int | None = None  # trainers the job has (WORLD_SIZE), if the node knows
     had_procs: bool = False  # it has run job processes: it must start its part of every generation
     generation: int = 0  # the last generation it said it started
@@ -325,7 +325,7 @@ class Board:
 
     def saved(self, wall: float) -> dict:
         return {"job_id": self.job_id, "status": self.status, "saved": wall,
-                "peers": {n: {k: v for k, v in asdict(p).items() if k in SAVED} for n, p in self.peers.items()}}
+                "peers": {n: {k: v for k, v in as_dict(p).items() if k in SAVED} for n, p in self.peers.items()}}
 
     @classmethod
     def restore(cls, saved, job_id: str, nodes: list[str], peer_timeout: float, now: float,

@@ -12,10 +12,10 @@ numbering: they say which slot of the job a process is, not its rank.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from fabtrain.node.records import record
 
 
-@dataclass(frozen=True)
+@record
 class Layout:
     """The job's nodes as the board needs them to decide a leave (from job.json's `nodes` and `trainers`)."""
     min_nodes: int

@@ -11,7 +11,7 @@ node that left (kind ``left``) restarts the job too, on the nodes that are left.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from fabtrain.node.records import record
 
 from .elastic import Layout
 
@@ -20,7 +20,7 @@ START_WINDOW = 15.0  # after backoff + teardown, how long every node has to repo
 RESTARTABLE = ("exit", "hang")
 
 
-@dataclass(frozen=True)
+@record
 class Decision:
     restart: bool
     generation: int  # the generation to start (restart), else the current one
@@ -28,7 +28,7 @@ class Decision:
     why_not: str | None = None  # why a failure under on_failure restart is not restarted
 
 
-@dataclass(frozen=True)
+@record
 class RestartPolicy:
     """No defaults here: cluster.yaml's config holds the only copy, and job.json carries every setting."""
     enabled: bool  # on_failure is restart

@@ -10,17 +10,17 @@ records); the rule itself sees only numbers, so tests check it as data.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from fabtrain.node.records import factory, record, replace
 
 
-@dataclass(frozen=True)
+@record
 class Rule:
     """job.watchdog.straggler's settings (cluster.yaml's config holds the defaults)."""
     share: float
     window: float
 
 
-@dataclass(frozen=True)
+@record
 class Finding:
     """One rank found behind: what its `straggler` event says."""
     name: str
@@ -30,10 +30,10 @@ class Finding:
     since: float
 
 
-@dataclass(frozen=True)
+@record
 class Behind:
     """Which ranks are below the share now, since when, and which were already reported."""
-    since: dict = field(default_factory=dict)  # (node, name) -> first time below
+    since: dict = factory(dict)  # (node, name) -> first time below
     reported: frozenset = frozenset()
 
 
