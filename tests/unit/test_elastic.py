@@ -2,7 +2,7 @@
 and the renumbered world each process of it gets. No process."""
 from __future__ import annotations
 
-from fabtrain.node.records import replace
+from fabtrain.node.structs import replace
 
 import pytest
 

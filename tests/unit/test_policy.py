@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import signal
-from fabtrain.node.records import replace
+from fabtrain.node.structs import replace
 
 from fabtrain.node.agent.policy import (Config, DumpStacks, Escalate, Ledger, Note, Observation, Orphan, Peers, ProcFacts, Signal,
                                         Status, Stop, Stray, ZOMBIE_MIN_AGE, decide, next_deadline, on_status)

@@ -1,7 +1,7 @@
 """on_failure restart as data: the restart policy, the coordinator's board and the agent's rules, no process."""
 from __future__ import annotations
 
-from fabtrain.node.records import replace
+from fabtrain.node.structs import replace
 
 import pytest
 

@@ -4,7 +4,7 @@ The loop executes them in order: a Note is an event, DumpStacks comes before a h
 Stops, Stop and Escalate are the one kill escalation, Relaunch starts the next generation."""
 from __future__ import annotations
 
-from fabtrain.node.records import factory, record
+from fabtrain.node.structs import factory, record
 
 
 @record

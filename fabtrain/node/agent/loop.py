@@ -13,7 +13,7 @@ import os
 import selectors
 import signal
 import time
-from fabtrain.node.records import replace
+from fabtrain.node.structs import replace
 
 from fabtrain.node import procfs
 from fabtrain.node.atomic import read_json

@@ -8,7 +8,7 @@ are the table in docs/watchdog.md.
 from __future__ import annotations
 
 import signal
-from fabtrain.node.records import record, replace
+from fabtrain.node.structs import record, replace
 
 from fabtrain.node.agent.actions import DumpStacks, Escalate, KillLauncher, Note, Relaunch, Signal, Stop
 from fabtrain.node.coordination.board import hung_timeout

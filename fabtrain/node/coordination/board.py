@@ -30,7 +30,7 @@ and stays without it until the next `fab start-*`.
 """
 from __future__ import annotations
 
-from fabtrain.node.records import as_dict, factory, record
+from fabtrain.node.structs import as_dict, factory, record
 from typing import NamedTuple
 
 from fabtrain.node.states import FINAL, LIVE, JobState, ProcessState

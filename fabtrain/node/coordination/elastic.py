@@ -12,7 +12,7 @@ numbering: they say which slot of the job a process is, not its rank.
 """
 from __future__ import annotations
 
-from fabtrain.node.records import record
+from fabtrain.node.structs import record
 
 
 @record

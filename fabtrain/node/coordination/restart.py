@@ -11,7 +11,7 @@ node that left (kind ``left``) restarts the job too, on the nodes that are left.
 """
 from __future__ import annotations
 
-from fabtrain.node.records import record
+from fabtrain.node.structs import record
 
 from .elastic import Layout
 

@@ -10,7 +10,7 @@ records); the rule itself sees only numbers, so tests check it as data.
 """
 from __future__ import annotations
 
-from fabtrain.node.records import factory, record, replace
+from fabtrain.node.structs import factory, record, replace
 
 
 @record

@@ -1,4 +1,4 @@
-"""Records for node-side code: classes of named fields, frozen by default, without `dataclasses`.
+"""Structs for node-side code: classes of named fields, frozen by default, without `dataclasses`.
 
 Every agent defines ~20 of them when it starts (its policy's facts, ledger and
 actions; the coordinator's board). Made by the dataclasses module they cost

@@ -1,7 +1,7 @@
-"""fabtrain.node.records: what the agent's policy and the coordinator's board rely on from a record."""
+"""fabtrain.node.structs: what the agent's policy and the coordinator's board rely on from a record."""
 import pytest
 
-from fabtrain.node.records import as_dict, factory, record, replace
+from fabtrain.node.structs import as_dict, factory, record, replace
 
 
 @record
