@@ -20,7 +20,8 @@ import pytest
 
 from fabtrain.node.coordination import Client, Coordinator, protocol
 from fabtrain.node.coordination.protocol import Channel
-from fabtrain.node.coordination.connections import HANDSHAKE_TIMEOUT
+from fabtrain.node.coordination import connections
+from fabtrain.node.coordination.connections import HELLO_TIMEOUT
 from tests.support.procscan import wait_for
 from tests.support.sshd import free_port
 from tests.support.local_job import FAKE
@@ -279,13 +280,37 @@ def test_1100_idle_connections_do_not_use_up_the_coordinators_descriptors(job):
         assert job.beat_gets_through()  # node a's connection is authenticated: never evicted
         done.set()
         assert most[0] <= 64 + 1, most[0]  # handshakes in all (16 per address) + node a
-        time.sleep(HANDSHAKE_TIMEOUT + 0.5)  # the idle ones left are dropped too
+        time.sleep(HELLO_TIMEOUT + 0.5)  # the idle ones left are dropped too
         assert len(job.co.connections.pending) == 0
         job.assert_survived()
     finally:
         done.set()
         for s in idle:
             s.close()
+
+
+def test_an_agent_slow_to_answer_the_challenge_is_let_in_and_a_silent_one_is_not(job, monkeypatch):
+    """An agent on a node whose cores are all busy may wait seconds for a time slice between our
+    challenge and its proof (one of a 200-node start on 2 cores did): it is let in, with no refusal.
+    A connection that says nothing, or that never proves the secret, is still dropped."""
+    monkeypatch.setattr(connections, "PROOF_TIMEOUT", HELLO_TIMEOUT + 3.0)  # 30 s in use: the same rule, sooner
+    idle = job.raw()
+    slow, channel = job.handshake("b")
+    mute, _ = job.handshake("b")
+    time.sleep(HELLO_TIMEOUT + 1.0)  # the agent waits for the CPU
+    assert closed_by_peer(idle, timeout=2.0)
+    assert job.co.refused == 1 and job.co.last_refusal.startswith("no hello within 5 s from 127.0.0.1:")
+    slow.sendall(channel.seal({"op": "auth"}))
+    slow.sendall(channel.seal(beat("b")))
+    reply = channel.open(slow.makefile("rb").readline().strip())
+    assert reply["status"] == "running", reply
+    assert job.co.refused == 1, job.co.last_refusal
+    assert closed_by_peer(mute, timeout=5.0)  # its 8 s from the challenge are up
+    assert job.co.refused == 2
+    assert job.co.last_refusal.startswith("no proof of the secret within 8 s of the challenge from 127.0.0.1:")
+    assert job.co.last_refusal.endswith("(claims b)")
+    job.assert_survived()
+    slow.close()
 
 
 # -- the same against real agents ------------------------------------------------------------------

@@ -19,7 +19,7 @@ from .connections import kernel_timeout, watch_liveness
 from .protocol import Channel, LineReader, ProtocolError
 
 REFUSED_EVENT_EVERY = 60.0  # a refused coordinator is retried every interval; said at most this often
-HANDSHAKE_WAIT = 5.0  # seconds for the coordinator's challenge (its HANDSHAKE_TIMEOUT for our proof)
+HANDSHAKE_WAIT = 5.0  # seconds for the coordinator's challenge (it waits as long for our hello)
 
 
 class Client(threading.Thread):

@@ -2,8 +2,8 @@
 
 Knows nothing of the job. Connections that have not proved the job's secret
 are few (a cap per address and in all, never below the job's number of
-nodes; the oldest gives way, since an agent needs one round trip) and short-lived (HANDSHAKE_TIMEOUT), so a flood of idle
-connections cannot use up the agent's file descriptors. Each node keeps one
+nodes; the oldest gives way, since an agent needs one round trip) and short-lived (HELLO_TIMEOUT,
+then PROOF_TIMEOUT), so a flood of idle connections cannot use up the agent's file descriptors. Each node keeps one
 authenticated connection, its newest. Every refusal is counted; an event says
 so at once and then at most every REFUSED_EVENT_EVERY seconds, so a flood is
 one line in events.jsonl, not thousands.
@@ -22,7 +22,12 @@ from .protocol import Channel, LineReader
 
 UNAUTHENTICATED_MAX = 64  # connections still in their handshake, in all (at least: see Connections)
 UNAUTHENTICATED_PER_ADDRESS = 16  # ... from one address: a flood from one host evicts its own
-HANDSHAKE_TIMEOUT = 5.0  # seconds from accept to a proven secret: one round trip, on a busy node
+HELLO_TIMEOUT = 5.0  # seconds from accept to a hello that names one of this job's nodes
+# ... and from our challenge to the proof of the secret. An agent sends its hello as it connects, but
+# on a node whose every core is busy (200 agents and their trainers starting on 2 cores) it may wait
+# several seconds for a time slice before it can answer: 5 s refused such an agent of a legitimate
+# start. The caps above, not this deadline, keep a flood from the descriptors.
+PROOF_TIMEOUT = 30.0
 MAX_OUTBUF = 1 << 20  # a peer that does not read is dropped (it reconnects)
 REFUSED_EVENT_EVERY = 60.0
 
@@ -78,7 +83,7 @@ def descriptors_for(nodes: int) -> int:
 
 
 class Conn:
-    __slots__ = ("sock", "addr", "reader", "outbuf", "node", "claimed", "channel", "opened", "heard")
+    __slots__ = ("sock", "addr", "reader", "outbuf", "node", "claimed", "channel", "opened", "heard", "deadline")
 
     def __init__(self, sock: socket.socket, addr, now: float):
         self.sock, self.addr, self.outbuf = sock, addr, b""
@@ -87,6 +92,7 @@ class Conn:
         self.claimed: str | None = None  # the node its hello named
         self.channel: Channel | None = None
         self.opened = self.heard = now
+        self.deadline = now + HELLO_TIMEOUT  # to prove the secret; see challenged()
 
     @property
     def where(self) -> str:
@@ -136,13 +142,19 @@ class Connections:
             self.refuse(next(iter(self.pending.values())), "too many connections without the secret")
 
     def expire(self, now: float, silent: float) -> None:
-        """Drop handshakes older than HANDSHAKE_TIMEOUT, and agents silent for `silent` seconds."""
+        """Drop handshakes past their deadline, and agents silent for `silent` seconds."""
         for conn in list(self.pending.values()):
-            if now - conn.opened > HANDSHAKE_TIMEOUT:
-                self.refuse(conn, "no handshake within %g s" % HANDSHAKE_TIMEOUT)
+            if now > conn.deadline:
+                self.refuse(conn, "no proof of the secret within %g s of the challenge" % PROOF_TIMEOUT
+                            if conn.claimed else "no hello within %g s" % HELLO_TIMEOUT)
         for conn in list(self.by_node.values()):
             if now - conn.heard > silent:
                 self.close(conn)  # the agent reconnects if it lives; the board decides if it is lost
+
+    def challenged(self, conn: Conn, node: str) -> None:
+        """`conn`'s hello named `node` of this job and got our challenge: it has PROOF_TIMEOUT to answer."""
+        conn.claimed = node
+        conn.deadline = time.monotonic() + PROOF_TIMEOUT
 
     def authenticated(self, conn: Conn, peer_timeout: float) -> None:
         """`conn` proved the secret for the node its hello named: the kernel watches it from now on."""

@@ -277,7 +277,7 @@ class Coordinator(threading.Thread):
         if not self.board.knows(hello["node"]):
             raise ProtocolError("node %r is not one of job %s's nodes" % (hello["node"], self.job_id))
         nonce = protocol.new_nonce()
-        conn.claimed = hello["node"]
+        self.connections.challenged(conn, hello["node"])
         conn.channel = Channel(self.secret, self.job_id, hello["node"], hello["nonce"], nonce, "coordinator")
         self.connections.send(conn, protocol.challenge(self.secret, self.job_id, hello["node"], hello["nonce"], nonce))
 
