@@ -126,12 +126,17 @@ def choose_auto(cluster: Cluster, busy: dict[str, set[int]], rng: random.Random)
     for u in port_uses(cluster, configured, unchecked=True):
         held.setdefault(u.node, set()).update(u.ports)
     lo, hi = AUTO_WINDOW
+    nothing: set[int] = set()
+
+    def free(u: PortUse) -> bool:  # each port looked up, no set built: a try is O(its ports), not O(window)
+        taken, ours = busy.get(u.node, nothing), held.get(u.node, nothing)
+        return u.port + u.count - 1 <= hi and not any(p in taken or p in ours for p in u.ports)
+
     for setting in auto:
         tries = [rng.randint(lo, hi) for _ in range(200)] + list(range(lo, hi + 1))
         for base in tries:
             trial = port_uses(cluster, {setting: base}, unchecked=True)
-            if all(u.port + u.count - 1 <= hi and not set(u.ports) & (busy.get(u.node, set()) | held.get(u.node, set()))
-                   for u in trial):
+            if all(free(u) for u in trial):
                 ports[setting] = base
                 for u in trial:
                     held.setdefault(u.node, set()).update(u.ports)
