@@ -198,7 +198,10 @@ def test_orphans_get_sigterm_then_sigkill_after_the_grace():
     young = replace(old, pid=78, age=1.0)
     actions, ledger = run(strays=(old, young))
     assert Signal(77, 1.0, signal.SIGTERM) in actions and not [a for a in actions if getattr(a, "pid", 0) == 78]
-    assert "belongs to job OLD, which is not running" in notes(actions, "orphan")[0].reason
+    (note,) = notes(actions, "orphan")
+    assert note.reason == "belongs to job OLD, which is not running; killing it"
+    assert note.fields == {"pid": 77, "role": "trainer", "rank": 7, "job": "OLD", "signal": "SIGTERM"}
+    assert ledger.orphans == (Orphan(77, 1.0, "belongs to job OLD, which is not running", "trainer-7", "OLD", 10.0),)
     actions, ledger = run(now=12.0, ledger=ledger, orphans_alive=frozenset({77}))
     assert Signal(77, 1.0, signal.SIGKILL) in actions
     _, ledger = run(now=13.0, ledger=ledger, orphans_alive=frozenset())

@@ -453,32 +453,30 @@ class _Decision:
     def orphans(self) -> None:
         now, grace = self.obs.now, self.cfg.grace
         orphans = {o.pid: o for o in self.ledger.orphans if o.pid in self.obs.orphans_alive}
+
+        def adopt(pid: int, ctime: float, reason: str, name: str, of_job: str, p: ProcFacts | None = None, **fields):
+            """A new orphan: SIGTERM now (SIGCONT, should it be stopped), SIGKILL once the grace is up."""
+            orphans[pid] = Orphan(pid, ctime, reason, name, of_job, now)
+            self.actions += [Signal(pid, ctime, signal.SIGTERM), Signal(pid, ctime, signal.SIGCONT)]
+            self.note("orphan", reason + "; killing it", p, pid=pid, signal="SIGTERM", **fields)
+
         for s in self.obs.strays:
             reason = self._stray_reason(s)
-            if reason is None or s.pid in orphans:
-                continue
-            orphans[s.pid] = Orphan(s.pid, s.ctime, reason, "%s-%s" % (s.role, s.rank), s.job, now)
-            self.actions += [Signal(s.pid, s.ctime, signal.SIGTERM), Signal(s.pid, s.ctime, signal.SIGCONT)]
-            self.note("orphan", reason + "; killing it", pid=s.pid, role=s.role,
-                      rank=int(s.rank) if s.rank.isdigit() else s.rank, job=s.job, signal="SIGTERM")
+            if reason is not None and s.pid not in orphans:
+                adopt(s.pid, s.ctime, reason, "%s-%s" % (s.role, s.rank), s.job, role=s.role,
+                      rank=int(s.rank) if s.rank.isdigit() else s.rank, job=s.job)
         for p in self.obs.procs:
             for pid, ctime in p.leftovers:
-                if pid in orphans:
-                    continue
-                reason = "outlived its main process %s (pid %s, which %s)" % (
-                    p.name, p.pid, describe_end(p.exit_code, launcher=p.launcher if p.launcher_lost else None))
-                orphans[pid] = Orphan(pid, ctime, reason, p.name, "", now)
-                self.actions += [Signal(pid, ctime, signal.SIGTERM), Signal(pid, ctime, signal.SIGCONT)]
-                self.note("orphan", reason + "; killing it", p, pid=pid, signal="SIGTERM")
+                if pid not in orphans:
+                    adopt(pid, ctime, "outlived its main process %s (pid %s, which %s)" % (
+                        p.name, p.pid, describe_end(p.exit_code, launcher=p.launcher if p.launcher_lost else None)),
+                        p.name, "", p)
         if self.ledger.status.status in FINAL and not any(p.live for p in self.obs.procs):
             for p in self.obs.procs:
-                if p.starter is None or p.starter[0] in orphans:
-                    continue
-                pid, ctime = p.starter
-                reason = "Open MPI's daemon (pid %d), which started %s here, outlived the job" % (pid, p.name)
-                orphans[pid] = Orphan(pid, ctime, reason, p.name, "", now)
-                self.actions += [Signal(pid, ctime, signal.SIGTERM), Signal(pid, ctime, signal.SIGCONT)]
-                self.note("orphan", reason + "; killing it", p, pid=pid, signal="SIGTERM")
+                if p.starter is not None and p.starter[0] not in orphans:
+                    pid, ctime = p.starter
+                    adopt(pid, ctime, "Open MPI's daemon (pid %d), which started %s here, outlived the job"
+                          % (pid, p.name), p.name, "", p)
         for pid, o in list(orphans.items()):
             if o.signal == "SIGTERM" and now - o.term_at >= grace:
                 orphans[pid] = replace(o, signal="SIGKILL")
