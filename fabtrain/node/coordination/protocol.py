@@ -89,8 +89,12 @@ def parse(data: bytes, max_len: int) -> dict:
     return msg
 
 
+# json.dumps with any argument builds a new encoder each call: a third of a reply's sealing.
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def line(msg: dict) -> bytes:
-    return (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+    return (_compact(msg) + "\n").encode()
 
 
 def new_nonce() -> str:
@@ -183,7 +187,7 @@ class Channel:
 
     def seal(self, msg: dict) -> bytes:
         self.sent += 1
-        body = json.dumps(dict(msg, n=self.sent), separators=(",", ":")).encode()
+        body = _compact(dict(msg, n=self.sent)).encode()
         return b"%s %s\n" % (_frame_mac(self.key, self.side, body), body)
 
     def open(self, data: bytes) -> dict:
