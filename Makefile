@@ -99,5 +99,9 @@ stop: venv
 	  for i in $$(seq 50); do kill -0 $$pid 2>/dev/null || break; sleep 0.1; done; \
 	  kill -9 $$pid 2>/dev/null || true; rm -f $(DEMO)/dashboard.pid; fi
 
+# The unit tests start no daemon and time nothing: they run on every core (pytest-xdist). The rest run
+# one at a time: they start sshd, Slurm and hundreds of processes, and some hold the machine at 100%
+# CPU on purpose. PYTEST_ARGS go to that second run (a file or -k there).
 test: venv system-deps
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n auto tests/unit
+	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/unit $(PYTEST_ARGS)

@@ -76,7 +76,9 @@ def test_the_stand_in_names_a_real_holder_from_proc_and_flags_unhealthy_gpus(tmp
     assert inv["source"] == "stand-in" and [g["free"] for g in inv["gpus"]] == [True, False, True]
     lines = gpuinv.describe(inv)
     assert lines[0] == "GPUs: 3, free 1 (stand-in)"  # GPU 2 is unhealthy: not free to choose
-    assert lines[1].startswith(f"  GPU 1: {getpass.getuser()} pid {os.getpid()} ") and "pytest" in lines[1]
+    with open("/proc/self/cmdline", "rb") as f:  # this process's command, as /proc has it (pytest, or its worker)
+        command = f.read().split(b"\0")[0].decode()
+    assert lines[1].startswith(f"  GPU 1: {getpass.getuser()} pid {os.getpid()} {command}"), lines[1]
     assert lines[1].endswith(" 600 MiB")
     assert lines[2] == "  GPU 2 (!) XID 79 since boot"
 
