@@ -21,7 +21,6 @@ import pytest
 from fabtrain.node.coordination import Client, Coordinator, protocol
 from fabtrain.node.coordination.protocol import Channel
 from fabtrain.node.coordination import connections
-from fabtrain.node.coordination.connections import HELLO_TIMEOUT
 from tests.support.procscan import wait_for
 from tests.support.sshd import free_port
 from tests.support.local_job import FAKE
@@ -265,7 +264,8 @@ def test_a_squatter_on_the_port_gets_no_secret_and_is_refused():
 # -- 3. a flood of idle connections --------------------------------------------------------------
 
 
-def test_1100_idle_connections_do_not_use_up_the_coordinators_descriptors(job):
+def test_1100_idle_connections_do_not_use_up_the_coordinators_descriptors(job, monkeypatch):
+    monkeypatch.setattr(connections, "HELLO_TIMEOUT", 5.0)  # 30 s in use: the same rule, sooner
     most, done = [0], threading.Event()
 
     def sample():  # the coordinator's open connections, as the flood goes on
@@ -280,7 +280,7 @@ def test_1100_idle_connections_do_not_use_up_the_coordinators_descriptors(job):
         assert job.beat_gets_through()  # node a's connection is authenticated: never evicted
         done.set()
         assert most[0] <= 64 + 1, most[0]  # handshakes in all (16 per address) + node a
-        time.sleep(HELLO_TIMEOUT + 0.5)  # the idle ones left are dropped too
+        time.sleep(5.0 + 0.5)  # the idle ones left are dropped too
         assert len(job.co.connections.pending) == 0
         job.assert_survived()
     finally:
@@ -293,11 +293,12 @@ def test_an_agent_slow_to_answer_the_challenge_is_let_in_and_a_silent_one_is_not
     """An agent on a node whose cores are all busy may wait seconds for a time slice between our
     challenge and its proof (one of a 200-node start on 2 cores did): it is let in, with no refusal.
     A connection that says nothing, or that never proves the secret, is still dropped."""
-    monkeypatch.setattr(connections, "PROOF_TIMEOUT", HELLO_TIMEOUT + 3.0)  # 30 s in use: the same rule, sooner
+    monkeypatch.setattr(connections, "HELLO_TIMEOUT", 5.0)  # 30 s each in use: the same rules, sooner
+    monkeypatch.setattr(connections, "PROOF_TIMEOUT", 8.0)
     idle = job.raw()
     slow, channel = job.handshake("b")
     mute, _ = job.handshake("b")
-    time.sleep(HELLO_TIMEOUT + 1.0)  # the agent waits for the CPU
+    time.sleep(5.0 + 1.0)  # the agent waits for the CPU
     assert closed_by_peer(idle, timeout=2.0)
     assert job.co.refused == 1 and job.co.last_refusal.startswith("no hello within 5 s from 127.0.0.1:")
     slow.sendall(channel.seal({"op": "auth"}))
@@ -311,6 +312,35 @@ def test_an_agent_slow_to_answer_the_challenge_is_let_in_and_a_silent_one_is_not
     assert job.co.last_refusal.endswith("(claims b)")
     job.assert_survived()
     slow.close()
+
+
+def test_a_hello_that_arrived_in_time_is_not_refused_because_the_loop_was_late_to_read_it():
+    """A starved coordinator accepts, loses the CPU for longer than the deadline, and checks deadlines
+    before the select that would read the hello: what the agent sent in time is served, not refused.
+    A connection that sent nothing is refused at the same check. Real sockets, the loop's own steps."""
+    import selectors
+    events = []
+    sel = selectors.DefaultSelector()
+    server = socket.create_server(("127.0.0.1", 0))
+    server.setblocking(False)
+    conns = connections.Connections(sel, lambda kind, **kw: events.append((kind, kw)), nodes=2)
+    sent, silent = socket.create_connection(server.getsockname()), socket.create_connection(server.getsockname())
+    try:
+        assert wait_for(lambda: conns.accept(server) or len(conns.pending) == 2, timeout=5)
+        sent.sendall(protocol.hello("j1", "b", protocol.new_nonce()))
+        by_port = {c.addr[1]: c for c in conns.pending.values()}
+        waiting = by_port[sent.getsockname()[1]]
+        assert wait_for(lambda: connections._unread(waiting.sock), timeout=5)
+        conns.expire(time.monotonic() + connections.HELLO_TIMEOUT + 1, silent=60)  # the loop comes back late
+        assert list(conns.pending.values()) == [waiting]
+        assert conns.refused == 1 and conns.last_refusal.startswith("no hello within 30 s from 127.0.0.1:")
+        assert closed_by_peer(silent, timeout=2.0) and not closed_by_peer(sent, timeout=0.2)
+    finally:
+        conns.close_all()
+        sel.close()
+        server.close()
+        sent.close()
+        silent.close()
 
 
 # -- the same against real agents ------------------------------------------------------------------

@@ -15,11 +15,11 @@ from typing import Callable
 
 from . import protocol
 from .board import hung_timeout
-from .connections import kernel_timeout, watch_liveness
+from .connections import HELLO_TIMEOUT, kernel_timeout, watch_liveness
 from .protocol import Channel, LineReader, ProtocolError
 
 REFUSED_EVENT_EVERY = 60.0  # a refused coordinator is retried every interval; said at most this often
-HANDSHAKE_WAIT = 5.0  # seconds for the coordinator's challenge (it waits as long for our hello)
+HANDSHAKE_WAIT = HELLO_TIMEOUT  # seconds for the coordinator's challenge: as long as it waits for our hello
 
 
 class Client(threading.Thread):

@@ -22,11 +22,12 @@ from .protocol import Channel, LineReader
 
 UNAUTHENTICATED_MAX = 64  # connections still in their handshake, in all (at least: see Connections)
 UNAUTHENTICATED_PER_ADDRESS = 16  # ... from one address: a flood from one host evicts its own
-HELLO_TIMEOUT = 5.0  # seconds from accept to a hello that names one of this job's nodes
-# ... and from our challenge to the proof of the secret. An agent sends its hello as it connects, but
-# on a node whose every core is busy (200 agents and their trainers starting on 2 cores) it may wait
-# several seconds for a time slice before it can answer: 5 s refused such an agent of a legitimate
-# start. The caps above, not this deadline, keep a flood from the descriptors.
+# Seconds from accept to a hello that names one of this job's nodes, and then from our challenge to the
+# proof of the secret. An agent sends its hello as it connects, but on a node whose every core is busy
+# (200 agents and their trainers starting on 2 cores) it may wait many seconds for a time slice at
+# either step: 5 s refused agents of a legitimate start, first before the proof and then before the
+# hello. Slow is not hostile; the caps above, not these deadlines, keep a flood from the descriptors.
+HELLO_TIMEOUT = 30.0
 PROOF_TIMEOUT = 30.0
 MAX_OUTBUF = 1 << 20  # a peer that does not read is dropped (it reconnects)
 REFUSED_EVENT_EVERY = 60.0
@@ -99,6 +100,16 @@ class Conn:
         return "%s:%s" % (self.addr[0], self.addr[1]) if isinstance(self.addr, tuple) else str(self.addr)
 
 
+def _unread(sock: socket.socket) -> bool:
+    """Bytes wait on `sock` that the loop has not read yet: what the peer sent in time is judged, not
+    refused because our own loop was slow to reach it (a starved coordinator accepts, and its deadline
+    check may come before the select that would read the hello)."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK))
+    except OSError:  # nothing yet (EAGAIN), or a connection already gone
+        return False
+
+
 class Connections:
     def __init__(self, sel: selectors.BaseSelector, on_event: Callable[..., None], nodes: int = 0):
         self.sel = sel
@@ -144,7 +155,7 @@ class Connections:
     def expire(self, now: float, silent: float) -> None:
         """Drop handshakes past their deadline, and agents silent for `silent` seconds."""
         for conn in list(self.pending.values()):
-            if now > conn.deadline:
+            if now > conn.deadline and not _unread(conn.sock):
                 self.refuse(conn, "no proof of the secret within %g s of the challenge" % PROOF_TIMEOUT
                             if conn.claimed else "no hello within %g s" % HELLO_TIMEOUT)
         for conn in list(self.by_node.values()):
