@@ -169,6 +169,22 @@ def test_frames_are_refused_when_forged_replayed_reflected_or_from_another_conne
         coord.open(deep)  # even a holder of the secret cannot make the parser recurse
 
 
+def test_a_frame_is_the_documented_hmac_of_direction_and_body_under_the_session_key():
+    """The wire format of protocol.py's docstring, computed here with hmac.digest from the secret:
+    an agent of another fabtrain version (or another implementation) interoperates."""
+    import hashlib
+    import hmac
+    a, c = protocol.new_nonce(), protocol.new_nonce()
+    agent, coord = Channel(SECRET, "j1", "n0", a, c, "agent"), Channel(SECRET, "j1", "n0", a, c, "coordinator")
+    key = hmac.new(SECRET.encode(), json.dumps(["session", "j1", "n0", a, c]).encode(), hashlib.sha256)
+    key = key.hexdigest().encode()
+    for sender, direction in ((agent, b"agent"), (coord, b"coordinator"), (agent, b"agent")):
+        frame = sender.seal(beat("n0"))
+        mac, _, body = frame.rstrip(b"\n").partition(b" ")
+        assert mac == hmac.digest(key, direction + b" " + body, "sha256").hex().encode()
+        assert json.loads(body)["n"] == sender.sent  # 1, 1, then the agent's second frame
+
+
 # -- at scale: a beat's reply does not grow with the nodes ----------------------------------------
 
 
@@ -240,3 +256,31 @@ def test_trainer_counts_follow_the_beats_and_survive_a_restore():
     assert again.status_line()["trainers_running"] == 1 and again.every_node_spoke()
     again.beat(beat("n0", trainer("trainer-0", "exited", 0)), 4, 4)
     assert again.status["status"] == "finished"
+
+
+def test_a_beats_reply_on_the_wire_is_the_reply_whatever_changed_between_beats():
+    """The status line in every reply is encoded once a change (Board.status_json): a node that joins,
+    a trainer that exits, a failure, a node that is lost, another roster each show in the next
+    reply's bytes, as they do in the reply itself."""
+    b = Board("j1", ["n0", "n1", "n2"], peer_timeout=5)
+    a, c = protocol.new_nonce(), protocol.new_nonce()
+    channel = Channel(SECRET, "j1", "n0", a, c, "coordinator")
+    steps = [("n0", trainer("trainer-0"), {}), ("n0", trainer("trainer-0"), {"seq": 2}), ("n2", None, {}),
+             ("n1", trainer("trainer-1"), {}), ("n1", trainer("trainer-1", "exited", 0), {"seq": 7}),
+             ("n0", trainer("trainer-0"), {"roster": {"epoch": "x", "at": 0}}),
+             ("n2", trainer("trainer-2", "exited", 1), {"failure": {"reason": "trainer-2 exited with code 1"}}),
+             ("n0", trainer("trainer-0"), {"seq": "not a number"})]
+    seen = []
+    for i, (node, procs, kw) in enumerate(steps):
+        out = b.beat(beat(node, procs, **kw), now=i, wall=100 + i)
+        frame = channel.seal(out.reply, out.body).rstrip(b"\n")
+        sent = json.loads(frame.partition(b" ")[2])
+        assert sent == json.loads(protocol.compact(dict(out.reply, n=i + 1))), (i, sent)
+        seen.append((sent["status"], sent["nodes_seen"], sent["trainers_running"], "roster" in sent))
+    assert [e.kind for e in b.check_peers(now=100, wall=200)] == ["peer_lost"] * 3
+    back = b.beat(beat("n0", trainer("trainer-0")), now=100, wall=200)
+    assert json.loads(back.body) == json.loads(protocol.compact(back.reply))
+    assert json.loads(back.body)["trainers_running"] == 1 and back.events[0].kind == "peer_back"
+    assert [x[:3] for x in seen[:5]] == [("running", 1, 1), ("running", 1, 1), ("running", 2, 1),
+                                         ("running", 3, 2), ("running", 3, 1)]
+    assert seen[6][0] == "failed" and seen[7][0] == "failed"

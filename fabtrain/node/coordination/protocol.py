@@ -90,11 +90,11 @@ def parse(data: bytes, max_len: int) -> dict:
 
 
 # json.dumps with any argument builds a new encoder each call: a third of a reply's sealing.
-_compact = json.JSONEncoder(separators=(",", ":")).encode
+compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def line(msg: dict) -> bytes:
-    return (_compact(msg) + "\n").encode()
+    return (compact(msg) + "\n").encode()
 
 
 def new_nonce() -> str:
@@ -111,10 +111,13 @@ def _mac(key: bytes, *parts: str) -> str:
     return hmac.new(key, json.dumps(parts).encode(), hashlib.sha256).hexdigest()
 
 
-def _frame_mac(key: bytes, side: bytes, body: bytes) -> bytes:
-    # The direction has no space in it, so "direction body" is read one way only. hmac.digest is
-    # the one-shot C path: a frame's MAC is most of what a beat costs the coordinator.
-    return hmac.digest(key, side + b" " + body, "sha256").hex().encode()
+def _frame_hmac(key: bytes, side: bytes) -> hmac.HMAC:
+    """HMAC-SHA256 keyed by `key` that has taken in "direction ": a frame's MAC is a copy of it fed the body.
+
+    The direction has no space in it, so "direction body" is read one way only. Keying HMAC (the
+    key's pads, OpenSSL's lookup of SHA-256) cost more than hashing a beat: hmac.digest did it for
+    every frame (4.2 us), a copy of a keyed object does not (2.3 us, best of 5, 300-byte body)."""
+    return hmac.new(key, side + b" ", hashlib.sha256)
 
 
 def _name(msg: dict, field: str) -> str:
@@ -179,23 +182,32 @@ class Channel:
     def __init__(self, secret: str | None, job_id: str, node: str, agent_nonce: str, coordinator_nonce: str,
                  side: str):
         assert side in ("agent", "coordinator")
-        self.key = _mac(_key(secret), "session", job_id, node, agent_nonce, coordinator_nonce).encode()
-        self.side = side.encode()
-        self.other = b"coordinator" if side == "agent" else b"agent"
+        key = _mac(_key(secret), "session", job_id, node, agent_nonce, coordinator_nonce).encode()
+        mine = side.encode()
+        self._sealing = _frame_hmac(key, mine)
+        self._opening = _frame_hmac(key, b"coordinator" if mine == b"agent" else b"agent")
         self.sent = 0
         self.received = 0
 
-    def seal(self, msg: dict) -> bytes:
+    def seal(self, msg: dict, body: bytes | None = None) -> bytes:
+        """One frame of `msg`; `body`, where given, is `msg` already encoded as compact JSON."""
         self.sent += 1
-        body = _compact(dict(msg, n=self.sent)).encode()
-        return b"%s %s\n" % (_frame_mac(self.key, self.side, body), body)
+        if body is None:
+            body = compact(dict(msg, n=self.sent)).encode()
+        else:
+            body = b'%s,"n":%d}' % (body[:-1], self.sent)
+        mac = self._sealing.copy()
+        mac.update(body)
+        return b"%s %s\n" % (mac.hexdigest().encode(), body)
 
     def open(self, data: bytes) -> dict:
         """The message of one frame (without its newline) from the other side."""
         if len(data) > MAX_FRAME:
             raise ProtocolError("frame of %d bytes (at most %d)" % (len(data), MAX_FRAME))
         mac, _, body = data.partition(b" ")
-        if len(mac) != _MAC_LEN or not hmac.compare_digest(mac, _frame_mac(self.key, self.other, body)):
+        want = self._opening.copy()
+        want.update(body)
+        if len(mac) != _MAC_LEN or not hmac.compare_digest(mac, want.hexdigest().encode()):
             raise ProtocolError("bad MAC (forged, replayed from another connection, or not this job's secret)")
         msg = parse(body, MAX_FRAME)
         if msg.get("n") != self.received + 1:

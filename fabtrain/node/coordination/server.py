@@ -18,7 +18,7 @@ import time
 from typing import Callable
 
 from . import protocol
-from .board import Board, Event, hung_timeout
+from .board import Board, Event, Outcome, hung_timeout
 from .restart import RestartPolicy
 from .connections import Conn, Connections, descriptors_for, kernel_timeout
 from .protocol import Channel, ProtocolError
@@ -105,16 +105,21 @@ class Coordinator(threading.Thread):
 
     def handle(self, msg: dict) -> tuple[dict, bool]:
         """(reply, broadcast?) for one authenticated message. Also used directly by the tests."""
+        outcome = self.take(msg)
+        return outcome.reply, outcome.broadcast
+
+    def take(self, msg: dict) -> Outcome:
+        """One authenticated message taken in: the Outcome, its reply encoded where the board built it."""
         with self.lock:
             if msg.get("job_id", self.job_id) != self.job_id:
-                return self.board.wrong_job(str(msg.get("job_id"))[:protocol.MAX_NAME]), False
+                return Outcome(self.board.wrong_job(str(msg.get("job_id"))[:protocol.MAX_NAME]), False, [])
             if msg.get("op") != "beat":
-                return {"op": "error", "error": "unknown op %r" % str(msg.get("op"))[:40]}, False
+                return Outcome({"op": "error", "error": "unknown op %r" % str(msg.get("op"))[:40]}, False, [])
             outcome = self.board.beat(msg, time.monotonic(), time.time())
             if outcome.changed:
                 self._save()
         self._emit(outcome.events)
-        return outcome.reply, outcome.broadcast
+        return outcome
 
     def check_peers(self) -> bool:
         """Mark silent agents lost (a lost node fails a running job). True if anything changed."""
@@ -261,11 +266,11 @@ class Coordinator(threading.Thread):
             return False
         if msg.get("node") != conn.node:
             raise ProtocolError("a beat for node %r on %s's connection" % (str(msg.get("node"))[:40], conn.node))
-        reply, changed = self.handle(msg)
-        self.connections.send(conn, conn.channel.seal(reply))
+        reply, _, _, broadcast, body = self.take(msg)
+        self.connections.send(conn, conn.channel.seal(reply, body))
         if reply.get("op") == "error":
             self.connections.refuse(conn, reply["error"])
-        return changed
+        return broadcast
 
     def _on_hello(self, conn: Conn, hello: dict) -> None:
         if hello["job_id"] != self.job_id:
