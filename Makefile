@@ -99,9 +99,10 @@ stop: venv
 	  for i in $$(seq 50); do kill -0 $$pid 2>/dev/null || break; sleep 0.1; done; \
 	  kill -9 $$pid 2>/dev/null || true; rm -f $(DEMO)/dashboard.pid; fi
 
-# The unit tests start no daemon and time nothing: they run on every core (pytest-xdist). The rest run
+# The unit tests start no daemon and time nothing: they run on every core (pytest-xdist), each file's
+# tests on one worker in their order (a module's fixture may be shared by its tests). The rest run
 # one at a time: they start sshd, Slurm and hundreds of processes, and some hold the machine at 100%
 # CPU on purpose. PYTEST_ARGS go to that second run (a file or -k there).
 test: venv system-deps
-	$(PY) -m pytest -q -p no:cacheprovider -n auto tests/unit
+	$(PY) -m pytest -q -p no:cacheprovider -n auto --dist loadfile tests/unit
 	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/unit $(PYTEST_ARGS)
