@@ -26,10 +26,8 @@ the ratio to ssh. Then, with the job running:
                 and the time to build /api/cluster and /api/job
   model         the coordinator's per-beat work in-process (no sockets) at
                 16 to 1,000 peers, each beat naming the roster version its
-                node holds: CPU and bytes a reply as nodes grow, the share of a
-                core at one beat a node a second and at the beat period the
-                agents of that many nodes use (board.beat_period: 2 s at 1,000
-                nodes), and one failure sealed for every other peer
+                node holds: CPU and bytes a reply as nodes grow (the median
+                of 5 rounds), and one failure sealed for every other peer
                 (--model-only: this alone)
 
     .venv/bin/python bench/scale.py [--nodes 16,64] [--repeat 3] [--window 10] [--model-only]
@@ -214,7 +212,6 @@ def coordinator_model(peers: list[int], beats: int = 3000, trials: int = 5) -> l
     on this shared 2-core machine varied 0.036-0.084 ms a beat for the same code), the best
     and worst are shown. Then one failure: its beat, and the status line sealed for every peer."""
     from fabtrain.node.coordination import Coordinator
-    from fabtrain.node.coordination.board import beat_period
     from fabtrain.node.coordination.protocol import Channel
     lines = []
     for n in peers:
@@ -256,12 +253,10 @@ def coordinator_model(peers: list[int], beats: int = 3000, trials: int = 5) -> l
         line = board.status_line() if hasattr(board, "status_line") else board.view()
         pushed = [len(pairs[x][1].seal(line)) for x in names if x != failing] if broadcast else []
         spread_s = time.perf_counter() - t0
-        period = beat_period(INTERVAL, n)  # what the agents of an n-node job use
         lines.append(f"{n:>5} peers: {1000 * per:7.3f} ms CPU per beat (median of {trials} rounds of {beats:,}; "
                      f"{1000 * min(rounds):.3f}-{1000 * max(rounds):.3f}), reply {statistics.median(sizes):>7,.0f} B "
-                     f"(largest {max(sizes):,}); at one beat a node a second {100 * per * n:6.1f}% of a core, "
-                     f"at the {n} agents' beat period ({period:g} s) {100 * per * n / period:6.1f}%, "
-                     f"{statistics.median(sizes) * n / period / 1e6:6.2f} MB/s out; a failure sealed for all {len(pushed)} "
+                     f"(largest {max(sizes):,}); at one beat a node a second: {100 * per * n:6.1f}% of a core, "
+                     f"{statistics.median(sizes) * n / 1e6:6.2f} MB/s out; a failure sealed for all {len(pushed)} "
                      f"others in {1000 * spread_s:.1f} ms ({statistics.median(pushed or [0]):,.0f} B each)")
     return lines
 

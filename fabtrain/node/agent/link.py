@@ -40,8 +40,6 @@ class Link:
         self.msgs_lock = threading.Lock()
         self.last_seq = 0
         self.last_beat_key = None
-        self.ticks = 0  # since the last beat sent
-        self.beat_ticks = max(1, round(cfg.beat_period / cfg.interval))  # ticks a beat with nothing new waits
 
     @property
     def hosted_here(self) -> bool:
@@ -88,21 +86,12 @@ class Link:
                          lost=sorted(n for n, e in self.roster.items() if e[2]))
 
     def send(self, beat: dict, urgent: bool = False) -> None:
-        """A beat to the coordinator: at once if something that matters changed since the last one
-        (a process's state or exit, done, a failure, the final word, the generation this node started);
-        otherwise on a tick, once every cfg.beat_period (every tick but in a job larger than the
-        coordinator's beat budget: board.COORDINATOR_BEATS)."""
+        """A beat to the coordinator; an urgent one only if something in it changed since the last."""
         if self.client is None:
             return
-        key = repr([{name: (p["state"], p["exit_code"]) for name, p in beat["procs"].items()},
-                    beat["done"], beat["failure"], beat["final"], beat.get("generation")])  # not the rates
-        if key == self.last_beat_key:
-            if urgent:
-                return  # nothing new since the last beat; a tick sends one anyway
-            self.ticks += 1
-            if self.ticks < self.beat_ticks:
-                return
-        self.ticks = 0
+        key = repr([beat["procs"], beat["done"], beat["failure"], beat["final"]])
+        if urgent and key == self.last_beat_key:
+            return  # nothing new since the last beat; the next tick sends one anyway
         self.last_beat_key = key
         self.last_seq = self.client.update(dict(beat, roster=self.roster_known), urgent)
 

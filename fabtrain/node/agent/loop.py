@@ -63,7 +63,7 @@ def settings(job: dict, nodes: list[str]) -> tuple[policy.Config, RestartPolicy]
             node=job["node"], job_id=job["job_id"], interval=float(w["interval"]),
             hang_timeout=float(w["hang_timeout"]), startup_timeout=float(w["startup_timeout"]),
             grace=float(w["grace"]), on_failure=str(w["on_failure"]),
-            coordinator_node=nodes[0], coordinator="%s:%d" % (coord["host"], int(coord["port"])), nodes=len(nodes))
+            coordinator_node=nodes[0], coordinator="%s:%d" % (coord["host"], int(coord["port"])))
         return cfg, RestartPolicy.from_watchdog(w, job)
     except KeyError as e:
         raise SystemExit("agent: job.json of job %s has no watchdog setting %s" % (job.get("job_id"), e)) from None

@@ -11,8 +11,7 @@ import signal
 from fabtrain.node.structs import record, replace
 
 from fabtrain.node.agent.actions import DumpStacks, Escalate, KillLauncher, Note, Relaunch, Signal, Stop
-from fabtrain.node.coordination.board import beat_period as beat_period_for, hung_timeout
-from fabtrain.node.coordination.board import peer_timeout as peer_timeout_for
+from fabtrain.node.coordination.board import hung_timeout
 from fabtrain.node.states import (FINAL, JobState, ProcessState, describe_end, signal_name, signal_of,
                                   stopped_by)
 
@@ -40,17 +39,11 @@ class Config:
     on_failure: str
     coordinator_node: str = ""
     coordinator: str = ""  # host:port, for messages
-    nodes: int = 1  # the job's nodes: a job of more than COORDINATOR_BEATS beats less often
-
-    @property
-    def beat_period(self) -> float:
-        """Seconds between this agent's beats when nothing that matters has changed."""
-        return beat_period_for(self.interval, self.nodes)
 
     @property
     def peer_timeout(self) -> float:
         """Silence after which a coordinator (or peer) whose connection is gone is lost."""
-        return peer_timeout_for(self.interval, self.nodes)
+        return max(5 * self.interval, 5.0)
 
     @property
     def hung_timeout(self) -> float:

@@ -43,24 +43,6 @@ MAX_PROCS = 4096  # processes one node may report; a real node has a handful
 HUNG_FACTOR = 6  # a peer whose connection stays open is lost after this many peer_timeouts of silence
 
 
-# Beats a second the coordinator is given at most. Each costs it ~0.05 ms of one core (bench/scale.py's
-# model): a job of more than this many nodes beats less often than its watchdog interval, so that the
-# coordinator's share of its node's core stays under ~3% however large the job. Anything that matters
-# (an exit, a failure, a node that is done) is sent at once, whatever the period.
-COORDINATOR_BEATS = 500
-
-
-def beat_period(interval: float, nodes: int) -> float:
-    """Seconds between an agent's beats when nothing in them has changed: the watchdog's interval, or
-    longer in a job of more than COORDINATOR_BEATS nodes (1,000 nodes at interval 1 s: 2 s)."""
-    return max(interval, nodes / COORDINATOR_BEATS)
-
-
-def peer_timeout(interval: float, nodes: int) -> float:
-    """Silence after which a peer (or the coordinator) whose connection is gone is lost: five beats."""
-    return max(5 * beat_period(interval, nodes), 5.0)
-
-
 def hung_timeout(peer_timeout: float) -> float:
     """Silence after which a peer (or the coordinator) whose TCP connection is still open is lost."""
     return HUNG_FACTOR * peer_timeout

@@ -15,7 +15,6 @@ from typing import Callable
 
 from . import protocol
 from .board import hung_timeout
-from .board import peer_timeout as default_peer_timeout
 from .connections import HELLO_TIMEOUT, kernel_timeout, watch_liveness
 from .protocol import Channel, LineReader, ProtocolError
 
@@ -51,7 +50,7 @@ class Client(threading.Thread):
                  on_event: Callable[..., None] | None = None, peer_timeout: float | None = None):
         super().__init__(name="coordinator-client", daemon=True)
         self.host, self.port, self.interval = host, port, interval
-        self.peer_timeout = peer_timeout if peer_timeout is not None else default_peer_timeout(interval, 1)
+        self.peer_timeout = peer_timeout if peer_timeout is not None else max(5 * interval, 5.0)
         self.on_message = on_message
         self.on_event = on_event or (lambda *a, **k: None)
         self.secret, self.job_id, self.node = secret, job_id, node
