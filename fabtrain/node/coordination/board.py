@@ -120,7 +120,7 @@ class Board:
         self.trainers = self.trainers_ok = self.trainers_live = 0  # sums of the peers' counts
         self.expected: int | None = None  # the largest trainers_expected a peer said
         self.superseded = False  # a newer job asked for this port while ours is over
-        self._status_json: tuple | None = None  # ((status dict, peers, trainers live), its JSON)
+        self._status_json: tuple | None = None  # (status dict, (peers, trainers live), its JSON)
 
     # -- what it says -------------------------------------------------------------------------
 
@@ -131,12 +131,13 @@ class Board:
 
     def status_json(self) -> bytes:
         """status_line() as compact JSON. Every beat's reply repeats it, and it changes rarely: encoded
-        once a change, not once a beat (encoding it was a fifth of a beat's cost at 1,000 nodes)."""
-        key = (self.status, len(self.peers), self.trainers_live)
+        once a change, not once a beat (encoding it was a fifth of a beat's cost at 1,000 nodes).
+        _set_status replaces self.status, never changes it in place: the dict itself is the version."""
+        counts = (len(self.peers), self.trainers_live)
         cached = self._status_json
-        if cached is None or cached[0][0] is not key[0] or cached[0][1:] != key[1:]:
-            cached = self._status_json = (key, compact(self.status_line()).encode())
-        return cached[1]
+        if cached is None or cached[0] is not self.status or cached[1] != counts:
+            cached = self._status_json = (self.status, counts, compact(self.status_line()).encode())
+        return cached[2]
 
     def view(self) -> dict:
         """The status line with the whole roster (the agents build the same from the replies' rosters)."""
