@@ -259,7 +259,7 @@ def test_trainer_counts_follow_the_beats_and_survive_a_restore():
 
 
 def test_a_beats_reply_on_the_wire_is_the_reply_whatever_changed_between_beats():
-    """The status line in every reply is encoded once a change (Board.status_json): a node that joins,
+    """The status line in every reply is encoded once a change (Board.encoded_status): a node that joins,
     a trainer that exits, a failure, a node that is lost, another roster each show in the next
     reply's bytes, as they do in the reply itself."""
     b = Board("j1", ["n0", "n1", "n2"], peer_timeout=5)

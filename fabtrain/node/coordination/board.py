@@ -62,7 +62,7 @@ class Outcome(NamedTuple):
     changed: bool
     events: list
     broadcast: bool = False
-    body: bytes | None = None  # `reply` as compact JSON, where the board built it (see Board.status_json)
+    body: bytes | None = None  # `reply` as compact JSON, where the board built it (see Board.encoded_status)
 
 
 @record(frozen=False)
@@ -78,6 +78,7 @@ class Peer:
     trainers: int = 0  # of procs: trainers, those that exited with code 0, those alive
     trainers_ok: int = 0
     trainers_live: int = 0
+    roster: dict | None = None  # the roster version the agent last said it holds (roster.py)
 
 
 def beat_error(msg: dict) -> str | None:
@@ -120,7 +121,7 @@ class Board:
         self.trainers = self.trainers_ok = self.trainers_live = 0  # sums of the peers' counts
         self.expected: int | None = None  # the largest trainers_expected a peer said
         self.superseded = False  # a newer job asked for this port while ours is over
-        self._status_json: tuple | None = None  # (status dict, (peers, trainers live), its JSON)
+        self._status_cache: tuple | None = None  # (status dict, (peers, trainers live), status line, its JSON)
 
     # -- what it says -------------------------------------------------------------------------
 
@@ -129,15 +130,16 @@ class Board:
         return {"op": "status", "job_id": self.job_id, **self.status,
                 "nodes_seen": len(self.peers), "trainers_running": self.trainers_live}
 
-    def status_json(self) -> bytes:
-        """status_line() as compact JSON. Every beat's reply repeats it, and it changes rarely: encoded
+    def encoded_status(self) -> tuple[dict, bytes]:
+        """(status_line(), its compact JSON). Every beat's reply repeats it, and it changes rarely: built
         once a change, not once a beat (encoding it was a fifth of a beat's cost at 1,000 nodes).
         _set_status replaces self.status, never changes it in place: the dict itself is the version."""
         counts = (len(self.peers), self.trainers_live)
-        cached = self._status_json
+        cached = self._status_cache
         if cached is None or cached[0] is not self.status or cached[1] != counts:
-            cached = self._status_json = (self.status, counts, compact(self.status_line()).encode())
-        return cached[2]
+            line = self.status_line()
+            cached = self._status_cache = (self.status, counts, line, compact(line).encode())
+        return cached[2], cached[3]
 
     def view(self) -> dict:
         """The status line with the whole roster (the agents build the same from the replies' rosters)."""
@@ -271,11 +273,20 @@ class Board:
             peer.lost = False  # it came back; the job's status stays what it is
             events.append(Event("peer_back", node, "agent on %s beats again" % node))
         peer.seen, peer.ts = now, wall
-        peer.done = bool(msg.get("done"))
+        # A field the beat leaves out did not change since the sender's last beat (protocol.beat_changes).
+        if "done" in msg:
+            peer.done = bool(msg["done"])
         changed = self.roster.set(node, wall, peer.done, peer.lost)
+        if "trainers_expected" in msg:
+            peer.expected = msg["trainers_expected"]
+            if peer.expected:
+                self.expected = max(self.expected or 0, peer.expected)
         # Process states change all the time; the board keeps counts of them, the replies carry the counts.
-        peer.expected = msg.get("trainers_expected")
-        self._count(peer, {} if node in self.out else msg.get("procs") or {})
+        if node in self.out:
+            if peer.procs:
+                self._count(peer, {})
+        elif "procs" in msg:
+            self._count(peer, msg["procs"] or {})
         peer.had_procs = peer.had_procs or bool(peer.procs)
         status = False
         started = msg.get("generation")
@@ -290,12 +301,20 @@ class Board:
                                        _text(final.get("node"), node), wall)
         if self.status["status"] == JobState.RUNNING and self.finished_now():
             status |= self._set_status(JobState.FINISHED, "every trainer exited with code 0", None, wall)
-        extra = {"ack": msg.get("seq")}
-        roster = self.roster.since(msg.get("roster"))
+        if "roster" in msg:
+            peer.roster = msg["roster"]
+        seq = msg.get("seq")
+        extra = {"ack": seq}
+        roster = self.roster.since(peer.roster)
         if roster is not None:
             extra["roster"] = roster
-        body = self.status_json()[:-1] + b"," + compact(extra)[1:].encode()
-        return Outcome(dict(self.status_line(), **extra), changed or status, events, status, body)
+            tail = compact(extra)[1:].encode()
+        elif type(seq) is int:  # the reply to nearly every beat: its two fields written directly
+            tail = b'"ack":%d}' % seq
+        else:
+            tail = compact(extra)[1:].encode()
+        line, line_json = self.encoded_status()
+        return Outcome({**line, **extra}, changed or status, events, status, line_json[:-1] + b"," + tail)
 
     def check_peers(self, now: float, wall: float, connected=()) -> list[Event]:
         """Mark lost the agents silent for peer_timeout whose connection is gone, or for hung_timeout

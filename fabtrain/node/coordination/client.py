@@ -190,6 +190,7 @@ class Client(threading.Thread):
         sel.register(sock, selectors.EVENT_READ, "sock")
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         silent_since = time.monotonic()
+        sent: dict = {}  # the last beat sent on this connection: the next one carries what changed since
         try:
             while not self._stopping.is_set():
                 with self.lock:
@@ -198,7 +199,8 @@ class Client(threading.Thread):
                     if beat is not None:
                         self.sent_seq, self.urgent, self.answered = self.seq, False, False
                 if beat is not None:
-                    sock.sendall(channel.seal(beat))
+                    sock.sendall(channel.seal(protocol.beat_changes(beat, sent)))
+                    sent = beat
                 for key, _ in sel.select(self.interval):
                     if key.data == "wake":
                         self._drain()

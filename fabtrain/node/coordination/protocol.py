@@ -20,6 +20,14 @@ sender's frames on this connection from 1, so a frame of another connection
 (other nonces), one sent the other way, one replayed, dropped or reordered is
 refused. The agent's first frame is its proof: only a holder of the secret can
 seal it. The MAC is checked on the raw bytes, before any JSON is parsed.
+
+A beat names only what changed since the last beat sent on the same
+connection (`beat_changes`): the first beat on a connection is whole, a field
+a beat leaves out is as it was, and "op", "node" and "seq" are always there.
+The frames' order and the MACs make that safe (nothing is lost or reordered
+without the connection being refused); a new connection starts whole again.
+Parsing a beat is most of what the coordinator does for it, and in a running
+job only "seq" and the trainers' step rates change from beat to beat.
 """
 from __future__ import annotations
 
@@ -81,7 +89,7 @@ def parse(data: bytes, max_len: int) -> dict:
     if not nesting_ok(data):
         raise ProtocolError("nested deeper than %d levels, or unbalanced" % MAX_DEPTH)
     try:
-        msg = json.loads(data)
+        msg = _decode(data.decode())  # UTF-8 only; json.loads would first guess the encoding of bytes
     except ValueError as e:  # UnicodeDecodeError is one too
         raise ProtocolError("not JSON: %s" % e) from None
     if not isinstance(msg, dict):
@@ -91,6 +99,18 @@ def parse(data: bytes, max_len: int) -> dict:
 
 # json.dumps with any argument builds a new encoder each call: a third of a reply's sealing.
 compact = json.JSONEncoder(separators=(",", ":")).encode
+_decode = json.JSONDecoder().decode
+
+BEAT_ALWAYS = frozenset(("op", "node", "seq"))  # what every beat says, changed or not
+
+
+def beat_changes(beat: dict, last: dict) -> dict:
+    """What of `beat` a connection carries after `last` (the beat sent before on it; {} for none):
+    the fields that changed, and any `last` had that `beat` has not, as null."""
+    changes = {k: v for k, v in beat.items() if k in BEAT_ALWAYS or k not in last or last[k] != v}
+    for k in last.keys() - beat.keys():
+        changes[k] = None
+    return changes
 
 
 def line(msg: dict) -> bytes:
