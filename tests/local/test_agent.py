@@ -158,6 +158,47 @@ def test_agents_before_the_coordinator_a_failure_pushed_at_once_and_a_coordinato
             c.stop()
 
 
+def test_beats_carry_what_changed_and_a_new_connection_starts_whole():
+    """On the wire a beat names only what changed since the last one on its connection; a coordinator
+    that comes back with no state of its own learns everything from the first beat of the new one."""
+    port = free_port(["127.0.0.1"])
+
+    def coordinator():
+        co = Coordinator("j1", "127.0.0.1", port, ["a"], 0.2, 2.0)
+        taken, take = [], co.take
+        co.take = lambda msg: (taken.append(dict(msg)), take(msg))[1]  # what the loop took off the wire
+        co.start()
+        assert co.wait_listening(5), co.bind_error
+        return co, taken
+
+    co, taken = coordinator()
+    client = Client("127.0.0.1", port, 0.2, lambda msg: None, job_id="j1", node="a", peer_timeout=2.0)
+    client.start()
+
+    def send(**kw) -> None:
+        seq = client.update(beat("a", procs=trainer("trainer-0"), trainers_expected=1, done=False, **kw))
+        assert wait_for(lambda: client.acked_seq >= seq, timeout=10)
+
+    try:
+        for _ in range(3):
+            send()
+        assert taken[0]["procs"] == trainer("trainer-0") and taken[0]["trainers_expected"] == 1
+        assert [sorted(m) for m in taken[1:]] == [["n", "node", "op", "seq"]] * 2, taken
+        assert co.board.status_line()["trainers_running"] == 1
+        co.stop()
+        co.join(3)
+        co, taken = coordinator()  # its state is gone (no state_path): only the agents know the job
+        send()
+        assert taken[0]["procs"] == trainer("trainer-0") and taken[0]["trainers_expected"] == 1, taken
+        assert co.board.status_line()["trainers_running"] == 1 and co.status["status"] == "running"
+        client.update(beat("a", procs=trainer("trainer-0", "exited", 0), trainers_expected=1, done=False))
+        assert wait_for(lambda: co.status["status"] == "finished", timeout=10), co.status
+        assert sorted(taken[-1]) == ["n", "node", "op", "procs", "seq"], taken[-1]
+    finally:
+        client.stop()
+        co.stop()
+
+
 def in_child(code: str) -> subprocess.Popen:
     """`code` in a Python of its own, so a test can stop and kill it as the world would."""
     return subprocess.Popen([sys.executable, "-c", code], cwd=REPO)

@@ -9,6 +9,7 @@ import pytest
 from fabtrain.node.coordination import protocol, roster
 from fabtrain.node.coordination.board import Board, Event
 from fabtrain.node.coordination.protocol import Channel, LineReader, ProtocolError
+from fabtrain.node.coordination.restart import RestartPolicy
 
 SECRET = "0123456789abcdef0123456789abcdef"
 
@@ -284,3 +285,65 @@ def test_a_beats_reply_on_the_wire_is_the_reply_whatever_changed_between_beats()
     assert [x[:3] for x in seen[:5]] == [("running", 1, 1), ("running", 1, 1), ("running", 2, 1),
                                          ("running", 3, 2), ("running", 3, 1)]
     assert seen[6][0] == "failed" and seen[7][0] == "failed"
+
+
+# -- a beat carries what changed since the last on its connection ------------------------------------
+
+
+def test_a_beat_carries_what_changed_since_the_last_one_on_its_connection():
+    first = {"op": "beat", "job_id": "j1", "node": "n0", "seq": 1, "procs": trainer("trainer-0"), "done": False,
+             "failure": None, "roster": None}
+    assert protocol.beat_changes(first, {}) == first  # the first on a connection is whole
+    again = dict(first, seq=2)
+    assert protocol.beat_changes(again, first) == {"op": "beat", "node": "n0", "seq": 2}
+    exited = dict(again, seq=3, procs=trainer("trainer-0", "exited", 0), roster={"epoch": "e", "at": 4})
+    assert protocol.beat_changes(exited, again) == {"op": "beat", "node": "n0", "seq": 3,
+                                                    "procs": exited["procs"], "roster": {"epoch": "e", "at": 4}}
+    fewer = {k: v for k, v in exited.items() if k != "failure"}
+    assert protocol.beat_changes(dict(fewer, seq=4), exited) == {"op": "beat", "node": "n0", "seq": 4,
+                                                                 "failure": None}
+
+
+def test_a_board_told_only_what_changed_ends_where_one_told_every_beat_whole_does():
+    """Two boards, one fed the agents' whole beats, one what the agents' connections carry: the same
+    reply to every beat, the same job, the same peers. Joins, step rates, trainers that exit, a node
+    that is done, rosters the agents adopt, a failure that restarts the job, the next generation."""
+    policy = RestartPolicy(enabled=True, max_restarts=2, backoff=0.0, exit_codes=None, grace=0.0)
+    nodes = ["n0", "n1", "n2"]
+    whole_board, told_board = Board("j1", nodes, 5, policy), Board("j1", nodes, 5, policy)
+    told_board.roster.epoch = whole_board.roster.epoch
+    held = {n: None for n in nodes}  # the roster version each agent holds, from its replies
+    last = {n: {} for n in nodes}  # what each agent's connection carried last
+
+    def procs(node, state="running", code=None, rate=None):
+        return {"trainer-%s" % node[1]: {"role": "trainer", "rank": int(node[1]), "state": state, "exit_code": code,
+                                         "rate": rate}}
+
+    story = [("n0", {}), ("n1", {}), ("n2", {}), ("n0", {"procs": procs("n0", rate=9.5)}),
+             ("n1", {"procs": procs("n1", rate=9.7)}), ("n0", {"procs": procs("n0", rate=9.6)}),
+             ("n2", {"procs": procs("n2", "exited", 0), "done": True}), ("n1", {}), ("n2", {}),
+             ("n1", {"procs": procs("n1", "exited", 3), "failure": {"reason": "trainer-1 exited with code 3",
+                                                                     "kind": "exit", "exit_code": 3,
+                                                                     "generation": 0}}),
+             ("n0", {"procs": {}}), ("n1", {"procs": {}, "failure": None}),
+             ("n0", {"procs": procs("n0", rate=1.0), "generation": 1}),
+             ("n1", {"procs": procs("n1", rate=1.0), "generation": 1}), ("n2", {"generation": 1}),
+             ("n0", {"trainers_expected": 3})]
+    state = {n: {"op": "beat", "job_id": "j1", "node": n, "procs": procs(n), "done": False, "failure": None,
+                 "final": None, "generation": 0, "trainers_expected": None} for n in nodes}
+    for i, (node, change) in enumerate(story):
+        state[node] = dict(state[node], seq=i + 1, roster=held[node], **change)
+        whole = whole_board.beat(dict(state[node]), now=i, wall=100 + i)
+        told = told_board.beat(protocol.beat_changes(state[node], last[node]), now=i, wall=100 + i)
+        last[node] = state[node]
+        assert told.reply == whole.reply and told.body == whole.body and told.broadcast == whole.broadcast, i
+        if "roster" in whole.reply:
+            held[node] = {"epoch": whole.reply["roster"]["epoch"], "at": whole.reply["roster"]["at"]}
+        if i == 6:
+            assert "roster" in whole.reply  # n2 is done: the others hear of it in their next reply
+    assert whole_board.status["status"] == "running" and whole_board.status["generation"] == 1
+    assert told_board.view() == whole_board.view() and told_board.status == whole_board.status
+    for n in nodes:
+        assert told_board.peers[n] == whole_board.peers[n], n
+    assert (told_board.trainers, told_board.trainers_live, told_board.expected) == \
+        (whole_board.trainers, whole_board.trainers_live, whole_board.expected) == (3, 2, 3)
