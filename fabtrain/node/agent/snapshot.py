@@ -89,8 +89,8 @@ class Health:
 
 
 def beat(job: dict, ledger, contexts, done: bool, generation: int) -> dict:
-    """The heartbeat the coordinator gets (coordination.py's protocol): `generation` is the one this
-    node last started; `done`: nothing of the job is left here."""
+    """The heartbeat the coordinator gets, whole (coordination/protocol.py: a connection carries what
+    changed): `generation` is the one this node last started; `done`: nothing of the job is left here."""
     procs = {ctx.name: {"role": ctx.role, "rank": ctx.rank, "state": str(ctx.state), "exit_code": ctx.exit_code,
                         "rate": ctx.progress.steps.rate() if ctx.progress and ctx.live else None}
              for ctx in contexts}
@@ -98,7 +98,7 @@ def beat(job: dict, ledger, contexts, done: bool, generation: int) -> dict:
     final = {"status": status.status, "reason": status.reason, "node": status.origin} \
         if status.status in FINAL else None
     return {"op": "beat", "job_id": job["job_id"], "node": job["node"],
-            "ts": time.time(), "procs": procs, "done": done,
+            "procs": procs, "done": done,
             "failure": {"reason": ledger.failure, "kind": ledger.failure_kind, "exit_code": ledger.failure_code,
                         "generation": ledger.generation} if ledger.failure else None, "final": final,
             "generation": generation, "trainers_expected": job.get("trainers")}
