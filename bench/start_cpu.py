@@ -99,14 +99,20 @@ def pids() -> set:
     return {int(d) for d in os.listdir("/proc") if d.isdigit()}
 
 
+def settled(listeners: list[int]) -> None:
+    """Until every listener has reaped its closed sessions (they close a moment after the client does)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(children(pid) for pid in listeners):
+        time.sleep(0.1)
+
+
 def measure(fn, listeners: list[int]) -> dict[str, float]:
+    settled(listeners)  # what ran before (a kill-all) is not this command's
     before, r0 = pids(), reaped(listeners)
     c0, t0 = cpu_now(), time.perf_counter()
     fn()
     wall, controller = time.perf_counter() - t0, cpu_now() - c0
-    deadline = time.monotonic() + 10  # the listeners reap their closed sessions a moment later
-    while time.monotonic() < deadline and any(children(pid) for pid in listeners):
-        time.sleep(0.1)
+    settled(listeners)
     row = {"wall": wall, "controller": controller, "sshd sessions": reaped(listeners) - r0}
     for k, (_, cpu) in live(before).items():
         row[k] = cpu
