@@ -269,15 +269,22 @@ def coordinator_model(peers: list[int], beats: int = 3000, trials: int = 5) -> l
     return lines
 
 
-def measure(root: Path, sshd: SshdCluster, n: int, repeat: int, window: float) -> None:
-    name = f"scale{n}"
-    names = [x.name for x in sshd.nodes[:n]]
+def standin_job(root: Path, sshd: SshdCluster, name: str, names: list[str]) -> Path:
+    """The cluster file of the stand-in collective job on sshd nodes `names` (one `sleep 600`
+    trainer each, watchdog on); the sessions of with_session use it from now on."""
     path = nodes.write_cluster(
         root / f"{name}.yaml", sshd, ACCOUNT, name=name, code=nodes.standin_project(root),
         roles=[(x, ["trainer"]) for x in names],
         job={"mode": "collective", "trainer": {"command": nodes.STANDIN},
              "watchdog": {"interval": INTERVAL, "port": nodes.free_port(sshd.nodes[0].address)}})
     path_of[:] = [path]
+    return path
+
+
+def measure(root: Path, sshd: SshdCluster, n: int, repeat: int, window: float) -> None:
+    name = f"scale{n}"
+    names = [x.name for x in sshd.nodes[:n]]
+    path = standin_job(root, sshd, name, names)
     try:
         run_rows(path, name, names, repeat, window)
     finally:  # a failed run leaves no job behind

@@ -32,7 +32,8 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 
 from bench import nodes  # noqa: E402
-from bench.scale import ACCOUNT, INTERVAL, cpu_now, do_kill, do_start, path_of, ssh_true, with_session  # noqa: E402
+from bench.scale import ACCOUNT, cpu_now, do_kill, do_start, ssh_true, standin_job, with_session  # noqa: E402
+from fabtrain.controller import lifecycle  # noqa: E402
 from fabtrain.node import launch  # noqa: E402
 from tests.support.sshd import SshdCluster  # noqa: E402
 
@@ -131,15 +132,9 @@ def main() -> None:
     name = "startcpu"
     try:
         nodes.ensure_bench_user(sshd.user_key)
-        names = [x.name for x in sshd.nodes[:n]]
         listeners = [x.process.pid for x in sshd.nodes[:n]]
-        path = nodes.write_cluster(
-            root / f"{name}.yaml", sshd, ACCOUNT, name=name, code=nodes.standin_project(root),
-            roles=[(x, ["trainer"]) for x in names],
-            job={"mode": "collective", "trainer": {"command": nodes.STANDIN},
-                 "watchdog": {"interval": INTERVAL, "port": nodes.free_port(sshd.nodes[0].address)}})
-        path_of[:] = [path]
-        with_session(lambda s: __import__("fabtrain.controller.lifecycle", fromlist=["x"]).deploy(s))()
+        path = standin_job(root, sshd, name, [x.name for x in sshd.nodes[:n]])
+        with_session(lifecycle.deploy)()
         rows: dict[str, list[dict]] = {"ssh": [], "start": []}
         for _ in range(args.repeat):  # interleaved
             rows["ssh"].append(measure(lambda: ssh_true(path), listeners))

@@ -259,8 +259,12 @@ class Board:
         self.trainers_ok += ok - peer.trainers_ok
         self.trainers_live += live - peer.trainers_live
         peer.procs, peer.trainers, peer.trainers_ok, peer.trainers_live = procs, trainers, ok, live
-        if peer.expected:
-            self.expected = max(self.expected or 0, peer.expected)
+
+    def _expect(self, peer: Peer, expected: int | None) -> None:
+        """The trainers the job has, as the peer says (WORLD_SIZE); the board keeps the largest said."""
+        peer.expected = expected
+        if expected:
+            self.expected = max(self.expected or 0, expected)
 
     def beat(self, msg: dict, now: float, wall: float) -> Outcome:
         """Take in one agent's beat (already authenticated as coming from msg["node"])."""
@@ -278,9 +282,7 @@ class Board:
             peer.done = bool(msg["done"])
         changed = self.roster.set(node, wall, peer.done, peer.lost)
         if "trainers_expected" in msg:
-            peer.expected = msg["trainers_expected"]
-            if peer.expected:
-                self.expected = max(self.expected or 0, peer.expected)
+            self._expect(peer, msg["trainers_expected"])
         # Process states change all the time; the board keeps counts of them, the replies carry the counts.
         if node in self.out:
             if peer.procs:
@@ -308,11 +310,8 @@ class Board:
         roster = self.roster.since(peer.roster)
         if roster is not None:
             extra["roster"] = roster
-            tail = compact(extra)[1:].encode()
-        elif type(seq) is int:  # the reply to nearly every beat: its two fields written directly
-            tail = b'"ack":%d}' % seq
-        else:
-            tail = compact(extra)[1:].encode()
+        # The reply to nearly every beat is the status line and the ack: that one written directly.
+        tail = b'"ack":%d}' % seq if roster is None and type(seq) is int else compact(extra)[1:].encode()
         line, line_json = self.encoded_status()
         return Outcome({**line, **extra}, changed or status, events, status, line_json[:-1] + b"," + tail)
 
@@ -388,7 +387,7 @@ class Board:
             procs = p.get("procs") if isinstance(p.get("procs"), dict) else {}
             peer = board._join(name, now)
             peer.ts, peer.done, peer.lost = p.get("ts"), bool(p.get("done")), bool(p.get("lost"))
-            peer.expected = p.get("expected") if isinstance(p.get("expected"), int) else None
+            board._expect(peer, p.get("expected") if isinstance(p.get("expected"), int) else None)
             board._count(peer, {k: v for k, v in procs.items() if isinstance(v, dict)})
             peer.had_procs = bool(p.get("had_procs"))
             peer.generation = p.get("generation") if isinstance(p.get("generation"), int) else 0
