@@ -354,7 +354,7 @@ def report(results: dict, args, nodes: int) -> None:
           f"({'MET' if worst[0] <= 50 else 'NOT met'}); full metrics p95 {stream['latency_ms']['GET /api/metrics (full)'][1]:.1f} ms "
           f"(once per page load)")
     if plain:
-        print(f"(plain run, for comparison: " + ", ".join(f"{k.split()[1]} {v[1]:.1f}" for k, v in plain["latency_ms"].items()
+        print("(plain run, for comparison: " + ", ".join(f"{k.split()[1]} {v[1]:.1f}" for k, v in plain["latency_ms"].items()
                                                         if k.startswith("GET /api")) + " ms p95)")
 
     print("\nBytes on the wire (gzip accepted, headers included)")

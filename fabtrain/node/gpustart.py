@@ -11,7 +11,7 @@ exactly as long as some process of the job does. Standard library only.
 """
 import re
 
-from fabtrain.node import gpuinv, gpulease
+from fabtrain.node import gpulease
 from fabtrain.node.refusal import UserFacing
 
 SLOT_RE = re.compile(r"^auto:(\d+)$")
@@ -55,6 +55,8 @@ def take(job: dict, earlier, environ=None):
         return {}, []
     if not named and not count:
         return {}, []
+    from fabtrain.node import gpuinv  # only for a job that asks for GPUs: it brings subprocess (nvidia-smi)
+
     inv = gpuinv.inventory(environ)
     gpus = {g["index"]: g for g in inv["gpus"]}
     held, warnings = {}, []
@@ -78,6 +80,8 @@ def take(job: dict, earlier, environ=None):
 
 
 def _take_free(job, gpus, count, named, inv, environ):
+    from fabtrain.node import gpuinv
+
     if not gpus:
         raise UserFacing("gpus: auto cannot tell which GPUs are free: %s; nothing of job %s was started here"
                          % (inv.get("error") or "none found", job["job_id"]))

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 
-from fabtrain.node.coordination import Client, Coordinator
+from fabtrain.node.coordination.client import Client
 from fabtrain.node.coordination.restart import RestartPolicy
 from fabtrain.node.coordination.roster import merged
 
@@ -31,7 +31,7 @@ class Link:
         self.host, self.port, self.secret = coord["host"], int(coord["port"]), coord.get("secret")
         self.path = os.path.join(job_dir, "coordinator.json")
         self.on_event, self.wake = on_event, wake
-        self.coordinator: Coordinator | None = None
+        self.coordinator = None  # the Coordinator, on the node that hosts it
         self.client: Client | None = None
         self.view: dict = {}  # the coordinator's last status line for this job, with the roster
         self.roster: dict = {}  # node -> [ts, done, lost], as the replies' rosters built it
@@ -48,6 +48,8 @@ class Link:
     def start(self) -> bool:
         """Host the coordinator (first node) and connect to it; False if the coordinator could not listen."""
         if self.hosted_here:
+            from fabtrain.node.coordination.server import Coordinator  # only here: the other agents never load it
+
             self.coordinator = Coordinator(
                 self.job_id, self.host, self.port, self.nodes, self.cfg.interval, self.cfg.peer_timeout, self.path,
                 secret=self.secret, restart=self.restart, on_event=self.on_event)

@@ -11,7 +11,7 @@ import signal
 from fabtrain.node.structs import record, replace
 
 from fabtrain.node.agent.actions import DumpStacks, Escalate, KillLauncher, Note, Relaunch, Signal, Stop
-from fabtrain.node.coordination.board import hung_timeout
+from fabtrain.node.coordination.connections import hung_timeout
 from fabtrain.node.states import (FINAL, JobState, ProcessState, describe_end, signal_name, signal_of,
                                   stopped_by)
 

@@ -7,7 +7,6 @@ is present, so the node side needs nothing installed.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 
 
@@ -83,9 +82,10 @@ class HostSampler:
         swap_total = m.get("SwapTotal", 0)
         out["swap_percent"] = round(100.0 * (swap_total - m.get("SwapFree", 0)) / swap_total, 1) if swap_total else 0.0
         try:
-            du = shutil.disk_usage(self.disk_path)
-            out.update(disk_free=du.free, disk_total=du.total,
-                       disk_percent=round(100.0 * (du.total - du.free) / du.total, 1) if du.total else None)
+            st = os.statvfs(self.disk_path)  # shutil.disk_usage's arithmetic, without importing shutil
+            total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+            out.update(disk_free=free, disk_total=total,
+                       disk_percent=round(100.0 * (total - free) / total, 1) if total else None)
         except OSError:
             out.update(disk_free=None, disk_total=None, disk_percent=None)
         if net and self._net:

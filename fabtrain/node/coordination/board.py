@@ -35,19 +35,12 @@ from typing import NamedTuple
 
 from fabtrain.node.states import FINAL, LIVE, JobState, ProcessState
 
+from .connections import hung_timeout
 from .protocol import compact
 from .restart import RestartPolicy
 from .roster import Roster
 
 MAX_PROCS = 4096  # processes one node may report; a real node has a handful
-HUNG_FACTOR = 6  # a peer whose connection stays open is lost after this many peer_timeouts of silence
-
-
-def hung_timeout(peer_timeout: float) -> float:
-    """Silence after which a peer (or the coordinator) whose TCP connection is still open is lost."""
-    return HUNG_FACTOR * peer_timeout
-
-
 class Event(NamedTuple):
     """Something the hosting agent writes to events.jsonl (`fields`: more of the event's keys)."""
     kind: str

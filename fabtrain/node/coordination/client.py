@@ -11,11 +11,10 @@ import selectors
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from . import protocol
-from .board import hung_timeout
-from .connections import HELLO_TIMEOUT, kernel_timeout, watch_liveness
+from .connections import HELLO_TIMEOUT, hung_timeout, kernel_timeout, watch_liveness
 from .protocol import Channel, LineReader, ProtocolError
 
 REFUSED_EVENT_EVERY = 60.0  # a refused coordinator is retried every interval; said at most this often

@@ -15,7 +15,7 @@ import errno
 import selectors
 import socket
 import time
-from typing import Callable
+from collections.abc import Callable  # not typing: its import is ~5 ms of every agent's start
 
 from . import protocol
 from .protocol import Channel, LineReader
@@ -31,6 +31,14 @@ HELLO_TIMEOUT = 30.0
 PROOF_TIMEOUT = 30.0
 MAX_OUTBUF = 1 << 20  # a peer that does not read is dropped (it reconnects)
 REFUSED_EVENT_EVERY = 60.0
+
+
+HUNG_FACTOR = 6  # a peer whose connection stays open is lost after this many peer_timeouts of silence
+
+
+def hung_timeout(peer_timeout: float) -> float:
+    """Silence after which a peer (or the coordinator) whose TCP connection is still open is lost."""
+    return HUNG_FACTOR * peer_timeout
 
 
 def kernel_timeout(peer_timeout: float, interval: float) -> float:

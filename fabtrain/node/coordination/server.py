@@ -15,12 +15,12 @@ import selectors
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from . import protocol
-from .board import Board, Event, Outcome, hung_timeout
+from .board import Board, Event, Outcome
 from .restart import RestartPolicy
-from .connections import Conn, Connections, descriptors_for, kernel_timeout
+from .connections import Conn, Connections, descriptors_for, hung_timeout, kernel_timeout
 from .protocol import Channel, ProtocolError
 
 BIND_WAIT = 3.0  # how long a busy port is retried before the coordinator gives up
