@@ -20,7 +20,11 @@ this very file into the job directory at start, so it runs before and without
 - forwards SIGTERM and SIGINT to the program, so stopping either pid stops
   the process; SIGHUP is ignored by both (nohup);
 - records the program's exit status the shell's way (128 + n for signal n),
-  then reaps orphans until it has no child left, and exits with that status.
+  then reaps orphans until it has no child left, and exits with that status;
+- where whoever started it asked (``FABTRAIN_LAUNCH_READY``: a pipe's
+  descriptor, taken out of the environment before anything else runs), writes
+  the program's pid there the moment it has forked it and closes the pipe, so
+  node ops learn the pid by waiting on the pipe instead of polling /proc.
 
 The program is run under ``stdbuf -oL -eL`` where stdbuf exists, so C stdio
 writes the log a line at a time.
@@ -48,6 +52,7 @@ SCRIPT = "launch.py"  # its name in the job directory
 RESERVE = 64  # bytes reserved for the exit record
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+READY_ENV = "FABTRAIN_LAUNCH_READY"  # the descriptor of the pipe that is told the program's pid (spawn.py)
 STACK_SIGNAL_OFFSET = 6  # SIGRTMIN + 6: a real-time signal no runtime we know of uses
 STACK_HOOK = """\
 import os, sys
@@ -227,7 +232,28 @@ def _start(program, exit_path: str = "") -> int:
     os._exit(127)
 
 
+def _ready_pipe():
+    """The pipe spawn.py waits on, if it gave one: out of the environment and closed on exec, so the
+    program inherits neither."""
+    value = os.environ.pop(READY_ENV, None)
+    try:
+        fd = int(value)
+        os.set_inheritable(fd, False)
+        return fd
+    except (TypeError, ValueError, OSError):
+        return None
+
+
+def _tell_ready(fd, child: int) -> None:
+    try:
+        os.write(fd, b"%d\n" % child)
+    except OSError:
+        pass  # nobody waits any more: the pid is still found among the launcher's children
+    os.close(fd)
+
+
 def main(argv) -> int:
+    ready = _ready_pipe()  # first: an early exit below closes it, which tells the waiter as much
     exit_path, subreaper, program = _parse(list(argv))
     try:
         os.setsid()
@@ -243,6 +269,8 @@ def main(argv) -> int:
     if subreaper:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
     child = _start(program, exit_path)
+    if ready is not None:
+        _tell_ready(ready, child)
     state = {"code": None}
 
     def forward(sig, frame):

@@ -6,9 +6,10 @@ write its run record; the agent, on `on_failure: restart`, starts the same
 specs again as the next generation. Standard library only.
 """
 import os
+import select
 import time
 
-from fabtrain.node import atomic, gpulease, procfs
+from fabtrain.node import atomic, gpulease, launch, procfs
 
 
 def expand(value, ws):
@@ -68,32 +69,51 @@ def spawn(proc, ws, base_env, generation=0, leases=()):
     if leases and proc["role"] == "agent":
         env[gpulease.FDS_ENV] = ",".join(str(fd) for fd in leases)
     log = os.open(expand(proc["log"], ws), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    ready, told = os.pipe()  # the launcher writes its program's pid on `told` (launch.READY_ENV)
+    env[launch.READY_ENV] = str(told)
     try:
         import subprocess  # here: every node-side call imports this module, few of them spawn
 
         p = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                             stderr=subprocess.STDOUT, close_fds=True, pass_fds=tuple(leases))
+                             stderr=subprocess.STDOUT, close_fds=True, pass_fds=tuple(leases) + (told,))
+    except BaseException:
+        os.close(ready)
+        raise
     finally:
         os.close(log)
+        os.close(told)
+    p.ready_fd = ready  # read (and closed) by name_programs
     return p, record(proc, ws, p.pid)
 
 
 def name_programs(started, ws, procs_by_name, deadline):
     """Add each launcher's program to its run record (the pid to show), once it has forked it.
-    Polled every 10 ms through a ProcTable that follows the launchers' children and never lists
-    /proc: a full scan every 10 ms, and then a listing, on a machine whose nodes all start at once,
-    took the CPU the launchers needed to fork."""
-    pending, table = list(started), procfs.ProcTable(list_period=float("inf"), list_first=False)
-    while pending:
-        procs = table.refresh(p.pid for p, _ in pending)
-        kids = procfs.children_map(procs)
-        for p, record in list(pending):
-            program = program_of(record, procs, kids)
-            if program is not None:
-                record.update(program_pid=program, program_create_time=procs[program].create_time)
-                atomic.write_json(expand(procs_by_name[record["name"]]["run"], ws), record)
-            if program is not None or p.poll() is not None:
-                pending.remove((p, record))
-        if not pending or time.time() > deadline:
-            return
-        time.sleep(0.01)
+
+    Each launcher writes its program's pid on the pipe spawn() gave it, and this sleeps in poll() on
+    those pipes: no CPU while the launchers start. (It polled /proc every 10 ms before: on a machine
+    where 64 nodes start at once, a launcher waits seconds for the CPU, and the polling of 64 node ops
+    took more of it than the launchers needed.) A pipe that ends without a pid is a launcher that
+    exited first; a launcher that has not answered by `deadline` keeps a record without the program's
+    pid, which the agent and `fab status` find among its children."""
+    pending = {p.ready_fd: (p, record) for p, record in started}
+    poller = select.poll()
+    for fd in pending:
+        poller.register(fd, select.POLLIN)
+    try:
+        while pending:
+            left = deadline - time.time()
+            if left <= 0:
+                return
+            for fd, _ in poller.poll(left * 1000):
+                p, record = pending.pop(fd)
+                poller.unregister(fd)
+                data = os.read(fd, 64)
+                os.close(fd)
+                program = int(data) if data.strip().isdigit() else None
+                st = procfs.stat(program) if program else None
+                if st is not None and not st.dead:
+                    record.update(program_pid=program, program_create_time=st.create_time)
+                    atomic.write_json(expand(procs_by_name[record["name"]]["run"], ws), record)
+    finally:
+        for fd in pending:
+            os.close(fd)
