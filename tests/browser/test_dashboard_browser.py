@@ -216,9 +216,12 @@ def test_the_page_shows_a_live_job_follows_a_fault_and_kills_with_the_token(live
     assert page.locator("#kill").is_enabled()
 
     # The kill button with the token ends the job; kill-all's events show up, newest first.
-    page.click("#kill")
+    with page.expect_response("**/api/kill", timeout=60000) as answer:
+        page.click("#kill")
+    killed = [(n["node"], k["name"], k.get("child"), k.get("orphan")) for n in answer.value.json()["nodes"]
+              for k in n.get("killed") or ()]
     page.wait_for_function("() => document.getElementById('kill-result').textContent.startsWith('kill: ')", timeout=60000)
-    assert "3 processes stopped on 3 nodes" in page.inner_text("#kill-result")
+    assert "3 processes stopped on 3 nodes" in page.inner_text("#kill-result"), killed
     page.wait_for_function("() => document.getElementById('job-state').textContent === 'killed'", timeout=15000)
     page.wait_for_function("() => document.querySelectorAll('#events li[data-kind=\"killed\"]').length >= 3", timeout=15000)
     assert "the dashboard's Kill button" in page.inner_text("#events")  # who stopped it, in every killed event
