@@ -345,7 +345,10 @@ def kill_targets(ws, records, skip, only=None, sweep=None, starters=()):
         if not procfs.alive(record["pid"], record.get("create_time"), procs):
             continue
         desc = {"job_id": job_id, "name": record["name"], "pid": record["pid"]}
-        if launch.is_launcher(procfs.cmdline(record["pid"])):
+        argv = procfs.cmdline(record["pid"])
+        # An empty command line is a launcher on its way out (the kernel has let go of its memory, not yet
+        # of its pid): it is waited for as the launcher it is, never counted as a process this kill stopped.
+        if not argv or launch.is_launcher(argv):
             launchers[record["pid"]] = desc
         else:  # a record of something else than our launcher (an older fabtrain's wrapper): signal it
             found[record["pid"]] = desc
