@@ -212,7 +212,7 @@ def coordinator_model(peers: list[int], beats: int = 3000, trials: int = 5) -> l
     brought a new one. `trials` rounds of `beats` beats: the median round is the figure (one round
     on this shared 2-core machine varied 0.036-0.084 ms a beat for the same code), the best
     and worst are shown. Then one failure: its beat, and the status line sealed for every peer."""
-    from fabtrain.node.coordination import Coordinator
+    from fabtrain.node.coordination.server import Coordinator
     from fabtrain.node.coordination.protocol import Channel, beat_changes
     lines = []
     for n in peers:

@@ -32,7 +32,8 @@ import time  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
 from fabtrain.node.agent.loop import Agent  # noqa: E402
-from fabtrain.node.coordination import Coordinator, stragglers  # noqa: E402
+from fabtrain.node.coordination import stragglers  # noqa: E402
+from fabtrain.node.coordination.server import Coordinator  # noqa: E402
 from fabtrain.node.coordination.protocol import Channel  # noqa: E402
 from fabtrain.node.states import JobState  # noqa: E402
 

@@ -16,7 +16,8 @@ import pytest
 from fabtrain.controller import records
 from fabtrain.node import procfs
 from fabtrain.node.agent import samplers
-from fabtrain.node.coordination import Client, Coordinator
+from fabtrain.node.coordination.client import Client
+from fabtrain.node.coordination.server import Coordinator
 from tests.conftest import REPO
 from tests.support.procscan import live_marked, wait_for
 from tests.support.local_job import FAKE
@@ -206,7 +207,7 @@ def in_child(code: str) -> subprocess.Popen:
 
 def test_a_stopped_coordinator_keeps_its_agents_and_a_killed_one_is_gone_at_once():
     port = free_port(["127.0.0.1"])
-    co = in_child("from fabtrain.node.coordination import Coordinator\n"
+    co = in_child("from fabtrain.node.coordination.server import Coordinator\n"
                   f"co = Coordinator('j1', '127.0.0.1', {port}, ['a'], 0.2, 1.0)\nco.start()\nco.join()")
     client = Client("127.0.0.1", port, 0.2, lambda msg: None, job_id="j1", node="a", peer_timeout=1.0)
     client.update(beat("a"))
@@ -235,7 +236,7 @@ def test_a_stopped_agent_is_slow_and_a_killed_one_is_lost_after_peer_timeout():
     co = Coordinator("j1", "127.0.0.1", 0, ["a", "b"], 0.2, 1.0, on_event=lambda k, **kw: events.append((k, kw)))
     co.start()
     assert co.wait_listening(5)
-    agents = {n: in_child("import time\nfrom fabtrain.node.coordination import Client\n"
+    agents = {n: in_child("import time\nfrom fabtrain.node.coordination.client import Client\n"
                           f"c = Client('127.0.0.1', {co.port}, 0.2, print, job_id='j1', node='{n}', peer_timeout=1.0)\n"
                           "c.start()\nwhile True:\n"
                           f"    c.update({{'op': 'beat', 'job_id': 'j1', 'node': '{n}', 'procs': {{}}}})\n"

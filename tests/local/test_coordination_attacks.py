@@ -18,7 +18,9 @@ import time
 
 import pytest
 
-from fabtrain.node.coordination import Client, Coordinator, protocol
+from fabtrain.node.coordination import protocol
+from fabtrain.node.coordination.client import Client
+from fabtrain.node.coordination.server import Coordinator
 from fabtrain.node.coordination.protocol import Channel
 from fabtrain.node.coordination import connections
 from tests.support.procscan import wait_for
@@ -454,7 +456,7 @@ def test_a_large_jobs_agents_all_in_their_handshake_from_one_address_are_not_evi
 
 RAISE_LIMIT = """
 import resource, sys
-from fabtrain.node.coordination import Coordinator
+from fabtrain.node.coordination.server import Coordinator
 resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 co = Coordinator("j1", "127.0.0.1", 0, ["n%d" % i for i in range(int(sys.argv[1]))], 1.0, 5.0, secret="s" * 32)
 print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])

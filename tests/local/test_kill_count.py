@@ -11,13 +11,13 @@ command line come back empty, as it does then.
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import pytest
 
-from fabtrain.node import atomic, launch, ops, procfs
+from fabtrain.node import launch, ops, procfs
 from fabtrain.node.spawn import name_programs, spawn
+from tests.support.launched import make_job_dir, plain_env, process_spec
 
 pytestmark = pytest.mark.timeout(60)
 JOB = "20261127-030000-abcd"
@@ -25,19 +25,10 @@ JOB = "20261127-030000-abcd"
 
 def test_a_launcher_whose_command_line_reads_empty_is_waited_for_not_counted(tmp_path, monkeypatch):
     ws = str(tmp_path / "ws")
-    jd = os.path.join(ws, "jobs", JOB)
-    for sub in ("run", "logs"):
-        os.makedirs(os.path.join(jd, sub))
-    atomic.write(os.path.join(jd, launch.SCRIPT), launch.source())
-    specs = {}
-    for name in ("trainer-0", "trainer-1"):
-        argv = ["sleep", "60"]
-        specs[name] = {"name": name, "role": "trainer", "rank": 0, "argv": argv, "cwd": jd,
-                       "env": {"FABTRAIN_WORKSPACE": ws, "FABTRAIN_JOB_ID": JOB},
-                       "launch": launch.command(sys.executable, jd, f"{jd}/run/{name}.exit", argv),
-                       "log": f"{jd}/logs/{name}.log", "run": f"{jd}/run/{name}.json"}
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("FABTRAIN_")}
-    started = [spawn(spec, ws, base_env) for spec in specs.values()]
+    jd = make_job_dir(os.path.join(ws, "jobs", JOB))
+    marker = {"FABTRAIN_WORKSPACE": ws, "FABTRAIN_JOB_ID": JOB}  # what kill-all trusts a process by
+    specs = {name: process_spec(jd, name, ["sleep", "60"], marker) for name in ("trainer-0", "trainer-1")}
+    started = [spawn(spec, ws, plain_env()) for spec in specs.values()]
     name_programs(started, ws, specs, time.time() + 20)
     launchers = {p.pid for p, _ in started}
     programs = {r["program_pid"] for _, r in started}

@@ -17,6 +17,7 @@ import pytest
 
 from fabtrain.node import atomic, launch, procfs
 from fabtrain.node.spawn import name_programs, spawn
+from tests.support.launched import make_job_dir, plain_env, process_spec
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,12 +38,6 @@ time.sleep(float(sys.argv[2]))
 """
 
 
-def process_spec(jd: str, name: str, argv: list[str]) -> dict:
-    return {"name": name, "role": "trainer", "rank": 0, "argv": argv, "env": {}, "cwd": jd,
-            "launch": launch.command(sys.executable, jd, f"{jd}/run/{name}.exit", argv),
-            "log": f"{jd}/logs/{name}.log", "run": f"{jd}/run/{name}.json"}
-
-
 def wait_for_file(path: str, timeout: float = 20.0) -> dict:
     deadline = time.time() + timeout
     while not os.path.exists(path):
@@ -54,10 +49,7 @@ def wait_for_file(path: str, timeout: float = 20.0) -> dict:
 
 @pytest.fixture
 def job_dir(tmp_path):
-    jd = str(tmp_path / "job")
-    for sub in ("run", "logs"):
-        os.makedirs(os.path.join(jd, sub))
-    atomic.write(os.path.join(jd, launch.SCRIPT), launch.source())
+    jd = make_job_dir(str(tmp_path / "job"))
     yield jd
     for name in os.listdir(os.path.join(jd, "run")):
         if name.endswith(".json"):
@@ -74,8 +66,7 @@ def test_each_record_names_the_program_the_launcher_forked_and_the_pipe_reaches_
         f.write(PROGRAM)
     specs = {name: process_spec(job_dir, name, [sys.executable, script, os.path.join(job_dir, name + ".out"), "30"])
              for name in ("trainer-0", "trainer-1", "trainer-2")}
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("FABTRAIN_")}
-    started = [spawn(spec, job_dir, base_env) for spec in specs.values()]
+    started = [spawn(spec, job_dir, plain_env()) for spec in specs.values()]
     name_programs(started, job_dir, specs, time.time() + 20)
     for p, _ in started:  # node ops keep no end of any pipe once they know the pids
         with pytest.raises(OSError):
@@ -100,8 +91,7 @@ def test_a_launcher_that_cannot_start_its_program_ends_the_wait_at_once(job_dir,
     spec = process_spec(job_dir, "trainer-0", ["sleep", "30"])
     spec["launch"] = launch.command(sys.executable, job_dir, str(tmp_path / "no" / "such" / "dir" / "trainer-0.exit"),
                                     ["sleep", "30"])
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("FABTRAIN_")}
-    started = [spawn(spec, job_dir, base_env)]
+    started = [spawn(spec, job_dir, plain_env())]
     t0 = time.time()
     name_programs(started, job_dir, {"trainer-0": spec}, time.time() + 30)
     assert time.time() - t0 < 15  # far from the 30 s deadline: the closed pipe ended the wait

@@ -111,3 +111,17 @@ def test_the_runtime_a_start_writes_is_the_version_the_controller_names(tmp_path
     assert runtime.install(str(target)) == 0
     (target / "fabtrain" / "node" / "ops.py").write_text("# half a deploy\n")
     assert runtime.install(str(target)) == 1
+
+
+def test_an_agent_that_does_not_host_the_coordinator_loads_only_what_it_runs():
+    """Every node's agent imports itself at once at a start: an alert sender (urllib brings http.client,
+    email and ssl), the coordinator's board and server, typing, traceback, secrets, shutil cost each agent
+    their import for what most never use. The agent's whole start path, its alerts module included."""
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "import fabtrain.node.agent.__main__, fabtrain.node.agent.loop, fabtrain.node.agent.notify\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('urllib', 'http', 'email', 'ssl', 'typing',"
+            " 'traceback', 'secrets', 'shutil') or m in ('fabtrain.node.coordination.board',"
+            " 'fabtrain.node.coordination.server')))\n" % str(REPO))
+    out = subprocess.run([sys.executable, "-S", "-I", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -18,16 +18,8 @@ Why not ``torch.distributed.TCPStore``: importing torch costs the agent ~40+ MB
 of RSS and a second of CPU on every node, where the agent must stay under
 40 MB, and a store still needs polling for the "someone failed" key. This is
 a few hundred lines of stdlib: selectors, sockets, json, hmac.
+
+Import each from its module: this package imports nothing, so an agent that
+does not host the coordinator never loads the board and the server (a start
+pays every import on every node at once).
 """
-import importlib
-
-# Imported when first named: an agent that does not host the coordinator never loads the board and
-# the server (a start pays every import on every node).
-_HOME = {"Board": "board", "Client": "client", "Coordinator": "server", "ProtocolError": "protocol"}
-__all__ = list(_HOME)
-
-
-def __getattr__(name):
-    if name not in _HOME:
-        raise AttributeError("module %r has no attribute %r" % (__name__, name))
-    return getattr(importlib.import_module("." + _HOME[name], __name__), name)

@@ -41,6 +41,8 @@ from .restart import RestartPolicy
 from .roster import Roster
 
 MAX_PROCS = 4096  # processes one node may report; a real node has a handful
+
+
 class Event(NamedTuple):
     """Something the hosting agent writes to events.jsonl (`fields`: more of the event's keys)."""
     kind: str

@@ -31,8 +31,6 @@ HELLO_TIMEOUT = 30.0
 PROOF_TIMEOUT = 30.0
 MAX_OUTBUF = 1 << 20  # a peer that does not read is dropped (it reconnects)
 REFUSED_EVENT_EVERY = 60.0
-
-
 HUNG_FACTOR = 6  # a peer whose connection stays open is lost after this many peer_timeouts of silence
 
 
