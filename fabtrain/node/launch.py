@@ -117,7 +117,8 @@ def is_launcher(argv) -> bool:
 
 def source() -> str:
     """This file's text, which node ops writes into the job directory."""
-    text = globals().get("__source__")  # set when shipped inside node ops' bundle
+    loader = globals().get("__loader__")  # node ops' bundle (fabtrain.remote.rpc) has no file to read
+    text = loader.get_source(__name__) if hasattr(loader, "get_source") else None
     if text:
         return text
     with open(__file__) as f:

@@ -29,6 +29,7 @@ import struct
 import time
 
 from fabtrain.node import procfs
+from fabtrain.node.hostnames import for_resolver
 
 SIOCGIFCONF = 0x8912
 SIOCGIFNETMASK = 0x891B
@@ -86,7 +87,7 @@ def ipv6_interfaces():
 def resolve(address):
     """The IP address a host name or address stands for here (None if it does not resolve)."""
     try:
-        return socket.getaddrinfo(address, None, 0, socket.SOCK_STREAM)[0][4][0]
+        return socket.getaddrinfo(for_resolver(address), None, 0, socket.SOCK_STREAM)[0][4][0]
     except (OSError, IndexError):
         return None
 

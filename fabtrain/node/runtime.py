@@ -7,7 +7,9 @@ ops already hold every file of the runtime -- the controller sends them with
 each call (fabtrain.remote.rpc), and <version> is a hash of exactly those files
 (fabtrain.plan.runtime) -- so a start writes whatever is missing or differs
 from what it was sent. A folder that already matches is left as it is (a
-running agent's files are never rewritten under it).
+running agent's files are never rewritten under it), and one that a start
+made whole is marked so (INSTALLED): the next start does not unpack the sent
+sources at all to compare them.
 """
 import os
 
@@ -17,7 +19,7 @@ from fabtrain.node import atomic
 
 def sources():
     """{path relative to the folder that holds fabtrain/: source} of every runtime file."""
-    sent = getattr(fabtrain, "__sent__", None)  # rpc's bootstrap: {module name: [is_package, source]}
+    sent = getattr(fabtrain, "__sent__", None)  # rpc's bootstrap: (module name, (is_package, source)) items
     if sent is not None:
         out = {}
         for name, (is_package, source) in sent.items():
@@ -38,8 +40,17 @@ def sources():
     return out
 
 
+INSTALLED = ".installed"  # in <workspace>/runtime/<version>/: written last, once every file there is as sent
+
+
 def install(target):
-    """Make target (<workspace>/runtime/<version>) hold the runtime; returns how many files were written."""
+    """Make target (<workspace>/runtime/<version>) hold the runtime; returns how many files were written.
+
+    A folder with INSTALLED in it is taken as it is: a start made it whole, and its name is the hash
+    of its files. One without (new, or shipped by `fab deploy`, whose rsync may have stopped half
+    way) has every file compared with what was sent."""
+    if os.path.exists(os.path.join(target, INSTALLED)):
+        return 0
     written = 0
     for rel, source in sorted(sources().items()):
         path = os.path.join(target, rel)
@@ -52,4 +63,5 @@ def install(target):
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         atomic.write(path, source)
         written += 1
+    atomic.write(os.path.join(target, INSTALLED), "")
     return written

@@ -7,6 +7,7 @@ in one line, and what fabtrain makes there is this user's only.
 import errno
 import json
 import os
+import stat
 
 from fabtrain.node import atomic, jobid
 from fabtrain.node.refusal import UserFacing
@@ -111,14 +112,39 @@ def snapshot_code(ws, jd):
     file by renaming a new one over it, never writing into it, so a deploy while
     the job runs leaves the job's code as it was. Returns which code it is.
     """
-    import shutil  # here: every node-side call imports this module, only a job's first start copies
-
     src, dst = os.path.join(ws, "code"), os.path.join(jd, "code")
     if not os.path.isdir(dst):
         tmp = dst + ".tmp.%d" % os.getpid()
-        shutil.copytree(src, tmp, symlinks=True, copy_function=_link_or_copy)  # deployed: code_refusal
+        _link_tree(src, tmp)  # deployed: code_refusal
         os.replace(tmp, dst)
     return atomic.read_json(os.path.join(dst, CODE_IDENTITY), {})
+
+
+def _link_tree(src, dst):
+    """dst made as a copy of the tree src: each folder with src's permission bits, each file
+    linked (_link_or_copy), each symbolic link made again as it reads. What
+    shutil.copytree(symlinks=True) does, without importing shutil: ~3 ms of CPU in every
+    job's first start, paid by every node at once."""
+    folders = []
+
+    def fail(error):  # os.walk passes over a folder it cannot read; a copy must not
+        raise error
+
+    for folder, dirs, files in os.walk(src, onerror=fail):  # a link to a folder is in dirs, not entered
+        target = os.path.normpath(os.path.join(dst, os.path.relpath(folder, src)))
+        os.mkdir(target, 0o700)
+        folders.append((folder, target))
+        for name in dirs:
+            if os.path.islink(os.path.join(folder, name)):
+                os.symlink(os.readlink(os.path.join(folder, name)), os.path.join(target, name))
+        for name in files:
+            path = os.path.join(folder, name)
+            if os.path.islink(path):
+                os.symlink(os.readlink(path), os.path.join(target, name))
+            else:
+                _link_or_copy(path, os.path.join(target, name))
+    for folder, target in reversed(folders):  # last: a read-only folder is filled first
+        os.chmod(target, stat.S_IMODE(os.stat(folder).st_mode))
 
 
 def _link_or_copy(src, dst):

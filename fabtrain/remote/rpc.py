@@ -8,15 +8,18 @@ and a `start` payload carries the job's secret):
 
 Everything else goes over its stdin:
 
-    <n>\\n<n bytes: zlib'd JSON {"idle_exit": s, "modules": {name: [is_package, source]},
-                                    "digests": {name: sha256 of the source}}>
+    <n>\\n<n bytes: {"idle_exit": s, "modules": {name: [is_package, digest, offset, size]}}\\n
+                 then each module's source, zlib'd on its own, at its offset>
     {"op": "status", "payload": {...}}\\n       a request a line, as many as wanted
 
 The bootstrap reads the code, imports it as `fabtrain.node.*` from memory (a
 meta-path finder over the sources: nothing to deploy first, and a copy of
 fabtrain on the node is never mixed in; what it compiles it keeps in the
-user's ~/.cache/fabtrain/code, named by the module's digest) and hands the rest of stdin to
-fabtrain.node.serve, which answers each request with the reply frame: a
+user's ~/.cache/fabtrain/code, named by the module's digest, the sha256 of its
+source). A source is unpacked only when it is needed: a module not in that cache,
+`get_source` (the launcher writes itself out), or a runtime folder to write
+(fabtrain.node.runtime); a node that has the code compiled reads only the
+index. The rest of stdin goes to fabtrain.node.serve, which answers each request with the reply frame: a
 SENTINEL line, then one JSON line. What comes before the sentinel is an
 op's streamed output (`logs --follow`) or noise from the login shell.
 
@@ -109,7 +112,8 @@ def code_cache():
 
 
 def compiled(folder, name, digest, source, filename):
-    """The module's code object: from the cache where it is there and whole, else compiled (and kept)."""
+    """The module's code object: from the cache where it is there and whole, else compiled
+    from source() (and kept)."""
     path = folder and os.path.join(folder, "%%s-%%s" %% (name, digest))
     if path:
         try:
@@ -118,7 +122,7 @@ def compiled(folder, name, digest, source, filename):
                 return marshal.load(f)
         except (OSError, EOFError, ValueError, TypeError):
             pass
-    code = compile(source, filename, "exec")
+    code = compile(source(), filename, "exec")
     if path:
         part = "%%s.%%d.part" %% (path, os.getpid())
         try:  # whole or not at all: written aside, then renamed into place
@@ -135,35 +139,46 @@ def compiled(folder, name, digest, source, filename):
 
 
 class SentModules(object):
-    """A meta-path finder and loader over the sent sources (the import protocol asks only for these methods)."""
+    """A meta-path finder and loader over the sent modules (the import protocol asks only for
+    these methods; get_source is what linecache and the launcher ask a loader for)."""
 
-    def __init__(self, modules, digests):
-        self.modules = modules
-        self.digests = digests
+    def __init__(self, index, packed):
+        self.index = index  # name: [is_package, digest, offset, size]
+        self.packed = packed
         self.cache = code_cache()
 
     def find_spec(self, name, path=None, target=None):
-        if name not in self.modules:
+        if name not in self.index:
             return None
-        return importlib.machinery.ModuleSpec(name, self, is_package=self.modules[name][0])
+        return importlib.machinery.ModuleSpec(name, self, is_package=self.index[name][0])
 
     def create_module(self, spec):
         return None
 
+    def get_source(self, name):
+        _, _, offset, size = self.index[name]
+        return zlib.decompress(self.packed[offset:offset + size]).decode("utf-8")
+
+    def items(self):
+        """(name, (is_package, source)) of every sent module: what node ops write out as the runtime."""
+        for name in sorted(self.index):
+            yield name, (self.index[name][0], self.get_source(name))
+
     def exec_module(self, module):
         name = module.__name__
-        is_package, source = self.modules[name]
-        path = name.replace(".", "/") + ("/__init__.py" if is_package else ".py")
-        # No file on the node: __file__ says so, __source__ holds the text (for code that writes itself out).
-        module.__file__ = "<sent>/" + path
-        module.__source__ = source
-        exec(compiled(self.cache, name, self.digests[name], source, module.__file__), module.__dict__)
+        is_package, digest = self.index[name][:2]
+        # No file on the node: __file__ says so; the loader gives the text (for code that writes itself out).
+        module.__file__ = "<sent>/" + name.replace(".", "/") + ("/__init__.py" if is_package else ".py")
+        code = compiled(self.cache, name, digest, lambda: self.get_source(name), module.__file__)
+        exec(code, module.__dict__)
 
 
-code = json.loads(zlib.decompress(data[:size]).decode())
-sys.meta_path.insert(0, SentModules(code["modules"], code["digests"]))
+header, packed = data[:size].split(b"\\n", 1)
+code = json.loads(header.decode())
+sent = SentModules(code["modules"], packed)
+sys.meta_path.insert(0, sent)
 import fabtrain
-fabtrain.__sent__ = code["modules"]  # what node ops write out as the runtime (fabtrain.node.runtime)
+fabtrain.__sent__ = sent  # what node ops write out as the runtime (fabtrain.node.runtime)
 from fabtrain.node import serve
 sys.exit(serve.main(data[size:], code["idle_exit"]))
 ''' % {"minimum": NODE_PYTHON_MIN, "shown": "%d.%d" % NODE_PYTHON_MIN, "sentinel": SENTINEL}
@@ -199,11 +214,20 @@ def node_modules() -> dict[str, tuple[bool, str]]:
 
 @functools.lru_cache(maxsize=4)
 def code_frame(idle_exit: float | None) -> bytes:
-    """The first thing on a node-side process's stdin: the node code, behind its length."""
-    modules = node_modules()
-    # A module's digest names its compiled code in the node's cache (BOOTSTRAP's code_cache).
-    digests = {name: hashlib.sha256(source.encode()).hexdigest()[:32] for name, (_, source) in modules.items()}
-    blob = zlib.compress(json.dumps({"idle_exit": idle_exit, "modules": modules, "digests": digests}).encode(), 9)
+    """The first thing on a node-side process's stdin: the node code, behind its length.
+
+    Each module is compressed on its own, behind a small index: a node that has the code
+    compiled reads the index and unpacks nothing (decompressing and parsing all of it was
+    ~4.5 ms of every node-side call)."""
+    index, packed = {}, []
+    offset = 0
+    for name, (is_package, source) in node_modules().items():
+        data = zlib.compress(source.encode(), 9)
+        # A module's digest names its compiled code in the node's cache (BOOTSTRAP's code_cache).
+        index[name] = [is_package, hashlib.sha256(source.encode()).hexdigest()[:32], offset, len(data)]
+        packed.append(data)
+        offset += len(data)
+    blob = json.dumps({"idle_exit": idle_exit, "modules": index}).encode() + b"\n" + b"".join(packed)
     return b"%d\n" % len(blob) + blob
 
 

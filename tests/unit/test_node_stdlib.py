@@ -109,8 +109,18 @@ def test_the_runtime_a_start_writes_is_the_version_the_controller_names(tmp_path
         digest.update(str(rel).encode() + b"\0" + (target / rel).read_bytes() + b"\0")
     assert digest.hexdigest()[:16] == runtime_version()
     assert runtime.install(str(target)) == 0
+
+    class Unread:  # a runtime a start made whole is not compared again: nothing sent is unpacked
+        def items(self):
+            raise AssertionError("the sent sources were read")
+    monkeypatch.setattr(fabtrain, "__sent__", Unread())
+    assert runtime.install(str(target)) == 0
+    # A folder without the mark (`fab deploy`'s rsync stopped half way) has every file compared.
+    monkeypatch.setattr(fabtrain, "__sent__", json.loads(json.dumps(rpc.node_modules())))
+    (target / runtime.INSTALLED).unlink()
     (target / "fabtrain" / "node" / "ops.py").write_text("# half a deploy\n")
     assert runtime.install(str(target)) == 1
+    assert (target / runtime.INSTALLED).exists()
 
 
 def test_an_agent_that_does_not_host_the_coordinator_loads_only_what_it_runs():

@@ -139,7 +139,7 @@ def test_node_code_in_subpackages_is_imported_from_what_was_sent(tmp_path, monke
         def op_echo(payload):
             import fabtrain.node.ops as me
             return {"rule": RULE, "twice": helper.twice(payload["n"]), "file": me.__file__,
-                    "source": me.__source__ == open(payload["path"]).read()}
+                    "source": me.__loader__.get_source(me.__name__) == open(payload["path"]).read()}
 
 
         OPS = {"echo": op_echo}

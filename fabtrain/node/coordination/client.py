@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from ..hostnames import for_resolver
 from . import protocol
 from .connections import HELLO_TIMEOUT, hung_timeout, kernel_timeout, watch_liveness
 from .protocol import Channel, LineReader, ProtocolError
@@ -139,7 +140,7 @@ class Client(threading.Thread):
         where = "%s:%d" % (self.host, self.port)
         timeout = max(0.5, min(2.0, self.interval))
         try:
-            sock = socket.create_connection((self.host, self.port), timeout=timeout)
+            sock = socket.create_connection((for_resolver(self.host), self.port), timeout=timeout)
         except OSError as e:
             self.error = "cannot reach the coordinator at %s: %s" % (where, e.strerror or e)
             return None
