@@ -129,6 +129,10 @@ def start_agent(agent, job, jd, ws, base_env, warnings, leases=()):
             except (ValueError, AttributeError):
                 pass  # a line being written
         if "agent_started" in kinds:
+            # Said before the reply: the controller starts the other nodes on it, while this start
+            # goes on with the node's own processes and their settle time.
+            sys.stdout.write(COORDINATOR_LISTENS + "\n")
+            sys.stdout.flush()
             return p, record
         if p.poll() is not None:
             why = kinds.get("coordinator_error") or "the agent exited at once with code %s: %s" % (
@@ -138,6 +142,9 @@ def start_agent(agent, job, jd, ws, base_env, warnings, leases=()):
     warnings.append("the agent has not started its coordinator within 15 s (see `fab status`)")
     return p, record
 
+
+# A start's line, before its reply, on the node that hosts the coordinator: its agent listens.
+COORDINATOR_LISTENS = "@@fabtrain-coordinator-listens@@"
 
 # A start refused because another job runs on the node; the controller reads the job id back (RUNNING_HERE_RE).
 RUNNING_HERE = "job %s is still running here (%s); stop it with `fab kill-all` or pass --force"

@@ -382,14 +382,14 @@ class Channels:
         self.open: dict[str, Channel] = {}  # one fan-out thread a node uses its entry at a time
 
     def call(self, transport: Transport, op: str, payload: dict, *, timeout: float | None = None,
-             last: bool = False) -> Any:
+             last: bool = False, stream=None) -> Any:
         channel = self.open.pop(transport.node.name, None)
         if channel is None or channel.broken:
             if channel is not None:
                 channel.close()
             channel = Channel(transport, timeout)
         try:
-            result = channel.request(op, payload, timeout, last=last)
+            result = channel.request(op, payload, timeout, stream=stream, last=last)
         except BaseException:
             channel.close()
             raise
