@@ -298,6 +298,8 @@ def _start_nodes(session: Session, plan: Plan, roles: tuple[str, ...], call) -> 
         payload = {"job": plan.job_json(t.node.name), "roles": list(roles)}
         if cluster.job.watchdog.enabled:
             payload["agent"] = plan.agent_process(t.node.name)
+        if stream is not None:
+            payload["tell_listening"] = True
         return call(t, "start", payload, timeout=120, last=True, stream=stream)
 
     first = [n for n in nodes if cluster.job.watchdog.enabled and n.name == plan.nodes[0].node]

@@ -101,8 +101,9 @@ def live_job_processes(jd, procs=None):
     return [name for name, run in run_records(jd) if procfs.alive(run["pid"], run.get("create_time"), procs)]
 
 
-def start_agent(agent, job, jd, ws, base_env, warnings, leases=()):
-    """Start the agent; on the node that hosts the coordinator, first, and only once it holds the port.
+def start_agent(agent, job, jd, ws, base_env, warnings, leases=(), tell_listening=False):
+    """Start the agent; on the node that hosts the coordinator, first, and only once it holds the port
+    (then, if tell_listening, print COORDINATOR_LISTENS: node ops' streamed line to the controller).
 
     Agents refuse a coordinator that cannot prove the job's secret, so a job whose
     coordinator cannot listen (another program on job.watchdog.port) has none:
@@ -129,10 +130,10 @@ def start_agent(agent, job, jd, ws, base_env, warnings, leases=()):
             except (ValueError, AttributeError):
                 pass  # a line being written
         if "agent_started" in kinds:
-            # Said before the reply: the controller starts the other nodes on it, while this start
-            # goes on with the node's own processes and their settle time.
-            sys.stdout.write(COORDINATOR_LISTENS + "\n")
-            sys.stdout.flush()
+            if tell_listening:  # before the reply: the controller starts the other nodes on it, while
+                # this start goes on with the node's own processes and their settle time
+                sys.stdout.write(COORDINATOR_LISTENS + "\n")
+                sys.stdout.flush()
             return p, record
         if p.poll() is not None:
             why = kinds.get("coordinator_error") or "the agent exited at once with code %s: %s" % (
@@ -143,7 +144,9 @@ def start_agent(agent, job, jd, ws, base_env, warnings, leases=()):
     return p, record
 
 
-# A start's line, before its reply, on the node that hosts the coordinator: its agent listens.
+# A start's line, before its reply, on the node that hosts the coordinator, when the controller asks
+# for it ("tell_listening"; not a Slurm allocation's or a pod's start, whose stdout is the user's): its
+# agent listens.
 COORDINATOR_LISTENS = "@@fabtrain-coordinator-listens@@"
 
 # A start refused because another job runs on the node; the controller reads the job id back (RUNNING_HERE_RE).
@@ -211,7 +214,7 @@ def _start_leased(payload, job, ws, jd, leases, warnings):
     if agent and "agent" not in already:
         runtime.install(expand(agent["cwd"], ws))  # a job never runs without its agent: no deploy needed
         by_name[agent["name"]] = agent
-        started.append(start_agent(agent, job, jd, ws, base_env, warnings, fds))
+        started.append(start_agent(agent, job, jd, ws, base_env, warnings, fds, payload.get("tell_listening", False)))
     for proc in wanted:
         by_name[proc["name"]] = proc
         try:
