@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -315,20 +316,12 @@ def _start_nodes(session: Session, plan: Plan, roles: tuple[str, ...], call) -> 
         def flush(self) -> None:
             pass
 
-    first_replies: list[Reply] = []
-
-    def start_first() -> None:
-        try:
-            first_replies.extend(session.map(lambda t: one(t, Lines()), first))
-        finally:
-            listens.set()
-
-    thread = threading.Thread(target=start_first, name=f"start {first[0].name}")
-    thread.start()
-    listens.wait()
-    others = session.map(one, [n for n in nodes if n not in first])
-    thread.join()
-    return first_replies + others
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"start {first[0].name}") as pool:
+        first_start = pool.submit(session.map, lambda t: one(t, Lines()), first)
+        first_start.add_done_callback(lambda _: listens.set())  # or answered without it (it failed)
+        listens.wait()
+        others = session.map(one, [n for n in nodes if n not in first])
+        return first_start.result() + others  # a bug's exception in that thread is raised here
 
 
 def stop_incomplete_start(session: Session, result: StartResult, grace: float) -> None:
