@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from fabtrain.config.cluster import Cluster
 from fabtrain.errors import UserError
 from fabtrain.plan.plan import IFACE_VARS, Network
-from fabtrain.plan.ports import AUTO_WINDOW, PORT_SETTINGS, PortUse, choose_auto, clashes, configured_ports, port_uses
+from fabtrain.plan.ports import (AUTO_WINDOW, PORT_SETTINGS, PortUse, choose_auto, clashes, configured_ports, needed_ports,
+                                 port_uses)
 from fabtrain.remote import rpc
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import Reply, fan_out
@@ -52,8 +53,13 @@ class NetworkCheck:
 # -- the fan-out ---------------------------------------------------------------------------
 
 
-def _payloads(cluster: Cluster, uses: list[PortUse], serve: bool, job_id: str | None, token: str) -> dict[str, dict]:
-    """Each node's netcheck request: the ports it holds, and (serve) the others' ports to reach."""
+def _payloads(cluster: Cluster, uses: list[PortUse], serve: bool, job_id: str | None, token: str,
+              asked: set[str] | None = None) -> dict[str, dict]:
+    """Each node's netcheck request: the ports it holds, and (serve) the others' ports to reach.
+
+    asked: the nodes whose busy ports and other jobs' claims are wanted (all when None). Finding
+    them reads /proc/net/tcp and every process's environment on the node, which a node that
+    holds none of the job's ports need not do."""
     payloads = {}
     for node in cluster.nodes:
         listen = [{"port": p, "what": u.what, "setting": u.setting, "expect": len(cluster.nodes) - 1}
@@ -63,7 +69,11 @@ def _payloads(cluster: Cluster, uses: list[PortUse], serve: bool, job_id: str | 
         payloads[node.name] = {
             "address": node.address, "peers": sorted({n.address for n in cluster.nodes if n.name != node.name}),
             "listen": listen, "reach": reach, "serve": serve, "token": token, "deadline": EXCHANGE_DEADLINE,
-            "window": list(AUTO_WINDOW), "job_id": job_id}
+            "job_id": job_id}
+        if asked is None or node.name in asked:
+            payloads[node.name]["window"] = list(AUTO_WINDOW)
+        else:
+            payloads[node.name]["claims"] = False
     return payloads
 
 
@@ -242,8 +252,11 @@ def probe(session: Session, job_id: str | None, hosts: set[str] | None = None,
     (about the ports that `hosts` hold; all when None)."""
     cluster = session.cluster
     configured = configured_ports(cluster)
+    # The nodes that hold a port of the job, fixed or auto (any value stands in for an auto one here):
+    # only their busy ports and claims decide the auto ports and refuse a start.
+    holders = {u.node for u in port_uses(cluster, dict.fromkeys(needed_ports(cluster), AUTO_WINDOW[0]), unchecked=True)}
     replies = _fan_out(session, _payloads(cluster, port_uses(cluster, configured), False, job_id,
-                                          secrets.token_hex(8)), call)
+                                          secrets.token_hex(8), holders), call)
     network = choose_ports(cluster, replies)
     return network, assess(cluster, network, replies, starting=True, hosts=hosts)
 

@@ -447,7 +447,8 @@ def run(payload):
     node will hold), "reach" ([{"node", "address", "port", "what"}]: the others'),
     "serve" (open real listeners and answer `expect` connections on each; else
     only see whether each port is free), "token", "deadline" (seconds),
-    "window" ([lo, hi]: report which ports there are busy, for `auto`).
+    "window" ([lo, hi]: report which ports there are busy, for `auto`), "claims" (false: leave out
+    other jobs' claimed ports, a read of every process's environment, for a node that holds none).
     """
     workspace = os.path.abspath(os.path.expanduser(payload.get("workspace") or "."))
     ip = resolve(payload["address"])
@@ -483,5 +484,5 @@ def run(payload):
     if payload.get("window"):
         lo, hi = payload["window"]
         reply["busy"] = busy_ports(lo, hi)
-    reply["claimed"] = claimed_ports(workspace, payload.get("job_id"))
+    reply["claimed"] = claimed_ports(workspace, payload.get("job_id")) if payload.get("claims", True) else []
     return reply

@@ -126,3 +126,30 @@ def test_free_ports_and_bound_ones_are_told_apart():
         port = s.getsockname()[1]
         assert port in netcheck.busy_ports(port - 1, port + 1)
     assert port not in netcheck.busy_ports(port, port)
+
+
+def test_a_start_probe_asks_only_the_nodes_holding_the_jobs_ports_what_is_busy(tmp_path):
+    """A start's probe decides the auto ports and refuses a taken fixed one from the nodes that hold
+    them; the others are not asked for busy ports or other jobs' claims (a read of /proc/net/tcp and of
+    every process's environment there), while every node still answers for its address."""
+    from fabtrain.config.cluster import load_cluster
+    from fabtrain.controller import preflight
+    from fabtrain.remote.session import Session
+    from tests.support.sshd import write_cluster
+
+    # Collective: rank 0's master port and the watchdog's coordinator are both on n0, the first node.
+    path = write_cluster(tmp_path / "cluster.yaml", None,
+                         local_nodes=[("n0", ["trainer"]), ("n1", ["trainer"]), ("n2", ["trainer"])],
+                         job={"name": "probe", "mode": "collective", "watchdog": {"interval": 1}})
+    session = Session(load_cluster(str(path)))
+    try:
+        network, found = preflight.probe(session, None)
+    finally:
+        session.close()
+    replies = found.replies
+    assert all(r.ok for r in replies.values()), replies
+    assert set(replies["n0"].value) == set(replies["n1"].value) | {"busy"}
+    assert "busy" not in replies["n1"].value and "busy" not in replies["n2"].value
+    assert replies["n1"].value["claimed"] == replies["n2"].value["claimed"] == []
+    assert all(r.value["address_ip"] == "127.0.0.1" for r in replies.values())
+    assert {"master_port", "watchdog_port"} <= set(network.ports) and not found.problems, found.problems
