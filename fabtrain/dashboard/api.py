@@ -57,10 +57,12 @@ def _process_json(node: str, p: dict, hp: dict, verdict) -> dict:
         "exit_code": seen.exit_code if seen else p.get("exit_code"),
         "signal": seen.signal if seen else signal_name(signal_of(p.get("exit_code"))),
         "label": process_label(p, seen), "launcher_gone": bool(seen and seen.launcher_gone),
-        "pid": p.get("pid"), "uptime": short(p.get("uptime"), 5),
+        "pid": p.get("pid"), "launcher_pid": p.get("launcher_pid") or hp.get("launcher_pid"),
+        "uptime": short(p.get("uptime"), 5),
         "started_at": number(p.get("started_at")), "zombies": p.get("zombies") or 0,
         "cpu_percent": short(hp.get("cpu_percent"), 3), "rss": number(hp.get("rss")),
         "children": number(hp.get("children")), "last_progress": number(hp.get("last_progress")),
+        "step_rate": short(hp.get("step_rate"), 4),
         "last_line": (p.get("last_line") or "")[-200:],
     }
 

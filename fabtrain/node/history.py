@@ -11,12 +11,12 @@ import json
 import os
 
 from fabtrain.contract import jobid
+from fabtrain.contract.records import SERIES
 from fabtrain.contract.events import JOB_EVENTS, EventKind, read_events
 from fabtrain.node import atomic, ops
 
 # The events that tell how a job went, as opposed to the watchdog's running commentary.
 OUTCOME_KINDS = JOB_EVENTS + (EventKind.KILLED,)
-SERIES_KEYS = ("ts", "step", "epoch", "loss", "samples_per_s", "eval_loss", "lr")
 MAX_POINTS = 2000  # per trainer in a `job` reply: a long run is thinned evenly, its last point kept
 MAX_EVENTS = 500
 MAX_JOBS = 500
@@ -145,7 +145,7 @@ def series(path, max_points):
             except ValueError:
                 continue
             if isinstance(rec, dict):
-                out.append({k: rec[k] for k in SERIES_KEYS if k in rec})
+                out.append({k: rec[k] for k in SERIES if k in rec})
     return thin(out, max_points)
 
 

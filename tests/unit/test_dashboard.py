@@ -65,7 +65,7 @@ def world(tmp_path_factory):
     for i, node in enumerate(("node0", "node1", "node2")):
         job.health(node, cpu=20.0 + 10 * i, gpus=[gpu(0, 85.0), gpu(1, 70.0)] if node != "node0" else [],
                    processes=[{"name": "trainer-0", "cpu_percent": 97.0, "rss": 1 << 30,
-                               "last_progress": time.time() - 1}] if node == "node1" else [])
+                               "last_progress": time.time() - 1, "step_rate": 12.5}] if node == "node1" else [])
     job.event("node2", kind="hang", role="trainer", rank=1, reason="no progress for 120 s (hang_timeout)", ts=time.time() - 5)
     job.event("node1", kind="started", role="trainer", rank=0, reason="launched", ts=time.time() - 60)
     session = Session(cluster)
@@ -213,6 +213,7 @@ def test_cluster_shows_every_node_its_health_and_processes(client):
     (p,) = n1["processes"]
     assert p["name"] == "trainer-0" and p["state"] == "running" and p["label"] == "running"
     assert p["cpu_percent"] == 97.0 and p["pid"] > 1  # merged from health.json
+    assert p["step_rate"] == 12.5 and p["launcher_pid"] > 1  # the agent's rate; node ops' launcher
     n3 = nodes["node3"]
     assert n3["up"] is False and n3["since"] and "connection refused" in n3["error"] and n3["processes"] == []
 

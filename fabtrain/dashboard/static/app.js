@@ -151,7 +151,9 @@ function renderCluster(c) {
       options.push([n.name, p.name]);
       return el("span", {
         class: "chip " + stateClass(p),
-        title: `pid ${p.pid ?? "–"} · ${p.label}` + (p.cpu_percent != null ? ` · cpu ${p.cpu_percent}%` : "") + (p.last_line ? `\n${p.last_line}` : ""),
+        title: `pid ${p.pid ?? "–"}` + (p.launcher_pid != null && p.launcher_pid !== p.pid ? ` (launcher ${p.launcher_pid})` : "")
+          + ` · ${p.label}` + (p.cpu_percent != null ? ` · cpu ${p.cpu_percent}%` : "")
+          + (p.step_rate != null ? ` · ${p.step_rate} steps/s` : "") + (p.last_line ? `\n${p.last_line}` : ""),
         "data-node": n.name, "data-process": p.name, "data-state": p.state,
         onclick: () => selectLog(n.name, p.name),
       }, `${p.name}: ${p.label}`);

@@ -11,6 +11,7 @@ import os
 import time
 
 from fabtrain.node import atomic, procfs
+from fabtrain.contract.records import HEALTH_AGENT, HEALTH_PROCESS, record
 from fabtrain.contract.states import FINAL, JobState, signal_name
 
 
@@ -21,16 +22,17 @@ def process_view(ctx, ledger, procs: dict, gpu_pids: dict) -> dict:
     if progress is not None:
         last = progress.last_record if progress.last_record is not None else progress.last_activity
     rate = progress.steps.rate() if progress is not None and ctx.live else None
-    return {"name": ctx.name, "role": ctx.role, "rank": ctx.rank, "pid": ctx.pid,
-            "launcher_pid": ctx.launcher, "state": str(ctx.state), "exit_code": ctx.exit_code,
-            "signal": signal_name(ctx.signal),
-            "cpu_percent": progress.cpu_percent if progress and ctx.live else 0.0, "rss": ctx.rss,
-            "children": max(0, len(live_tree) - 1) if ctx.live else 0, "zombies": sum((z[0], z[2]) in ledger.zombies_seen for z in ctx.zombies),  # reported ones
-            "last_progress": round(last, 3) if last else None,
-            "last_record": round(progress.last_record, 3) if progress and progress.last_record else None,
-            "step_rate": round(rate, 3) if rate is not None else None,
-            "hung": ctx.name in ledger.hung, "killed_by_agent": ctx.close_reason,
-            "gpu_mem": sum(gpu_pids.get(p, 0) for p in live_tree) if gpu_pids else None}
+    return record(HEALTH_PROCESS, name=ctx.name, role=ctx.role, rank=ctx.rank, pid=ctx.pid,
+                  launcher_pid=ctx.launcher, state=str(ctx.state), exit_code=ctx.exit_code,
+                  signal=signal_name(ctx.signal),
+                  cpu_percent=progress.cpu_percent if progress and ctx.live else 0.0, rss=ctx.rss,
+                  children=max(0, len(live_tree) - 1) if ctx.live else 0,
+                  zombies=sum((z[0], z[2]) in ledger.zombies_seen for z in ctx.zombies),  # reported ones
+                  last_progress=round(last, 3) if last else None,
+                  last_record=round(progress.last_record, 3) if progress and progress.last_record else None,
+                  step_rate=round(rate, 3) if rate is not None else None,
+                  hung=ctx.name in ledger.hung, killed_by_agent=ctx.close_reason,
+                  gpu_mem=sum(gpu_pids.get(p, 0) for p in live_tree) if gpu_pids else None)
 
 
 class Health:
@@ -60,9 +62,10 @@ class Health:
         snapshot = {
             "ts": round(now, 3), "node": cfg.node, "job_id": cfg.job_id, "interval": cfg.interval,
             "host": self.host.sample(), "gpus": self.gpus.sample(), "processes": processes,
-            "agent": {"pid": self.pid, "rss": me.rss if me else None, "cpu_percent": self._own_cpu_percent(),
-                      "started": round(self.started, 3), "restarted": self.restarted,
-                      "keeper_pid": self.life.keeper_pid, "launcher_pid": self.life.launcher},
+            "agent": record(HEALTH_AGENT, pid=self.pid, rss=me.rss if me else None,
+                            cpu_percent=self._own_cpu_percent(), started=round(self.started, 3),
+                            restarted=self.restarted, keeper_pid=self.life.keeper_pid,
+                            launcher_pid=self.life.launcher),
             "peers": view.get("peers") or {},
             "job": {"status": ledger.status.status, "reason": ledger.status.reason, "origin": ledger.status.origin,
                     "on_failure": cfg.on_failure, "generation": ledger.generation,
