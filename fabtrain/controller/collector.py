@@ -28,6 +28,7 @@ from typing import Any
 
 from fabtrain.controller import records
 from fabtrain.contract.events import JOB_EVENTS, EventKind
+from fabtrain.contract.jobfolder import EVENTS, HEALTH, LOGS, METRICS
 from fabtrain.controller.jobstate import NodeObservation, Verdict, job_verdict
 from fabtrain.controller.series import NODES, TRAINERS, Series, SeriesBook, SeriesDelta
 from fabtrain.remote import rpc
@@ -151,9 +152,9 @@ def _file_kind(rel: Any) -> tuple[str, str | None] | None:
     """("events", None), ("metrics", process) or ("logs", process) for a file node ops sent; else None."""
     if not isinstance(rel, str):
         return None
-    if rel == "events.jsonl":
+    if rel == EVENTS:
         return "events", None
-    for kind, suffix in (("metrics", ".jsonl"), ("logs", ".log")):
+    for kind, suffix in ((METRICS, ".jsonl"), (LOGS, ".log")):
         name = rel[len(kind) + 1:-len(suffix)] if rel.startswith(kind + "/") and rel.endswith(suffix) else ""
         if records.NAME_RE.match(name):
             return kind, name
@@ -263,7 +264,7 @@ class Collector:
             try:
                 view.health = records.health(reply["health"])
             except records.Malformed as e:
-                bad.add(("health.json", str(e)))
+                bad.add((HEALTH, str(e)))
         if "gpus" in reply:
             try:
                 view.gpus = records.gpu_holders(reply["gpus"])

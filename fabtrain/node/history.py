@@ -12,7 +12,8 @@ import os
 
 from fabtrain.contract import jobid
 from fabtrain.contract.records import SERIES
-from fabtrain.contract.events import JOB_EVENTS, EventKind, read_events
+from fabtrain.contract.events import JOB_EVENTS, EventKind
+from fabtrain.contract.jobfolder import EVENTS, LOGS, METRICS, JobFolder
 from fabtrain.node import atomic, ops
 
 # The events that tell how a job went, as opposed to the watchdog's running commentary.
@@ -42,12 +43,12 @@ def summary(job):
 
 def job_events(jd, kinds=None, limit=None):
     """events.jsonl's records (only `kinds` if given; the last `limit`)."""
-    out = [ev for ev in read_events(os.path.join(jd, "events.jsonl")) if kinds is None or ev.get("kind") in kinds]
+    out = [ev for ev in JobFolder(jd).read_events() if kinds is None or ev.get("kind") in kinds]
     return out[-limit:] if limit else out
 
 
 def metric_files(jd):
-    mdir = os.path.join(jd, "metrics")
+    mdir = JobFolder(jd).metrics
     try:
         return sorted(f[:-6] for f in os.listdir(mdir) if f.endswith(".jsonl"))
     except OSError:
@@ -72,7 +73,7 @@ def started_at(jd):
     if times:
         return min(times)
     try:
-        return os.path.getmtime(os.path.join(jd, "job.json"))
+        return os.path.getmtime(JobFolder(jd).job_json)
     except OSError:
         return None
 
@@ -80,7 +81,7 @@ def started_at(jd):
 def ended_at(jd):
     """The last time anything of the job was written here (events, metrics, logs)."""
     latest = None
-    for sub in ("events.jsonl", "metrics", "logs"):
+    for sub in (EVENTS, METRICS, LOGS):
         path = os.path.join(jd, sub)
         paths = [os.path.join(path, f) for f in os.listdir(path)] if os.path.isdir(path) else [path]
         for p in paths:
@@ -94,7 +95,7 @@ def ended_at(jd):
 
 def job_entry(ws, job_id):
     jd = os.path.join(ws, "jobs", job_id)
-    job = atomic.read_json(os.path.join(jd, "job.json"), {})
+    job = atomic.read_json(JobFolder(jd).job_json, {})
     status = ops.op_status({"workspace": ws, "job_id": job_id, "health": True})
     return {
         "job_id": job_id,
@@ -103,7 +104,7 @@ def job_entry(ws, job_id):
         "last_write": ended_at(jd),
         "status": status,
         "events": job_events(jd, OUTCOME_KINDS, 200),
-        "last_metrics": {name: last_record(os.path.join(jd, "metrics", name + ".jsonl"))
+        "last_metrics": {name: last_record(JobFolder(jd).metrics_file(name))
                          for name in metric_files(jd)},
     }
 
@@ -159,12 +160,12 @@ def op_job(payload):
     entry = job_entry(ws, job_id)
     max_points = int(payload.get("max_points", MAX_POINTS))
     entry["found"] = True
-    entry["series"] = {name: series(os.path.join(jd, "metrics", name + ".jsonl"), max_points)
+    entry["series"] = {name: series(JobFolder(jd).metrics_file(name), max_points)
                        for name in metric_files(jd)}
     entry["events"] = job_events(jd, None, int(payload.get("max_events", MAX_EVENTS)))
     lines = int(payload.get("lines", 50))
     logs = {}
-    ldir = os.path.join(jd, "logs")
+    ldir = JobFolder(jd).logs
     for f in sorted(os.listdir(ldir)) if os.path.isdir(ldir) else []:
         if f.endswith(".log"):
             logs[f[:-4]] = ops.tail_lines(os.path.join(ldir, f), lines)

@@ -20,7 +20,8 @@ import signal
 import sys
 import time
 
-from fabtrain.contract.events import EventKind, read_events
+from fabtrain.contract.events import EventKind
+from fabtrain.contract.jobfolder import JobFolder
 from fabtrain.node import ops
 from fabtrain.node.spawn import expand
 
@@ -98,7 +99,7 @@ def reap():
 
 def outcome(jd, job, ws):
     # No events (watchdog disabled): the exit codes say it.
-    kinds = {ev.get("kind") for ev in read_events(os.path.join(jd, "events.jsonl"))}
+    kinds = {ev.get("kind") for ev in JobFolder(jd).read_events()}
     if EventKind.JOB_FAILED in kinds:
         return 1
     if EventKind.FINISHED in kinds:

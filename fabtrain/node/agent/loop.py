@@ -21,6 +21,7 @@ from fabtrain.node.coordination.restart import RestartPolicy
 from fabtrain.node.kill import send
 from fabtrain.contract.events import PROCESS_ENDS, RESTARTS, STACK_DUMPS, EventKind
 from fabtrain.contract.states import FINAL, JobState, read_killer, signal_name
+from fabtrain.contract.jobfolder import JobFolder
 
 from fabtrain.node.coordination import stragglers
 
@@ -41,7 +42,7 @@ STARTER_WAIT = 0.5
 
 
 def load_job(job_dir: str) -> dict:
-    path = os.path.join(job_dir, "job.json")
+    path = JobFolder(job_dir).job_json
     deadline = time.time() + 5
     while True:
         job = read_json(path)
@@ -148,7 +149,7 @@ class Agent:
         self.must_join = tuple(n["name"] for n in self.job.get("nodes", []) if n.get("roles", True))
         self.restarted, self.started, self.pid = restarted, time.time(), os.getpid()
         self.startup_deadline = self.started + self.cfg.startup_timeout
-        self.events = EventLog(os.path.join(self.jd, "events.jsonl"), self.node)
+        self.events = EventLog(JobFolder(self.jd).events, self.node)
         self.life = AgentLife(self.jd, self.job, self.ws)
         floor = self.started if restarted else None
         self.contexts = [ProcessContext(p, self.jd, self.ws, floor) for p in self.job.get("processes", [])]
@@ -161,7 +162,7 @@ class Agent:
         self.watch = PidWatch()
         self.gpus = GpuSampler()
         self.gpu_pids: dict[int, int] = {}
-        self.health = snapshot.Health(os.path.join(self.jd, "health.json"), self.cfg,
+        self.health = snapshot.Health(JobFolder(self.jd).health, self.cfg,
                                       HostSampler(self.ws if os.path.isdir(self.ws) else "/"), self.gpus,
                                       self.events, self.life, self.started, restarted)
         self.link = Link(self.job, self.nodes, self.cfg, restart, self.jd, self._peer_event, self.watch.wake)
@@ -288,7 +289,7 @@ class Agent:
                        for ctx in self.contexts),
             strays=tuple(strays(self.procs, self.markers, mine, self.job_id, self.ws, now)),
             orphans_alive=frozenset(o.pid for o in self.ledger.orphans if procfs.alive(o.pid, o.ctime, self.procs)),
-            killed_by=read_killer(os.path.join(self.jd, "killed")), peers=self.link.peers(),
+            killed_by=read_killer(JobFolder(self.jd).killed), peers=self.link.peers(),
             must_join=self.must_join, startup_deadline=self.startup_deadline, disk_full=disk_full(self.jd, self.ws))
 
     # -- execute -------------------------------------------------------------------------------
@@ -420,7 +421,7 @@ class Agent:
 
     def stop(self, why: str) -> int:
         live = [ctx.name for ctx in self.contexts if ctx.live]
-        if live and self.ledger.status.status == JobState.RUNNING and not os.path.exists(os.path.join(self.jd, "killed")):
+        if live and self.ledger.status.status == JobState.RUNNING and not os.path.exists(JobFolder(self.jd).killed):
             actions, self.ledger = policy.fail(self.ledger, self.cfg, "the agent on %s was stopped (%s) while %s "
                                                "still ran" % (self.node, why, ", ".join(live)))
             self.execute(actions, time.time())

@@ -23,6 +23,7 @@ import time
 
 from fabtrain.contract.events import EventKind
 from fabtrain.contract.states import stopped_by_user
+from fabtrain.contract.jobfolder import JobFolder
 
 # events.jsonl kinds -> the names cluster.yaml's notify.on uses
 # A restart is told once, when it is decided (`restarting`: the cause, the backoff, the restarts left); a
@@ -49,7 +50,7 @@ class Notifier:
         nodes = [n.get("name") for n in job.get("nodes") or [] if isinstance(n, dict)]
         self.hosts_coordinator = not nodes or nodes[0] == self.node
         self.report = report
-        self.killed_marker = os.path.join(job_dir, "killed") if job_dir else None
+        self.killed_marker = JobFolder(job_dir).killed if job_dir else None
         self.sent: set = set()
         self.threads: list[threading.Thread] = []
 
@@ -159,7 +160,7 @@ def run(argv: list, data: bytes):
 def from_job_dir(job_dir: str, report):
     """The job's Notifier (job.json beside events.jsonl), or None when it asks for no alerts."""
     try:
-        with open(os.path.join(job_dir, "job.json")) as f:
+        with open(JobFolder(job_dir).job_json) as f:
             job = json.load(f)
     except (OSError, ValueError):
         return None

@@ -21,6 +21,7 @@ from fabtrain.node.atomic import read_json
 from fabtrain.node.coordination.stragglers import StepRate
 from fabtrain.node.kill import send, signal_all, starter, trusted
 from fabtrain.contract.states import ProcessState, signal_of, state_of
+from fabtrain.contract.jobfolder import JobFolder
 
 CPU_PROGRESS = 0.01  # CPU seconds per second (1% of a core) that count as activity
 RATE_WINDOW = 10.0  # seconds of records a step rate is measured over (the straggler rule's input)
@@ -95,8 +96,8 @@ class ProcessContext:
         self.workspace = workspace
         self.trusted = False  # its record named a live launcher of ours when loaded: its group is ours
         self.launcher_up = False
-        self.run_path = os.path.join(job_dir, "run", self.name + ".json")
-        self.exit_path = os.path.join(job_dir, "run", self.name + ".exit")
+        self.run_path = JobFolder(job_dir).run_record(self.name)
+        self.exit_path = JobFolder(job_dir).exit_record(self.name)
         self.metrics_path = (spec.get("metrics") or "").replace("$WS", workspace) or None
         self.log_path = (spec.get("log") or "").replace("$WS", workspace) or None
         self.floor = floor  # a restarted agent counts progress from its own start
