@@ -10,6 +10,7 @@ import sys
 
 from invoke import Exit, task
 
+from fabtrain.contract.states import STOP_GRACE
 from fabtrain.controller import lifecycle, preflight, report, state
 from fabtrain import taskargs
 from fabtrain.errors import UserError, reader_gone
@@ -219,7 +220,7 @@ def logs(c, lines=20, follow=False, job=None, stacks=False):
 
 
 @fabtask(grace=Number(whole=False, lo=0, hi=3600, unit="seconds"))
-def kill_all(c, grace=5.0):
+def kill_all(c, grace=STOP_GRACE):
     """Stop every fabtrain process on every node: SIGTERM, --grace seconds, SIGKILL, sweep."""
     if session(c).cluster.scheduler:  # scancel, pending jobs too; each node stops its own processes
         return slurm_tasks.kill_all(session(c), grace=grace)

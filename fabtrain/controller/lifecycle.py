@@ -28,7 +28,7 @@ from fabtrain.contract.clock import boot_id
 from fabtrain.plan.runtime import PACKAGE_ROOT, runtime_files, runtime_version
 from fabtrain.plan.plan import Network, Plan, make_plan, new_job_id
 from fabtrain.contract.replies import COORDINATOR_LISTENS
-from fabtrain.contract.states import START_FAILED
+from fabtrain.contract.states import START_FAILED, STOP_GRACE
 from fabtrain.plan.ports import configured_ports, needed_ports
 from fabtrain.remote import rpc
 from fabtrain.remote.rsync import Rsync, rsync
@@ -249,7 +249,7 @@ class StartResult:
         return out
 
 
-def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: float = 5.0,
+def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: float = STOP_GRACE,
           resume_from: str | None = None) -> StartResult:
     cluster = session.cluster
     if cluster.job.mode == "collective" and "pserver" in roles:
@@ -426,7 +426,7 @@ def require_job(replies: list[Reply], job_id: str | None) -> None:
         raise no_job(job_id)
 
 
-def kill_all(session: Session, grace: float = 5.0, by: str = "fab kill-all") -> list[Reply]:
+def kill_all(session: Session, grace: float = STOP_GRACE, by: str = "fab kill-all") -> list[Reply]:
     """Stop every process of every job on every node; `by` (one of node.states.KILLERS) is who
     the job's events and state say stopped it."""
     return session.map(lambda t: rpc.call(t, "kill", {"grace": grace, "by": by}, timeout=grace + 60))

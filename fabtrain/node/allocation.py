@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 
+from fabtrain.contract.states import STOP_GRACE
 from fabtrain.node import atomic, launch, ops, procfs
 from fabtrain.node.netcheck import iface_of, resolve
 from fabtrain.contract.events import OUTCOMES, EventKind
@@ -229,7 +230,7 @@ def main(argv):
     for warning in started["warnings"]:
         print("fabtrain: %s" % warning, file=sys.stderr)
     jd = started["job_dir"]
-    wait_for_end(folder, ws, jd, job["node"], float(template.get("grace", 5.0)), stop)
+    wait_for_end(folder, ws, jd, job["node"], float(template.get("grace", STOP_GRACE)), stop)
     return 143 if stop.signal else node_exit_code(jd, job)
 
 

@@ -28,7 +28,8 @@ from fabtrain.node.workspace import (check_workspace, claim_workspace, code_refu
                                      snapshot_code, workspace)
 from fabtrain.node.spawn import expand, name_programs, program_of, spawn
 from fabtrain.contract.events import EventKind, read_events
-from fabtrain.contract.states import KILLERS, START_FAILED, ProcessState, read_marker, signal_name, signal_of, state_of
+from fabtrain.contract.states import (KILLERS, START_FAILED, STOP_GRACE, ProcessState, read_marker, signal_name,
+                                      signal_of, state_of)
 from fabtrain.contract.jobfolder import EVENTS, METRICS, JobFolder
 
 PROGRAM_WAIT = 3.0  # seconds a start waits for each launcher to fork its program
@@ -367,7 +368,7 @@ def op_kill(payload):
     `killed` events (default: who). "mark": false leaves the marker alone (a job the agents ended).
     """
     ws = workspace(payload)
-    grace = float(payload.get("grace", 5.0))
+    grace = float(payload.get("grace", STOP_GRACE))
     by = payload.get("by") if payload.get("by") in KILLERS else KILLERS[0]
     only, reason = payload.get("job_id"), payload.get("reason")
     jobs_root = os.path.join(ws, "jobs")

@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 
+from fabtrain.contract.states import STOP_GRACE
 from fabtrain.contract.events import EventKind
 from fabtrain.contract.jobfolder import JobFolder
 from fabtrain.node import ops
@@ -135,7 +136,7 @@ def run(files, role, index_env, code_dir):
         follower.poll()
         if stop and not stopped:
             stopped = True
-            ops.op_kill({"workspace": ws, "grace": watchdog.get("grace", 5.0), "node": job["node"]})
+            ops.op_kill({"workspace": ws, "grace": watchdog.get("grace", STOP_GRACE), "node": job["node"]})
         if not ops.live_job_processes(jd):
             break
         time.sleep(POLL)

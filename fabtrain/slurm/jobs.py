@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from fabtrain.contract.states import STOP_GRACE
 from fabtrain.controller import preflight, state
 from fabtrain.errors import UserError
 from fabtrain.plan.plan import Plan, make_plan, new_job_id
@@ -238,7 +239,7 @@ class Cancelled:
     left: list[str]  # Slurm jobs still not ended when fab stopped waiting
 
 
-def cancel_all(session: Session, grace: float = 5.0, wait: float = 60.0) -> Cancelled:
+def cancel_all(session: Session, grace: float = STOP_GRACE, wait: float = 60.0) -> Cancelled:
     """fab kill-all: mark the job killed on every node (the agents read it), scancel, wait until Slurm says ended."""
     ids = sorted(set(our_jobs(session)) | ({current(session)} - {None}), key=lambda j: int(j.split("_")[0]))
     replies = session.map(lambda t: rpc.call(t, "mark_killed", {}, timeout=60))

@@ -14,6 +14,7 @@ import json
 import posixpath
 import shlex
 
+from fabtrain.contract.states import STOP_GRACE
 from fabtrain.config.cluster import Cluster
 from fabtrain.plan.plan import Plan
 from fabtrain.plan.runtime import runtime_dir
@@ -67,7 +68,7 @@ def sbatch_options(cluster: Cluster, folder: str) -> list[str]:
     return options + list(spec.sbatch)
 
 
-def render(cluster: Cluster, plan: Plan, roles: tuple[str, ...], home: str, grace: float = 5.0) -> str:
+def render(cluster: Cluster, plan: Plan, roles: tuple[str, ...], home: str, grace: float = STOP_GRACE) -> str:
     """The batch script, exactly as submitted (sbatch reads it on stdin)."""
     spec = cluster.scheduler
     folder = job_folder(cluster, plan.job_id, home)
