@@ -159,8 +159,8 @@ def deploy(session: Session) -> list[Reply]:
             # -R keeps each file's path below the /./ marker: fabtrain/node/... under runtime/<version>.
             runtime = [f"{PACKAGE_ROOT.parent}/./{rel}" for rel in runtime_files()]
             # The runtime's copy runs while the code's does: they go to different folders, and
-            # each is an OpenSSH connection and a remote rsync (0.2-0.6 s here, bench/fanout.py
-            # --profile); one after the other they were most of a one-node deploy's wait.
+            # each is an OpenSSH connection and a remote rsync, whose start-up one after the
+            # other would be most of a one-node deploy's wait (bench/fanout.py --profile).
             with Rsync(t, runtime, f"{t.node.workspace}/runtime/{runtime_version()}", ["-R"]) as runtime_copy:
                 stats = rsync(t, [f"{source}/", f"{tmp}/{CODE_IDENTITY}"], t.node.workspace + "/code",
                               ["--delete", *excludes])

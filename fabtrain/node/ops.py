@@ -149,8 +149,8 @@ def op_start(payload):
         raise UserFacing("%s; nothing of job %s was started here" % (refusal, job["job_id"]))
 
     # Refuse to start over a running job unless told (`--force` kills it first on the controller side),
-    # before anything of the new job exists here. Each record's launcher is read alone: a scan of
-    # /proc on every node of a start at once was CPU the start itself needed.
+    # before anything of the new job exists here. Each record's launcher is read alone, not a scan of
+    # /proc: every node of a start does this at once, and a scan's CPU is what the start itself needs.
     jobs_root = os.path.join(ws, "jobs")
     for other in sorted(os.listdir(jobs_root)) if os.path.isdir(jobs_root) else []:
         if other != job["job_id"]:

@@ -220,8 +220,8 @@ def code_frame(idle_exit: float | None) -> bytes:
     """The first thing on a node-side process's stdin: the node code, behind its length.
 
     Each module is compressed on its own, behind a small index: a node that has the code
-    compiled reads the index and unpacks nothing (decompressing and parsing all of it was
-    ~4.5 ms of every node-side call)."""
+    compiled reads the index and unpacks nothing: decompressing and parsing all of it would be
+    paid by every node-side call."""
     index, packed = {}, []
     offset = 0
     for name, (is_package, source) in node_modules().items():

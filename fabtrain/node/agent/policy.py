@@ -19,9 +19,9 @@ from fabtrain.contract.states import (FINAL, JobState, ProcessState, describe_en
 EXIT_ONLY_ROLES = ("mpirun",)  # watched for its exit only: it is silent by design; its ranks are watched for hangs
 HUNG = " hung: "  # in a hang's failure reason, which the coordinator passes on to every node
 ORPHAN_MIN_AGE = 5.0  # a process younger than this may be one node ops is starting right now
-# A child is defunct from its exit until its parent reaps it: a moment, longer on a starved machine
-# (200 nodes' shells on 2 cores took seconds to reap their `sleep`). Only one still defunct this
-# long after the agent first saw it is reported.
+# A child is defunct from its exit until its parent reaps it: a moment, but seconds for a parent
+# that waits for a time slice on a starved machine. Only one still defunct this long after the agent
+# first saw it is reported.
 ZOMBIE_MIN_AGE = 5.0
 
 
@@ -166,9 +166,9 @@ class Ledger:
     quiet: tuple = ()  # (name, since): pservers waiting in silence for trainers
     coordinator_lost: bool = False
     startup_failed: bool = False
-    # The startup check is done: startup_deadline passed, and the job had come together or failed. Without
-    # it a deadline in the past stayed the agent's next deadline, and once a job had run startup_timeout
-    # every agent stepped every 20 ms (200 local nodes: the machine saturated, the coordinator starved).
+    # The startup check is done: startup_deadline passed, and the job had come together or failed. A
+    # deadline in the past must not stay the agent's next deadline: every agent would step at once,
+    # again and again, for the rest of the job.
     startup_checked: bool = False
     failure_kind: str | None = None  # exit, hang, kill-all, other: whether the coordinator may restart the job
     failure_code: int | None = None
