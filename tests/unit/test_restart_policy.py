@@ -11,6 +11,7 @@ from fabtrain.plan.plan import make_plan
 from fabtrain.node.agent.policy import (Config, Ledger, Note, Observation, Peers, ProcFacts, Relaunch,
                                         Status, Stop, decide, fail, on_status)
 from fabtrain.node.coordination.board import Board
+from fabtrain.node.coordination.fence import fence_wait
 from fabtrain.node.coordination.restart import BACKOFF_CAP, RestartPolicy
 from fabtrain.node.states import JobState, ProcessState
 
@@ -59,7 +60,8 @@ def test_kill_job_and_keep_never_restart():
     assert not RestartPolicy.never().decide(exit_failure(), 0).restart
     assert RestartPolicy.from_watchdog(planned_watchdog(on_failure="kill-job")).enabled is False
     w = planned_watchdog(max_restarts=2, restart_backoff=1.5, restart_on_exit_codes=[137])
-    assert RestartPolicy.from_watchdog(w) == RestartPolicy(True, 2, 1.5, (137,), 5.0)
+    assert RestartPolicy.from_watchdog(w) == RestartPolicy(True, 2, 1.5, (137,), 5.0, fence_wait=fence_wait(
+        float(w["interval"]), 5.0))
 
 
 def test_the_node_reads_the_restart_settings_strictly_from_job_json():
