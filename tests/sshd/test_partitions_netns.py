@@ -1,0 +1,208 @@
+"""Partitions as the world makes them: three sshd nodes, each in its own network namespace on a bridge
+(tests/support/netns.py), one of them cut off by dropped packets or a link set down, then healed.
+
+What must hold (docs/partitions.md): a cut-off node stops every process of the job by itself within
+its stop bound (fence.py), measured from its lease; under min_nodes the survivors' next generation
+starts only after that, on a rendezvous port of its own, and the healed node never comes back into
+it; the coordinator's node cut off fails the job everywhere, with one coordinator. After each, /proc
+of every namespace holds nothing of the job, and the next job starts. The times are bench/partitions.py's.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from fabtrain.node import procfs
+from fabtrain.node.coordination import fence
+from tests.conftest import require
+from tests.support import netns
+from tests.support.procscan import wait_for
+from tests.support.sshd import write_cluster
+
+pytestmark = [pytest.mark.ssh, pytest.mark.timeout(300)]
+
+NODES = ("node1", "node2", "node3")
+INTERVAL, GRACE = 1.0, 2.0
+PEER_TIMEOUT = fence.peer_timeout(INTERVAL)
+STOP_BOUND = fence.stop_bound(INTERVAL, GRACE)
+MASTER_PORT = 29500  # each node has its own network: no other test's port is in the way
+TRAINER = "python tests/programs/fakejob.py --steps 0 --period 0.2"
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory):
+    why = netns.available()
+    require(why is None, "network namespaces", why or "")
+    cluster = netns.NetnsCluster(tmp_path_factory.mktemp("netns"), len(NODES))
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """The workspaces every job of the module uses: deployed by the first job only."""
+    return tmp_path_factory.mktemp("partition-jobs")
+
+
+class PartitionJob:
+    """A collective job of one stand-in trainer a node, started by `fab` from the root namespace."""
+
+    def __init__(self, fab, root, net, **watchdog):
+        self.fab_, self.net, self.root = fab, net, root
+        self.ws = {n: root / f"ws-{n}" for n in NODES}
+        wd = {"interval": INTERVAL, "grace": GRACE, "hang_timeout": 60, "port": 7180, **watchdog}
+        self.path = write_cluster(root / "c.yaml", net, ssh_nodes=[(n, ["trainer"]) for n in NODES],
+                                  job={"mode": "collective", "master_port": MASTER_PORT,
+                                       "trainer": {"per_node": 1, "command": TRAINER}, "watchdog": wd})
+        deploy = () if (root / "ws-node1" / "code").exists() else ("deploy",)
+        out = self.fab(*deploy, "start-trainers", check=True)
+        self.job_id = re.search(r"job (\S+): trainer started", out.stdout).group(1)
+        assert wait_for(self.running, timeout=60), self.describe()
+
+    def fab(self, *args, check=None, timeout=120):
+        return self.fab_(*args, cluster=self.path, check=check, timeout=timeout)
+
+    def jd(self, node):
+        return self.ws[node] / "jobs" / self.job_id
+
+    def events(self, node, kind=None):
+        try:
+            lines = (self.jd(node) / "events.jsonl").read_text().splitlines()
+        except OSError:
+            return []
+        return [e for e in map(json.loads, filter(str.strip, lines)) if kind is None or e["kind"] == kind]
+
+    def health(self, node):
+        try:
+            return json.loads((self.jd(node) / "health.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def run_record(self, node, name):
+        try:
+            return json.loads((self.jd(node) / "run" / f"{name}.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def running(self) -> bool:
+        """Every trainer wrote a record and every agent has an answered beat (a lease)."""
+        return all((self.jd(n) / "metrics" / f"trainer-{i}.jsonl").exists() and
+                   (self.health(n).get("coordinator") or {}).get("lease") for i, n in enumerate(NODES))
+
+    def job_pids(self, node) -> list[int]:
+        """Every process of the node's namespace but sshd's (the listener and the sessions fab opens)."""
+        out = []
+        for pid in self.net.pids(node):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().split(b"\0")[0]
+            except OSError:
+                continue
+            if cmd and not cmd.startswith(b"sshd"):
+                out.append(pid)
+        return out
+
+    def describe(self) -> str:
+        out = []
+        for n in NODES:
+            out += [f"{n} {e['kind']}: {e.get('reason')}" for e in self.events(n)[-12:]]
+            out.append(f"{n} pids {self.job_pids(n)}")
+        return "\n".join(out)
+
+    def end(self):
+        """Healed, killed, and nothing of the job left in any namespace."""
+        for n in NODES:
+            self.net.heal(n)
+        self.fab("kill-all", "--grace", "1")
+        assert wait_for(lambda: not any(self.job_pids(n) for n in NODES), timeout=20), self.describe()
+
+
+def stopped_at(job, node, name) -> float | None:
+    """When the node's agent saw `name` end (its `killed` event)."""
+    ends = [e["ts"] for e in job.events(node, "killed") if e.get("name") == name]
+    return min(ends) if ends else None
+
+
+def test_a_cut_off_node_under_min_nodes_stops_before_the_smaller_generation_starts(fab, root, net):
+    job = PartitionJob(fab, root, net, on_failure="restart", restart_backoff=2, max_restarts=2, min_nodes=2)
+    try:
+        old_pid = job.run_record("node3", "trainer-2")["program_pid"]
+        cut = net.cut("node3", "drop")  # every packet in and out of node3 dropped: TCP just stops
+        # The survivors' generation 1: started, on a port of its own, as a world of 2.
+        assert wait_for(lambda: job.events("node1", "restarted") and job.events("node2", "restarted"),
+                        timeout=fence.fence_wait(INTERVAL, GRACE) + 20), job.describe()
+        new = [job.run_record(n, f"trainer-{i}") for i, n in ((0, "node1"), (1, "node2"))]
+        started = min(r["started_at"] for r in new)
+        env = {k.decode(): v.decode() for k, v in procfs.environ(new[0]["program_pid"]).items()}
+        assert (env["MASTER_PORT"], env["WORLD_SIZE"], env["FABTRAIN_RESTART_COUNT"]) == (
+            str(MASTER_PORT + 1), "2", "1"), env
+        # node3 fenced itself: its trainer ended, by its own agent, before generation 1 started.
+        assert wait_for(lambda: stopped_at(job, "node3", "trainer-2"), timeout=STOP_BOUND + 5), job.describe()
+        assert procfs.stat(old_pid) is None
+        gone = stopped_at(job, "node3", "trainer-2")
+        lease = job.health("node3")["coordinator"]["lease"]
+        assert gone < started, f"node3's trainer ended {gone - started:.2f} s after generation 1 started"
+        assert gone - lease <= STOP_BOUND, f"node3 stopped {gone - lease:.2f} s after its lease (bound {STOP_BOUND})"
+        (fenced,) = [e for e in job.events("node3", "peer_lost") if e.get("peer") == "node1"]
+        assert "fences itself" in fenced["reason"] and fenced["ts"] - lease >= fence.fence_after(INTERVAL) - 0.1
+        (left,) = job.events("node1", "node_left")
+        assert left["peer"] == "node3" and left["world_size"] == 2, left
+        assert cut < gone
+        # Healed: node3 neither rejoins nor reports; nothing of the job runs there.
+        net.heal("node3")
+        assert wait_for(lambda: not job.job_pids("node3"), timeout=3 * PEER_TIMEOUT + GRACE + 5), job.describe()
+        assert not job.events("node3", "restarted"), job.describe()
+        # If its agent was still there when the link came back, the coordinator refused it as fenced.
+        assert all(e["peer"] == "node3" for e in job.events("node1", "fenced"))
+        health = job.health("node1")
+        assert health["job"]["status"] == "running" and health["job"]["out"] == ["node3"], health["job"]
+        status = job.fab("status")
+        assert "without node3" in status.stdout, status.stdout
+    finally:
+        job.end()
+
+
+def test_a_cut_off_node_in_a_plain_job_fails_it_naming_the_node_and_stops_by_itself(fab, root, net):
+    job = PartitionJob(fab, root, net)
+    try:
+        cut = net.cut("node3", "link")  # its switch port dead: the node runs on, unreachable
+        assert wait_for(lambda: job.events("node1", "job_failed"), timeout=PEER_TIMEOUT + 5), job.describe()
+        failed = job.events("node1", "job_failed")[0]
+        assert "node node3 lost" in failed["reason"], failed
+        assert failed["ts"] - cut <= PEER_TIMEOUT + 2, f"failed {failed['ts'] - cut:.1f} s after the cut"
+        assert wait_for(lambda: stopped_at(job, "node3", "trainer-2"), timeout=STOP_BOUND + 5), job.describe()
+        lease = job.health("node3")["coordinator"]["lease"]
+        assert stopped_at(job, "node3", "trainer-2") - lease <= STOP_BOUND
+        assert wait_for(lambda: not any(job.job_pids(n) for n in ("node1", "node2")), timeout=GRACE + 10), \
+            job.describe()
+        net.heal("node3")
+        assert wait_for(lambda: not job.job_pids("node3"), timeout=3 * PEER_TIMEOUT + GRACE + 5), job.describe()
+        status = job.fab("status")
+        assert "node3" in status.stdout and "running" not in status.stdout.split("node3", 1)[1].split("\n")[0], \
+            status.stdout
+        assert job.fab("kill-all").returncode == 0
+    finally:
+        job.end()
+
+
+def test_the_coordinators_node_cut_off_fails_the_job_everywhere_with_one_coordinator(fab, root, net):
+    job = PartitionJob(fab, root, net)
+    try:
+        net.cut("node1", "drop")
+        assert wait_for(lambda: all(stopped_at(job, n, f"trainer-{i}") for i, n in enumerate(NODES)),
+                        timeout=STOP_BOUND + 5), job.describe()
+        for i, n in ((1, "node2"), (2, "node3")):
+            (lost,) = [e for e in job.events(n, "peer_lost") if e.get("peer") == "node1"]
+            assert "fences itself" in lost["reason"], lost
+            lease = job.health(n)["coordinator"]["lease"]
+            assert stopped_at(job, n, f"trainer-{i}") - lease <= STOP_BOUND
+        assert "lost" in job.events("node1", "job_failed")[0]["reason"]
+        # No election: only node1 ever hosted a coordinator.
+        hosted = [n for n in NODES if (job.health(n).get("coordinator") or {}).get("hosted_here")]
+        assert hosted in (["node1"], []), hosted
+    finally:
+        job.end()
+    # The next job starts as usual on the same nodes.
+    PartitionJob(fab, root, net).end()
