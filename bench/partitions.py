@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.record import RESULTS, git, header, loadavg  # noqa: E402
+from fabtrain.node import procfs  # noqa: E402
 from fabtrain.node.coordination import fence  # noqa: E402
 from tests.support import netns  # noqa: E402
 from tests.support.partition_job import GRACE, INTERVAL, NODES, PartitionJob, stopped_at  # noqa: E402
@@ -55,12 +56,19 @@ def runner(state: Path):
     return fab
 
 
-def left_after_heal(job: PartitionJob, net) -> int:
-    """Processes of the job in any namespace once healed and the agents have ended by themselves."""
+def left_after_heal(job: PartitionJob, net, nodes=NODES) -> int:
+    """Processes of the job in the namespaces of `nodes` once healed and their agents ended by themselves."""
     for n in NODES:
         net.heal(n)
-    wait_for(lambda: not any(job.job_pids(n) for n in NODES), timeout=30)
-    return sum(len(job.job_pids(n)) for n in NODES)
+    wait_for(lambda: not any(job.job_pids(n) for n in nodes), timeout=30)
+    return sum(len(job.job_pids(n)) for n in nodes)
+
+
+def env_of(pid) -> str | None:
+    try:
+        return {k.decode(): v.decode() for k, v in procfs.environ(pid).items()}.get("MASTER_PORT")
+    except (OSError, TypeError, AttributeError):
+        return None
 
 
 def stop_line(job, node, name, cut) -> str:
@@ -97,7 +105,9 @@ def min_nodes(fab, root, net, out) -> None:
     out(f"min_nodes: generation 1 started {new - cut:.2f} s after the cut, {new - gone:.2f} s after node3's "
         f"trainer stopped (fence_wait {fence.fence_wait(INTERVAL, GRACE):.0f} s)")
     time.sleep(1)
-    out(f"min_nodes: left running on node3 after heal: {left_after_heal(job, net)} "
+    out(f"min_nodes: left running on node3 after heal: {left_after_heal(job, net, ('node3',))}; "
+        f"node3 restarted: {len(job.events('node3', 'restarted'))} times; "
+        f"MASTER_PORT generation 1: {env_of(job.run_record('node1', 'trainer-0').get('program_pid'))} "
         f"(fenced refusals at the coordinator: {len(job.events('node1', 'fenced'))})")
     job.fab("kill-all", "--grace", "1")
     wait_for(lambda: not any(job.job_pids(n) for n in NODES), timeout=20)

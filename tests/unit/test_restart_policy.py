@@ -233,6 +233,21 @@ def test_a_failure_followed_by_a_restart_is_not_the_jobs_verdict():
     assert v.state == JobState.RESTARTING and not v.ended
 
 
+def test_a_node_fenced_out_under_min_nodes_does_not_fail_the_verdict():
+    """Its agent fenced itself (job_failed there, its trainer killed): the job goes on without it."""
+    running = {"job": {"status": "running", "on_failure": "restart", "generation": 1, "restarts_left": 1,
+                       "out": ["n3"], "world_size": 2}}
+    fenced = {"job": {"status": "failed", "on_failure": "restart", "generation": 0, "reason": "fenced out of the job"}}
+    nodes = [NodeObservation("n1", True, "J", ({"name": "trainer-0", "state": "running"},), agent=running,
+                             agent_age=0.5),
+             NodeObservation("n3", True, "J", ({"name": "trainer-2", "state": "killed", "exit_code": 143},),
+                             agent=fenced, agent_age=0.5, events=({"kind": "job_failed", "ts": 1.0,
+                                                                   "reason": "coordinator unreachable"},))]
+    v = job_verdict(nodes)
+    assert v.state == JobState.RUNNING and v.left == ("n3",), v
+    assert job_verdict(nodes[1:]).state == JobState.FAILED  # without the coordinator's word it is a failure
+
+
 def test_metrics_has_a_restarts_counter_for_a_restarting_job():
     from types import SimpleNamespace
 
