@@ -11,6 +11,7 @@ have ended (every process there but sshd's):
   min_nodes  every packet of node3 dropped (nft), min_nodes 2, restart_backoff 2 s; node3's trainer
              ignores SIGTERM (it takes the whole grace, as one that saves a checkpoint does)
   coord      every packet of node1 (the coordinator's node) dropped, kill-job
+  loss       30 % of node3's packets dropped both ways (nft numgen) for 30 s: a false failure or not
 
 The baseline each figure is held against, measured in the same run: the node's lease (its agent's
 newest answered beat, health.json's coordinator.lease); the ratio is the stop's distance from the
@@ -117,9 +118,26 @@ def coordinator(fab, root, net, out) -> None:
     job = PartitionJob(fab, root, net)
     cut = net.cut("node1", "drop")
     wait_for(lambda: all(stopped_at(job, n, f"trainer-{i}") for i, n in enumerate(NODES)), timeout=BOUND + 10)
-    for i, n in enumerate(NODES):
+    gone = stopped_at(job, "node1", "trainer-0")
+    out(f"coord: node1: trainer-0 stopped {gone - cut:.2f} s after the cut (the coordinator lost both others: "
+        f"the job failed there; node1 itself still reached its own coordinator)" if gone else "coord: node1 not stopped")
+    for i, n in ((1, "node2"), (2, "node3")):
         out("coord: " + stop_line(job, n, f"trainer-{i}", cut))
     out(f"coord: left running after heal: {left_after_heal(job, net)}; kill-all exit {job.fab('kill-all').returncode}")
+
+
+def lossy(fab, root, net, out, seconds=30.0) -> None:
+    """30 % of node3's packets dropped, both ways, for `seconds`: a false failure, or none."""
+    job = PartitionJob(fab, root, net)
+    net.cut("node3", "loss", 30)
+    t0 = time.time()
+    wait_for(lambda: job.events("node1", "job_failed"), timeout=seconds)
+    failed = job.events("node1", "job_failed")
+    out(f"loss: 30 % both ways on node3 for {seconds:.0f} s: " + (
+        f"job failed {failed[0]['ts'] - t0:.1f} s in: {failed[0]['reason'][:100]}" if failed else "no failure"))
+    net.heal("node3")
+    job.fab("kill-all", "--grace", "1")
+    wait_for(lambda: not any(job.job_pids(n) for n in NODES), timeout=20)
 
 
 def main() -> int:
@@ -140,7 +158,7 @@ def main() -> int:
         try:
             fab = runner(Path(tmp) / "state")
             (Path(tmp) / "jobs").mkdir()
-            for scenario in (plain, min_nodes, coordinator):
+            for scenario in (plain, min_nodes, coordinator, lossy):
                 scenario(fab, Path(tmp) / "jobs", net, out)
         finally:
             net.close()

@@ -9,6 +9,8 @@ of every namespace holds nothing of the job, and the next job starts. The times 
 """
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from fabtrain.node import procfs
@@ -123,3 +125,25 @@ def test_the_coordinators_node_cut_off_fails_the_job_everywhere_with_one_coordin
         job.end()
     # The next job starts as usual on the same nodes.
     PartitionJob(fab, root, net).end()
+
+
+def test_the_controller_cut_off_leaves_the_job_running_and_kill_all_names_the_node(fab, root, net):
+    job = PartitionJob(fab, root, net)
+    try:
+        net.cut("node2", "controller")  # the laptop off the VPN for node2 only: the nodes still reach each other
+        t0 = time.monotonic()
+        status = job.fab("status", timeout=60)
+        assert time.monotonic() - t0 < 30, "fab status waited past its timeouts"
+        assert status.returncode != 0 and "node2" in status.stdout + status.stderr, status.stdout + status.stderr
+        assert not job.events("node1", "job_failed"), job.describe()  # the job goes on untouched
+        killed = job.fab("kill-all", "--grace", "1", timeout=90)
+        said = killed.stdout + killed.stderr
+        assert killed.returncode != 0 and "node2" in said, said
+        # node2's agent lost its coordinator (node1's agent went with kill-all): it fenced itself.
+        assert wait_for(lambda: stopped_at(job, "node2", "trainer-1"), timeout=STOP_BOUND + 5), job.describe()
+        net.heal("node2")
+        again = job.fab("kill-all", "--grace", "1")
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert wait_for(lambda: not any(job.job_pids(n) for n in NODES), timeout=20), job.describe()
+    finally:
+        job.end()
