@@ -326,3 +326,20 @@ def test_the_main_threads_top_frame_is_read_from_faulthandlers_dump():
             '  File "/w/fakejob.py", line 42 in spin_forever\n  File "/w/fakejob.py", line 90 in main\n')
     assert top_frame(text) == "/w/fakejob.py:42 in spin_forever"
     assert top_frame("") is None
+
+
+def test_an_agent_restarted_on_a_node_cut_off_still_fences_itself():
+    """Its predecessor had a lease: the new agent's lease starts with it, though it never reaches the
+    coordinator (one that never had a lease waits, as agents started before the coordinator do)."""
+    import time
+
+    from fabtrain.node.agent.link import Link
+    from fabtrain.node.agent.policy import coordinator_lost
+    from fabtrain.node.coordination.restart import RestartPolicy
+
+    job = {"job_id": "J", "node": "n2", "watchdog": {"coordinator": {"host": "10.0.0.1", "port": 7180}}}
+    link = Link(job, ["n1", "n2"], CFG, RestartPolicy.never(), "/nonexistent", None, None,
+                resumed=time.monotonic() - CFG.fence_after)
+    assert coordinator_lost(link.peers(), CFG)
+    fresh = Link(job, ["n1", "n2"], CFG, RestartPolicy.never(), "/nonexistent", None, None)
+    assert not coordinator_lost(fresh.peers(), CFG)
