@@ -9,6 +9,8 @@ of every namespace holds nothing of the job, and the next job starts. The times 
 """
 from __future__ import annotations
 
+import json
+import re
 import time
 
 import pytest
@@ -19,6 +21,7 @@ from tests.conftest import require
 from tests.support import netns
 from tests.support.procscan import wait_for
 from tests.support.partition_job import GRACE, INTERVAL, MASTER_PORT, NODES, PartitionJob, stopped_at
+from tests.support.sshd import write_cluster
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(300)]
 
@@ -147,3 +150,52 @@ def test_the_controller_cut_off_leaves_the_job_running_and_kill_all_names_the_no
         assert wait_for(lambda: not any(job.job_pids(n) for n in NODES), timeout=20), job.describe()
     finally:
         job.end()
+
+
+def test_copy_data_over_a_capped_link_cut_mid_file_ends_naming_the_node_and_resumes(fab, tmp_path, net):
+    """node3's link capped (tbf) and lossy, then set down mid-file: copy-data ends within ssh's keepalive
+    naming node3 (no hang until TCP gives up), leaves no half-written shard where a trainer reads, and the
+    next copy-data resumes from the partial file and verifies every shard."""
+    import hashlib
+    import os
+    import subprocess
+
+    from tests.conftest import FAB, REPO
+
+    corpus = tmp_path / "corpus.txt"
+    words = [f"w{i}" for i in range(500)]
+    with corpus.open("w") as f:  # ~6 MB: each node's shard ~2 MB, ~16 s at 1 mbit
+        for i in range(120_000):
+            f.write(" ".join(words[(i * 7 + k * 13) % 500] for k in range(8)) + "\n")
+    path = write_cluster(tmp_path / "c.yaml", net, ssh_nodes=[(n, ["trainer"]) for n in NODES],
+                         job={"mode": "collective", "trainer": {"command": "true"},
+                              "data": {"dir": str(tmp_path / "prepared"), "input": str(corpus)},
+                              "watchdog": {"enabled": False}})
+    fab("split-data", cluster=path, check=True)
+    data = tmp_path / "ws-node3" / "data"
+    net.cap("node3", "1mbit")
+    net.cut("node3", "loss", 5)
+    env = {**os.environ, "FABTRAIN_CLUSTER": str(path), "FABTRAIN_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.Popen([FAB, "copy-data"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        def writing():  # rsync writes a shard under a temp name (.train.txt-00002.XXXXXX) until it is whole
+            return data.is_dir() and any(p.name.startswith(".train.txt-") and p.stat().st_size > 100_000
+                                         for p in data.iterdir())
+        assert wait_for(writing, timeout=60), proc.poll()
+        cut = net.cut("node3", "link")
+        out, _ = proc.communicate(timeout=60)
+        took = time.time() - cut
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "node3" in out, out
+    assert took < 40, f"copy-data ended {took:.0f} s after the cut"
+    assert not (data / "train.txt-00002").exists(), "a half-written shard where a trainer reads"
+    net.heal("node3")
+    manifest = json.loads((tmp_path / "prepared" / "MANIFEST.json").read_text())
+    again = fab("copy-data", cluster=path, check=True)
+    for i, n in enumerate(NODES):
+        shard = tmp_path / f"ws-{n}" / "data" / f"train.txt-{i:05d}"
+        assert hashlib.sha256(shard.read_bytes()).hexdigest() == manifest["files"][shard.name]["sha256"]
+    assert re.search(r"^node3: .*verified", again.stdout, re.M), again.stdout
