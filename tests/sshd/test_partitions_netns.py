@@ -138,6 +138,10 @@ def test_the_controller_cut_off_leaves_the_job_running_and_kill_all_names_the_no
         status = job.fab("status", timeout=60)
         assert time.monotonic() - t0 < 30, "fab status waited past its timeouts"
         assert status.returncode != 0 and "node2" in status.stdout + status.stderr, status.stdout + status.stderr
+        for args in (("logs",), ("watch", "--timeout", "4")):
+            t0 = time.monotonic()
+            said = job.fab(*args, timeout=60)
+            assert time.monotonic() - t0 < 40 and "node2" in said.stdout + said.stderr, (args, said.stdout + said.stderr)
         assert not job.events("node1", "job_failed"), job.describe()  # the job goes on untouched
         killed = job.fab("kill-all", "--grace", "1", timeout=90)
         said = killed.stdout + killed.stderr
