@@ -203,3 +203,16 @@ def test_copy_data_over_a_capped_link_cut_mid_file_ends_naming_the_node_and_resu
         shard = tmp_path / f"ws-{n}" / "data" / f"train.txt-{i:05d}"
         assert hashlib.sha256(shard.read_bytes()).hexdigest() == manifest["files"][shard.name]["sha256"]
     assert re.search(r"^node3: .*verified", again.stdout, re.M), again.stdout
+
+
+def test_thirty_percent_loss_on_a_node_is_no_failure_while_beats_get_through(fab, root, net):
+    job = PartitionJob(fab, root, net)
+    try:
+        net.cut("node3", "loss", 30)  # 30 % of what node3 sends and of what it receives, dropped at random
+        time.sleep(15)
+        assert not any(job.events(n, "job_failed") or job.events(n, "peer_lost") for n in NODES), job.describe()
+        net.heal("node3")
+        assert all(job.run_record(n, f"trainer-{i}").get("program_pid") in job.job_pids(n)
+                   for i, n in enumerate(NODES)), job.describe()
+    finally:
+        job.end()
