@@ -427,6 +427,6 @@ def require_job(replies: list[Reply], job_id: str | None) -> None:
 
 
 def kill_all(session: Session, grace: float = STOP_GRACE, by: str = "fab kill-all") -> list[Reply]:
-    """Stop every process of every job on every node; `by` (one of node.states.KILLERS) is who
+    """Stop every process of every job on every node; `by` (one of contract.states.KILLERS) is who
     the job's events and state say stopped it."""
     return session.map(lambda t: rpc.call(t, "kill", {"grace": grace, "by": by}, timeout=grace + 60))
