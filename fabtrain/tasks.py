@@ -61,7 +61,7 @@ def fail_if(failed, message, code=1):
 
 
 def replies_text(replies, ok_text):
-    lines = [f"{r.node}: {ok_text(r.value)}" if r.ok else f"{r.node}: FAILED: {r.error}" for r in replies]
+    lines = [f"{r.node}: {ok_text(r.value)}" if r.ok else report.failed_line(r) for r in replies]
     return "\n".join(lines), any(not r.ok for r in replies)
 
 
@@ -150,7 +150,7 @@ def _start(c, roles, force, resume_from=None, no_wait=False):
     if refusal:
         for r in result.replies:
             if not r.ok and not report.RUNNING_HERE_RE.search(r.error or ""):
-                print(f"{r.node}: FAILED: {r.error}")
+                print(report.failed_line(r))
         raise Exit(refusal, code=1)
     print(report.start_text(result, roles))
     failed = any(not r.ok or r.value["failed"] for r in result.replies)
@@ -229,7 +229,7 @@ def logs(c, lines=20, follow=False, job=None, stacks=False):
     lifecycle.require_job(replies, job)
     for r in replies:
         if not r.ok:
-            print(f"{r.node}: FAILED: {r.error}", file=sys.stderr)
+            print(report.failed_line(r), file=sys.stderr)
     fail_if(any(not r.ok for r in replies), "logs: some nodes could not be read")
 
 
