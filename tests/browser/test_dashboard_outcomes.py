@@ -289,7 +289,7 @@ def test_charts_with_nothing_to_show_are_one_line_and_one_point_has_whole_second
     # This job reports a loss but no samples/s, and its nodes have no GPU: one line each, saying so.
     page.wait_for_selector("#chart-sps ~ .empty-line")
     assert page.locator("#chart-sps ~ .empty-line").inner_text() == \
-        'samples/sthis job reports no samples/s (its metrics records have no "samples_per_s" field)'
+        'samples/s of each trainer, every recordthis job reports no samples/s (its metrics records have no "samples_per_s" field)'
     assert page.locator("#chart-gpu ~ .empty-line").inner_text().endswith("no GPUs on these nodes")
     for chart in ("chart-sps", "chart-gpu"):
         assert page.locator(f"#{chart}").locator("xpath=..").bounding_box()["height"] < 60
