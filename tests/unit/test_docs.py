@@ -1,4 +1,4 @@
-"""The README documents every task and every cluster.yaml field."""
+"""The docs document every task and every cluster.yaml field, and their examples run as printed."""
 import re
 import subprocess
 import sys
@@ -10,6 +10,7 @@ from fabtrain.config.cluster import FIELDS
 
 from tests.support import REPO
 README = (REPO / "README.md").read_text()
+DOCS = REPO / "docs"
 EXPECTED_TASKS = {"plan", "provision", "check", "deploy", "split-data", "copy-data", "start-pserver",
                   "start-trainers", "status", "logs", "watch", "dashboard", "kill-all"}
 
@@ -26,13 +27,14 @@ def test_fab_list_shows_every_task_of_the_mission():
 
 
 def test_every_task_is_in_the_task_reference():
+    reference = (DOCS / "tasks.md").read_text()
     for task in fab_tasks():
-        assert re.search(rf"^\| `{re.escape(task)}` \|", README, re.M), f"README task reference lacks {task}"
+        assert re.search(rf"^## `{re.escape(task)}`$", reference, re.M), f"docs/tasks.md lacks {task}"
 
 
 @pytest.mark.parametrize("section", sorted(FIELDS))
 def test_every_cluster_field_is_in_the_reference(section):
-    reference = README[README.index("## cluster.yaml reference"):README.index("## Running your own job")]
+    reference = (DOCS / "configuration.md").read_text()
     for field in FIELDS[section]:
         assert re.search(rf"^\s*(# )?(- )?{field}:", reference, re.M), f"{section}.{field} is not documented"
 
@@ -69,7 +71,7 @@ def test_every_yaml_example_in_the_docs_loads_as_printed(tmp_path, where, line, 
 
 
 def test_the_cluster_reference_loads_as_printed_in_fab_plan_offline(tmp_path):
-    text = next(t for f, _, t in EXAMPLES if str(f) == "README.md" and t.startswith("cluster:"))
+    text = next(t for f, _, t in EXAMPLES if str(f) == "docs/configuration.md" and t.startswith("cluster:"))
     (tmp_path / "cluster.yaml").write_text(text)
     out = subprocess.run([str(Path(sys.executable).parent / "fab"), "-r", str(REPO), "plan", "--offline"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
@@ -115,7 +117,8 @@ def test_environment_table_says_what_the_plan_sets_in_every_mode():
     from fabtrain.config.cluster import parse_cluster
     from fabtrain.plan.plan import make_plan
     architecture = (REPO / "docs" / "architecture.md").read_text()
-    assert env_table(README) == env_table(architecture), "README's environment table differs from architecture.md's"
+    programs = (DOCS / "programs.md").read_text()
+    assert env_table(programs) == env_table(architecture), "docs/programs.md's environment table differs from architecture.md's"
     nodes = [{"name": n, "host": f"10.0.0.{i}", "roles": ["pserver", "trainer"], "gpus": 2} for i, n in enumerate("ab", 1)]
     collective = [dict(n, roles=["trainer"]) for n in nodes]
     jobs = {"pserver mode: pservers": ("pserver", {"mode": "pserver"}, nodes),
@@ -134,3 +137,66 @@ def test_environment_table_says_what_the_plan_sets_in_every_mode():
         documented = {k for k, cell in table[title].items() if not cell.startswith("—")}
         # The restart counts are added when a process is spawned (fabtrain/node/spawn.py), not in the plan.
         assert env | {"FABTRAIN_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"} == documented, title
+
+
+def doc_files():
+    return [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+def test_the_docs_index_lists_every_doc_and_every_link_between_docs_resolves():
+    index = (DOCS / "README.md").read_text()
+    for doc in sorted(DOCS.glob("*.md")):
+        if doc.name != "README.md":
+            assert f"]({doc.name})" in index, f"docs/README.md does not list {doc.name}"
+    for doc in doc_files():
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+            if "://" not in target:
+                assert (doc.parent / target).exists(), f"{doc.relative_to(REPO)}: link to {target}, which does not exist"
+
+
+def fab_commands():
+    """(file, line, argv after `fab`) of every `fab ...` command in a ```sh block of the docs."""
+    import shlex
+    for doc in doc_files():
+        text = doc.read_text()
+        for m in re.finditer(r"^```sh\n(.*?)^```", text, re.M | re.S):
+            first = text[:m.start()].count("\n") + 2
+            for i, line in enumerate(m.group(1).replace("\\\n", " ").splitlines()):
+                code = line.split(" #")[0]
+                if "…" in code or "..." in code:
+                    continue
+                words = shlex.split(code)
+                for at, w in enumerate(words):
+                    if w == "fab" or w.endswith("/fab"):
+                        yield f"{doc.relative_to(REPO)}:{first + i}", words[at + 1:]
+                        break
+
+
+def test_every_fab_command_in_the_docs_names_real_tasks_and_options():
+    from fabtrain import tasks
+    known = {name.replace("_", "-"): getattr(tasks, name) for name in tasks.__all__}
+    core = {"-r", "-i", "--list", "--help", "--prompt-for-login-password", "--prompt-for-passphrase"}
+    commands = list(fab_commands())
+    assert len(commands) >= 20
+    for where, argv in commands:
+        task, i = None, 0
+        while i < len(argv):
+            word = argv[i]
+            if word in ("|", "&&", ";") or word.startswith(("$", ">")):
+                break
+            if word.startswith("-"):
+                name = word.split("=")[0]
+                if task is None or name in core:
+                    assert name in core, f"{where}: fab {' '.join(argv)}: {name} is not an option of fab"
+                    i += 2 if name in ("-r", "-i") else 1
+                    if name == "--help" and i < len(argv):
+                        assert argv[i] in known, f"{where}: no task {argv[i]}"
+                        i += 1
+                    continue
+                args = {f"--{a.name}": a for a in known[task].get_arguments()}
+                args.update({f"-{a.names[1]}": a for a in known[task].get_arguments() if len(a.names) > 1})
+                assert name in args, f"{where}: fab {' '.join(argv)}: {task} has no option {name}"
+                i += 1 if args[name].kind is bool or "=" in word else 2
+                continue
+            assert word in known, f"{where}: fab {' '.join(argv)}: no task named {word}"
+            task, i = word, i + 1
