@@ -200,3 +200,91 @@ def test_every_fab_command_in_the_docs_names_real_tasks_and_options():
                 continue
             assert word in known, f"{where}: fab {' '.join(argv)}: no task named {word}"
             task, i = word, i + 1
+
+
+def test_slurm_md_says_how_long_a_lost_and_a_frozen_node_take_as_the_code_does():
+    """docs/slurm.md's timings of a node that stops answering, against the coordinator's own rule and words."""
+    from fabtrain.config.cluster import parse_cluster
+    from fabtrain.node.coordination.board import Board
+    interval = parse_cluster({"cluster": {"name": "t"}, "nodes": [{"name": "a", "host": "local", "roles": ["trainer"]}],
+                              "job": {"mode": "collective"}}, "t.yaml").job.watchdog.interval
+    peer = max(5 * interval, 5.0)  # fabtrain/node/coordination/client.py and agent/policy.py: one rule
+    board = Board("20261127-000000-0001", ["node0", "node2"], peer)
+    text = " ".join((DOCS / "slurm.md").read_text().split())
+    assert f"`peer_timeout`, max(5 × `interval`, 5 s): {peer:g} s by default" in text
+    assert f"`hung_timeout`, {board.hung_timeout / peer:g} × `peer_timeout`: {board.hung_timeout:g} s by default" in text
+    # The lines quoted are the coordinator's (fabtrain/node/coordination/board.py), at those timeouts.
+    source = (REPO / "fabtrain" / "node" / "coordination" / "board.py").read_text()
+    assert "no heartbeat from the agent on %s for %.0f s (peer_timeout %.0f s)" in source
+    assert f"no heartbeat from the agent on node2 for {peer:g} s (peer_timeout {peer:g} s)" in text
+    assert "while its connection stayed open \"\n                      \"(hung_timeout %.0f s)" in source
+    assert f"stayed open (hung_timeout {board.hung_timeout:g} s)" in text
+
+
+def token_headers() -> set[str]:
+    """The request headers the dashboard's guard reads a token from, as its code names them."""
+    import ast
+    from fabtrain.dashboard import guard
+    tree = ast.parse((REPO / "fabtrain" / "dashboard" / "guard.py").read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "header_token")
+    found = set()
+    for call in ast.walk(fn):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "get" \
+                and ast.unparse(call.func.value) == "request.headers":
+            arg = call.args[0]
+            found.add(arg.value if isinstance(arg, ast.Constant) else getattr(guard, arg.id))
+    return found
+
+
+def test_the_docs_name_every_header_the_dashboard_takes_its_token_from():
+    from fabtrain.dashboard import create_app
+    headers = token_headers()
+    assert headers == {"Authorization", "X-Fabtrain-Token"}, headers
+    app = create_app({"COLLECTOR": object(), "DASHBOARD_TOKEN": "t" * 48, "ALLOWED_HOSTS": ["127.0.0.1:8265"],
+                      "KILL": lambda grace: [], "TESTING": True})
+    client = app.test_client()
+    forms = {"Authorization": "Bearer " + "t" * 48, "X-Fabtrain-Token": "t" * 48}
+    for name in headers:  # each is taken: a wrong token there is refused as wrong (403), not as missing (401)
+        wrong = forms[name][:-1] + "x"
+        assert client.get("/api/events", headers={"Host": "127.0.0.1:8265", name: wrong}).status_code == 403, name
+    for doc in ("security.md", "dashboard.md"):
+        text = " ".join((DOCS / doc).read_text().split())
+        for name in headers:
+            shown = "Authorization: Bearer <token>" if name == "Authorization" else f"{name}: <token>"
+            assert f"`{shown}`" in text, f"docs/{doc} does not name {shown}"
+        assert "header only" not in text
+
+
+def test_the_docs_list_every_package_make_test_installs():
+    makefile = (REPO / "Makefile").read_text()
+    rule = makefile[makefile.index("\nsystem-deps:"):]
+    rule = rule[:rule.index("\n\n")]
+    packages = set(re.findall(r'missing="\$\$missing ([\w.+-]+)"', rule))
+    assert {"openssh-server", "chromium", "openmpi-bin", "gcc", "slurm-wlm", "munge"} <= packages, packages
+    readme = README[README.index("## Two commands"):README.index("## A first cluster")]
+    started = (DOCS / "getting-started.md").read_text()
+    for package in packages:
+        assert re.search(rf"(?<![\w-]){re.escape(package)}(?![\w-])", readme), f"README: make test installs {package}"
+        assert re.search(rf"(?<![\w-]){re.escape(package)}(?![\w-])", started), \
+            f"docs/getting-started.md: make test installs {package}"
+
+
+def test_the_install_line_names_a_folder_pip_can_install():
+    """`pip install /path/to/fabtrain` is a checkout: the folder with pyproject.toml; `./fabtrain` inside it
+    is the package, which pip refuses ("is not installable")."""
+    text = README + (DOCS / "getting-started.md").read_text()
+    lines = re.findall(r"^pip install (\S+)", text, re.M)
+    assert lines and "./fabtrain" not in lines, lines
+    assert not (REPO / "fabtrain" / "pyproject.toml").exists() and not (REPO / "fabtrain" / "setup.py").exists()
+    assert (REPO / "pyproject.toml").exists()
+    assert "pip install ." in text  # from the checkout
+
+
+def test_the_task_reference_names_every_state_a_node_that_did_not_answer_is_shown_in():
+    from fabtrain.remote import transport
+    text = (DOCS / "tasks.md").read_text()
+    status = text[text.index("## `status`"):text.index("## `logs`")]
+    check = text[text.index("## `check`"):text.index("## `deploy`")]
+    for kind in (transport.UNREACHABLE, transport.NO_REPLY, transport.FAILED):
+        label = transport.down_label(kind)
+        assert label in status and label in check, f"docs/tasks.md: fab status and fab check show {label}"
