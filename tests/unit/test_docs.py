@@ -288,3 +288,14 @@ def test_the_task_reference_names_every_state_a_node_that_did_not_answer_is_show
     for kind in (transport.UNREACHABLE, transport.NO_REPLY, transport.FAILED):
         label = transport.down_label(kind)
         assert label in status and label in check, f"docs/tasks.md: fab status and fab check show {label}"
+
+
+def test_the_layout_in_architecture_md_names_every_folder_of_the_package():
+    """The README points to docs/architecture.md for the layout: that one copy names every part."""
+    text = (DOCS / "architecture.md").read_text()
+    layout = text[text.index("## The parts"):text.index("## Data flow")]
+    folders = sorted(p.name for p in (REPO / "fabtrain").iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert "slurm" in folders
+    for name in folders:
+        assert re.search(rf"^  {name}/ ", layout, re.M), f"docs/architecture.md's layout lacks fabtrain/{name}/"
+    assert "docs/architecture.md" in README[README.index("## Layout"):]
