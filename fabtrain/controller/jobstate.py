@@ -135,6 +135,7 @@ class Verdict:
     stragglers: tuple[Straggler, ...] = ()  # running: the ranks that fell behind and have not caught up
     left: tuple[str, ...] = ()  # min_nodes: the nodes that left the job (node_left events)
     world_size: int | None = None  # min_nodes: the trainers of the smaller world, once a node left
+    blame: str | None = None  # failed or restarting after a hang: the rank(s) the others waited for
 
     def straggler(self, node: str, name: str) -> Straggler | None:
         return next((s for s in self.stragglers if s.node == node and s.name == name), None)
@@ -155,11 +156,12 @@ class Verdict:
 
     def summary(self) -> str:
         """The reason, with what became of the survivors of a failure."""
+        reason = f"{self.reason}; {self.blame}" if self.blame else self.reason
         if self.state != JobState.FAILED or not self.on_failure:
-            return self.reason
+            return reason
         what = "on_failure keep: survivors left running for debugging (fab status, fab kill-all)" if self.kept \
             else f"torn down on every node (on_failure {self.on_failure})"
-        return f"{self.reason}; {what}"
+        return f"{reason}; {what}"
 
     def process(self, node: str, name: str) -> ProcessView | None:
         return next((p for p in self.processes if p.node == node and p.name == name), None)
@@ -235,6 +237,7 @@ class _Facts:
     restart_at: float | None = None  # the restarting event's time + its backoff
     left: set = field(default_factory=set)  # nodes that left the job (min_nodes), as the agents say
     world_size: int | None = None  # the trainers of the smaller world (the smallest an agent says)
+    blame: tuple | None = None  # (job-wide?, ts, sentence): the rank(s) the others waited for at a hang
 
 
 def _since_restart(events) -> list[dict]:
@@ -282,6 +285,10 @@ def _facts(nodes: list[NodeObservation]) -> _Facts:
                 f.finished_by.append(n.name)
             elif e["kind"] == "kept":
                 f.kept = True
+            if e["kind"] in ("blame", "hang") and isinstance(e.get("reason" if e["kind"] == "blame" else "blame"), str):
+                # the coordinator's agent's `blame` (every node's ranks) over a hung node's own word
+                said = (e["kind"] == "blame", e.get("ts") or 0, e["reason"] if e["kind"] == "blame" else e["blame"])
+                f.blame = max(f.blame or said, said)
         job = (n.agent or {}).get("job") or {}
         if job.get("status") == JobState.FAILED and job.get("pending") is not True:  # pending: may be restarted
             failures.append((float("inf"), job.get("reason") or "failed", job.get("origin") or n.name))
@@ -402,4 +409,5 @@ def job_verdict(nodes: Iterable[NodeObservation], job_id: str | None = None) -> 
                    cause=_cause(state, reason, procs, facts), startup_deadline=min(deadlines, default=None),
                    restart_at=facts.restart_at if state == JobState.RESTARTING else None,
                    stragglers=_stragglers(state, ours, procs),
-                   left=tuple(sorted(facts.left)), world_size=facts.world_size)
+                   left=tuple(sorted(facts.left)), world_size=facts.world_size,
+                   blame=facts.blame[2] if facts.blame and state in (JobState.FAILED, JobState.RESTARTING) else None)

@@ -11,6 +11,7 @@ import os
 import time
 
 from fabtrain.node import atomic, procfs
+from fabtrain.node.coordination import blame
 from fabtrain.node.states import FINAL, JobState, signal_name
 
 
@@ -54,7 +55,7 @@ class Health:
         return percent
 
     def write(self, now: float, ledger, contexts, procs: dict, gpu_pids: dict, link, startup_deadline: float,
-              straggling: list = ()) -> None:
+              straggling: list = (), blame: str | None = None) -> None:
         cfg, me, view = self.cfg, procs.get(self.pid), link.view
         processes = [process_view(ctx, ledger, procs, gpu_pids) for ctx in contexts]
         snapshot = {
@@ -79,6 +80,7 @@ class Health:
             "zombies": sum(p["zombies"] for p in processes),
             "events": self.events.recent,
             "stragglers": list(straggling),
+            "blame": blame,  # after a hang: the rank(s) the others wait for (the job's, on the coordinator's node)
         }
         if self.gpus.error and self.gpus.error != "no NVIDIA driver":
             snapshot["gpu_error"] = self.gpus.error
@@ -88,12 +90,16 @@ class Health:
             pass  # a full disk: events.jsonl says why
 
 
-def beat(job: dict, ledger, contexts, done: bool, generation: int) -> dict:
+def beat(job: dict, ledger, contexts, done: bool, generation: int, rank_views=()) -> dict:
     """The heartbeat the coordinator gets, whole (coordination/protocol.py: a connection carries what
-    changed): `generation` is the one this node last started; `done`: nothing of the job is left here."""
+    changed): `generation` is the one this node last started; `done`: nothing of the job is left here;
+    `rank_views`: each rank's last step and stack at this node's dump of stacks (a hang's), per process."""
     procs = {ctx.name: {"role": ctx.role, "rank": ctx.rank, "state": str(ctx.state), "exit_code": ctx.exit_code,
                         "rate": ctx.progress.steps.rate() if ctx.progress and ctx.live else None}
              for ctx in contexts}
+    for v in rank_views:
+        if v.name in procs:
+            procs[v.name].setdefault("ranks", []).extend(blame.to_beat([v]))
     status = ledger.status
     final = {"status": status.status, "reason": status.reason, "node": status.origin} \
         if status.status in FINAL else None
