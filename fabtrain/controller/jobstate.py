@@ -237,7 +237,7 @@ class _Facts:
     restart_at: float | None = None  # the restarting event's time + its backoff
     left: set = field(default_factory=set)  # nodes that left the job (min_nodes), as the agents say
     world_size: int | None = None  # the trainers of the smaller world (the smallest an agent says)
-    blame: tuple | None = None  # (job-wide?, ts, sentence): the rank(s) the others waited for at a hang
+    blame: tuple | None = None  # (every node's ranks?, ts, sentence): the rank(s) the others waited for at a hang
 
 
 def _since_restart(events) -> list[dict]:
@@ -285,10 +285,10 @@ def _facts(nodes: list[NodeObservation]) -> _Facts:
                 f.finished_by.append(n.name)
             elif e["kind"] == "kept":
                 f.kept = True
-            if e["kind"] in ("blame", "hang") and isinstance(e.get("reason" if e["kind"] == "blame" else "blame"), str):
-                # the coordinator's agent's `blame` (every node's ranks) over a hung node's own word
-                said = (e["kind"] == "blame", e.get("ts") or 0, e["reason"] if e["kind"] == "blame" else e["blame"])
-                f.blame = max(f.blame or said, said)
+        b = (n.agent or {}).get("blame")
+        if b:  # the coordinator's node's (every node's ranks) over a hung node's own
+            said = (b.get("job") is True, n.agent.get("ts") or 0, b["text"])
+            f.blame = max(f.blame or said, said)
         job = (n.agent or {}).get("job") or {}
         if job.get("status") == JobState.FAILED and job.get("pending") is not True:  # pending: may be restarted
             failures.append((float("inf"), job.get("reason") or "failed", job.get("origin") or n.name))

@@ -206,7 +206,7 @@ HEALTH = obj({
     "orphans": list_of(obj({"pid": integer, "name": NAME, "job_id": NAME, "reason": text(MAX_REASON)},
                            lenient=True), 1024, lenient=True),
     "events": list_of(EVENT, 64, lenient=True),
-    "blame": text(MAX_REASON),
+    "blame": obj({"text": text(MAX_REASON), "job": flag}, required=("text",), lenient=True),
     "stragglers": list_of(obj({"node": NAME, "name": NAME, "rate": number, "median": number, "since": number},
                               required=("node", "name", "rate", "median")), 1024, lenient=True),
 }, required=("ts",), lenient=True)

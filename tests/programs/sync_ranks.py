@@ -8,7 +8,7 @@ first step at once, then at most every 0.5 s), all into one $FABTRAIN_METRICS.
 Each step: a batch from a DataLoader (its Dataset's __getitem__ sleeps --slow-data seconds on that
 rank), forward and backward of a small linear model, then one all_reduce of the flattened gradients
 (the collective every rank waits in for the last one), then the optimizer's step. --spin: that rank
-spins in Python forever once it has reported that step, while the others wait in their all_reduce.
+writes its record of that step and spins in Python forever, while the others wait in their all_reduce.
 --pin: each rank binds itself to core LOCAL_RANK % cores (a test pins a competing process beside one).
 """
 import argparse
@@ -81,14 +81,15 @@ for step in range(1, args.steps + 1):
     for i, v in enumerate((t4 - t0, t1 - t0, t2 - t1, t3 - t2)):
         sums[i] += v
     count += 1
-    if out and (step == 1 or time.monotonic() - last_write >= 0.5):
+    spin = rank == spin_rank and step == spin_step
+    if out and (step == 1 or spin or time.monotonic() - last_write >= 0.5):
         last_write = time.monotonic()
         out.write(json.dumps({"ts": time.time(), "step": step, "rank": rank, "local_rank": local_rank,
                               "source": "auto", "framework": "test", "loss": round(loss.item(), 6),
                               "step_time": sums[0] / count, "data_time": sums[1] / count,
                               "compute_time": sums[2] / count, "comm_time": sums[3] / count}) + "\n")
         sums, count = [0.0] * 4, 0
-    if rank == spin_rank and step == spin_step:
+    if spin:
         print(f"rank {rank}: spinning at step {step}", flush=True)
         spin_forever()
 if step % 50 == 0 or step == args.steps:

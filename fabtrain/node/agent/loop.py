@@ -176,7 +176,7 @@ class Agent:
         self.behind = stragglers.Behind()
         self.straggling: list = []  # the ranks reported and still behind (health.json's `stragglers`)
         self.rank_views: list = []  # this node's ranks at its last dump of stacks (the beats carry them)
-        self.local_blame: str | None = None  # the sentence naming the rank to blame, as known here
+        self.local_blame: dict | None = None  # {"text": the rank to blame, "job": named from every node's ranks}
         self.blame_since: float | None = None
         self.blame_done = False
 
@@ -314,7 +314,8 @@ class Agent:
                         fields["frame"] = frames[a.name].get("frame") or frames[a.name].get("why")
                     if a.kind == "hang" and self.rank_views:
                         found = blame.judge(self.rank_views)  # this node's ranks; the job's: check_blame
-                        fields["blame"] = self.local_blame = found.sentence
+                        fields["blame"] = found.sentence
+                        self.local_blame = {"text": found.sentence, "job": False} if found.sentence else None
                 self.events.write(a.kind, a.reason, a.name, **fields)
             elif isinstance(a, policy.Stop):
                 self.by_name[a.name].close(a.reason, now, self.procs)
@@ -376,7 +377,7 @@ class Agent:
         found = blame.judge(views)
         if not found.sentence:
             return
-        self.local_blame = found.sentence
+        self.local_blame = {"text": found.sentence, "job": True}
         first = found.ranks[0] if found.ranks else None
         self.events.write("blame", found.sentence + (" (no stacks from %s)" % ", ".join(missing) if missing else ""),
                           first.name if first else None, origin=first.node if first else None,

@@ -55,7 +55,7 @@ class Health:
         return percent
 
     def write(self, now: float, ledger, contexts, procs: dict, gpu_pids: dict, link, startup_deadline: float,
-              straggling: list = (), blame: str | None = None) -> None:
+              straggling: list = (), blame: dict | None = None) -> None:
         cfg, me, view = self.cfg, procs.get(self.pid), link.view
         processes = [process_view(ctx, ledger, procs, gpu_pids) for ctx in contexts]
         snapshot = {
@@ -80,7 +80,8 @@ class Health:
             "zombies": sum(p["zombies"] for p in processes),
             "events": self.events.recent,
             "stragglers": list(straggling),
-            "blame": blame,  # after a hang: the rank(s) the others wait for (the job's, on the coordinator's node)
+            # after a hang: the rank(s) the others wait for; job: every node's ranks (the coordinator's node)
+            "blame": blame,
         }
         if self.gpus.error and self.gpus.error != "no NVIDIA driver":
             snapshot["gpu_error"] = self.gpus.error
