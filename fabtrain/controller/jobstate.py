@@ -106,12 +106,19 @@ class Straggler:
     """A rank the coordinator's agent reported behind the others (the `straggler` event) and still is."""
     node: str
     name: str
-    rate: float  # its steps a second now
-    median: float  # the median rank's
+    rate: float | None = None  # its steps a second now (the step-rate rule)
+    median: float | None = None  # the median rank's
+    # synchronous training (the timings rule): the rank the others wait for, why, and how far off the median
+    rank: int | None = None
+    cause: str | None = None  # "data loading" or "compute"
+    ratio: float | None = None
 
     @property
     def mark(self) -> str:
         """What fab status, fab watch and the dashboard put next to its process."""
+        if self.cause:
+            who = f"rank {self.rank}: " if self.rank is not None else ""
+            return f"STRAGGLER {who}{self.cause} {self.ratio:.1f}x the median"
         return f"STRAGGLER {self.rate:.3g} vs median {self.median:.3g} steps/s"
 
 
@@ -380,8 +387,11 @@ def _stragglers(state: JobState, ours: list[NodeObservation], procs: list[Proces
     found = {}
     for n in (n for n in ours if n.agent_fresh):
         for s in n.agent.get("stragglers") or []:
-            if (s["node"], s["name"]) in live:
-                found[(s["node"], s["name"])] = Straggler(s["node"], s["name"], s["rate"], s["median"])
+            if (s["node"], s["name"]) in live and s.get("cause") and s.get("ratio") is not None:
+                found[(s["node"], s["name"])] = Straggler(s["node"], s["name"], rank=s.get("rank"), cause=s["cause"],
+                                                          ratio=s["ratio"])
+            elif (s["node"], s["name"]) in live and s.get("rate") is not None and s.get("median") is not None:
+                found.setdefault((s["node"], s["name"]), Straggler(s["node"], s["name"], s["rate"], s["median"]))
     return tuple(found[k] for k in sorted(found))
 
 

@@ -207,8 +207,9 @@ HEALTH = obj({
                            lenient=True), 1024, lenient=True),
     "events": list_of(EVENT, 64, lenient=True),
     "blame": obj({"text": text(MAX_REASON), "job": flag}, required=("text",), lenient=True),
-    "stragglers": list_of(obj({"node": NAME, "name": NAME, "rate": number, "median": number, "since": number},
-                              required=("node", "name", "rate", "median")), 1024, lenient=True),
+    "stragglers": list_of(obj({"node": NAME, "name": NAME, "rate": number, "median": number, "since": number,
+                               "rank": integer, "cause": NAME, "ratio": number, "seconds": number},
+                              required=("node", "name")), 1024, lenient=True),
 }, required=("ts",), lenient=True)
 GPU_HOLDERS = obj({"source": NAME, "total": integer, "free": integer,
                    "busy": list_of(obj({"index": integer, "by": text(MAX_TEXT)}, required=("index",), lenient=True),

@@ -174,6 +174,7 @@ class Agent:
         self.launchers: list = []  # launchers this agent started (a restart): reaped here
         self.straggler_rule = stragglers.rule_of(self.job.get("watchdog"))
         self.behind = stragglers.Behind()
+        self.waited_for = stragglers.Behind()  # the synchronous rule's (by timings)
         self.straggling: list = []  # the ranks reported and still behind (health.json's `stragglers`)
         self.rank_views: list = []  # this node's ranks at its last dump of stacks (the beats carry them)
         self.local_blame: dict | None = None  # {"text": the rank to blame, "job": named from every node's ranks}
@@ -396,7 +397,13 @@ class Agent:
             tables = {node: peer.procs for node, peer in co.board.peers.items()}
         rates = stragglers.rates_of(tables)
         found, self.behind = stragglers.judge(rates, self.behind, now, self.straggler_rule)
-        self.straggling = stragglers.standing(rates, self.behind)
+        timings = stragglers.timings_of(tables)
+        causes, self.waited_for = stragglers.judge_timings(timings, self.waited_for, now, self.straggler_rule)
+        self.straggling = stragglers.standing_timings(timings, self.waited_for, self.straggler_rule) + \
+            stragglers.standing(rates, self.behind)
+        for c in causes:
+            self.events.write("straggler", stragglers.cause_reason(c), c.name, role="trainer", rank=c.rank,
+                              origin=c.node, cause=c.cause, ratio=c.ratio, seconds=c.seconds, median=c.median)
         for f in found:
             p = tables.get(f.node, {}).get(f.name, {})
             self.events.write("straggler", stragglers.reason(f, self.straggler_rule), f.name, role=p.get("role"),

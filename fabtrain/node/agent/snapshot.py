@@ -91,6 +91,20 @@ class Health:
             pass  # a full disk: events.jsonl says why
 
 
+def timing_rows(ctx) -> list:
+    """[rank, data, compute, comm, step time] of each watched rank of a process whose records carry the
+    three timings (means a step over the last seconds): the synchronous straggler rule's input."""
+    rows = []
+    for rank, r in sorted(ctx.progress.ranks.items() if ctx.progress else (), key=lambda kr: str(kr[0])):
+        if r not in ctx.progress.watched():
+            continue
+        t = r.mean_timings()
+        if all(k in t for k in ("data_time", "compute_time", "comm_time")):
+            rows.append([rank, round(t["data_time"], 5), round(t["compute_time"], 5), round(t["comm_time"], 5),
+                         round(t["step_time"], 5) if "step_time" in t else None])
+    return rows
+
+
 def beat(job: dict, ledger, contexts, done: bool, generation: int, rank_views=()) -> dict:
     """The heartbeat the coordinator gets, whole (coordination/protocol.py: a connection carries what
     changed): `generation` is the one this node last started; `done`: nothing of the job is left here;
@@ -98,6 +112,10 @@ def beat(job: dict, ledger, contexts, done: bool, generation: int, rank_views=()
     procs = {ctx.name: {"role": ctx.role, "rank": ctx.rank, "state": str(ctx.state), "exit_code": ctx.exit_code,
                         "rate": ctx.progress.steps.rate() if ctx.progress and ctx.live else None}
              for ctx in contexts}
+    for ctx in contexts:
+        rows = timing_rows(ctx) if ctx.live and ctx.role == "trainer" else []
+        if rows:
+            procs[ctx.name]["timing"] = rows
     for v in rank_views:
         if v.name in procs:
             procs[v.name].setdefault("ranks", []).extend(blame.to_beat([v]))
