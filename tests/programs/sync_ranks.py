@@ -3,13 +3,14 @@ as the launcher's progress hook does: ``source: "auto"``, ``step``, ``rank``, ``
 of ``step_time``, ``data_time``, ``compute_time``, ``comm_time`` over the steps since the last record (the
 first step at once, then at most every 0.5 s), all into one $FABTRAIN_METRICS.
 
-    python sync_ranks.py [--steps N] [--spin RANK:STEP] [--slow-data RANK:SECONDS] [--pin]
+    python sync_ranks.py [--steps N] [--spin RANK:STEP] [--slow-data RANK:SECONDS] [--cgroup RANK:DIR]
 
 Each step: a batch from a DataLoader (its Dataset's __getitem__ sleeps --slow-data seconds on that
 rank), forward and backward of a small linear model, then one all_reduce of the flattened gradients
 (the collective every rank waits in for the last one), then the optimizer's step. --spin: that rank
 writes its record of that step and spins in Python forever, while the others wait in their all_reduce.
---pin: each rank binds itself to core LOCAL_RANK % cores (a test pins a competing process beside one).
+--cgroup: that rank moves itself into a cgroup whose CPU quota the test set: it has less CPU than the
+others.
 """
 import argparse
 import json
@@ -24,16 +25,16 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=100000)
 ap.add_argument("--spin", default=None)
 ap.add_argument("--slow-data", default=None)
-ap.add_argument("--pin", action="store_true")
+ap.add_argument("--cgroup", default=None, help="RANK:DIR: that rank moves itself into the cgroup DIR (a CPU cap)")
 ap.add_argument("--width", type=int, default=256)
 args = ap.parse_args()
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=300))
 rank, world = dist.get_rank(), dist.get_world_size()
 local_rank = int(os.environ.get("LOCAL_RANK", 0))
-if args.pin:
-    cores = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {cores[local_rank % len(cores)]})
+if args.cgroup and int(args.cgroup.split(":", 1)[0]) == rank:
+    with open(os.path.join(args.cgroup.split(":", 1)[1], "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
 torch.set_num_threads(1)
 torch.manual_seed(0)
 spin_rank, spin_step = map(int, args.spin.split(":")) if args.spin else (None, None)
@@ -59,7 +60,7 @@ def spin_forever():
 
 
 model = torch.nn.Sequential(torch.nn.Linear(args.width, args.width), torch.nn.ReLU(), torch.nn.Linear(args.width, 1))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
+opt = torch.optim.SGD(model.parameters(), lr=0.001)
 loader = iter(torch.utils.data.DataLoader(Data(), batch_size=16, num_workers=0))
 out = open(os.environ["FABTRAIN_METRICS"], "a", buffering=1) if os.environ.get("FABTRAIN_METRICS") else None
 sums, count, last_write = [0.0] * 4, 0, 0.0
@@ -71,7 +72,7 @@ for step in range(1, args.steps + 1):
     opt.zero_grad()
     loss.backward()
     for _ in range(3):  # a few passes, so compute outweighs the bookkeeping
-        model(x).sum().backward()
+        torch.nn.functional.mse_loss(model(x), y).backward()
     t2 = time.perf_counter()
     flat = torch.cat([p.grad.flatten() for p in model.parameters()])
     dist.all_reduce(flat)

@@ -123,7 +123,7 @@ def judge_timings(timings: dict, behind: Behind, now: float, rule: Rule) -> tupl
     mean a step over the last seconds). In synchronous training every rank steps at the slowest one's
     pace, so rates tell nothing; the one that makes the others wait arrives last at the collective:
     it waits there least (the least comm_time), and its data loading or compute is far above the
-    median rank's (at least 1/share of it, and by at least MIN_EXCESS of the median step time), while
+    median of the other ranks' (at least 1/share of it, and by at least MIN_EXCESS of the median step time), while
     the others wait in comm about that much longer than it. A job whose ranks are equally slow has
     none. Reported after `window` seconds, once while it lasts, as `judge` does."""
     known = {k: t for k, t in timings.items() if all(isinstance(t.get(f), (int, float)) for f, _ in CAUSES)
@@ -152,7 +152,7 @@ def suspect(known: dict, rule: Rule):
     others_comm = median(t["comm_time"] for k, t in known.items() if k != key)
     best = None
     for field, cause in CAUSES:
-        mid = median(t[field] for t in known.values())
+        mid = median(t[field] for k, t in known.items() if k != key)  # the others' (with two ranks, the other's)
         excess = mine[field] - mid
         if excess < MIN_EXCESS * step or mine[field] * rule.share < mid or others_comm - mine["comm_time"] < excess / 2:
             continue
