@@ -138,3 +138,24 @@ def test_a_rank_that_stops_stepping_stalls_its_process_though_another_rank_write
     os.utime(path, (107, 107))
     p.records(path)
     assert p.ranks[0].step == 5 and p.ranks[0].changed == 107
+
+
+def test_fab_status_and_the_banner_say_the_blame_after_the_failure_and_prometheus_marks_a_straggler():
+    from types import SimpleNamespace
+
+    from fabtrain.controller.jobstate import JobState, Straggler, Verdict
+    from fabtrain.controller.verdict_text import sentence
+    from fabtrain.dashboard.prometheus import render
+
+    said = "rank 3 on n1 stopped stepping at step 12 in `t.py:5 in spin`; ranks 0, 1, 2 wait in all_reduce"
+    v = Verdict(JobState.FAILED, "trainer-1 on n1 hung: no progress for 5 s", on_failure="kill-job", blame=said)
+    assert sentence(v, 0) == (f"JOB FAILED: trainer-1 on n1 hung: no progress for 5 s; {said}; torn down on every "
+                              "node (on_failure kill-job)")
+    behind = Straggler("n1", "trainer-1", rank=3, cause="data loading", ratio=4.2)
+    assert behind.mark == "STRAGGLER rank 3: data loading 4.2x the median"
+    snap = SimpleNamespace(cluster="c", nodes=[], progress={}, dropped={},
+                           verdict=Verdict(JobState.RUNNING, "", job_id="J", stragglers=(behind,)))
+    text = render(snap, 0)
+    assert 'fabtrain_straggler{cluster="c",node="n1",process="trainer-1",rank="3",cause="data loading"} 1' in text
+    assert 'fabtrain_straggler_ratio{cluster="c",node="n1",process="trainer-1",rank="3",cause="data loading"} 4.2' \
+        in text
