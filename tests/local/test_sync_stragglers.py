@@ -27,7 +27,7 @@ def stragglers(job):
 
 
 def test_a_rank_with_a_slow_dataset_is_named_for_its_data_loading(local_job):
-    job = start(local_job, 3, "--width 64 --slow-data 1:0.004")
+    job = start(local_job, 2, "--width 64 --slow-data 1:0.004")
     found = wait_for(lambda: stragglers(job), timeout=150, interval=0.5)
     assert found, (job.events("n0"), job.health("n0"))
     ev = found[0]
