@@ -21,15 +21,16 @@ import subprocess
 import threading
 import time
 
-from fabtrain.node.states import stopped_by_user
+from fabtrain.contract.events import EventKind
+from fabtrain.contract.states import stopped_by_user
 
 # events.jsonl kinds -> the names cluster.yaml's notify.on uses
 # A restart is told once, when it is decided (`restarting`: the cause, the backoff, the restarts left); a
 # next generation that cannot start is a `failed` of its own.
 # A hang is told twice: by the node that saw it (its own ranks' blame), and by the coordinator's node once
 # every node's ranks are in (`blame`: the rank the others wait for, job-wide).
-KINDS = {"job_failed": "failed", "hang": "hang", "blame": "hang", "restarting": "restart", "finished": "finished",
-         "straggler": "straggler"}
+KINDS = {EventKind.JOB_FAILED: "failed", EventKind.HANG: "hang", EventKind.BLAME: "hang",
+         EventKind.RESTARTING: "restart", EventKind.FINISHED: "finished", EventKind.STRAGGLER: "straggler"}
 JOB_LEVEL = ("failed", "finished", "restart")  # every agent writes these: only nodes[0]'s agent sends
 TRIES = 3
 BACKOFF = (1.0, 2.0)  # seconds between tries: three within about five seconds
@@ -98,7 +99,7 @@ class Notifier:
         text = "fabtrain: job %s %s%s on %s: %s" % (self.job_id, what, subject, where, ev.get("reason") or what)
         if ev.get("blame"):  # a hang: the rank the others wait for, as the node that saw it knows
             text += " [%s]" % ev["blame"]
-        elif ev.get("frame") and ev.get("kind") == "hang":  # where the stalled rank stood (its top frame)
+        elif ev.get("frame") and ev.get("kind") == EventKind.HANG:  # where the stalled rank stood (its top frame)
             text += " [at %s]" % ev["frame"]
         return {"text": text, "kind": what, "job_id": self.job_id, "cluster": self.cluster, "node": self.node,
                 "event": ev}
@@ -108,11 +109,11 @@ class Notifier:
         if self.webhook:
             error = post(self.webhook, data)
             if error:
-                self.report("notify_failed", "webhook %s: %s (alert: %s)" % (self.webhook, error, body["text"]))
+                self.report(EventKind.NOTIFY_FAILED, "webhook %s: %s (alert: %s)" % (self.webhook, error, body["text"]))
         if self.command:
             error = run(self.command, data)
             if error:
-                self.report("notify_failed", "command %s: %s (alert: %s)" % (self.command[0], error, body["text"]))
+                self.report(EventKind.NOTIFY_FAILED, "command %s: %s (alert: %s)" % (self.command[0], error, body["text"]))
 
     def wait(self, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout

@@ -11,8 +11,8 @@ import os
 import time
 
 from fabtrain.node import atomic, procfs
+from fabtrain.contract.states import FINAL, JobState, signal_name
 from fabtrain.node.coordination import blame
-from fabtrain.node.states import FINAL, JobState, signal_name
 
 
 def process_view(ctx, ledger, procs: dict, gpu_pids: dict) -> dict:
