@@ -42,7 +42,7 @@ STATUS_PROCESS = {"name": NAME, "state": STATE, "pid": INTEGER, "program_pid": I
 EVENT = {"kind": NAME, "ts": NUMBER, "node": NAME, "name": NAME, "role": NAME, "rank": RANK, "reason": REASON,
          "signal": SIGNAL, "exit_code": INTEGER, "pid": INTEGER, "peer": NAME, "origin": NAME,
          "on_failure": NAME, "generation": INTEGER, "backoff": NUMBER,
-         "restarts_left": INTEGER}
+         "restarts_left": INTEGER, "blame": REASON}
 
 # A trainer's metrics/<name>.jsonl line (the user's program writes it: workload/ shows how); other
 # fields are kept where they are plain values.

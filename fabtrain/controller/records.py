@@ -176,7 +176,11 @@ def checks(table: dict[str, str], **special: Callable) -> dict[str, Callable]:
 
 
 # A hang's (or its teardown's) `stacks`: {process: {"frame": "path:line in function"} | {"why": ...}}.
-STACK = obj({"frame": text(MAX_TEXT), "why": text(MAX_TEXT)}, lenient=True)
+# With several processes (torchrun's ranks), `ranks` says each one's: {pid, rank, frame | why, collective}.
+RANK_STACK = obj({"pid": integer, "rank": integer, "frame": text(MAX_TEXT), "why": text(MAX_TEXT),
+                  "collective": text(MAX_NAME)}, lenient=True)
+STACK = obj({"frame": text(MAX_TEXT), "why": text(MAX_TEXT), "ranks": list_of(RANK_STACK, 1024, lenient=True)},
+            lenient=True)
 EVENT = obj(checks(fields.EVENT, kind=kind, pids=list_of(integer), stacks=obj({}, extra=STACK, lenient=True)),
             required=("kind",), extra=scalar)
 METRIC = obj(checks(fields.METRIC), extra=scalar)
@@ -201,8 +205,10 @@ HEALTH = obj({
     "orphans": list_of(obj({"pid": integer, "name": NAME, "job_id": NAME, "reason": text(MAX_REASON)},
                            lenient=True), 1024, lenient=True),
     "events": list_of(EVENT, 64, lenient=True),
-    "stragglers": list_of(obj({"node": NAME, "name": NAME, "rate": number, "median": number, "since": number},
-                              required=("node", "name", "rate", "median")), 1024, lenient=True),
+    "blame": obj({"text": text(MAX_REASON), "job": flag}, required=("text",), lenient=True),
+    "stragglers": list_of(obj({"node": NAME, "name": NAME, "rate": number, "median": number, "since": number,
+                               "rank": integer, "cause": NAME, "ratio": number, "seconds": number},
+                              required=("node", "name")), 1024, lenient=True),
 }, required=("ts",), lenient=True)
 GPU_HOLDERS = obj({"source": NAME, "total": integer, "free": integer,
                    "busy": list_of(obj({"index": integer, "by": text(MAX_TEXT)}, required=("index",), lenient=True),
