@@ -529,7 +529,7 @@ def replay(events, node: str, by_name: dict, generation: int, startup_deadline: 
 
 def held_lease(job_dir: str) -> bool:
     """Whether this node's previous agent had a lease from the coordinator (its last health.json)."""
-    health = read_json(os.path.join(job_dir, "health.json"))
+    health = read_json(JobFolder(job_dir).health)
     coordinator = health.get("coordinator") if isinstance(health, dict) else None
     return bool(isinstance(coordinator, dict) and coordinator.get("lease"))
 
