@@ -239,11 +239,15 @@ def dashboard(c, port=8265, host="127.0.0.1", interval=1.0, job=None):
 
 
 @fabtask
-def export(c, tensorboard=None, job=None, k8s=None, k8s_kind="job", slurm=None):
-    """Write metrics as TensorBoard files (--tensorboard=DIR, --job ID), or the job as Kubernetes manifests (--k8s=DIR) or a Slurm batch script (--slurm=FILE)."""
+def export(c, tensorboard=None, job=None, k8s=None, k8s_kind="job", jobset=False, slurm=None):
+    """Write metrics as TensorBoard files (--tensorboard=DIR, --job ID), or the job as Kubernetes manifests (--k8s=DIR; --jobset: one JobSet) or a Slurm batch script (--slurm=FILE)."""
     from fabtrain.controller.export import export_tensorboard
     from fabtrain.plan.kubernetes import check_kind
     check_kind(k8s_kind)  # typed wrong is said even without --k8s
+    if jobset:
+        if k8s_kind not in ("job", "jobset"):
+            raise UserError(f"--jobset and --k8s-kind {k8s_kind} do not go together: give one of them")
+        k8s_kind = "jobset"
     if k8s:  # reads only cluster.yaml: no node is asked
         from fabtrain.config.cluster import load_cluster
         from fabtrain.controller.kubeexport import export_kubernetes

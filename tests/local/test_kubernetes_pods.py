@@ -1,9 +1,9 @@
 """The pod entrypoint of `fab export --k8s` (fabtrain.node.pod), run for real.
 
 No Kubernetes here: each "pod" is a local process started as the rendered
-container command starts it (its index in JOB_COMPLETION_INDEX, its part read
-from the rendered Secret's files), with the pods' addresses set to this
-machine. The job ends, fails and stops as it would in pods: the exit codes
+container command starts it (its index in JOB_COMPLETION_INDEX, its part made
+from the rendered Secret's one job spec), with pod i's address 127.0.0.<i+1>
+(each its own address, as pods have). The job ends, fails and stops as it would in pods: the exit codes
 are what Kubernetes would see, /proc says what is left.
 """
 import json
@@ -36,16 +36,17 @@ class Pods:
             "job": {"mode": "collective", "image": "lab/train:1", "master_port": free_port(["127.0.0.1"]),
                     "trainer": {"command": command},
                     "watchdog": {"port": free_port(["127.0.0.1"]), "interval": 0.2, "grace": 1}}}, "cluster.yaml")
-        pods = kubernetes.pod_cluster(cluster)
+        job_id = "20261124-000000-abcd"
+        pods = kubernetes.pod_cluster(cluster, job_id)
         # The pods' DNS names, and the pods' own file systems, on this machine.
-        pods = replace(pods, nodes=tuple(replace(n, address="127.0.0.1", workspace=str(root / f"ws-{n.name}"))
-                                         for n in pods.nodes))
-        plan = make_plan(pods, "20261124-000000-abcd", secret="00112233445566778899aabbccddeeff",
-                         network=kubernetes.pod_network(pods))
-        docs = kubernetes.manifests(plan, kubernetes.pod_spec(cluster))
+        pods = replace(pods, nodes=tuple(replace(n, address=f"127.0.0.{i + 1}", workspace=str(root / f"ws-{n.name}"))
+                                         for i, n in enumerate(pods.nodes)))
+        plan = make_plan(pods, job_id, secret="00112233445566778899aabbccddeeff", network=kubernetes.pod_network(pods))
+        docs = kubernetes.manifests(plan, kubernetes.pod_spec(cluster),
+                                    pods={"trainer": {"count": count, "address": ["127.0.0.", 1, ""]}})
         files = root / "etc-fabtrain"
         files.mkdir(mode=0o700)
-        for name, text in docs[0]["stringData"].items():
+        for name, text in docs[0]["stringData"].items():  # job.json (the job spec) and secret
             (files / name).write_text(text)
         job = docs[-1]
         container = job["spec"]["template"]["spec"]["containers"][0]["command"]
