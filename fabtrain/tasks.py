@@ -166,9 +166,22 @@ def start_trainers(c, force=False, no_wait=False):
     _start(c, ("trainer",), force, no_wait=no_wait)
 
 
+def _pods_cluster():
+    """The cluster file's Cluster when it has a `kubernetes:` section (its job runs as pods), else None."""
+    from fabtrain.config.cluster import load_cluster
+    cluster = load_cluster()
+    return cluster if cluster.kubernetes else None
+
+
 @fabtask
 def status(c, job=None):
     """Show every process of the job on every node; exit 1 if one failed."""
+    pods = _pods_cluster()
+    if pods:  # BACKEND(kubernetes): the lead moves this branch into fabtrain/backends/ (issue 41)
+        from fabtrain.controller import kubectl
+        text, failed = kubectl.status_text(pods, kubectl.status(pods, job), job)
+        print(text)
+        return fail_if(failed, "status: the job has failed pods")
     s = session(c)
     replies = lifecycle.status(s, job_id=job, health=True)
     if s.cluster.scheduler and not any(r.ok and r.value.get("job_id") for r in replies):
@@ -210,6 +223,12 @@ def logs(c, lines=20, follow=False, job=None, stacks=False):
         raise UserError("--stacks and --follow do not go together: stacks are saved once, before a hang's teardown")
     if lines == 0 and not follow and not stacks:
         raise UserError("--lines 0 shows nothing: give 1 or more (with --follow, 0 shows only new lines)")
+    pods = _pods_cluster()
+    if pods:  # BACKEND(kubernetes): the lead moves this branch into fabtrain/backends/ (issue 41)
+        if stacks:
+            raise UserError("--stacks: not for pods yet (the stacks stay in each pod's workspace)")
+        from fabtrain.controller import kubectl
+        return kubectl.logs(pods, job, lines=lines, follow=follow)
     replies = lifecycle.logs(session(c), lines=lines, follow=follow, job_id=job, stacks=stacks)
     lifecycle.require_job(replies, job)
     for r in replies:
@@ -221,6 +240,12 @@ def logs(c, lines=20, follow=False, job=None, stacks=False):
 @fabtask(grace=Number(whole=False, lo=0, hi=3600, unit="seconds"))
 def kill_all(c, grace=5.0):
     """Stop every fabtrain process on every node: SIGTERM, --grace seconds, SIGKILL, sweep."""
+    pods = _pods_cluster()
+    if pods:  # BACKEND(kubernetes): the lead moves this branch into fabtrain/backends/ (issue 41)
+        from fabtrain.controller import kubectl
+        said = kubectl.kill_all(pods, grace=grace)
+        print("\n".join(said) if said else "no object of this cluster was left to delete")
+        return
     if session(c).cluster.scheduler:  # scancel, pending jobs too; each node stops its own processes
         return slurm_tasks.kill_all(session(c), grace=grace)
     text, clean = report.kill_text(lifecycle.kill_all(session(c), grace=grace))
