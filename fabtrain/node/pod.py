@@ -15,12 +15,12 @@ code; the image's own fabtrain is the agent's runtime. As PID 1 it also
 reaps whatever is re-parented to it, and copies every process's log to its
 stdout, each line prefixed [<pod's node> <process>], for `kubectl logs`.
 """
-import json
 import os
 import signal
 import sys
 import time
 
+from fabtrain.contract.events import EventKind, read_events
 from fabtrain.node import ops, podpart
 from fabtrain.node.spawn import expand
 
@@ -97,19 +97,11 @@ def reap():
 
 
 def outcome(jd, job, ws):
-    kinds = set()
-    try:
-        with open(os.path.join(jd, "events.jsonl")) as f:
-            for line in f:
-                try:
-                    kinds.add(json.loads(line).get("kind"))
-                except (ValueError, AttributeError):
-                    pass  # a torn last line
-    except OSError:
-        pass  # no agent (watchdog disabled): the exit codes say it
-    if "job_failed" in kinds:
+    # No events (watchdog disabled): the exit codes say it.
+    kinds = {ev.get("kind") for ev in read_events(os.path.join(jd, "events.jsonl"))}
+    if EventKind.JOB_FAILED in kinds:
         return 1
-    if "finished" in kinds:
+    if EventKind.FINISHED in kinds:
         return 0
     for proc in job["processes"]:
         try:
