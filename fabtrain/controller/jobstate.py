@@ -314,7 +314,8 @@ def _decide(nodes: list[NodeObservation], ours: list[NodeObservation], procs: li
     if facts.restarting is not None:
         return JobState.RESTARTING, facts.restarting, []
     if facts.finished is not None:
-        return JobState.FINISHED, facts.finished, facts.finished_by
+        # Finished is the whole job's state: name every node of it that answered, not only the agents that said so first.
+        return JobState.FINISHED, facts.finished, sorted(set(facts.finished_by) | {n.name for n in ours if n.reachable})
     if not any(n.reachable for n in nodes):
         asked = any(n.reachable is False for n in nodes)
         return JobState.UNKNOWN, "no node reachable" if asked else "no node asked yet", []
