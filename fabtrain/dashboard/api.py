@@ -232,7 +232,8 @@ def _trainers(snap, states: dict, health_progress: dict, stale_after: float, now
             "stale": bool(running and age is not None and age > stale_after),
             "records": prog.records if prog else 0,
             # fell behind the median rank and has not caught up (the verdict's, as fab status marks it)
-            "straggler": {"rate": short(behind.rate, 4), "median": short(behind.median, 4), "mark": behind.mark}
+            "straggler": {"rate": short(behind.rate, 4), "median": short(behind.median, 4), "rank": behind.rank,
+                          "cause": behind.cause, "ratio": short(behind.ratio, 3), "mark": behind.mark}
             if behind else None,
         })
     return out

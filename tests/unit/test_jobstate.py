@@ -195,7 +195,8 @@ def test_a_straggler_is_marked_alike_in_fab_status_fab_watch_and_the_dashboard_u
     assert s["status_text"].count("STRAGGLER") == 1, s["status_text"]
     assert f"trainer-1 running {mark}" in s["watch_text"] and s["watch_text"].count("STRAGGLER") >= 1, s["watch_text"]
     marks = {t["name"]: t["straggler"] for t in s["job"]["trainers"]}
-    assert marks == {"trainer-0": None, "trainer-1": {"rate": 0.5, "median": 1.0, "mark": mark}}, marks
+    assert marks == {"trainer-0": None, "trainer-1": {"rate": 0.5, "median": 1.0, "rank": None, "cause": None,
+                                                      "ratio": None, "mark": mark}}, marks
 
     for node, name in (("node1", "trainer-0"), ("node2", "trainer-1"), ("node0", "pserver-0")):
         job.exit(node, name, 0 if name.startswith("trainer") else 143)
