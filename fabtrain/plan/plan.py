@@ -112,8 +112,7 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
             }
             procs.append(_process(cluster, node, "pserver", prank, job.pserver.command, values, env, job_id, resume_from))
 
-        if id(node) in trainer_rank:
-            node_rank = trainer_rank[id(node)]
+        if (node_rank := trainer_rank.get(id(node))) is not None:
             if torchrun:
                 values = common | {"rank": node_rank, "trainer_id": node_rank * per_node, "node_rank": node_rank,
                                    "port": master_port, "data_dir": _data_dir(cluster)}
