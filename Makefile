@@ -26,7 +26,8 @@ venv: $(VENV)/.installed
 # (the path the browser test drives), iproute2 (ip, for the network-namespace tests), nftables
 # (nft: the partition tests' cuts),
 # openmpi-bin with libopenmpi-dev (mpirun, and mpicc for the MPI tests' program) and
-# slurm-wlm with munge (the Slurm tests' cluster: slurmctld, slurmd, munged).
+# slurm-wlm with munge (the Slurm tests' cluster: slurmctld, slurmd, munged), and
+# kubernetes-client (kubectl, for fab status/logs/kill-all on pods; the tests use a stand-in).
 system-deps:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
@@ -41,6 +42,7 @@ system-deps:
 	command -v cc >/dev/null || [ -x /usr/bin/cc ] || missing="$$missing gcc"; \
 	command -v slurmctld >/dev/null || [ -x /usr/sbin/slurmctld ] || missing="$$missing slurm-wlm"; \
 	command -v munged >/dev/null || [ -x /usr/sbin/munged ] || missing="$$missing munge"; \
+	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

@@ -174,9 +174,22 @@ def start_trainers(c, force=False, no_wait=False):
     _start(c, ("trainer",), force, no_wait=no_wait)
 
 
+def _pods_cluster():
+    """The cluster file's Cluster when it has a `kubernetes:` section (its job runs as pods), else None."""
+    from fabtrain.config.cluster import load_cluster
+    cluster = load_cluster()
+    return cluster if cluster.kubernetes else None
+
+
 @fabtask(help={"job": "a job id (20261124-045501-5d89); default: the job the nodes started last"})
 def status(c, job=None):
     """Show every process of the job on every node; exit 1 if one failed."""
+    pods = _pods_cluster()
+    if pods:  # BACKEND(kubernetes): the lead moves this branch into fabtrain/backends/ (issue 41)
+        from fabtrain.controller import kubectl
+        text, failed = kubectl.status_text(pods, kubectl.status(pods, job), job)
+        print(text)
+        return fail_if(failed, "status: the job has failed pods")
     s = session(c)
     replies = lifecycle.status(s, job_id=job, health=True)
     if s.cluster.scheduler and not any(r.ok and r.value.get("job_id") for r in replies):
@@ -226,6 +239,12 @@ def logs(c, lines=20, follow=False, job=None, stacks=False):
         raise UserError("--stacks and --follow do not go together: stacks are saved once, before a hang's teardown")
     if lines == 0 and not follow and not stacks:
         raise UserError("--lines 0 shows nothing: give 1 or more (with --follow, 0 shows only new lines)")
+    pods = _pods_cluster()
+    if pods:  # BACKEND(kubernetes): the lead moves this branch into fabtrain/backends/ (issue 41)
+        if stacks:
+            raise UserError("--stacks: not for pods yet (the stacks stay in each pod's workspace)")
+        from fabtrain.controller import kubectl
+        return kubectl.logs(pods, job, lines=lines, follow=follow)
     replies = lifecycle.logs(session(c), lines=lines, follow=follow, job_id=job, stacks=stacks)
     lifecycle.require_job(replies, job)
     for r in replies:
@@ -237,6 +256,12 @@ def logs(c, lines=20, follow=False, job=None, stacks=False):
 @fabtask(help={"grace": "seconds between SIGTERM and SIGKILL"}, grace=Number(whole=False, lo=0, hi=3600, unit="seconds"))
 def kill_all(c, grace=STOP_GRACE):
     """Stop every fabtrain process on every node: SIGTERM, --grace seconds, SIGKILL, sweep."""
+    pods = _pods_cluster()
+    if pods:  # BACKEND(kubernetes): the lead moves this branch into fabtrain/backends/ (issue 41)
+        from fabtrain.controller import kubectl
+        said = kubectl.kill_all(pods, grace=grace)
+        print("\n".join(said) if said else "no object of this cluster was left to delete")
+        return
     if session(c).cluster.scheduler:  # scancel, pending jobs too; each node stops its own processes
         return slurm_tasks.kill_all(session(c), grace=grace)
     text, clean = report.kill_text(lifecycle.kill_all(session(c), grace=grace))
@@ -259,13 +284,18 @@ def dashboard(c, port=8265, host="127.0.0.1", interval=1.0, job=None):
 @fabtask(help={"tensorboard": "write every trainer's metrics as TensorBoard event files under this directory",
                "job": "with --tensorboard: only this job (default: every job the nodes remember)",
                "k8s": "write the job as Kubernetes manifests into this directory (asks no node)",
-               "k8s-kind": "with --k8s: job (an indexed Job and a Service) or pytorchjob (Kubeflow's)",
+               "k8s-kind": "with --k8s: job (an indexed Job a role and a Service), jobset or pytorchjob (Kubeflow's)",
+               "jobset": "with --k8s: one JobSet (gang admission with Kueue), as --k8s-kind jobset",
                "slurm": "write the Slurm batch script to this file (submit it with sbatch FILE)"})
-def export(c, tensorboard=None, job=None, k8s=None, k8s_kind="job", slurm=None):
-    """Write metrics as TensorBoard files (--tensorboard=DIR, --job ID), or the job as Kubernetes manifests (--k8s=DIR) or a Slurm batch script (--slurm=FILE)."""
+def export(c, tensorboard=None, job=None, k8s=None, k8s_kind="job", jobset=False, slurm=None):
+    """Write metrics as TensorBoard files (--tensorboard=DIR, --job ID), or the job as Kubernetes manifests (--k8s=DIR; --jobset: one JobSet) or a Slurm batch script (--slurm=FILE)."""
     from fabtrain.controller.export import export_tensorboard
     from fabtrain.plan.kubernetes import check_kind
     check_kind(k8s_kind)  # typed wrong is said even without --k8s
+    if jobset:
+        if k8s_kind not in ("job", "jobset"):
+            raise UserError(f"--jobset and --k8s-kind {k8s_kind} do not go together: give one of them")
+        k8s_kind = "jobset"
     if k8s:  # reads only cluster.yaml: no node is asked
         from fabtrain.config.cluster import load_cluster
         from fabtrain.controller.kubeexport import export_kubernetes

@@ -20,6 +20,7 @@ from fabtrain.config.checks import (ENV_NAME_RE, HOST_RE, IFACE_RE, IMAGE_RE, IN
                                     Checks, FieldError, kind_of, reported, shown, valid)
 from fabtrain.config.gpus import fit_gpus, parse_gpus, per_node_given
 from fabtrain.config.elastic import check_min_nodes
+from fabtrain.config.kubernetes import KubernetesSpec, parse_kubernetes
 from fabtrain.config.launcher import check_launcher
 from fabtrain.config.scheduler import SlurmSpec, address_placeholder, node_roles, parse_scheduler
 from fabtrain.config.yamlfile import YAMLFileError, load_yaml_with_lines
@@ -42,7 +43,7 @@ _SSH_FIELDS = {"user", "port", "key", "known_hosts", "host_key_policy", "connect
 
 # Every field cluster.yaml may hold, by where it sits (docs/configuration.md documents each).
 FIELDS: dict[str, set[str]] = {
-    "": {"cluster", "nodes", "dist_ips", "scheduler", "job"},
+    "": {"cluster", "nodes", "dist_ips", "scheduler", "job", "kubernetes"},
     "cluster": {"name", "workspace", "python", "ssh", "gpus"},
     "cluster.ssh": _SSH_FIELDS | {"parallel"},
     "nodes[]": {"name", "host", "roles", "workspace", "python", "address", "iface", "gpus"} | _SSH_FIELDS,
@@ -175,6 +176,7 @@ class Cluster:
     nodes: tuple[Node, ...]
     job: JobSpec
     scheduler: SlurmSpec | None = None  # a Slurm allocation; then `nodes` are its stand-ins (config/scheduler.py)
+    kubernetes: KubernetesSpec | None = None  # the job's pods (fab export --k8s; status, logs, kill-all by kubectl)
 
     @property
     def trainer_nodes(self) -> tuple[Node, ...]:
@@ -271,6 +273,10 @@ class _Parser(Checks):
         job = self.part(self.job, top["job"])
         nodes: tuple[Node, ...] = ()
         scheduler = self.part(parse_scheduler, self, top["scheduler"], NAME_RE, HOST_RE) if "scheduler" in top else None
+        kubernetes = self.part(parse_kubernetes, self, top["kubernetes"]) if "kubernetes" in top else None
+        if scheduler is not None and kubernetes is not None:
+            self.report("kubernetes", "a cluster file is either a Slurm allocation (scheduler) or Kubernetes pods: "
+                                      "give one of them")
         if scheduler is not None and "gpus" in c:
             self.report("cluster.gpus", "Slurm chooses the GPUs (scheduler.gpus_per_node): leave cluster.gpus out")
         if scheduler is not None:  # the allocation's stand-ins: node K's workspace on the shared filesystem
@@ -287,7 +293,8 @@ class _Parser(Checks):
         self.check_keys(nodes)
 
         if not self.errors:  # the checks across fields, once every field is right
-            cluster = Cluster(name=name, path=self.path, parallel=parallel, nodes=nodes, job=job, scheduler=scheduler)
+            cluster = Cluster(name=name, path=self.path, parallel=parallel, nodes=nodes, job=job, scheduler=scheduler,
+                              kubernetes=kubernetes)
             fitted = self.part(fit_gpus, cluster, per_node_given(doc), self.fail)
             cluster = fitted if valid(fitted) else cluster
             self.part(self.check_roles, cluster)

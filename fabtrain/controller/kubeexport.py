@@ -2,7 +2,7 @@
 
 The manifests are rendered by fabtrain.plan.kubernetes from the plan of the
 job's pods; this writes them, one object a file, numbered in the order they
-must be created. The Secret holds the coordinator's secret: its file is 0600.
+must be created. The Secret holds the agents' secret: its file is 0600.
 """
 from __future__ import annotations
 
@@ -16,9 +16,6 @@ from fabtrain.config.cluster import Cluster
 from fabtrain.errors import UserError
 from fabtrain.plan import kubernetes
 from fabtrain.plan.plan import make_plan, new_job_id
-
-
-SECRET_MAX = 1 << 20  # what Kubernetes lets one Secret hold
 
 
 class _Dumper(yaml.SafeDumper):
@@ -40,15 +37,10 @@ def manifest_text(doc: dict) -> str:
 
 def render(cluster: Cluster, kind: str = "job", job_id: str | None = None, secret: str | None = None) -> list[dict]:
     spec = kubernetes.pod_spec(cluster, kind)  # says a missing job.image before anything else
-    pods = kubernetes.pod_cluster(cluster, kind)
-    plan = make_plan(pods, job_id or new_job_id(), secret=secret or secrets.token_hex(16),
-                     network=kubernetes.pod_network(pods))
-    docs = kubernetes.manifests(plan, spec)
-    size = sum(len(v) for v in docs[0]["stringData"].values())
-    if size > SECRET_MAX:
-        raise UserError(f"{cluster.path}: {len(plan.nodes)} pods' job.json files take {size} bytes, more than a "
-                        f"Secret holds ({SECRET_MAX}); fewer nodes, or more trainers a node (job.trainer.per_node)")
-    return docs
+    job_id = job_id or new_job_id()
+    pods = kubernetes.pod_cluster(cluster, job_id, kind)
+    plan = make_plan(pods, job_id, secret=secret or secrets.token_hex(16), network=kubernetes.pod_network(pods))
+    return kubernetes.manifests(plan, spec)
 
 
 def export_kubernetes(cluster: Cluster, out_dir: str, kind: str = "job") -> list[Path]:

@@ -2,8 +2,9 @@
 
     python3 -m fabtrain.node.pod /etc/fabtrain ROLE --index-env JOB_COMPLETION_INDEX
 
-reads the pod's part of the plan, <dir>/<ROLE>-<index>.json (its job.json,
-from the Secret the export wrote; the index from the named variable), starts
+makes the pod's part of the plan from the job spec the export's Secret holds
+(<dir>/job.json: one template a role, filled in with the pod's index from the
+named variable, fabtrain/contract/podpart.py; <dir>/secret: the agents'), starts
 it with node ops' start, as `fab start-*` does over SSH (the same launcher,
 agent and coordinator), stays while any of it runs, and exits with the job's
 outcome: 0 when the agents say the job finished (a pserver the agents stop at
@@ -14,7 +15,6 @@ code; the image's own fabtrain is the agent's runtime. As PID 1 it also
 reaps whatever is re-parented to it, and copies every process's log to its
 stdout, each line prefixed [<pod's node> <process>], for `kubectl logs`.
 """
-import json
 import os
 import signal
 import sys
@@ -23,6 +23,7 @@ import time
 from fabtrain.contract.states import STOP_GRACE
 from fabtrain.contract.events import EventKind
 from fabtrain.contract.jobfolder import JobFolder
+from fabtrain.contract import podpart
 from fabtrain.node import ops
 from fabtrain.node.spawn import expand
 
@@ -38,12 +39,12 @@ def read_part(files, role, index_env):
     index = os.environ.get(index_env, "")
     if not index.isdigit():
         sys.exit("fabtrain pod: %s is %r, not a pod index" % (index_env, index))
-    path = os.path.join(files, "%s-%s.json" % (role, index))
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        sys.exit("fabtrain pod: cannot read this pod's part %s: %s" % (path, getattr(e, "strerror", None) or e))
+        return podpart.read(files, role, int(index))
+    except OSError as e:
+        sys.exit("fabtrain pod: cannot read the job spec in %s: %s" % (files, e.strerror or e))
+    except (ValueError, KeyError, TypeError) as e:
+        sys.exit("fabtrain pod: the job spec in %s gives no part to %s pod %s: %s" % (files, role, index, e))
 
 
 def link(target, path):

@@ -89,11 +89,10 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
     }
     # One endpoint per trainer; trainers that share an address differ in port.
     endpoint_slot = AddressSlots()
-    paddle_endpoints = ",".join(
-        f"{n.address}:{master_port + 1 + endpoint_slot.next(n.address)}"
-        for n in trainer_nodes for _ in range(per_node)
-    )
+    endpoint_list = [f"{n.address}:{master_port + 1 + endpoint_slot.next(n.address)}"
+                     for n in trainer_nodes for _ in range(per_node)]
 
+    trainer_rank = {id(n): i for i, n in enumerate(trainer_nodes)}  # by identity: Node.__eq__ is slow at 1,000
     node_plans = []
     for index, node in enumerate(cluster.nodes):
         procs: list[ProcessPlan] = []
@@ -113,8 +112,7 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
             }
             procs.append(_process(cluster, node, "pserver", prank, job.pserver.command, values, env, job_id, resume_from))
 
-        if node in trainer_nodes:
-            node_rank = trainer_nodes.index(node)
+        if (node_rank := trainer_rank.get(id(node))) is not None:
             if torchrun:
                 values = common | {"rank": node_rank, "trainer_id": node_rank * per_node, "node_rank": node_rank,
                                    "port": master_port, "data_dir": _data_dir(cluster)}
@@ -131,7 +129,7 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
                     values = common | {"rank": rank, "trainer_id": rank, "node_rank": node_rank,
                                        "port": pservers[0][2] if pservers else master_port,
                                        "data_dir": _data_dir(cluster)}
-                    env = pin | _trainer_env(cluster, node, values, local, pserver_endpoints, paddle_endpoints)
+                    env = pin | _trainer_env(cluster, node, values, local, pserver_endpoints, endpoint_list)
                     procs.append(_process(cluster, node, "trainer", rank, job.trainer.command, values, env, job_id, resume_from))
         node_plans.append(NodePlan(node=node.name, node_index=index, host=node.host, address=node.address,
                                    workspace=node.workspace, python=node.python, processes=tuple(procs)))
@@ -199,7 +197,7 @@ def mpi_env(rank: int, size: int, local_rank: int, local_size: int) -> dict[str,
             "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size)}
 
 
-def _trainer_env(cluster, node, v, local_rank, pserver_endpoints, paddle_endpoints) -> dict[str, str]:
+def _trainer_env(cluster, node, v, local_rank, pserver_endpoints, endpoints) -> dict[str, str]:
     job = cluster.job
     rank, world = v["rank"], v["world_size"]
     env = {
@@ -217,11 +215,10 @@ def _trainer_env(cluster, node, v, local_rank, pserver_endpoints, paddle_endpoin
             "POD_IP": node.address,
         }
     else:
-        endpoints = paddle_endpoints.split(",")
         env |= {
             # paddle.distributed.init_parallel_env()
             "PADDLE_TRAINER_ID": str(rank), "PADDLE_TRAINERS_NUM": str(world),
-            "PADDLE_TRAINER_ENDPOINTS": paddle_endpoints,
+            "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints),
             "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
             "PADDLE_MASTER": f"{v['master_addr']}:{v['master_port']}",
         }

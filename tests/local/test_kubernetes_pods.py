@@ -1,22 +1,26 @@
 """The pod entrypoint of `fab export --k8s` (fabtrain.node.pod), run for real.
 
 No Kubernetes here: each "pod" is a local process started as the rendered
-container command starts it (its index in JOB_COMPLETION_INDEX, its part read
-from the rendered Secret's files), with the pods' addresses set to this
-machine. The job ends, fails and stops as it would in pods: the exit codes
+container command starts it (its index in JOB_COMPLETION_INDEX, its part made
+from the rendered Secret's one job spec), with pod i's address 127.0.0.<i+1>
+(each its own address, as pods have). The job ends, fails and stops as it would in pods: the exit codes
 are what Kubernetes would see, /proc says what is left.
 """
 import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+import yaml
+
 from fabtrain.config.cluster import parse_cluster
+from fabtrain.controller.kubeexport import manifest_text
 from fabtrain.plan import kubernetes
 from fabtrain.plan.plan import make_plan
 from tests.support.procscan import live_marked, wait_for
@@ -26,26 +30,37 @@ from tests.support import REPO
 pytestmark = pytest.mark.timeout(180)
 
 
+JOB_ID = "20261124-000000-abcd"
+
+
+def cluster_doc(command: str, count: int) -> dict:
+    return {"cluster": {"name": "lab"},
+            "nodes": [{"name": f"n{i}", "host": f"10.0.0.{i}", "roles": ["trainer"]} for i in range(count)],
+            "job": {"mode": "collective", "image": "lab/train:1", "master_port": free_port(["127.0.0.1"]),
+                    "trainer": {"command": command},
+                    "watchdog": {"port": free_port(["127.0.0.1"]), "interval": 0.2, "grace": 1}}}
+
+
+def local_manifests(root: Path, doc: dict):
+    """(plan, manifests) of the job, with pod i at 127.0.0.<i+1> and its own workspace under root."""
+    cluster = parse_cluster(doc, "cluster.yaml")
+    pods = kubernetes.pod_cluster(cluster, JOB_ID)
+    # The pods' DNS names, and the pods' own file systems, on this machine.
+    pods = replace(pods, nodes=tuple(replace(n, address=f"127.0.0.{i + 1}", workspace=str(root / f"ws-{n.name}"))
+                                     for i, n in enumerate(pods.nodes)))
+    plan = make_plan(pods, JOB_ID, secret="00112233445566778899aabbccddeeff", network=kubernetes.pod_network(pods))
+    return plan, kubernetes.manifests(plan, kubernetes.pod_spec(cluster),
+                                      pods={"trainer": {"count": len(pods.nodes), "address": ["127.0.0.", 1, ""]}})
+
+
 class Pods:
     """A rendered job's trainer pods as local processes."""
 
     def __init__(self, root: Path, command: str, count: int = 2):
-        cluster = parse_cluster({
-            "cluster": {"name": "lab"},
-            "nodes": [{"name": f"n{i}", "host": f"10.0.0.{i}", "roles": ["trainer"]} for i in range(count)],
-            "job": {"mode": "collective", "image": "lab/train:1", "master_port": free_port(["127.0.0.1"]),
-                    "trainer": {"command": command},
-                    "watchdog": {"port": free_port(["127.0.0.1"]), "interval": 0.2, "grace": 1}}}, "cluster.yaml")
-        pods = kubernetes.pod_cluster(cluster)
-        # The pods' DNS names, and the pods' own file systems, on this machine.
-        pods = replace(pods, nodes=tuple(replace(n, address="127.0.0.1", workspace=str(root / f"ws-{n.name}"))
-                                         for n in pods.nodes))
-        plan = make_plan(pods, "20261124-000000-abcd", secret="00112233445566778899aabbccddeeff",
-                         network=kubernetes.pod_network(pods))
-        docs = kubernetes.manifests(plan, kubernetes.pod_spec(cluster))
+        plan, docs = local_manifests(root, cluster_doc(command, count))
         files = root / "etc-fabtrain"
         files.mkdir(mode=0o700)
-        for name, text in docs[0]["stringData"].items():
+        for name, text in docs[0]["stringData"].items():  # job.json (the job spec) and secret
             (files / name).write_text(text)
         job = docs[-1]
         container = job["spec"]["template"]["spec"]["containers"][0]["command"]
@@ -136,3 +151,70 @@ def test_pods_told_to_stop_stop_their_processes_and_exit_143(pods):
     assert not job.left()
     # Every process's log went to the pod's stdout, prefixed: what `kubectl logs` shows.
     assert "[trainer-1 trainer-1] trainer 1 started" in job.procs[1].stdout.read()
+
+
+@pytest.fixture
+def kubectl(tmp_path):
+    """tests/support/fake_kubectl.py as `kubectl`, first on PATH; its pods are stopped by pid at the end."""
+    state, bin_dir = tmp_path / "kubectl-state", tmp_path / "bin"
+    state.mkdir()
+    bin_dir.mkdir()
+    (bin_dir / "kubectl").write_text(f'#!/bin/sh\nexec {sys.executable} {REPO}/tests/support/fake_kubectl.py {state} "$@"\n')
+    (bin_dir / "kubectl").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_KUBECTL_WORKDIR": str(REPO)}
+    yield env, state
+    for pid_file in (state / "pods").glob("*.pid"):
+        try:
+            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_fab_status_logs_and_kill_all_reach_the_pods_through_kubectl(fab, tmp_path, kubectl):
+    env, state = kubectl
+    doc = cluster_doc("python3 tests/programs/ticker.py", 2) | {"kubernetes": {"namespace": "lab"}}
+    plan, docs = local_manifests(tmp_path, doc)
+    (tmp_path / "k8s").mkdir()
+    for i, d in enumerate(docs):
+        (tmp_path / "k8s" / f"{i:02d}.yaml").write_text(manifest_text(d))
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(doc))
+    subprocess.run(["kubectl", "--namespace", "lab", "apply", "-f", str(tmp_path / "k8s")], env={**os.environ, **env},
+                   check=True, capture_output=True, timeout=60)
+    workspaces = [tmp_path / f"ws-trainer-{i}" for i in range(2)]
+    assert wait_for(lambda: all((w / "jobs" / JOB_ID / "run" / f"trainer-{i}.json").exists()
+                                for i, w in enumerate(workspaces)), timeout=60)
+
+    status = fab("status", cluster=cluster, env=env, check=True)
+    assert f"job {JOB_ID}: 2 pods (kubectl)" in status.stdout
+    assert all(f"lab-{JOB_ID}-trainer-{i}  trainer-{i}  running on local" in status.stdout for i in range(2)), status.stdout
+    assert wait_for(lambda: "trainer-1 trainer-1] tick" in fab("logs", cluster=cluster, env=env).stdout, timeout=30)
+    logs = fab("logs", "--lines", "100000", cluster=cluster, env=env, check=True)
+    # kubectl's prefix (the pod), then the pod's own (its node and process).
+    assert f"[pod/lab-{JOB_ID}-trainer-1/trainer] [trainer-1 trainer-1] trainer 1 started" in logs.stdout, logs.stdout
+
+    killed = fab("kill-all", cluster=cluster, env=env, check=True)
+    assert f'job.batch "lab-{JOB_ID}-trainer" deleted' in killed.stdout, killed.stdout
+    assert not live_marked(workspaces)
+    gone = fab("status", cluster=cluster, env=env)
+    assert gone.returncode == 2 and "kubectl: no pods of cluster lab in namespace lab" in gone.stderr, gone.stderr
+    calls = [json.loads(line) for line in (state / "calls.jsonl").read_text().splitlines()]
+    assert ["--namespace", "lab", "get", "pods", "-l", "fabtrain.io/cluster=lab", "-o", "json"] in calls
+    assert all(c[:2] == ["--namespace", "lab"] for c in calls if c[0] != "run-pod")
+
+
+def test_a_pod_whose_job_failed_reads_failed_in_fab_status(fab, tmp_path, kubectl):
+    env, state = kubectl
+    doc = cluster_doc("python3 -c 'import sys, time; time.sleep(0.5); sys.exit(3)'", 2) | {"kubernetes": {}}
+    plan, docs = local_manifests(tmp_path, doc)
+    (tmp_path / "k8s").mkdir()
+    for i, d in enumerate(docs):
+        (tmp_path / "k8s" / f"{i:02d}.yaml").write_text(manifest_text(d))
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(doc))
+    subprocess.run(["kubectl", "apply", "-f", str(tmp_path / "k8s")], env={**os.environ, **env}, check=True,
+                   capture_output=True, timeout=60)
+    assert wait_for(lambda: len(list((state / "pods").glob("*.exit"))) == 2, timeout=60)
+    status = fab("status", cluster=cluster, env=env)
+    assert status.returncode == 1 and "status: the job has failed pods" in status.stderr, (status.stdout, status.stderr)
+    assert f"lab-{JOB_ID}-trainer-0  trainer-0  FAILED exited 1 (the job failed)" in status.stdout, status.stdout

@@ -65,7 +65,7 @@ def test_every_yaml_example_in_the_docs_loads_as_printed(tmp_path, where, line, 
     if "scrape_configs" in doc:  # Prometheus's file, not fabtrain's
         return
     p = tmp_path / "cluster.yaml"
-    p.write_text(text if "cluster" in doc else AROUND + text)
+    p.write_text(text if "cluster" in doc else AROUND + ("" if "job" in doc else "job: {mode: pserver}\n") + text)
     cluster = load_cluster(p)
     assert cluster.nodes, f"{where}:{line}"
 

@@ -1,9 +1,11 @@
 """`fab export --k8s`: the job of cluster.yaml as Kubernetes manifests.
 
 No cluster runs here: the manifests are checked as data (golden files), against
-the real schemas of three Kubernetes versions (kubernetes-validate --strict),
-through the Kubeflow training operator's own models, and the pod entrypoint
-runs for real as local processes, one per pod, over the rendered job.json files.
+the strict schemas of Kubernetes 1.29 and of the newest version
+kubernetes-validate ships (`--strict`), the JobSet against its CRD's published
+schema (tests/data/crds), the PyTorchJob through the Kubeflow training
+operator's own models, and the pod entrypoint runs for real as local
+processes, one per pod, over the rendered Secret (tests/local/test_kubernetes_pods.py).
 Regenerate the golden files after a deliberate change with
 FABTRAIN_UPDATE_GOLDEN=1 (then read the diff).
 """
@@ -19,35 +21,55 @@ import yaml
 
 from fabtrain.config.cluster import parse_cluster
 from fabtrain.controller.kubeexport import manifest_text, render
+from fabtrain.errors import UserError
+from fabtrain.contract import podpart
 from fabtrain.plan import kubernetes
 from fabtrain.plan.plan import make_plan
 from tests.conftest import require_import
 from tests.support import REPO
 
 GOLDEN = REPO / "tests" / "golden" / "k8s"
+CRDS = REPO / "tests" / "data" / "crds"
 JOB_ID, SECRET = "20261124-000000-abcd", "00112233445566778899aabbccddeeff"
-VERSIONS = ("1.35.0", "1.36.0", "1.37.0")
 LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # RFC 1123
 IMAGE = "registry.example.com/lab/word2vec:1"
+PLACED = {"namespace": "vision", "queue": "team-a", "priority_class": "training", "image_pull_secrets": ["regcred"],
+          "node_selector": {"gpu-type": "a100", "kubernetes.io/arch": "amd64"},
+          "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                          {"key": "spot", "value": "true", "effect": "NoExecute", "seconds": 300}],
+          "ttl_after_finished": 3600, "run_as_user": 2000, "run_as_group": 3000,
+          "volumes": {"data": {"claim": "corpus", "read_only": True}, "checkpoints": {"host_path": "/mnt/lab/ckpt"}},
+          "trainer": {"cpu": 8, "memory": "64Gi", "gpus": 2, "gpu_resource": "amd.com/gpu", "shm": "16Gi"},
+          "pserver": {"cpu": "500m", "memory": "4Gi"}}
 
 CASES = {
     "pserver": ("job", {"mode": "pserver", "image": IMAGE, "env": {"NCCL_DEBUG": "INFO"},
                         "trainer": {"per_node": 2, "use_gpu": True}},
                 [{"name": "a", "host": "10.0.0.1", "roles": ["pserver", "trainer"], "gpus": 2},
-                 {"name": "b", "host": "10.0.0.2", "roles": ["pserver", "trainer"], "gpus": 2}]),
+                 {"name": "b", "host": "10.0.0.2", "roles": ["pserver", "trainer"], "gpus": 2}], None),
     "collective": ("job", {"mode": "collective", "image": IMAGE, "master_port": "auto",
                            "trainer": {"command": "python train.py --epochs 3"}},
-                   [{"name": f"n{i}", "host": f"10.0.0.{i}", "roles": ["trainer"]} for i in range(3)]),
+                   [{"name": f"n{i}", "host": f"10.0.0.{i}", "roles": ["trainer"]} for i in range(3)], None),
     "pytorchjob": ("pytorchjob", {"mode": "collective", "image": IMAGE, "master_port": 23456,
                                   "trainer": {"per_node": 4, "use_gpu": True,
                                               "command": "torchrun --max-restarts=0 train.py"}},
-                   [{"name": f"gpu{i}", "host": f"10.0.1.{i}", "roles": ["trainer"], "gpus": 4} for i in range(3)]),
+                   [{"name": f"gpu{i}", "host": f"10.0.1.{i}", "roles": ["trainer"], "gpus": 4} for i in range(3)],
+                   None),
+    "jobset": ("jobset", {"mode": "pserver", "image": IMAGE, "trainer": {"per_node": 2, "use_gpu": True},
+                          "watchdog": {"on_failure": "restart", "max_restarts": 2}},
+               [{"name": f"g{i}", "host": f"10.0.2.{i}", "roles": ["pserver", "trainer"], "gpus": 2} for i in range(3)],
+               PLACED),
+    "placed": ("job", {"mode": "pserver", "image": IMAGE, "trainer": {"per_node": 2, "use_gpu": True},
+                       "watchdog": {"on_failure": "restart", "max_restarts": 2}},
+               [{"name": f"g{i}", "host": f"10.0.2.{i}", "roles": ["pserver", "trainer"], "gpus": 2} for i in range(3)],
+               PLACED),
 }
 
 
 def cluster_of(case, name="Vision_Lab"):
-    _, job, nodes = CASES[case]
-    return parse_cluster({"cluster": {"name": name}, "nodes": nodes, "job": job}, "cluster.yaml")
+    _, job, nodes, k8s = CASES[case]
+    return parse_cluster({"cluster": {"name": name}, "nodes": nodes, "job": job}
+                         | ({"kubernetes": k8s} if k8s else {}), "cluster.yaml")
 
 
 def docs_of(case, name="Vision_Lab"):
@@ -77,26 +99,42 @@ def validated(paths, version):
     return out.returncode, (out.stdout + out.stderr).strip().splitlines()
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_every_manifest_passes_the_strict_schemas_of_three_kubernetes_versions(case, tmp_path):
+def versions():
+    """Kubernetes 1.29 (the oldest with backoffLimitPerIndex on by default) and the newest kubernetes-validate knows."""
     require_import("kubernetes_validate", "kubernetes-validate", "installed by `make test` (requirements-test.txt)")
     import kubernetes_validate
-    shipped = {p.name for p in (Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema").iterdir()}
+    shipped = [p.name[1:-len("-local-strict")] for p in
+               (Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema").iterdir()
+               if p.name.endswith("-local-strict")]
+    assert "1.29.0" in shipped, "kubernetes-validate ships no strict schemas of 1.29"
+    return ["1.29.0", max(shipped, key=lambda v: tuple(map(int, v.split("."))))]
+
+
+def as_pod_templates(i, doc):
+    """A custom resource's pod templates as PodTemplates (Kubernetes' own schemas have no CRD kinds)."""
+    if doc["kind"] == "PyTorchJob":
+        templates = {r.lower(): spec["template"] for r, spec in doc["spec"]["pytorchReplicaSpecs"].items()}
+    else:
+        templates = {r["name"]: r["template"]["spec"]["template"] for r in doc["spec"]["replicatedJobs"]}
+    return [(f"{i:02d}-{k}.yaml", {"apiVersion": "v1", "kind": "PodTemplate",
+                                    "metadata": {"name": f"{doc['metadata']['name']}-{k}"}, "template": t})
+            for k, t in templates.items()]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_manifest_passes_the_strict_schemas_of_kubernetes_1_29_and_the_newest(case, tmp_path):
     paths = []
     for i, doc in enumerate(docs_of(case)):
-        if doc["kind"] == "PyTorchJob":
-            # No Kubernetes schema has this kind (a CRD): each replica's pod template is checked as a
-            # PodTemplate, the whole object through the operator's models (the round-trip test).
-            for rtype, spec in doc["spec"]["pytorchReplicaSpecs"].items():
-                doc = {"apiVersion": "v1", "kind": "PodTemplate",
-                       "metadata": {"name": f"{doc['metadata']['name']}-{rtype.lower()}"}, "template": spec["template"]}
-                paths.append(tmp_path / f"{i:02d}-{rtype}.yaml")
-                paths[-1].write_text(manifest_text(doc))
-        else:
-            paths.append(tmp_path / file_name(i, doc))
-            paths[-1].write_text(manifest_text(doc))
-    for version in VERSIONS:
-        assert f"v{version}-local-strict" in shipped, f"kubernetes-validate ships no strict schemas of {version}"
+        if doc["kind"] == "JobSet":  # its Jobs as Jobs, as the JobSet controller makes them
+            for r in doc["spec"]["replicatedJobs"]:
+                job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"x-{r['name']}"},
+                       "spec": r["template"]["spec"]}
+                paths.append(tmp_path / f"{i:02d}-{r['name']}.yaml")
+                paths[-1].write_text(manifest_text(job))
+        for name, d in (as_pod_templates(i, doc) if doc["kind"] in ("PyTorchJob", "JobSet") else [(file_name(i, doc), doc)]):
+            paths.append(tmp_path / name)
+            paths[-1].write_text(manifest_text(d))
+    for version in versions():
         code, lines = validated(paths, version)
         # A kind without a schema is only a warning to kubernetes-validate: here it is a failure.
         assert code == 0 and len(lines) == len(paths) and all(line.startswith("INFO ") and " passed " in line
@@ -104,13 +142,49 @@ def test_every_manifest_passes_the_strict_schemas_of_three_kubernetes_versions(c
 
 
 def test_a_manifest_with_a_field_kubernetes_does_not_know_fails_validation(tmp_path):
-    """The check above can fail: strict validation refuses an unknown field in a pod spec."""
-    require_import("kubernetes_validate", "kubernetes-validate", "installed by `make test` (requirements-test.txt)")
+    """The check above can fail: strict validation refuses an unknown field in a pod spec, and 1.29 a field
+    that came later."""
     job = docs_of("collective")[-1]
     job["spec"]["template"]["spec"]["restartPolicyy"] = "Never"
     (tmp_path / "job.yaml").write_text(manifest_text(job))
-    code, lines = validated([tmp_path / "job.yaml"], VERSIONS[0])
+    code, lines = validated([tmp_path / "job.yaml"], versions()[0])
     assert code != 0 and "restartPolicyy" in "\n".join(lines)
+    job = docs_of("collective")[-1]
+    job["spec"]["managedBy"] = "kueue.x-k8s.io/multikueue"  # batch/v1 Job field since 1.30
+    (tmp_path / "job.yaml").write_text(manifest_text(job))
+    code, lines = validated([tmp_path / "job.yaml"], versions()[0])
+    assert code != 0 and "managedBy" in "\n".join(lines)
+
+
+def strict(schema):
+    """The CRD's schema as the API server with strict field validation reads it: no field it does not name."""
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict(v) if k not in ("enum", "required", "default", "example") else v for k, v in schema.items()
+           if not k.startswith("x-kubernetes-")}
+    if "properties" in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        out.setdefault("additionalProperties", False)
+    return out
+
+
+def jobset_errors(doc):
+    require_import("jsonschema", "jsonschema", "installed by `make test` (requirements-test.txt)")
+    import jsonschema
+    schema = strict(json.loads((CRDS / "jobset-v1alpha2.json").read_text())["openAPIV3Schema"])
+    # The API server fills in metadata; the CRD's schema says only `type: object` of it.
+    validator = jsonschema.Draft7Validator(schema)
+    return sorted(".".join(map(str, e.absolute_path)) + ": " + e.message for e in validator.iter_errors(doc))
+
+
+def test_the_jobset_passes_its_crds_published_schema_and_a_wrong_one_does_not():
+    jobset = next(d for d in docs_of("jobset") if d["kind"] == "JobSet")
+    assert jobset_errors(jobset) == []
+    jobset["spec"]["failurePolicy"]["maxRestartz"] = 1
+    jobset["spec"]["failurePolicy"]["rules"][0]["action"] = "Retry"
+    errors = jobset_errors(jobset)
+    assert len(errors) == 2 and any("maxRestartz" in e for e in errors) and any("'Retry'" in e for e in errors), errors
 
 
 def test_pytorchjob_round_trips_unchanged_through_the_kubeflow_training_models():
@@ -131,15 +205,26 @@ def test_pytorchjob_round_trips_unchanged_through_the_kubeflow_training_models()
     assert model.spec.run_policy.backoff_limit == 0
 
 
+def spec_and_secret(docs):
+    secret = next(d for d in docs if d["kind"] == "Secret")["stringData"]
+    return json.loads(secret["job.json"]), secret.get("secret")
+
+
+def every_part(docs):
+    """{pod name: job.json} as each pod makes it from the Secret and its index."""
+    spec, secret = spec_and_secret(docs)
+    return {f"{role}-{j}": podpart.part(spec, role, j, secret)
+            for role, pods in spec["pods"].items() for j in range(pods["count"])}
+
+
 @pytest.mark.parametrize("name", ["Vision_Lab", "9" * 63, "a.b_c--d"])
 def test_names_are_dns_labels_and_every_pod_is_reached_by_its_service_name(name):
     docs = docs_of("pserver", name)
     service = next(d for d in docs if d["kind"] == "Service")
     assert re.match(r"^[a-z]", service["metadata"]["name"])  # a Service name starts with a letter (RFC 1035)
-    secret = next(d for d in docs if d["kind"] == "Secret")
     hostnames = set()
     for doc in docs:
-        assert LABEL_RE.match(doc["metadata"]["name"]), doc["metadata"]["name"]
+        assert LABEL_RE.match(doc["metadata"]["name"]) and JOB_ID in doc["metadata"]["name"], doc["metadata"]["name"]
         assert all(LABEL_RE.match(v) for v in doc["metadata"]["labels"].values())
         if doc["kind"] == "Job":
             pod = doc["spec"]["template"]
@@ -149,8 +234,7 @@ def test_names_are_dns_labels_and_every_pod_is_reached_by_its_service_name(name)
                 hostnames.add(f"{doc['metadata']['name']}-{index}")
                 assert LABEL_RE.match(f"{doc['metadata']['name']}-{index}")
     known = {f"{h}.{service['metadata']['name']}" for h in hostnames}
-    for part in secret["stringData"].values():
-        job = json.loads(part)
+    for job in every_part(docs).values():
         assert {n["address"] for n in job["nodes"]} == known
         assert job["watchdog"]["coordinator"]["host"] in known
         for p in job["processes"]:
@@ -159,36 +243,177 @@ def test_names_are_dns_labels_and_every_pod_is_reached_by_its_service_name(name)
             assert hosts <= known, p["name"]
 
 
+def test_a_jobsets_pods_are_reached_by_the_names_jobset_gives_them():
+    jobset = next(d for d in docs_of("jobset") if d["kind"] == "JobSet")
+    name, network = jobset["metadata"]["name"], jobset["spec"]["network"]
+    assert network == {"enableDNSHostnames": True, "subdomain": name, "publishNotReadyAddresses": True}
+    # JobSet names a pod <jobset>-<replicated job>-<job index>-<pod index>, under the subdomain's Service.
+    known = {f"{name}-{r['name']}-0-{i}.{name}" for r in jobset["spec"]["replicatedJobs"]
+             for i in range(r["template"]["spec"]["completions"])}
+    parts = every_part(docs_of("jobset"))
+    assert {n["address"] for n in parts["trainer-2"]["nodes"]} == known
+    assert parts["trainer-0"]["watchdog"]["coordinator"]["host"] == f"{name}-pserver-0-0.{name}"
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_each_pod_takes_its_part_of_the_plan_by_its_index(case):
+def test_each_pod_makes_exactly_its_part_of_the_plan_from_the_one_job_spec(case):
     docs = docs_of(case)
-    parts = {k: json.loads(v) for k, v in docs[0]["stringData"].items()}
     cluster = cluster_of(case)
+    kind = CASES[case][0]
+    pods = kubernetes.pod_cluster(cluster, JOB_ID, kind)
+    plan = make_plan(pods, JOB_ID, secret=SECRET, network=kubernetes.pod_network(pods))
+    parts = every_part(docs)
+    assert parts == {n.node: kubernetes.pod_job_json(plan, n.node) for n in plan.nodes}
     original = make_plan(cluster, JOB_ID, network=kubernetes.pod_network(cluster))
-    ranks = {}
-    for doc in docs[1:]:
-        if doc["kind"] == "Job":
-            role, count = doc["metadata"]["labels"]["fabtrain.io/role"], doc["spec"]["completions"]
-            assert doc["spec"]["template"]["spec"]["containers"][0]["command"][-1] == "JOB_COMPLETION_INDEX"
-        elif doc["kind"] == "PyTorchJob":
-            role, count = "trainer", sum(r["replicas"] for r in doc["spec"]["pytorchReplicaSpecs"].values())
-        else:
-            continue
-        for index in range(count):
-            part = parts.pop(f"{role}-{index}.json")
-            assert part["node"] == f"{role}-{index}" and part["agent"]["cwd"] == kubernetes.RUNTIME
-            ranks.setdefault(role, []).extend(p["rank"] for p in part["processes"])
-    assert not parts
-    for role, got in ranks.items():  # the same ranks, in the same order, as the job on its own nodes
+    for role in {p["processes"][0]["role"] for p in parts.values()}:
+        # The same ranks, in the same order, as the job on its own nodes.
+        got = [p["rank"] for name, part in parts.items() if name.startswith(role) for p in part["processes"]]
         assert got == [p.rank for n in original.nodes for p in n.processes if p.role == role]
+    for doc in docs:
+        for template in [doc["spec"]["template"]] if doc["kind"] == "Job" else []:
+            assert template["spec"]["containers"][0]["command"][-1] == "JOB_COMPLETION_INDEX"
 
 
-def test_gpus_become_nvidia_gpu_limits_on_trainer_pods_only():
+def pods_cluster(count, mode="collective"):
+    roles = ["pserver", "trainer"] if mode == "pserver" else ["trainer"]
+    return parse_cluster({"cluster": {"name": "lab"}, "job": {"mode": mode, "image": IMAGE,
+                                                              "trainer": {"per_node": 2, "use_gpu": True}},
+                          "nodes": [{"name": f"n{i}", "host": f"10.{i // 250}.{i % 250}.1", "roles": roles, "gpus": 2}
+                                    for i in range(count)]}, "cluster.yaml")
+
+
+@pytest.mark.timeout(120)
+def test_the_manifests_of_1000_pods_are_the_size_of_those_of_4():
+    """One job spec, one template a role: only the numbers grow a digit or so (WORLD_SIZE 2000 for 8, ...)."""
+    size = {n: [len(manifest_text(d)) for d in render(pods_cluster(n), job_id=JOB_ID, secret=SECRET)]
+            for n in (4, 1000)}
+    assert all(0 <= big - small < 256 for small, big in zip(size[4], size[1000])), size
+    assert sum(size[1000]) < 50_000  # a Secret holds 1 MiB
+
+
+def test_a_pods_index_out_of_its_role_is_one_line_and_exit_2(tmp_path):
+    files = tmp_path / "etc"
+    files.mkdir()
+    spec, secret = spec_and_secret(docs_of("collective"))
+    (files / "job.json").write_text(json.dumps(spec))
+    out = subprocess.run([sys.executable, "-m", "fabtrain.node.pod", str(files), "trainer", "--index-env", "I"],
+                         env={**os.environ, "I": "3"}, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and out.stderr.strip() == \
+        f"fabtrain pod: the job spec in {files} gives no part to trainer pod 3: pod index 3: the job has 3 trainer pods"
+
+
+def test_every_object_carries_the_job_id_so_two_exports_never_collide():
+    first, second = render(cluster_of("collective"), job_id=JOB_ID), render(cluster_of("collective"))
+    names = lambda docs: {(d["kind"], d["metadata"]["name"]) for d in docs}  # noqa: E731
+    assert not names(first) & names(second)
+    for doc in first:
+        assert doc["metadata"]["labels"]["fabtrain.io/job-id"] == JOB_ID
+        for template in [doc["spec"]["template"]] if doc["kind"] == "Job" else []:
+            assert template["metadata"]["labels"]["fabtrain.io/job-id"] == JOB_ID
+    service = first[1]
+    assert service["spec"]["selector"] == {"fabtrain.io/job-id": JOB_ID}  # never another export's pods
+
+
+def failure_policy(job):
+    return job["spec"]["backoffLimitPerIndex"], job["spec"]["podFailurePolicy"]["rules"]
+
+
+@pytest.mark.parametrize("watchdog, tries", [({}, 0), ({"on_failure": "restart", "max_restarts": 5}, 5),
+                                             ({"on_failure": "restart", "enabled": False}, 0),
+                                             ({"on_failure": "keep"}, 0)])
+def test_a_disruption_is_not_a_failure_and_restarts_are_bounded_by_on_failure(watchdog, tries):
+    cluster = parse_cluster({"cluster": {"name": "lab"}, "job": {"mode": "collective", "image": IMAGE,
+                                                                 "watchdog": watchdog},
+                             "nodes": [{"name": "a", "host": "10.0.0.1", "roles": ["trainer"]}]}, "c.yaml")
+    job = render(cluster)[-1]
+    limit, rules = failure_policy(job)
+    assert limit == tries and job["spec"]["maxFailedIndexes"] == 0
+    # An eviction, a drain, a preemption: the pod starts again and counts for nothing.
+    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    # The agents' verdict (exit 1, after on_failure's restarts in place): the Job fails, no second round.
+    assert rules[1]["action"] == "FailJob" and rules[1]["onExitCodes"]["values"] == [1]
+    jobset = render(cluster, "jobset")[-1]
+    assert jobset["spec"]["failurePolicy"]["maxRestarts"] == tries
+
+
+def test_placement_resources_volumes_and_a_non_root_user_come_from_the_kubernetes_section():
+    docs = docs_of("placed")
+    assert {d["metadata"].get("namespace") for d in docs} == {"vision"}
+    trainer = next(d for d in docs if d.get("kind") == "Job" and d["metadata"]["labels"]["fabtrain.io/role"] == "trainer")
+    assert trainer["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a" and trainer["spec"]["suspend"]
+    assert trainer["spec"]["ttlSecondsAfterFinished"] == 3600
+    pod = trainer["spec"]["template"]["spec"]
+    box = pod["containers"][0]
+    assert box["resources"]["limits"] == box["resources"]["requests"] == {"cpu": "8", "memory": "64Gi",
+                                                                          "amd.com/gpu": "2"}
+    assert pod["nodeSelector"] == {"gpu-type": "a100", "kubernetes.io/arch": "amd64"}
+    assert pod["tolerations"][1] == {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute",
+                                     "tolerationSeconds": 300}
+    assert pod["priorityClassName"] == "training" and pod["imagePullSecrets"] == [{"name": "regcred"}]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in box["volumeMounts"]}
+    assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"} and mounts["shm"]["mountPath"] == "/dev/shm"
+    assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "corpus", "readOnly": True}
+    assert volumes["checkpoints"]["hostPath"]["path"] == "/mnt/lab/ckpt"
+    # Mounted where the plan points the processes: FABTRAIN_DATA_DIR and FABTRAIN_CHECKPOINT_DIR.
+    env = every_part(docs)["trainer-1"]["processes"][0]["env"]
+    ws = kubernetes.WORKSPACE
+    assert mounts["data"]["mountPath"] == env["FABTRAIN_DATA_DIR"].replace("$WS", ws)
+    assert mounts["checkpoints"]["mountPath"] == env["FABTRAIN_CHECKPOINT_DIR"].replace("$WS", ws)
+    # The Secret readable by the pod's (non-root) user through its group, by no one else.
+    security = pod["securityContext"]
+    assert security["runAsNonRoot"] and security["runAsUser"] == 2000 and security["fsGroup"] == security["runAsGroup"] == 3000
+    assert volumes["job"]["secret"]["defaultMode"] == 0o440
+    assert box["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    pserver = next(d for d in docs if d.get("kind") == "Job" and d["metadata"]["labels"]["fabtrain.io/role"] == "pserver")
+    box = pserver["spec"]["template"]["spec"]["containers"][0]
+    assert box["resources"]["requests"] == {"cpu": "500m", "memory": "4Gi"}
+    assert "shm" not in {m["name"] for m in box["volumeMounts"]}
+
+
+def test_gpus_are_asked_for_on_trainer_pods_only():
     limits = {d["metadata"]["labels"]["fabtrain.io/role"]: d["spec"]["template"]["spec"]["containers"][0]
               .get("resources", {}).get("limits") for d in docs_of("pserver") if d["kind"] == "Job"}
     assert limits == {"pserver": None, "trainer": {"nvidia.com/gpu": "2"}}
     spec = docs_of("pytorchjob")[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
-    assert spec["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "4"}}
+    assert spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+
+
+def test_the_jobset_is_one_gang_with_kueues_label():
+    jobset = docs_of("jobset")[-1]
+    assert jobset["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
+    assert [r["name"] for r in jobset["spec"]["replicatedJobs"]] == ["pserver", "trainer"]
+    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a" and jobset["spec"]["suspend"]
+    assert jobset["spec"]["failurePolicy"]["maxRestarts"] == 2
+    for r in jobset["spec"]["replicatedJobs"]:  # Kueue reads the label on the JobSet, not on its Jobs
+        assert "kueue.x-k8s.io/queue-name" not in r["template"]["metadata"]["labels"]
+        assert "suspend" not in r["template"]["spec"]
+
+
+@pytest.mark.parametrize("section, needle", [
+    ({"namespace": "Vision"}, "kubernetes.namespace: 'Vision' is not a valid namespace"),
+    ({"trainer": {"memory": "64GB"}}, "kubernetes.trainer.memory: '64GB' is not a Kubernetes quantity"),
+    ({"trainer": {"gpu_resource": "gpu"}}, "kubernetes.trainer.gpu_resource: 'gpu' is not a valid extended resource"),
+    ({"trainer": {"shm": -1}}, "kubernetes.trainer.shm: -1 is not a Kubernetes quantity"),
+    ({"volumes": {"data": {"claim": "a", "host_path": "/x"}}}, "kubernetes.volumes.data: give exactly one of"),
+    ({"volumes": {"logs": {"claim": "a"}}}, "kubernetes.volumes.logs: unknown field"),
+    ({"volumes": {"checkpoints": {"host_path": "mnt/x"}}}, "kubernetes.volumes.checkpoints.host_path: 'mnt/x'"),
+    ({"tolerations": [{"key": "a", "operator": "Exists", "value": "b"}]}, "kubernetes.tolerations[0].value: must be left out"),
+    ({"tolerations": [{"key": "a", "effect": "NoRun"}]}, "kubernetes.tolerations[0].effect: must be one of"),
+    ({"node_selector": ["gpu"]}, "kubernetes.node_selector: must be a mapping"),
+    ({"run_as_user": 0}, "kubernetes.run_as_user: must be between 1 and"),
+    ({"ttl_after_finished": "1h"}, "kubernetes.ttl_after_finished: must be an integer"),
+    ({"queue": "Team A"}, "kubernetes.queue: 'Team A' is not a valid Kueue LocalQueue name"),
+    ({"replicas": 3}, "kubernetes.replicas: unknown field"),
+])
+def test_each_mistake_in_the_kubernetes_section_is_one_line_naming_its_place(fab, tmp_path, section, needle):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"cluster": {"name": "lab"}, "kubernetes": section,
+                                    "job": {"mode": "collective", "image": IMAGE},
+                                    "nodes": [{"name": "a", "host": "10.0.0.1", "roles": ["trainer"]}]}))
+    out = fab("export", "--k8s", str(tmp_path / "out"), cluster=path)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert needle in out.stderr and "(line " in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def write_cluster_file(path, job):
@@ -200,7 +425,7 @@ def write_cluster_file(path, job):
 @pytest.mark.parametrize("job, args, needle", [
     ({"mode": "collective"}, (), "job.image: missing"),
     ({"mode": "pserver", "image": IMAGE}, ("--k8s-kind", "pytorchjob"), "needs collective mode"),
-    ({"mode": "collective", "image": IMAGE}, ("--k8s-kind", "deployment"), "must be one of job, pytorchjob"),
+    ({"mode": "collective", "image": IMAGE}, ("--k8s-kind", "deployment"), "must be one of job, jobset, pytorchjob"),
     ({"mode": "collective", "image": "bad image"}, (), "job.image"),
     ({"mode": "collective", "image": IMAGE, "launcher": "mpirun"}, (), "job.launcher: mpirun is not exported"),
 ])
@@ -232,7 +457,9 @@ def test_export_writes_one_private_file_per_object_and_refuses_a_folder_with_man
     path = write_cluster_file(tmp_path / "c.yaml", {"mode": "collective", "image": IMAGE})
     out = fab("export", "--k8s", str(tmp_path / "out"), cluster=path, check=True)
     files = sorted((tmp_path / "out").glob("*.yaml"))
-    assert [f.name for f in files] == ["00-secret-lab-job.yaml", "01-service-lab.yaml", "02-job-lab-trainer.yaml"]
+    job_id = yaml.safe_load(files[0].read_text())["metadata"]["labels"]["fabtrain.io/job-id"]
+    assert [f.name for f in files] == [f"00-secret-lab-{job_id}-job.yaml", f"01-service-lab-{job_id}.yaml",
+                                       f"02-job-lab-{job_id}-trainer.yaml"]
     assert out.stdout.split() == [str(f) for f in files]
     assert all(f.stat().st_mode & 0o777 == 0o600 for f in files)  # the Secret holds the coordinator's secret
     again = fab("export", "--k8s", str(tmp_path / "out"), cluster=path)
@@ -241,11 +468,16 @@ def test_export_writes_one_private_file_per_object_and_refuses_a_folder_with_man
 
 def test_the_example_of_docs_kubernetes_renders_as_the_doc_says():
     text = (REPO / "docs" / "kubernetes.md").read_text()
-    example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", text, re.S).group(1))
-    docs = render(parse_cluster(example, "cluster.yaml"))
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, re.S)]
+    section, example = blocks[0], next(b for b in blocks if "cluster" in b)
+    parse_cluster(example | section, "cluster.yaml")  # the section's every field, as the doc shows it
+    docs = render(parse_cluster(example, "cluster.yaml"), job_id=JOB_ID)
     names = [file_name(i, d) for i, d in enumerate(docs)]
-    assert names == ["00-secret-demo-job.yaml", "01-service-demo.yaml", "02-job-demo-trainer.yaml"]
-    for command in ("fab export --k8s k8s/", "kubectl wait --for=condition=complete job/demo-trainer",
-                    "-l fabtrain.io/cluster=demo"):
+    assert names == [f"00-secret-demo-{JOB_ID}-job.yaml", f"01-service-demo-{JOB_ID}.yaml",
+                     f"02-job-demo-{JOB_ID}-trainer.yaml"]
+    for command in ("fab export --k8s k8s/", "kubectl apply -f k8s/", "fab status", "fab logs --follow",
+                    "fab kill-all", "-l fabtrain.io/cluster=demo"):
         assert command in text
-    assert docs[-1]["spec"]["template"]["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    box = docs[-1]["spec"]["template"]["spec"]["containers"][0]
+    assert box["resources"]["limits"] == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"}
+    assert docs[-1]["metadata"]["namespace"] == "demo"
