@@ -19,7 +19,7 @@ from fabtrain.node import procfs
 from fabtrain.node.atomic import read_json
 from fabtrain.node.coordination.restart import RestartPolicy
 from fabtrain.node.kill import send
-from fabtrain.node.states import FINAL, JobState, read_killer, signal_name
+from fabtrain.node.states import FINAL, JobState, read_disruption, read_killer, signal_name
 
 from fabtrain.node.coordination import stragglers
 
@@ -287,7 +287,7 @@ class Agent:
                        for ctx in self.contexts),
             strays=tuple(strays(self.procs, self.markers, mine, self.job_id, self.ws, now)),
             orphans_alive=frozenset(o.pid for o in self.ledger.orphans if procfs.alive(o.pid, o.ctime, self.procs)),
-            killed_by=read_killer(os.path.join(self.jd, "killed")), peers=self.link.peers(),
+            killed_by=read_killer(os.path.join(self.jd, "killed")), disrupted=read_disruption(self.jd), peers=self.link.peers(),
             must_join=self.must_join, startup_deadline=self.startup_deadline, disk_full=disk_full(self.jd, self.ws))
 
     # -- execute -------------------------------------------------------------------------------
@@ -420,8 +420,7 @@ class Agent:
     def stop(self, why: str) -> int:
         live = [ctx.name for ctx in self.contexts if ctx.live]
         if live and self.ledger.status.status == JobState.RUNNING and not os.path.exists(os.path.join(self.jd, "killed")):
-            actions, self.ledger = policy.fail(self.ledger, self.cfg, "the agent on %s was stopped (%s) while %s "
-                                               "still ran" % (self.node, why, ", ".join(live)))
+            actions, self.ledger = policy.fail(self.ledger, self.cfg, *stopped_failure(self.jd, self.node, why, live))
             self.execute(actions, time.time())
             self.beat(urgent=True)
             deadline = time.monotonic() + 0.5
@@ -436,6 +435,15 @@ class Agent:
         self.life.stop_keeper()
         self.link.stop()
         self.life.record_exit(code)
+
+
+def stopped_failure(jd, node, why, live):
+    """(reason, kind) of the failure an agent stopped while its processes ran reports: the platform that took
+    its node (the `disrupted` marker: a lost node, or the job's end), else the agent's own stop."""
+    kind, cause = read_disruption(jd)
+    if cause:
+        return "node %s %s" % (node, cause), kind
+    return "the agent on %s was stopped (%s) while %s still ran" % (node, why, ", ".join(live)), "other"
 
 
 # -- observe: what the policy is given -------------------------------------------------------------
