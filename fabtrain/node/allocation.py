@@ -23,6 +23,7 @@ SIGTERM first so programs can checkpoint), or Slurm's own doing (a
 preemption, a requeue, a lost node, a scancel by hand), which ends the job
 with that cause. Standard library only.
 """
+import json
 import os
 import platform
 import re
@@ -168,26 +169,48 @@ def job_over(jd, node):
     return hosted.outcome(jd, node) is not None
 
 
+# What squeue and scontrol say of a job whose processes Slurm is signalling, by the moment they are asked.
+ENDING = ("CANCELLED", "COMPLETING", "COMPLETED", "FAILED")
+
+
 def slurm_job_state(slurm_job):
-    """(JobState, Reason) of the allocation's job as slurmctld has it now; ("", "") if it cannot say."""
+    """(state, reason, preempted) of the allocation's job as slurmctld has it now; ("", "", False) if it cannot
+    say. While the job's processes are being signalled its state reads COMPLETING, whatever ended it:
+    `squeue --json` also says whether (preempt_time) it was preempted; scontrol is the fallback."""
+    try:
+        out = subprocess.run(["squeue", "--json", "-j", slurm_job], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             universal_newlines=True, timeout=10)
+        jobs = json.loads(out.stdout).get("jobs") if out.returncode == 0 else None
+        if jobs and isinstance(jobs[0], dict):
+            job = jobs[0]
+            state, preempted = job.get("job_state", ""), job.get("preempt_time")
+            if isinstance(state, list):  # Slurm 23.02 on: the base state and its flags
+                state = next((str(f) for f in state if f != "COMPLETING"), "COMPLETING")
+            if isinstance(preempted, dict):  # 23.02 on: {"set", "number"}
+                preempted = preempted.get("set") and preempted.get("number")
+            return str(state), str(job.get("state_reason", "")), bool(preempted)
+    except (OSError, ValueError, AttributeError, subprocess.SubprocessError):
+        pass
     try:
         fields = dict(f.split("=", 1) for f in scontrol("show", "job", "-o", slurm_job, timeout=10).split() if "=" in f)
     except (RuntimeError, OSError, subprocess.SubprocessError):
-        return "", ""
-    return fields.get("JobState", ""), fields.get("Reason", "")
+        return "", "", False
+    return fields.get("JobState", ""), fields.get("Reason", ""), fields.get("PreemptTime", "None") not in ("None", "")
 
 
-def slurm_cause(state, reason):
-    """What Slurm did to the job, in words, from its JobState and Reason at the SIGTERM."""
-    if state == "PREEMPTED" or "preempt" in reason.lower():
+def slurm_cause(state, reason, preempted=False):
+    """What Slurm did to the job, in words, from its state, reason and preemption at the SIGTERM."""
+    if preempted or state == "PREEMPTED" or "preempt" in reason.lower():
         return "preempted by Slurm"
     if state.startswith("REQUEUE") or state == "PENDING":
         return "requeued by Slurm"
-    if state == "NODE_FAIL":
+    if state == "NODE_FAIL" or reason in ("NodeDown", "NodeFail"):
         return "a node of the allocation failed (Slurm: NODE_FAIL)"
-    if state == "TIMEOUT":
+    if state == "TIMEOUT" or reason == "TimeLimit":
         return "Slurm's time limit"
-    if state == "CANCELLED":
+    if state == "RUNNING":  # the job goes on: its step ended (srun --kill-on-bad-exit, another node's part failed)
+        return "ended with the job's Slurm step (another node's part ended first)"
+    if state in ENDING:  # the batch shell waits for the step: the job ends early for no reason Slurm names
         return "cancelled in Slurm (scancel)"
     return "ended by Slurm (%s)" % (state or "its state could not be read")
 

@@ -4,11 +4,13 @@ tests/local/test_kubernetes_pods.py."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
 from fabtrain.node import hosted, pod
-from fabtrain.node.agent.loop import stopped_failure
+from fabtrain.node.agent.loop import platform_stop, stopped_failure
 from fabtrain.node.allocation import slurm_cause
 from fabtrain.node.coordination.restart import RestartPolicy
 from fabtrain.node.states import ENDED, LOST, JobState, read_disruption
@@ -63,10 +65,17 @@ def test_the_exit_code_is_the_agents_verdict_never_the_exit_files(tmp_path):
     ("NODE_FAIL", "None", "a node of the allocation failed (Slurm: NODE_FAIL)"),
     ("TIMEOUT", "TimeLimit", "Slurm's time limit"),
     ("CANCELLED", "None", "cancelled in Slurm (scancel)"),
+    ("COMPLETING", "None", "cancelled in Slurm (scancel)"),  # what squeue and scontrol say during a scancel
+    ("COMPLETED", "None", "cancelled in Slurm (scancel)"),
+    ("RUNNING", "None", "ended with the job's Slurm step (another node's part ended first)"),
     ("", "", "ended by Slurm (its state could not be read)"),
 ])
 def test_a_sigterm_from_slurm_says_what_slurm_did(state, reason, cause):
     assert slurm_cause(state, reason) == cause
+
+
+def test_a_preempted_job_reads_preempted_while_it_is_completing():
+    assert slurm_cause("COMPLETING", "None", preempted=True) == "preempted by Slurm"
 
 
 def test_a_pod_sigterm_without_fabtrains_mark_is_kubernetes_taking_the_node(tmp_path):
@@ -84,3 +93,19 @@ def test_a_disrupted_node_reports_a_lost_node_that_restarts_never_an_agent_stopp
     policy = RestartPolicy(enabled=True, max_restarts=2, backoff=1.0, exit_codes=None, grace=1.0)
     assert policy.decide({"kind": LOST}, 0).restart
     assert not policy.decide({"kind": ENDED}, 0).restart  # the platform ended the whole job: no restart in it
+
+
+def test_a_signalled_agent_in_a_slurm_step_waits_for_the_step_task_to_say_why(tmp_path):
+    # Slurm signals every process of the step at once: the agent must not read its own stop first.
+    def say():
+        time.sleep(0.3)
+        (tmp_path / "disrupted").write_text("%s\npreempted by Slurm\n" % ENDED)
+    threading.Thread(target=say).start()
+    t0 = time.monotonic()
+    assert platform_stop(str(tmp_path), {"slurm": {"job_id": "7"}}, True) == (ENDED, "preempted by Slurm")
+    assert 0.2 < time.monotonic() - t0 < 3
+    (tmp_path / "disrupted").unlink()
+    t0 = time.monotonic()
+    assert platform_stop(str(tmp_path), {}, True) == (None, None)  # SSH nodes: fabtrain marks before it signals
+    assert platform_stop(str(tmp_path), {"slurm": {"job_id": "7"}}, False) == (None, None)
+    assert time.monotonic() - t0 < 0.2

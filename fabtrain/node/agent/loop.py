@@ -287,7 +287,8 @@ class Agent:
                        for ctx in self.contexts),
             strays=tuple(strays(self.procs, self.markers, mine, self.job_id, self.ws, now)),
             orphans_alive=frozenset(o.pid for o in self.ledger.orphans if procfs.alive(o.pid, o.ctime, self.procs)),
-            killed_by=read_killer(os.path.join(self.jd, "killed")), disrupted=read_disruption(self.jd), peers=self.link.peers(),
+            killed_by=read_killer(os.path.join(self.jd, "killed")), peers=self.link.peers(),
+            disrupted=platform_stop(self.jd, self.job, self.stop_signal is not None and self.ledger.status.status not in FINAL),
             must_join=self.must_join, startup_deadline=self.startup_deadline, disk_full=disk_full(self.jd, self.ws))
 
     # -- execute -------------------------------------------------------------------------------
@@ -435,6 +436,22 @@ class Agent:
         self.life.stop_keeper()
         self.link.stop()
         self.life.record_exit(code)
+
+
+PLATFORM_SAYS_WHY = 5.0  # seconds a Slurm step task may take to say why Slurm stopped the job (scontrol)
+
+
+def platform_stop(jd, job, signalled):
+    """(kind, cause) of the job folder's `disrupted` marker (states.read_disruption). Every process of a Slurm
+    step gets Slurm's SIGTERM at once, this agent and its programs too, while the step task (node/hosted.py)
+    asks slurmctld why: a signalled agent whose job nobody marked gives it a moment to say, so that neither
+    its stop nor its programs' ends read as the job's failure."""
+    killed = os.path.join(jd, "killed")
+    if signalled and job.get("slurm") and not os.path.exists(killed):
+        deadline = time.monotonic() + PLATFORM_SAYS_WHY
+        while read_disruption(jd)[1] is None and not os.path.exists(killed) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return read_disruption(jd)
 
 
 def stopped_failure(jd, node, why, live):
