@@ -29,11 +29,12 @@ import platform
 import re
 import subprocess
 import sys
-import time
 
-from fabtrain.node import atomic, hosted, states
+from fabtrain.contract import states
+from fabtrain.contract.clock import boot_id
+from fabtrain.contract.states import ENDED, read_killer
+from fabtrain.node import hosted
 from fabtrain.node.netcheck import iface_of, resolve
-from fabtrain.node.states import ENDED, LIVE, read_killer
 from fabtrain.node.workspace import job_dir
 
 PLAN = "plan.json"
@@ -42,14 +43,6 @@ TIME_LIMIT = "time-limit"  # left by the batch shell when Slurm's --signal warns
 KILLED = "killed"  # node ops' marker: the job was stopped on purpose
 PLACEHOLDER = re.compile(r"@slurm-node-(\d+)@")
 IFACE_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-
-
-def boot_id():
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 def scontrol(*args, timeout=60):
@@ -121,37 +114,6 @@ def node_part(template, index, hosts, secret, environ):
     # Which machine runs it: a reader elsewhere (fab on the login node) cannot ask /proc about these pids.
     job["machine"] = {"boot_id": boot_id(), "hostname": platform.node()}
     return job, agent
-
-
-def elsewhere(job):
-    """True when job.json was written by a node on another machine than this one."""
-    machine = job.get("machine") if isinstance(job, dict) else None
-    return isinstance(machine, dict) and bool(machine.get("boot_id")) and machine["boot_id"] != boot_id()
-
-
-def states_from_health(job, health):
-    """The processes' states as the node's agent last wrote them (health.json), for a reader on another machine."""
-    seen = {p.get("name"): p for p in (health or {}).get("processes", []) if isinstance(p, dict)}
-    out = []
-    for proc in job.get("processes", []):
-        p = seen.get(proc["name"])
-        info = {k: p.get(k) for k in ("state", "pid", "exit_code", "signal")} if p else {"state": "not started"}
-        info["name"] = proc["name"]
-        info["reported_by"] = "agent"
-        out.append(info)
-    return out
-
-
-def running_elsewhere(jd):
-    """The job in jd runs on another machine and its agent said, lately, that something of it still runs."""
-    job = atomic.read_json(os.path.join(jd, "job.json"), {})
-    if not elsewhere(job):
-        return False
-    health = atomic.read_json(os.path.join(jd, "health.json"))
-    if not isinstance(health, dict) or not isinstance(health.get("ts"), (int, float)):
-        return False
-    fresh = time.time() - health["ts"] < max(10.0, 10 * float(health.get("interval") or 1.0))
-    return fresh and any(p.get("state") in {str(s) for s in LIVE} for p in states_from_health(job, health))
 
 
 def op_mark_killed(payload):

@@ -25,7 +25,7 @@ stopped it before either. Only a job without agents (watchdog disabled) has
 no verdict; then every process exiting 0 is its 0.
 
 A platform's stop is never the user's: the supervisor writes the cause into
-the job folder's `disrupted` marker (node/states.py) before it stops the
+the job folder's `disrupted` marker (contract/states.py) before it stops the
 node's processes, unmarked, so the agents report a lost node ("node n1 evicted
 by Kubernetes", restarted under on_failure: restart, or left behind under
 min_nodes) or the platform's end of the job ("node n1 preempted by Slurm"),
@@ -36,7 +36,6 @@ launcher in place, so that Open MPI's daemon holds the rank itself; the
 node's part around it is started and followed by node ops and the agent.
 Standard library only.
 """
-import json
 import os
 import signal
 import sys
@@ -44,7 +43,8 @@ import time
 
 from fabtrain.node import launch, ops, procfs
 from fabtrain.node.spawn import clear_exit, expand
-from fabtrain.node.states import DISRUPTED, JobState
+from fabtrain.contract.events import EventKind, read_events
+from fabtrain.contract.states import DISRUPTED, JobState
 from fabtrain.node.structs import record
 from fabtrain.node.workspace import job_dir
 
@@ -86,20 +86,7 @@ class Host:
 
 
 def events(jd):
-    """The job's events on this node (events.jsonl), a torn last line left out."""
-    out = []
-    try:
-        with open(os.path.join(jd, "events.jsonl")) as f:
-            for line in f:
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(ev, dict):
-                    out.append(ev)
-    except OSError:
-        pass
-    return out
+    return read_events(os.path.join(jd, "events.jsonl"))
 
 
 def outcome(jd, node):
@@ -109,11 +96,11 @@ def outcome(jd, node):
     ended = None
     for ev in events(jd):
         kind = ev.get("kind")
-        if kind == "finished" or (kind == "agent_exit" and ev.get("node") == node and ended is None):
+        if kind == EventKind.FINISHED or (kind == EventKind.AGENT_EXIT and ev.get("node") == node and ended is None):
             ended = JobState.FINISHED
-        elif kind in ("job_failed", "kept", "failure"):
+        elif kind in (EventKind.JOB_FAILED, EventKind.KEPT, EventKind.FAILURE):
             ended = JobState.FAILED
-        elif kind == "restarted":
+        elif kind == EventKind.RESTARTED:
             ended = None  # a failure the job restarted from is not its end
     return ended
 
@@ -132,7 +119,7 @@ def exit_code(jd, job, ws, stopped, agents=True):
 
 def agent_said_exit(jd, node):
     """This node's agent wrote agent_exit: nothing of the job is left for it to watch."""
-    return any(ev.get("kind") == "agent_exit" and ev.get("node") == node for ev in events(jd))
+    return any(ev.get("kind") == EventKind.AGENT_EXIT and ev.get("node") == node for ev in events(jd))
 
 
 def stop_node(ws, jd, node, grace, stop):

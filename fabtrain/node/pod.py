@@ -24,7 +24,7 @@ import sys
 
 from fabtrain.node import hosted
 from fabtrain.node.spawn import expand
-from fabtrain.node.states import LOST, read_killer
+from fabtrain.contract.states import LOST, read_killer
 
 EVICTED = "evicted by Kubernetes"
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the fabtrain package in the image

@@ -13,7 +13,7 @@ from fabtrain.node import hosted, pod
 from fabtrain.node.agent.loop import platform_stop, stopped_failure
 from fabtrain.node.allocation import slurm_cause
 from fabtrain.node.coordination.restart import RestartPolicy
-from fabtrain.node.states import ENDED, LOST, JobState, read_disruption
+from fabtrain.contract.states import ENDED, LOST, JobState, read_disruption
 
 JOB = {"node": "n1", "processes": [{"name": "pserver-0", "exit": "$WS/jobs/j/run/pserver-0.exit"}]}
 

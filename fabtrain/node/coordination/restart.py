@@ -12,7 +12,7 @@ node that left (kind ``left``) restarts the job too, on the nodes that are left.
 """
 from __future__ import annotations
 
-from fabtrain.node.states import LOST
+from fabtrain.contract.states import LOST
 from fabtrain.node.structs import record
 
 from .elastic import Layout
