@@ -33,7 +33,7 @@ import sys
 from fabtrain.contract import states
 from fabtrain.contract.clock import boot_id
 from fabtrain.contract.states import ENDED, read_killer
-from fabtrain.node import hosted
+from fabtrain.node import atomic, hosted
 from fabtrain.node.netcheck import iface_of, resolve
 from fabtrain.node.workspace import job_dir
 
