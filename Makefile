@@ -23,7 +23,8 @@ venv: $(VENV)/.installed
 
 # What the tests need that is not in the venv, where missing: openssh-server and
 # openssh-client (sshd nodes), rsync, procps (pkill), chromium at /usr/bin/chromium
-# (the path the browser test drives), iproute2 (ip, for the network-namespace test),
+# (the path the browser test drives), iproute2 (ip, for the network-namespace tests), nftables
+# (nft: the partition tests' cuts),
 # openmpi-bin with libopenmpi-dev (mpirun, and mpicc for the MPI tests' program) and
 # slurm-wlm with munge (the Slurm tests' cluster: slurmctld, slurmd, munged).
 system-deps:
@@ -34,6 +35,7 @@ system-deps:
 	command -v pkill >/dev/null || missing="$$missing procps"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	command -v ip >/dev/null || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || missing="$$missing iproute2"; \
+	command -v nft >/dev/null || [ -x /usr/sbin/nft ] || missing="$$missing nftables"; \
 	command -v mpirun >/dev/null || [ -x /usr/bin/mpirun ] || missing="$$missing openmpi-bin"; \
 	command -v mpicc >/dev/null || [ -x /usr/bin/mpicc ] || missing="$$missing libopenmpi-dev"; \
 	command -v cc >/dev/null || [ -x /usr/bin/cc ] || missing="$$missing gcc"; \
@@ -102,7 +104,8 @@ stop: venv
 # The unit tests start no daemon and time nothing: they run on every core (pytest-xdist), each file's
 # tests on one worker in their order (a module's fixture may be shared by its tests). The rest run
 # one at a time: they start sshd, Slurm and hundreds of processes, and some hold the machine at 100%
-# CPU on purpose. PYTEST_ARGS go to that second run (a file or -k there).
+# CPU on purpose. PYTEST_ARGS go to that second run (a file or -k there). Each run ends with its
+# slowest tests (--durations), so a run that grows says where.
 test: venv system-deps
-	$(PY) -m pytest -q -p no:cacheprovider -n auto --dist loadfile tests/unit
-	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n auto --dist loadfile --durations=10 tests/unit
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 --ignore=tests/unit $(PYTEST_ARGS)

@@ -35,7 +35,7 @@ def fail_if(failed, message, code=1):
 
 
 def replies_text(replies, ok_text):
-    lines = [f"{r.node}: {ok_text(r.value)}" if r.ok else f"{r.node}: FAILED: {r.error}" for r in replies]
+    lines = [f"{r.node}: {ok_text(r.value)}" if r.ok else report.failed_line(r) for r in replies]
     return "\n".join(lines), any(not r.ok for r in replies)
 
 
@@ -98,7 +98,7 @@ class Backend:
         lifecycle.require_job(replies, job)
         for r in replies:
             if not r.ok:
-                print(f"{r.node}: FAILED: {r.error}", file=sys.stderr)
+                print(report.failed_line(r), file=sys.stderr)
         fail_if(any(not r.ok for r in replies), "logs: some nodes could not be read")
 
     # -- what a place adds to the shared verbs --------------------------------------------------------

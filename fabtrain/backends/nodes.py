@@ -45,7 +45,7 @@ class NodesBackend(Backend):
         if refusal:
             for r in result.replies:
                 if not r.ok and not report.running_here(r):
-                    print(f"{r.node}: FAILED: {r.error}")
+                    print(report.failed_line(r))
             raise Exit(refusal, code=1)
         print(report.start_text(result, roles))
         failed = any(not r.ok or r.value["failed"] for r in result.replies)

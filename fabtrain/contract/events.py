@@ -28,6 +28,7 @@ class EventKind(str, Enum):
     ORPHAN = "orphan"
     ZOMBIE = "zombie"
     STRAGGLER = "straggler"
+    BLAME = "blame"  # after a hang: the rank the others wait for, from every node's ranks (the first node's agent)
     # the job
     FAILURE = "failure"  # a failure the coordinator decides on (on_failure restart): a restart or the end
     JOB_FAILED = "job_failed"
@@ -42,6 +43,7 @@ class EventKind(str, Enum):
     PEER_LOST = "peer_lost"
     PEER_BACK = "peer_back"
     NODE_LEFT = "node_left"
+    FENCED = "fenced"  # a node that left the job (min_nodes) spoke again: the coordinator refused it, it ended
     RESTART_FAILED = "restart_failed"
     COORDINATOR = "coordinator"
     COORDINATOR_ERROR = "coordinator_error"

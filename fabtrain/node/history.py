@@ -54,15 +54,24 @@ def metric_files(jd):
         return []
 
 
-def last_record(path):
-    for line in reversed(ops.tail_lines(path, 5)):
+def last_record(path, lines=5):
+    """The file's last record; its samples_per_s is the latest of the last `lines` that has one
+    (an evaluation's or a heartbeat's record measures no training rate)."""
+    found = None
+    for line in reversed(ops.tail_lines(path, lines)):
         try:
             rec = json.loads(line)
         except ValueError:
             continue
-        if isinstance(rec, dict):
-            return rec
-    return None
+        if not isinstance(rec, dict):
+            continue
+        if found is None:
+            found = rec
+        if isinstance(rec.get("samples_per_s"), (int, float)):
+            if rec is not found:
+                found = dict(found, samples_per_s=rec["samples_per_s"])
+            break
+    return found
 
 
 def started_at(jd):
@@ -103,7 +112,7 @@ def job_entry(ws, job_id):
         "last_write": ended_at(jd),
         "status": status,
         "events": job_events(jd, OUTCOME_KINDS, 200),
-        "last_metrics": {name: last_record(os.path.join(jd, "metrics", name + ".jsonl"))
+        "last_metrics": {name: last_record(os.path.join(jd, "metrics", name + ".jsonl"), 20)
                          for name in metric_files(jd)},
     }
 
