@@ -6,6 +6,7 @@ Where each part runs says where it lives:
     plan/        Cluster -> Plan, pure data                     (controller)
     remote/      connectors, node-ops protocol, rsync            (controller)
     controller/  the tasks' library: lifecycle, collector, ...   (controller)
+    backends/    the places a job runs: nodes, Slurm, Kubernetes (controller)
     node/        node ops, launcher, agent, coordinator          (each node; stdlib only)
     data/        prepare.py's library: split, manifest           (wherever data is prepared)
     dashboard/   the Flask dashboard                             (controller)

@@ -10,13 +10,12 @@ import sys
 
 from invoke import Exit, task
 
+from fabtrain import backends, taskargs
+from fabtrain.backends.backend import fail_if, replies_text
 from fabtrain.contract.states import STOP_GRACE
-from fabtrain.controller import lifecycle, preflight, report, state
-from fabtrain import taskargs
+from fabtrain.controller import lifecycle
 from fabtrain.errors import UserError, reader_gone
-from fabtrain.plan.plan import make_plan, new_job_id
 from fabtrain.remote.session import get_session
-from fabtrain.slurm import jobs as slurm_jobs, tasks as slurm_tasks
 from fabtrain.taskargs import Number
 
 taskargs.install()
@@ -56,27 +55,17 @@ def session(c):
     return get_session(config=c.config)
 
 
-def fail_if(failed, message, code=1):
-    if failed:
-        raise Exit(message, code=code)
-
-
-def replies_text(replies, ok_text):
-    lines = [f"{r.node}: {ok_text(r.value)}" if r.ok else report.failed_line(r) for r in replies]
-    return "\n".join(lines), any(not r.ok for r in replies)
+def backend(c):
+    """The place this cluster file's job runs (fabtrain/backends/), with the session fab holds for it."""
+    s = session(c)
+    return backends.backend_for(s.cluster), s
 
 
 @fabtask(help={"offline": "ask no node: interfaces shown as <iface of ADDR>, auto ports picked without asking"})
 def plan(c, offline=False):
     """Print the exact commands each node would run (a dry run); asks the nodes their interfaces and free ports unless --offline."""
-    s = session(c)
-    if s.cluster.scheduler:  # the batch script, as submitted
-        return slurm_tasks.plan(s)
-    if offline:  # no node asked: auto ports picked blind, interfaces shown as what start will find
-        network, notes = preflight.choose_ports(s.cluster, {}), ["--offline: interfaces and auto ports are found at start"]
-    else:
-        network, notes = preflight.plan_network(s)
-    print(report.plan_text(make_plan(s.cluster, new_job_id(), network=network), notes, asked=not offline))
+    place, s = backend(c)
+    place.plan(s, offline=offline)
 
 
 @fabtask(help={"venv": "build <workspace>/venv on every node and install the requirements into it",
@@ -94,29 +83,15 @@ def provision(c, venv=False, wheelhouse=None, requirements=None):
 @fabtask(help={"bandwidth": "also run a short all-reduce across the nodes and report the bus bandwidth"})
 def check(c, bandwidth=False):
     """Check every node can run the job: python, torch/CUDA, paddle, tools, disk, clock, ports, reachability; --bandwidth adds an all-reduce."""
-    s = session(c)
-    checks = lifecycle.check(s)
-    print(report.check_text(checks) + "\n")
-    if s.cluster.scheduler:  # the nodes are not known before the allocation: Slurm's side instead of the network
-        fail_if(not (slurm_tasks.check(s) and all(ch.ok for ch in checks)), "check: the job cannot run on this Slurm cluster")
-        return
-    network = preflight.network_check(s)
-    print(report.network_text(network, s.cluster))
-    bus_ok = True
-    if bandwidth:
-        measured = preflight.bandwidth(s, network, {ch.node: ch.probe for ch in checks})
-        print(("\n".join(measured.problems)) if measured.problems else report.bandwidth_text(measured))
-        bus_ok = not measured.problems
-    fail_if(not (all(ch.ok for ch in checks) and network.ok and bus_ok), "check: some nodes cannot run the job")
+    place, s = backend(c)
+    place.check(s, bandwidth=bandwidth)
 
 
 @fabtask
 def deploy(c):
     """Ship this project's code (job.code) and fabtrain's node runtime to every node (rsync)."""
-    replies = lifecycle.deploy(session(c))
-    text, failed = replies_text(replies, lambda v: f"code {report.code_text(v['code'])} synced ({v.get('files', 0)} files sent)")
-    print(text)
-    fail_if(failed, "deploy failed on some nodes")
+    place, s = backend(c)
+    place.deploy(s)
 
 
 @fabtask(help={"input": "what to split instead of job.data.input: a file, a directory, a URL of a tarball, or sample",
@@ -142,21 +117,8 @@ def copy_data(c, bwlimit=None):
 
 
 def _start(c, roles, force, resume_from=None, no_wait=False):
-    if session(c).cluster.scheduler:
-        return slurm_tasks.start(session(c), roles, no_wait=no_wait, resume_from=resume_from, force=force)
-    result = lifecycle.start(session(c), roles, force=force, resume_from=resume_from)
-    if force:
-        print(report.force_text(result.stopped))
-    refusal = report.running_refusal(result)
-    if refusal:
-        for r in result.replies:
-            if not r.ok and not report.running_here(r):
-                print(report.failed_line(r))
-        raise Exit(refusal, code=1)
-    print(report.start_text(result, roles))
-    failed = any(not r.ok or r.value["failed"] for r in result.replies)
-    undone = "; what had started was stopped (all or nothing)" if result.undone is not None else ""
-    fail_if(failed, f"job {result.job_id}: could not start everything{undone}; see `fab status` and `fab logs`")
+    place, s = backend(c)
+    place.start(s, roles, force=force, resume_from=resume_from, no_wait=no_wait)
 
 
 @fabtask(help={"force": "if a job is running, stop it first (kill-all) and say which",
@@ -174,39 +136,11 @@ def start_trainers(c, force=False, no_wait=False):
     _start(c, ("trainer",), force, no_wait=no_wait)
 
 
-def _pods_cluster():
-    """The cluster file's Cluster when it has a `kubernetes:` section (its job runs as pods), else None."""
-    from fabtrain.config.cluster import load_cluster
-    cluster = load_cluster()
-    return cluster if cluster.kubernetes else None
-
-
 @fabtask(help={"job": "a job id (20261124-045501-5d89); default: the job the nodes started last"})
 def status(c, job=None):
     """Show every process of the job on every node; exit 1 if one failed."""
-    pods = _pods_cluster()
-    if pods:  # BACKEND(kubernetes): the lead moves this branch into fabtrain/backends/ (issue 41)
-        from fabtrain.controller import kubectl
-        text, failed = kubectl.status_text(pods, kubectl.status(pods, job), job)
-        print(text)
-        return fail_if(failed, "status: the job has failed pods")
-    s = session(c)
-    replies = lifecycle.status(s, job_id=job, health=True)
-    if s.cluster.scheduler and not any(r.ok and r.value.get("job_id") for r in replies):
-        queued = slurm_tasks.status_line(s, replies, job)  # submitted, and no node has it yet
-        if queued:
-            print(queued)
-            return
-    lifecycle.require_job(replies, job)
-    text, failed = report.status_text(replies)
-    print(text)
-    shown = {r.value["job_id"] for r in replies if r.ok and r.value["job_id"]}
-    ports = state.recorded_ports(s.cluster.name, shown.pop()) if len(shown) == 1 else None
-    if ports:
-        print(report.ports_text({k: v for k, v in ports.items() if k != "auto"}, ports["auto"]))
-    if s.cluster.scheduler:
-        print(slurm_tasks.status_line(s, replies, job) or "slurm: no job submitted from here")
-    fail_if(failed, "status: the job has failed processes or unreachable nodes")
+    place, s = backend(c)
+    place.status(s, job=job)
 
 
 @fabtask(help={"interval": "seconds between reads of the nodes",
@@ -215,12 +149,8 @@ def status(c, job=None):
          timeout=Number(whole=False, lo=0.1, hi=10**7, unit="seconds"))
 def watch(c, interval=1.0, timeout=None, job=None):
     """Follow the job until it ends: node health, trainer progress, watchdog events; exit 0 finished, 1 failed, 3 killed, 124 --timeout."""
-    from fabtrain.controller.watch import watch as follow
-    s = session(c)
-    if s.cluster.scheduler and not job:  # the job submitted last, though it may still be queued
-        job = slurm_jobs.submitted_job(s)
-    code = follow(s, interval=interval, timeout=timeout, job_id=job,
-                  scheduler_line=slurm_jobs.ShownLine(s) if s.cluster.scheduler else None)
+    place, s = backend(c)
+    code = place.watch(s, interval=interval, timeout=timeout, job=job)
     if code:
         raise Exit(code=code)
 
@@ -239,34 +169,15 @@ def logs(c, lines=20, follow=False, job=None, stacks=False):
         raise UserError("--stacks and --follow do not go together: stacks are saved once, before a hang's teardown")
     if lines == 0 and not follow and not stacks:
         raise UserError("--lines 0 shows nothing: give 1 or more (with --follow, 0 shows only new lines)")
-    pods = _pods_cluster()
-    if pods:  # BACKEND(kubernetes): the lead moves this branch into fabtrain/backends/ (issue 41)
-        if stacks:
-            raise UserError("--stacks: not for pods yet (the stacks stay in each pod's workspace)")
-        from fabtrain.controller import kubectl
-        return kubectl.logs(pods, job, lines=lines, follow=follow)
-    replies = lifecycle.logs(session(c), lines=lines, follow=follow, job_id=job, stacks=stacks)
-    lifecycle.require_job(replies, job)
-    for r in replies:
-        if not r.ok:
-            print(report.failed_line(r), file=sys.stderr)
-    fail_if(any(not r.ok for r in replies), "logs: some nodes could not be read")
+    place, s = backend(c)
+    place.logs(s, lines=lines, follow=follow, job=job, stacks=stacks)
 
 
 @fabtask(help={"grace": "seconds between SIGTERM and SIGKILL"}, grace=Number(whole=False, lo=0, hi=3600, unit="seconds"))
 def kill_all(c, grace=STOP_GRACE):
     """Stop every fabtrain process on every node: SIGTERM, --grace seconds, SIGKILL, sweep."""
-    pods = _pods_cluster()
-    if pods:  # BACKEND(kubernetes): the lead moves this branch into fabtrain/backends/ (issue 41)
-        from fabtrain.controller import kubectl
-        said = kubectl.kill_all(pods, grace=grace)
-        print("\n".join(said) if said else "no object of this cluster was left to delete")
-        return
-    if session(c).cluster.scheduler:  # scancel, pending jobs too; each node stops its own processes
-        return slurm_tasks.kill_all(session(c), grace=grace)
-    text, clean = report.kill_text(lifecycle.kill_all(session(c), grace=grace))
-    print(text)
-    fail_if(not clean, "kill-all: some processes may still be alive (see above)")
+    place, s = backend(c)
+    place.kill_all(s, grace=grace)
 
 
 @fabtask(help={"port": "the port to serve on", "host": "the address to serve on (keep 127.0.0.1; use an SSH tunnel)",
@@ -296,16 +207,11 @@ def export(c, tensorboard=None, job=None, k8s=None, k8s_kind="job", jobset=False
         if k8s_kind not in ("job", "jobset"):
             raise UserError(f"--jobset and --k8s-kind {k8s_kind} do not go together: give one of them")
         k8s_kind = "jobset"
+    # The flag names the place whose files are written, whatever place the cluster file describes.
     if k8s:  # reads only cluster.yaml: no node is asked
-        from fabtrain.config.cluster import load_cluster
-        from fabtrain.controller.kubeexport import export_kubernetes
-        for path in export_kubernetes(load_cluster(), k8s, kind=k8s_kind):
-            print(path)
-        return
+        return backends.KUBERNETES.export(session(c), k8s, kind=k8s_kind)
     if slurm:
-        if not session(c).cluster.scheduler:
-            raise UserError("--slurm: cluster.yaml has no scheduler section")
-        return slurm_tasks.export_script(session(c), slurm)
+        return backends.SLURM.export(session(c), slurm)
     if not tensorboard:
         raise UserError("say where: --tensorboard=DIR, --k8s=DIR or --slurm=FILE")
     result = export_tensorboard(session(c), tensorboard, job_id=job)

@@ -12,6 +12,7 @@ always used, and a state read back from JSON compares equal to its member.
 """
 from __future__ import annotations
 
+import os
 import signal as _signal
 from enum import Enum
 
@@ -63,8 +64,28 @@ KILLED_BY_FAB = "stopped by fab kill-all"
 # Who else stops a job (the first line node ops' kill writes into the job's `killed` marker): on a user's
 # word, or a start that failed on some node (all or nothing; the marker's next lines say why).
 START_FAILED = "a start that failed on some node"
+# Slurm's warning before its time limit (scheduler.term_before) stops the job on the user's own terms: no failure,
+# no restart, no alert; the job reads "stopped by Slurm's time limit".
+TIME_LIMIT = "Slurm's time limit"
 KILLERS = ("fab kill-all", "the dashboard's Kill button", "fab start-pserver --force", "fab start-trainers --force",
-           START_FAILED)
+           START_FAILED, TIME_LIMIT)
+
+# What took a node's part away from outside fabtrain (its platform: an eviction, a preemption), written by the
+# node's supervisor (node/hosted.py) into the job folder's `disrupted` marker before any signal, as "<kind>\n<cause>":
+# never a user's stop. LOST: the node is gone and the job may go on (restart, or without it under min_nodes);
+# ENDED: the platform ended the whole job (every node gets it), which fails with the cause, not a program's.
+DISRUPTED = "disrupted"
+LOST, ENDED = "lost", "ended"
+
+
+def read_disruption(jd):
+    """(kind, cause) of a job folder's `disrupted` marker, (None, None) if none."""
+    try:
+        with open(os.path.join(jd, DISRUPTED)) as f:
+            kind, _, cause = f.read(2000).partition("\n")
+    except OSError:
+        return None, None
+    return (kind.strip() if kind.strip() in (LOST, ENDED) else ENDED), cause.strip() or "stopped by its platform"
 
 
 def stopped_by(who):

@@ -14,6 +14,7 @@ import subprocess
 from dataclasses import dataclass
 
 from fabtrain.config.cluster import Cluster
+from fabtrain.contract.states import STOP_GRACE
 from fabtrain.errors import UserError
 from fabtrain.plan.kubernetes import AGENTS_FAILED, LABEL, dns_label
 
@@ -129,7 +130,7 @@ def logs(cluster: Cluster, job_id: str | None = None, lines: int = 20, follow: b
         raise UserError(f"kubectl logs: exit {code} (see above)")
 
 
-def kill_all(cluster: Cluster, grace: float = 5.0) -> list[str]:
+def kill_all(cluster: Cluster, grace: float = STOP_GRACE) -> list[str]:
     """Delete every object of the cluster's jobs (their pods stop as `fab kill-all` stops processes: SIGTERM,
     the agents' grace, SIGKILL); wait until no pod is left. kubectl's lines, one an object."""
     said = []

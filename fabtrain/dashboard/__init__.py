@@ -38,8 +38,8 @@ def create_app(config: dict | None = None) -> Flask:
       ALLOWED_HOSTS    Host header values accepted, e.g. ("127.0.0.1:8265", "localhost:8265")
       KILL             callable(grace) -> list of fabtrain.remote.transport.Reply; default:
                        fabtrain.controller.lifecycle.kill_all on the collector's session
-      SCHEDULER_LINE   callable(snapshot) -> str or None: the scheduler's own line on the job; default: Slurm's
-                       state (fabtrain.slurm.jobs.ShownLine) for a cluster with a `scheduler:` section, else none
+      SCHEDULER_LINE   callable(snapshot) -> str or None: the scheduler's own line on the job; default: the
+                       cluster's backend's (fabtrain.backends: Slurm's state for a `scheduler:` cluster), else none
       HISTORY          the run history for /api/jobs (fabtrain.controller.history.History); default:
                        one over the collector's session, made on first use
       REFRESH_MS, STALE_AFTER, EVENTS_LIMIT, KILL_GRACE, MAX_CONTENT_LENGTH: see DEFAULTS
@@ -74,11 +74,11 @@ def create_app(config: dict | None = None) -> Flask:
 
 def _default_scheduler_line(collector) -> Callable | None:
     session = getattr(collector, "session", None)
-    if session is None or not getattr(session.cluster, "scheduler", None):
+    if session is None:
         return None
-    from fabtrain.slurm.jobs import ShownLine
+    from fabtrain.backends import backend_for
 
-    return ShownLine(session)
+    return backend_for(session.cluster).scheduler_line(session)
 
 
 def _default_kill(collector) -> Callable[[float], list]:

@@ -8,32 +8,33 @@ and a fresh secret for the agents to ``<job folder>/secret`` (never on a
 command line), on the filesystem every node shares. Each task finds its node
 index (SLURM_NODEID) and the allocation's hosts (`scontrol show hostnames` of
 SLURM_JOB_NODELIST, their NodeAddr from `scontrol show node`), fills in the
-addresses, the interface gloo/NCCL use and the GPUs Slurm granted, and starts
-its processes and the agent through node ops' start: the same launcher, spawn
-and agent as on SSH nodes. Then it stays until nothing of the job is left on
-its node (Slurm ends a step's processes when its task exits), and exits 0 only
-if every process of its node exited 0, so the Slurm job ends FAILED on a
-failure and never holds its nodes until the time limit.
+addresses, the interface gloo/NCCL use and the GPUs Slurm granted: that is
+the Slurm adapter (`SlurmStep`) of THE hosted supervisor (node/hosted.py),
+which starts the part through node ops' start (the same launcher, spawn and
+agent as on SSH nodes), stays until nothing of the job is left on its node
+(Slurm ends a step's processes when its task exits), and exits with the
+agents' verdict: 0 when the job finished (COMPLETED, pserver mode included),
+1 when it failed (FAILED: the allocation is never held until the time limit).
 
-A SIGTERM (scancel, `fab kill-all`, another node's task failing under
-`srun --kill-on-bad-exit`) stops the node's processes as `fab kill-all` does. Before the time limit the batch shell gets SIGUSR1 and
-leaves ``<job folder>/time-limit``; every task then stops its processes the
-same way, SIGTERM first so programs can checkpoint. Standard library only.
+What a SIGTERM means is said in one place, `sigterm_cause`: `fab kill-all`
+(marked before scancel), Slurm's time limit (the batch shell's USR1 leaves
+``<job folder>/time-limit`` first, and every task then stops its processes,
+SIGTERM first so programs can checkpoint), or Slurm's own doing (a
+preemption, a requeue, a lost node, a scancel by hand), which ends the job
+with that cause. Standard library only.
 """
+import json
 import os
 import platform
 import re
-import signal
 import subprocess
 import sys
-import time
 
-from fabtrain.contract.states import STOP_GRACE
-from fabtrain.node import atomic, launch, ops, procfs
-from fabtrain.node.netcheck import iface_of, resolve
-from fabtrain.contract.events import OUTCOMES, EventKind
+from fabtrain.contract import states
 from fabtrain.contract.clock import boot_id
-from fabtrain.contract.jobfolder import JobFolder
+from fabtrain.contract.states import ENDED, read_killer
+from fabtrain.node import atomic, hosted
+from fabtrain.node.netcheck import iface_of, resolve
 from fabtrain.node.workspace import job_dir
 
 PLAN = "plan.json"
@@ -42,13 +43,11 @@ TIME_LIMIT = "time-limit"  # left by the batch shell when Slurm's --signal warns
 KILLED = "killed"  # node ops' marker: the job was stopped on purpose
 PLACEHOLDER = re.compile(r"@slurm-node-(\d+)@")
 IFACE_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-POLL = 0.2
-AGENT_EXIT_WAIT = 10  # seconds an agent that wrote agent_exit may take to be gone
 
 
-def scontrol(*args):
+def scontrol(*args, timeout=60):
     out = subprocess.run(["scontrol"] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         universal_newlines=True, timeout=60)
+                         universal_newlines=True, timeout=timeout)
     if out.returncode != 0:
         raise RuntimeError("scontrol %s: %s" % (" ".join(args), out.stderr.strip() or out.returncode))
     return out.stdout
@@ -127,111 +126,116 @@ def op_mark_killed(payload):
     return {"marked": os.path.basename(jd)}
 
 
-class Stop:
-    """What ended the node's part early: a SIGTERM, or the time limit's warning."""
-
-    def __init__(self):
-        self.signal = None
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
-    def _on_signal(self, signum, frame):
-        self.signal = signum
+def job_over(jd, node):
+    """The agents already decided how the job ends here (failed, finished, kept): a stop now is only its cleanup."""
+    return hosted.outcome(jd, node) is not None
 
 
-def job_over(jd):
-    """The agents already decided how the job ends (failed, finished, kept): a stop now is only its cleanup."""
-    return any(ev.get("kind") in OUTCOMES for ev in JobFolder(jd).read_events())
+# What squeue and scontrol say of a job whose processes Slurm is signalling, by the moment they are asked.
+ENDING = ("CANCELLED", "COMPLETING", "COMPLETED", "FAILED")
 
 
-def agent_said_exit(jd, node):
-    """This node's agent wrote agent_exit: nothing of the job is left for it to watch."""
-    return any(ev.get("kind") == EventKind.AGENT_EXIT and ev.get("node") == node
-               for ev in JobFolder(jd).read_events())
+def slurm_job_state(slurm_job):
+    """(state, reason, preempted) of the allocation's job as slurmctld has it now; ("", "", False) if it cannot
+    say. While the job's processes are being signalled its state reads COMPLETING, whatever ended it:
+    `squeue --json` also says whether (preempt_time) it was preempted; scontrol is the fallback."""
+    try:
+        out = subprocess.run(["squeue", "--json", "-j", slurm_job], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             universal_newlines=True, timeout=10)
+        jobs = json.loads(out.stdout).get("jobs") if out.returncode == 0 else None
+        if jobs and isinstance(jobs[0], dict):
+            job = jobs[0]
+            state, preempted = job.get("job_state", ""), job.get("preempt_time")
+            if isinstance(state, list):  # Slurm 23.02 on: the base state and its flags
+                state = next((str(f) for f in state if f != "COMPLETING"), "COMPLETING")
+            if isinstance(preempted, dict):  # 23.02 on: {"set", "number"}
+                preempted = preempted.get("set") and preempted.get("number")
+            return str(state), str(job.get("state_reason", "")), bool(preempted)
+    except (OSError, ValueError, AttributeError, subprocess.SubprocessError):
+        pass
+    try:
+        fields = dict(f.split("=", 1) for f in scontrol("show", "job", "-o", slurm_job, timeout=10).split() if "=" in f)
+    except (RuntimeError, OSError, subprocess.SubprocessError):
+        return "", "", False
+    return fields.get("JobState", ""), fields.get("Reason", ""), fields.get("PreemptTime", "None") not in ("None", "")
 
 
-def stop_node(ws, node, grace, reason, mark=True):
-    """node ops' kill of this node's workspace: SIGTERM, grace, SIGKILL, the `killed` events."""
-    result = ops.op_kill({"workspace": ws, "grace": grace, "node": node, "reason": reason, "mark": mark})
-    print("stopped (%s): %d processes, %d left" % (reason, len(result["killed"]), len(result["left"])), flush=True)
+def slurm_cause(state, reason, preempted=False):
+    """What Slurm did to the job, in words, from its state, reason and preemption at the SIGTERM."""
+    if preempted or state == "PREEMPTED" or "preempt" in reason.lower():
+        return "preempted by Slurm"
+    if state.startswith("REQUEUE") or state == "PENDING":
+        return "requeued by Slurm"
+    if state == "NODE_FAIL" or reason in ("NodeDown", "NodeFail"):
+        return "a node of the allocation failed (Slurm: NODE_FAIL)"
+    if state == "TIMEOUT" or reason == "TimeLimit":
+        return "Slurm's time limit"
+    if state == "RUNNING":  # the job goes on: its step ended (srun --kill-on-bad-exit, another node's part failed)
+        return "ended with the job's Slurm step (another node's part ended first)"
+    if state in ENDING:  # the batch shell waits for the step: the job ends early for no reason Slurm names
+        return "cancelled in Slurm (scancel)"
+    return "ended by Slurm (%s)" % (state or "its state could not be read")
 
 
-def wait_for_end(folder, ws, jd, node, grace, stop):
-    """Until nothing of the job is left on this node; stops it on a SIGTERM or the time limit's warning."""
-    stopped, settled_at, exiting_since = False, None, None
-    while True:
-        if not stopped and (stop.signal or os.path.exists(os.path.join(folder, TIME_LIMIT))):
-            stopped = True
-            over = job_over(jd)
-            if stop.signal and over:  # another node's task ended first (srun --kill-on-bad-exit)
-                reason = "the job's Slurm step ended after the job did"
-            elif stop.signal:
-                reason = "fab kill-all" if os.path.exists(os.path.join(jd, KILLED)) else \
-                    "Slurm ended the allocation (scancel, preemption or a lost node)"
-            else:
-                reason = "Slurm's time limit is near (scheduler.term_before)"
-            # Only the time limit's stop is marked here (kill-all marked before scancel): a step ended by Slurm
-            # or by another node's failure is not the user's stop, and must not read as one.
-            stop_node(ws, node, grace, reason, mark=not stop.signal)
-        live = ops.live_job_processes(jd)
-        if live == ["agent"] and agent_said_exit(jd, node):
-            exiting_since = exiting_since or time.time()
-            if time.time() - exiting_since > AGENT_EXIT_WAIT:  # it said it is done: it must not hold the nodes
-                stop_node(ws, node, grace, "the agent had not exited %d s after agent_exit" % AGENT_EXIT_WAIT, False)
-        if not live:
-            left = procfs.marked(ws, skip=procfs.ancestors())
-            settled_at = settled_at or time.time()
-            if not left:
-                return
-            if time.time() - settled_at > grace + 2:  # outlived every launcher: nothing will end it now
-                for pid in left:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
-        time.sleep(POLL)
+def sigterm_cause(folder, jd, node, slurm_job):
+    """THE place that says what a SIGTERM to a step task means (a hosted.Stop), in this order:
+    - the agents already ended the job: another node's task ended first (srun --kill-on-bad-exit);
+    - the job's `killed` marker: the user's stop (`fab kill-all` marks before scancel);
+    - the time-limit file: Slurm's time limit (the batch shell's warning came first);
+    - otherwise Slurm's own doing, read from slurmctld (scontrol show job): a preemption, a requeue, a
+      node failure, a scancel by hand. It ends the job with that cause (the `disrupted` marker, ENDED): never
+      the user's stop, never a program's failure."""
+    if job_over(jd, node):
+        return hosted.Stop("the job's Slurm step ended after the job did")
+    who = read_killer(os.path.join(jd, KILLED))
+    if who:
+        return hosted.Stop(who, by=who)
+    if os.path.exists(os.path.join(folder, TIME_LIMIT)):
+        return time_limit_stop()
+    return hosted.Stop(slurm_cause(*slurm_job_state(slurm_job)), disruption=ENDED)
 
 
-def node_exit_code(jd, job):
-    """0 if every process of this node exited 0, else 1 (the Slurm job then ends FAILED)."""
-    for proc in job["processes"]:
-        if launch.read_exit(JobFolder(jd).exit_record(proc["name"])) != 0:
-            return 1
-    return 0
+def time_limit_stop():
+    return hosted.Stop("Slurm's time limit is near (scheduler.term_before)", by=states.TIME_LIMIT, mark=True)
+
+
+class SlurmStep(hosted.Host):
+    """A step task of the allocation (srun, one a node): what Slurm gives the node's part."""
+    NAME = "slurm step"
+
+    def __init__(self, folder, environ):
+        self.folder, self.environ = folder, environ
+        self.node = None
+
+    def part(self):
+        template = atomic.read_json(os.path.join(self.folder, PLAN))
+        if not isinstance(template, dict):
+            raise SystemExit("fabtrain: no plan in %s" % self.folder)
+        try:
+            with open(os.path.join(self.folder, SECRET)) as f:
+                secret = f.read().strip()
+        except OSError:
+            secret = None
+        index = int(self.environ["SLURM_NODEID"])
+        job, agent = node_part(template, index, allocation_hosts(self.environ["SLURM_JOB_NODELIST"]), secret,
+                               self.environ)
+        self.node = job["node"]
+        print("fabtrain job %s: %s is %s (Slurm node %s)" % (job["job_id"], job["node"], platform.node(),
+                                                              job["slurm"]["node"]), flush=True)
+        return job, agent, template["roles"]
+
+    def sigterm(self, jd):
+        return sigterm_cause(self.folder, jd, self.node, self.environ.get("SLURM_JOB_ID", ""))
+
+    def warned(self, jd):
+        return time_limit_stop() if os.path.exists(os.path.join(self.folder, TIME_LIMIT)) else None
 
 
 def main(argv):
     if len(argv) != 1:
         print("usage: python -m fabtrain.node.allocation <job folder>", file=sys.stderr)
         return 2
-    folder = argv[0]
-    stop = Stop()
-    template = atomic.read_json(os.path.join(folder, PLAN))
-    if not isinstance(template, dict):
-        print("fabtrain: no plan in %s" % folder, file=sys.stderr)
-        return 2
-    try:
-        with open(os.path.join(folder, SECRET)) as f:
-            secret = f.read().strip()
-    except OSError:
-        secret = None
-    index = int(os.environ["SLURM_NODEID"])
-    job, agent = node_part(template, index, allocation_hosts(os.environ["SLURM_JOB_NODELIST"]), secret, os.environ)
-    ws = os.path.abspath(os.path.expanduser(job["workspace"]))
-    print("fabtrain job %s: %s is %s (Slurm node %s)" % (job["job_id"], job["node"], platform.node(),
-                                                          job["slurm"]["node"]), flush=True)
-    try:
-        started = ops.op_start({"job": job, "roles": template["roles"], "agent": agent})
-    except ops.UserFacing as e:
-        print("fabtrain: %s: %s" % (job["node"], e), file=sys.stderr)
-        return 1
-    for failed in started["failed"]:
-        print("fabtrain: %s did not start: %s" % (failed["name"], " | ".join(failed["log"])), file=sys.stderr)
-    for warning in started["warnings"]:
-        print("fabtrain: %s" % warning, file=sys.stderr)
-    jd = started["job_dir"]
-    wait_for_end(folder, ws, jd, job["node"], float(template.get("grace", STOP_GRACE)), stop)
-    return 143 if stop.signal else node_exit_code(jd, job)
+    return hosted.run(SlurmStep(argv[0], os.environ))
 
 
 if __name__ == "__main__":

@@ -1,33 +1,32 @@
-"""A pod's entrypoint (`fab export --k8s`): the pod is a node of the job.
+"""A Kubernetes pod's entrypoint (`fab export --k8s`): the pod is a node of the job.
 
     python3 -m fabtrain.node.pod /etc/fabtrain ROLE --index-env JOB_COMPLETION_INDEX
 
-makes the pod's part of the plan from the job spec the export's Secret holds
-(<dir>/job.json: one template a role, filled in with the pod's index from the
-named variable, fabtrain/contract/podpart.py; <dir>/secret: the agents'), starts
-it with node ops' start, as `fab start-*` does over SSH (the same launcher,
-agent and coordinator), stays while any of it runs, and exits with the job's
-outcome: 0 when the agents say the job finished (a pserver the agents stop at
-the end included), 1 when it failed, 143 when the pod was told to stop (SIGTERM:
-the pod's processes are stopped as `fab kill-all` stops them). A non-zero exit
-fails the pod, and so its Job. The container's working directory is the job's
-code; the image's own fabtrain is the agent's runtime. As PID 1 it also
-reaps whatever is re-parented to it, and copies every process's log to its
-stdout, each line prefixed [<pod's node> <process>], for `kubectl logs`.
+The pod adapter (`Pod`) of THE hosted supervisor (node/hosted.py): it reads
+the pod's part of the plan, <dir>/<ROLE>-<index>.json (its job.json, from the
+Secret the export wrote; the index from the named variable), and the
+supervisor starts it with node ops' start, as `fab start-*` does over SSH (the
+same launcher, agent and coordinator), stays while any of it runs, and exits
+with the agents' verdict: 0 when the job finished (a pserver the agents stop at
+the end included: the pod Succeeded), 1 when it failed, 143 when it was stopped
+first. A SIGTERM is Kubernetes' unless fabtrain's own stop marked the job
+first (`sigterm_cause`): an evicted, preempted or drained pod reads "evicted
+by Kubernetes" and is a lost node (restarted under on_failure: restart, left
+behind under min_nodes), never "stopped by fab kill-all". The container's
+working directory is the job's code; the image's own fabtrain is the agent's
+runtime. As PID 1 it also reaps whatever is re-parented to it, and copies
+every process's log to its stdout, each line prefixed [<pod's node>
+<process>], for `kubectl logs`.
 """
 import os
-import signal
 import sys
-import time
 
-from fabtrain.contract.states import STOP_GRACE
-from fabtrain.contract.events import EventKind
-from fabtrain.contract.jobfolder import JobFolder
 from fabtrain.contract import podpart
-from fabtrain.node import ops
+from fabtrain.node import hosted
 from fabtrain.node.spawn import expand
+from fabtrain.contract.states import LOST, read_killer
 
-POLL = 0.2
+EVICTED = "evicted by Kubernetes"
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the fabtrain package in the image
 
 
@@ -99,57 +98,53 @@ def reap():
             return
 
 
-def outcome(jd, job, ws):
-    # No events (watchdog disabled): the exit codes say it.
-    kinds = {ev.get("kind") for ev in JobFolder(jd).read_events()}
-    if EventKind.JOB_FAILED in kinds:
-        return 1
-    if EventKind.FINISHED in kinds:
-        return 0
-    for proc in job["processes"]:
-        try:
-            with open(expand(proc["exit"], ws)) as f:
-                if f.read().strip() != "0":
-                    return 1
-        except OSError:
-            return 1  # never recorded: its launcher was killed
-    return 0
+def sigterm_cause(jd):
+    """What a SIGTERM to the pod means. Kubernetes says a disruption in the pod's `DisruptionTarget`
+    condition, which the container cannot read without API access; fabtrain's own stop can be told
+    apart instead: it writes the job's `killed` marker (node ops' kill) before any signal. So a SIGTERM
+    without it is Kubernetes' (an eviction, a preemption, a drain, a deletion): the node is lost, never
+    the user's stop (the `disrupted` marker, LOST)."""
+    who = read_killer(os.path.join(jd, "killed"))
+    if who:
+        return hosted.Stop(who, by=who)
+    return hosted.Stop(EVICTED, disruption=LOST)
 
 
-def run(files, role, index_env, code_dir):
-    job = read_part(files, role, index_env)
-    stop = []
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
-    ws, jd = prepare(job, code_dir)
-    watchdog = job.get("watchdog", {})
-    payload = {"job": dict(job, workspace=ws), "roles": sorted({p["role"] for p in job["processes"]})}
-    if watchdog.get("enabled", True):
-        payload["agent"] = job["agent"]
-    reply = ops.op_start(payload)
-    for failed in reply["failed"]:
-        print("fabtrain pod: %s could not start (exit %s): %s" % (failed["name"], failed["exit_code"],
-                                                                 " | ".join(failed["log"])), flush=True)
-    print("fabtrain pod: %s of job %s started: %s" % (job["node"], job["job_id"], ", ".join(
-        "%s (pid %d)" % (s["name"], s["pid"]) for s in reply["started"])), flush=True)
-    stopped, follower = False, LogFollower(job, ws)
-    while True:
+class Pod(hosted.Host):
+    """The pod's container, PID 1: what Kubernetes gives the node's part."""
+    NAME = "pod"
+
+    def __init__(self, files, role, index_env, code_dir):
+        self.files, self.role, self.index_env, self.code_dir = files, role, index_env, code_dir
+        self.follower = None
+
+    def part(self):
+        job = read_part(self.files, self.role, self.index_env)
+        ws, _ = prepare(job, self.code_dir)
+        self.follower = LogFollower(job, ws)
+        agent = job["agent"] if job.get("watchdog", {}).get("enabled", True) else None
+        return dict(job, workspace=ws), agent, sorted({p["role"] for p in job["processes"]})
+
+    def said(self, reply, job):
+        for failed in reply["failed"]:
+            print("fabtrain pod: %s could not start (exit %s): %s" % (failed["name"], failed["exit_code"],
+                                                                     " | ".join(failed["log"])), flush=True)
+        print("fabtrain pod: %s of job %s started: %s" % (job["node"], job["job_id"], ", ".join(
+            "%s (pid %d)" % (s["name"], s["pid"]) for s in reply["started"])), flush=True)
+
+    def sigterm(self, jd):
+        return sigterm_cause(jd)
+
+    def tick(self, final=False):
         reap()
-        follower.poll()
-        if stop and not stopped:
-            stopped = True
-            ops.op_kill({"workspace": ws, "grace": watchdog.get("grace", STOP_GRACE), "node": job["node"]})
-        if not ops.live_job_processes(jd):
-            break
-        time.sleep(POLL)
-    reap()
-    follower.poll(final=True)
-    return 128 + signal.SIGTERM if stopped else outcome(jd, job, ws)
+        if self.follower:
+            self.follower.poll(final=final)
 
 
 def main(argv):
     if len(argv) != 4 or argv[2] != "--index-env":
         usage()
-    sys.exit(run(argv[0], argv[1], argv[3], os.getcwd()))
+    sys.exit(hosted.run(Pod(argv[0], argv[1], argv[3], os.getcwd())))
 
 
 if __name__ == "__main__":

@@ -117,3 +117,15 @@ def name_programs(started, ws, procs_by_name, deadline):
     finally:
         for fd in pending:
             os.close(fd)
+
+
+def clear_exit(job_dir, name):
+    """A process's exit record from an earlier run of it (and any reservation left by a launcher killed
+    outright), before it starts again: the launcher writes a new one when it ends."""
+    run = os.path.join(job_dir, "run")
+    for entry in os.listdir(run) if os.path.isdir(run) else ():
+        if entry == name + ".exit" or entry.startswith(name + ".exit.pending."):
+            try:
+                os.unlink(os.path.join(run, entry))
+            except OSError:
+                pass

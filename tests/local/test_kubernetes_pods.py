@@ -33,12 +33,15 @@ pytestmark = pytest.mark.timeout(180)
 JOB_ID = "20261124-000000-abcd"
 
 
-def cluster_doc(command: str, count: int) -> dict:
+def cluster_doc(command: str, count: int = 2, watchdog: dict | None = None, job: dict | None = None,
+                roles: list | None = None) -> dict:
+    roles = roles or [["trainer"]] * count
     return {"cluster": {"name": "lab"},
-            "nodes": [{"name": f"n{i}", "host": f"10.0.0.{i}", "roles": ["trainer"]} for i in range(count)],
+            "nodes": [{"name": f"n{i}", "host": f"10.0.0.{i}", "roles": r} for i, r in enumerate(roles)],
             "job": {"mode": "collective", "image": "lab/train:1", "master_port": free_port(["127.0.0.1"]),
                     "trainer": {"command": command},
-                    "watchdog": {"port": free_port(["127.0.0.1"]), "interval": 0.2, "grace": 1}}}
+                    "watchdog": {"port": free_port(["127.0.0.1"]), "interval": 0.2, "grace": 1, **(watchdog or {})},
+                    **(job or {})}}
 
 
 def local_manifests(root: Path, doc: dict):
@@ -49,27 +52,42 @@ def local_manifests(root: Path, doc: dict):
     pods = replace(pods, nodes=tuple(replace(n, address=f"127.0.0.{i + 1}", workspace=str(root / f"ws-{n.name}"))
                                      for i, n in enumerate(pods.nodes)))
     plan = make_plan(pods, JOB_ID, secret="00112233445566778899aabbccddeeff", network=kubernetes.pod_network(pods))
+    roles = [n.processes[0].role for n in plan.nodes]
+    # Each role's pods are consecutive: role pod k is plan node first[role] + k, at 127.0.0.<first + k + 1>.
+    first = {role: roles.index(role) for role in roles}
+    assert all(roles[first[r]:first[r] + roles.count(r)] == [r] * roles.count(r) for r in first), roles
     return plan, kubernetes.manifests(plan, kubernetes.pod_spec(cluster),
-                                      pods={"trainer": {"count": len(pods.nodes), "address": ["127.0.0.", 1, ""]}})
+                                      pods={r: {"count": roles.count(r), "address": ["127.0.0.", first[r] + 1, ""]}
+                                            for r in first})
 
 
 class Pods:
-    """A rendered job's trainer pods as local processes."""
+    """A rendered job's pods (every Indexed Job's) as local processes."""
 
-    def __init__(self, root: Path, command: str, count: int = 2):
-        plan, docs = local_manifests(root, cluster_doc(command, count))
-        files = root / "etc-fabtrain"
-        files.mkdir(mode=0o700)
+    def __init__(self, root: Path, command: str, count: int = 2, watchdog: dict | None = None,
+                 job: dict | None = None, roles: list | None = None):
+        plan, docs = local_manifests(root, cluster_doc(command, count, watchdog, job, roles))
+        self.files = root / "etc-fabtrain"
+        self.files.mkdir(mode=0o700)
         for name, text in docs[0]["stringData"].items():  # job.json (the job spec) and secret
-            (files / name).write_text(text)
-        job = docs[-1]
-        container = job["spec"]["template"]["spec"]["containers"][0]["command"]
+            (self.files / name).write_text(text)
+        commands = {d["metadata"]["labels"][f"{kubernetes.LABEL}/role"]: d["spec"]["template"]["spec"]["containers"][0]["command"]
+                    for d in docs if d["kind"] == "Job"}
+        # Each pod: its Job's container command and its completion index among that Job's pods.
+        self.pods = [(commands[n.processes[0].role], sum(m.processes[0].role == n.processes[0].role
+                                                         for m in plan.nodes[:i]))
+                     for i, n in enumerate(plan.nodes)]
         self.workspaces = [root / f"ws-{n.node}" for n in plan.nodes]
         self.jds = [w / "jobs" / plan.job_id for w in self.workspaces]
-        self.procs = [subprocess.Popen([files if a == kubernetes.JOB_FILES else a for a in container], cwd=REPO,
-                                       env={**os.environ, "JOB_COMPLETION_INDEX": str(i)}, start_new_session=True,
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                      for i in range(job["spec"]["completions"])]
+        self.procs = [self.start_pod(i) for i in range(len(self.pods))]
+        self.replaced: list[subprocess.Popen] = []
+
+    def start_pod(self, i: int) -> subprocess.Popen:
+        """Pod i's container, as the kubelet starts it (again, for a pod that replaces an evicted one)."""
+        command, index = self.pods[i]
+        return subprocess.Popen([self.files if a == kubernetes.JOB_FILES else a for a in command], cwd=REPO,
+                                env={**os.environ, "JOB_COMPLETION_INDEX": str(index)}, start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def exits(self, timeout: float = 60) -> list[int | None]:
         deadline = time.time() + timeout
@@ -100,8 +118,12 @@ class Pods:
             out.append(events.read_text() if events.exists() else "(no events)")
         return "\n".join(out)
 
+    def events(self, pod: int) -> list[dict]:
+        path = self.jds[pod] / "events.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
     def close(self) -> None:
-        for p in self.procs:
+        for p in self.procs + self.replaced:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
@@ -113,8 +135,8 @@ class Pods:
 def pods(tmp_path):
     started = []
 
-    def start(command: str, count: int = 2) -> Pods:
-        started.append(Pods(tmp_path, command, count))
+    def start(command: str, count: int = 2, **settings) -> Pods:
+        started.append(Pods(tmp_path, command, count, **settings))
         return started[-1]
 
     yield start
@@ -151,6 +173,41 @@ def test_pods_told_to_stop_stop_their_processes_and_exit_143(pods):
     assert not job.left()
     # Every process's log went to the pod's stdout, prefixed: what `kubectl logs` shows.
     assert "[trainer-1 trainer-1] trainer 1 started" in job.procs[1].stdout.read()
+
+
+def test_a_pserver_job_whose_trainers_finish_succeeds_in_every_pod_the_pservers_too(pods):
+    # The agents stop the pservers once every trainer exited 0 (SIGTERM, 143): the job finished, so every pod
+    # exits 0 (Succeeded), the pserver's too: its exit code is the agents' verdict, not its process's.
+    job = pods("python3 -c 'import time; time.sleep(1)'", roles=[["pserver"], ["trainer"], ["trainer"]],
+               job={"mode": "pserver", "pserver": {"command": "python3 tests/programs/ticker.py",
+                                                   "port": free_port(["127.0.0.1"])}})
+    assert job.exits() == [0, 0, 0], job.describe()
+    assert (job.jds[0] / "run" / "pserver-0.exit").read_text().strip() == "143"  # stopped by the agents
+    assert "finished" in [e["kind"] for e in job.events(0)]
+    assert not job.left()
+
+
+def test_an_evicted_pod_is_a_lost_node_that_restarts_the_job_never_a_kill_all(pods):
+    job = pods("python3 tests/programs/ticker.py",
+               watchdog={"on_failure": "restart", "restart_backoff": 1, "max_restarts": 2})
+    first = job.program(0, "trainer-0")
+    job.program(1, "trainer-1")
+    job.procs[1].send_signal(signal.SIGTERM)  # the kubelet evicting the pod: no fabtrain stop marked it first
+    assert job.procs[1].wait(timeout=30) == 143, job.describe()
+    # Kubernetes makes a pod for the index again (a disruption is not the Job's failure): it joins the restart.
+    job.replaced.append(job.procs[1])
+    job.procs[1] = job.start_pod(1)
+
+    def restarted():
+        env = job.workspaces[1] / "env-trainer-1.json"
+        return env.exists() and json.loads(env.read_text())["env"].get("FABTRAIN_RESTART_COUNT") == "1" and \
+            job.program(0, "trainer-0") != first
+    assert wait_for(restarted, timeout=60), job.describe()
+    said = [e for pod in (0, 1) for e in job.events(pod)]
+    assert any(e["kind"] == "restarting" and "node trainer-1 evicted by Kubernetes" in e.get("reason", "")
+               for e in said), said
+    assert not [e for e in said if "kill-all" in json.dumps(e)], said
+    assert [p.poll() for p in job.procs] == [None, None]  # generation 1 runs in both pods
 
 
 @pytest.fixture

@@ -315,3 +315,28 @@ def test_a_frozen_node_fails_the_job_naming_it_and_the_slurm_job_ends(job):
     assert status.returncode == 1 and "node2" in status.stdout and "killed" not in status.stdout.split("\n")[0], \
         status.stdout
     assert "JOB FAILED" in status.stdout and "node2" in status.stdout.split("JOB FAILED")[1].split("\n")[0], status.stdout
+
+
+def test_a_pserver_job_whose_trainers_finish_ends_completed_though_the_agents_stop_its_pservers(job):
+    # Every trainer exits 0; the agents then stop the pservers (SIGTERM, 143). The step tasks exit with the
+    # agents' verdict (finished), not the processes' exit codes: Slurm says COMPLETED.
+    job.configure("python -c 'import time; time.sleep(2)'", mode="pserver", pserver="python standin.py --period 0.2")
+    out = job.fab("start-pserver", "start-trainers", check=True)
+    job.job_id, job.slurm_job = re.search(r"job (\S+): submitted as slurm job (\d+)", out.stdout).groups()
+    assert job.wait_state("COMPLETED", "FAILED", "CANCELLED", timeout=90) == "COMPLETED", job.describe()
+    assert (job.jd(0) / "run" / "pserver-0.exit").read_text().strip() == "143"  # stopped by the agents
+    status = job.fab("status", check=True).stdout
+    assert f"job {job.job_id}: finished" in status and f"slurm job {job.slurm_job}: COMPLETED" in status, status
+    job.configure("python allreduce.py")
+
+
+def test_a_job_cancelled_in_slurm_by_hand_says_so_and_never_reads_as_kill_all(job):
+    job.configure("python standin.py --period 0.2")
+    job.submit()
+    assert job.running(), job.describe()
+    job.slurm.run("scancel", job.slurm_job)  # not fab kill-all: no `killed` mark before Slurm's SIGTERM
+    assert wait_for(lambda: not job.leftovers(), timeout=30), job.leftovers()
+    status = job.fab("status")
+    assert status.returncode == 1 and "cancelled in Slurm (scancel)" in status.stdout, status.stdout
+    assert "kill-all" not in status.stdout, status.stdout
+    assert not [e for i in range(3) for e in job.events(i) if "kill-all" in json.dumps(e)]

@@ -20,7 +20,7 @@ from fabtrain.node.atomic import read_json
 from fabtrain.node.coordination.restart import RestartPolicy
 from fabtrain.node.kill import send
 from fabtrain.contract.events import PROCESS_ENDS, RESTARTS, STACK_DUMPS, EventKind
-from fabtrain.contract.states import FINAL, JobState, read_killer, signal_name
+from fabtrain.contract.states import FINAL, JobState, read_disruption, read_killer, signal_name
 from fabtrain.contract.jobfolder import JobFolder
 
 from fabtrain.node.coordination import blame, stragglers
@@ -297,7 +297,8 @@ class Agent:
                        for ctx in self.contexts),
             strays=tuple(strays(self.procs, self.markers, mine, self.job_id, self.ws, now)),
             orphans_alive=frozenset(o.pid for o in self.ledger.orphans if procfs.alive(o.pid, o.ctime, self.procs)),
-            killed_by=read_killer(JobFolder(self.jd).killed), peers=self.link.peers(),
+            killed_by=read_killer(os.path.join(self.jd, "killed")), peers=self.link.peers(),
+            disrupted=platform_stop(self.jd, self.job, self.stop_signal is not None and self.ledger.status.status not in FINAL),
             must_join=self.must_join, startup_deadline=self.startup_deadline, disk_full=disk_full(self.jd, self.ws))
 
     # -- execute -------------------------------------------------------------------------------
@@ -482,9 +483,8 @@ class Agent:
 
     def stop(self, why: str) -> int:
         live = [ctx.name for ctx in self.contexts if ctx.live]
-        if live and self.ledger.status.status == JobState.RUNNING and not os.path.exists(JobFolder(self.jd).killed):
-            actions, self.ledger = policy.fail(self.ledger, self.cfg, "the agent on %s was stopped (%s) while %s "
-                                               "still ran" % (self.node, why, ", ".join(live)))
+        if live and self.ledger.status.status == JobState.RUNNING and not os.path.exists(os.path.join(self.jd, "killed")):
+            actions, self.ledger = policy.fail(self.ledger, self.cfg, *stopped_failure(self.jd, self.node, why, live))
             self.execute(actions, time.time())
             self.beat(urgent=True)
             deadline = time.monotonic() + 0.5
@@ -499,6 +499,31 @@ class Agent:
         self.life.stop_keeper()
         self.link.stop()
         self.life.record_exit(code)
+
+
+PLATFORM_SAYS_WHY = 5.0  # seconds a Slurm step task may take to say why Slurm stopped the job (scontrol)
+
+
+def platform_stop(jd, job, signalled):
+    """(kind, cause) of the job folder's `disrupted` marker (states.read_disruption). Every process of a Slurm
+    step gets Slurm's SIGTERM at once, this agent and its programs too, while the step task (node/hosted.py)
+    asks slurmctld why: a signalled agent whose job nobody marked gives it a moment to say, so that neither
+    its stop nor its programs' ends read as the job's failure."""
+    killed = os.path.join(jd, "killed")
+    if signalled and job.get("slurm") and not os.path.exists(killed):
+        deadline = time.monotonic() + PLATFORM_SAYS_WHY
+        while read_disruption(jd)[1] is None and not os.path.exists(killed) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return read_disruption(jd)
+
+
+def stopped_failure(jd, node, why, live):
+    """(reason, kind) of the failure an agent stopped while its processes ran reports: the platform that took
+    its node (the `disrupted` marker: a lost node, or the job's end), else the agent's own stop."""
+    kind, cause = read_disruption(jd)
+    if cause:
+        return "node %s %s" % (node, cause), kind
+    return "the agent on %s was stopped (%s) while %s still ran" % (node, why, ", ".join(live)), "other"
 
 
 # -- observe: what the policy is given -------------------------------------------------------------

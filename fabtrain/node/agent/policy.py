@@ -14,7 +14,7 @@ from fabtrain.node.agent.actions import DumpStacks, Escalate, KillLauncher, Note
 from fabtrain.node.coordination import fence
 from fabtrain.node.coordination.connections import hung_timeout
 from fabtrain.contract.events import EventKind
-from fabtrain.contract.states import (FINAL, JobState, ProcessState, describe_end, signal_name, signal_of,
+from fabtrain.contract.states import (FINAL, LOST, JobState, ProcessState, describe_end, signal_name, signal_of,
                                   stopped_by)
 
 EXIT_ONLY_ROLES = ("mpirun",)  # watched for its exit only: it is silent by design; its ranks are watched for hangs
@@ -137,6 +137,7 @@ class Observation:
     strays: tuple = ()
     orphans_alive: frozenset = frozenset()  # pids of the ledger's orphans still alive
     killed_by: str | None = None  # who stopped the job on a user's word (states.KILLERS): its `killed` marker
+    disrupted: tuple = (None, None)  # (kind, cause) of its `disrupted` marker: the platform took this node
     peers: Peers = Peers()
     must_join: tuple = ()  # nodes whose agents must reach the coordinator
     startup_deadline: float | None = None
@@ -224,7 +225,7 @@ def fail(ledger: Ledger, cfg: Config, reason: str, kind: str = "other", exit_cod
         return [], ledger
     # Under on_failure restart an exit or a hang is a `failure` until the coordinator says what
     # follows (`restarting`, or `job_failed` from on_status): `fab status` must not call it the end.
-    pending = cfg.on_failure == "restart" and kind in ("exit", "hang")
+    pending = cfg.on_failure == "restart" and kind in ("exit", "hang", LOST)
     note = Note(EventKind.FAILURE if pending else EventKind.JOB_FAILED, reason,
                 fields={"origin": cfg.node, "on_failure": cfg.on_failure, "generation": ledger.generation})
     return [note], replace(ledger, failure=reason, failure_kind=kind, failure_code=exit_code, pending=pending,
@@ -377,6 +378,9 @@ class _Decision:
                 why = stopped_by(self.obs.killed_by)
                 self.note(EventKind.EXITED, "%s: %s" % (how, why), p, exit_code=p.exit_code, signal=sig, pid=p.pid)
                 self.fail("%s on %s: %s" % (p.name, self.cfg.node, why), "kill-all")
+            elif self.obs.disrupted[1]:  # not the program's failure: the node's (a lost node, or the job's end)
+                self.note(EventKind.EXITED, "%s: %s" % (how, self.obs.disrupted[1]), p, exit_code=p.exit_code, signal=sig, pid=p.pid)
+                self.fail("node %s %s" % (self.cfg.node, self.obs.disrupted[1]), self.obs.disrupted[0])
             else:
                 self.note(EventKind.EXITED, how, p, exit_code=p.exit_code, signal=sig, pid=p.pid)
                 if p.exit_code != 0:

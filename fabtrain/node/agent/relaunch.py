@@ -20,7 +20,7 @@ import time
 
 from fabtrain.node import gpulease
 from fabtrain.node.coordination.elastic import renumbered
-from fabtrain.node.spawn import expand, name_programs, spawn
+from fabtrain.node.spawn import clear_exit, expand, name_programs, spawn
 
 from .supervisor import ProcessContext
 
@@ -40,17 +40,6 @@ def _size(path: str | None) -> int:
         return 0
 
 
-def _clear(job_dir: str, name: str) -> None:
-    """The previous generation's exit record (and any reservation left by a launcher killed outright)."""
-    run = os.path.join(job_dir, "run")
-    for entry in os.listdir(run):
-        if entry == name + ".exit" or entry.startswith(name + ".exit.pending."):
-            try:
-                os.unlink(os.path.join(run, entry))
-            except OSError:
-                pass
-
-
 # What a relaunch started: the new process contexts, the launchers to reap, the names, one line per failure.
 # (collections, not typing.NamedTuple: importing typing is ~5 ms of every agent's start)
 Generation = collections.namedtuple("Generation", "contexts launchers names errors")
@@ -67,7 +56,7 @@ def relaunch(contexts: list, job: dict, job_dir: str, workspace: str, generation
         if not old.started or job["node"] in out:  # not started last time (left to fab), or this node left the job
             fresh.append(ProcessContext(spec, job_dir, workspace))
             continue
-        _clear(job_dir, old.name)
+        clear_exit(job_dir, old.name)
         log = expand(spec["log"], workspace)
         try:
             with open(log, "a") as f:

@@ -34,7 +34,7 @@ from fabtrain.node.structs import as_dict, factory, record
 from typing import NamedTuple
 
 from fabtrain.contract.events import EventKind
-from fabtrain.contract.states import FINAL, LIVE, JobState, ProcessState
+from fabtrain.contract.states import FINAL, LIVE, LOST, JobState, ProcessState
 
 from .connections import hung_timeout
 from .protocol import compact
@@ -183,8 +183,10 @@ class Board:
         if failure.get("generation", 0) != generation or node in self.out:
             return False  # of an older generation, already acted on (or of one this board never started)
         reason = _text(failure.get("reason"), "failed") or "failed"
-        if failure.get("kind") == "start" and self.restart.layout is not None:
+        if failure.get("kind") in ("start", LOST) and self.restart.layout is not None:  # min_nodes: on without it
             return self._leave(node, reason, now, wall, events)
+        if failure.get("kind") == LOST and node in self.peers:  # its platform took it: silent now, not lost
+            self.peers[node].done = True
         return self._decide(failure, reason, node, now, wall)
 
     def _decide(self, failure: dict, reason: str, node: str | None, now: float, wall: float,

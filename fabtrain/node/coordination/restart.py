@@ -4,13 +4,15 @@ The coordinator's board asks it once per failure of the job's current
 generation; tests/test_restart_policy.py checks it with no process. A failure
 is what an agent's beat carries: ``{"reason", "generation", "kind",
 "exit_code"}``, where kind is ``exit`` (a process ended non-zero or by a
-signal), ``hang`` (the agent stopped a hung process) or anything else (a lost
-node, a start that never joined, ``fab kill-all``, a relaunch that could not
-start): only the first two are restarted. With ``min_nodes`` (elastic.py) a
+signal), ``hang`` (the agent stopped a hung process), ``lost`` (its platform
+took the node: a pod evicted, node/hosted.py) or anything else (a node gone
+silent, a start that never joined, ``fab kill-all``, a relaunch that could not
+start): only the first three are restarted. With ``min_nodes`` (elastic.py) a
 node that left (kind ``left``) restarts the job too, on the nodes that are left.
 """
 from __future__ import annotations
 
+from fabtrain.contract.states import LOST
 from fabtrain.node.structs import record
 
 from . import fence
@@ -18,7 +20,8 @@ from .elastic import Layout
 
 BACKOFF_CAP = 300.0  # the doubling stops here (or at restart_backoff, if that is larger)
 START_WINDOW = 15.0  # after backoff + teardown, how long every node has to report its part started
-RESTARTABLE = ("exit", "hang")
+# A lost node (kind `lost`: its platform took it, an eviction) restarts too: the platform brings its part back.
+RESTARTABLE = ("exit", "hang", LOST)
 
 
 @record
@@ -77,7 +80,7 @@ class RestartPolicy:
             return Decision(False, generation)
         kind, code = failure.get("kind"), failure.get("exit_code")
         if kind not in RESTARTABLE and not (kind == "left" and self.layout is not None):
-            return Decision(False, generation, why_not="not a restartable failure (only an exit or a hang is)")
+            return Decision(False, generation, why_not="not a restartable failure (only an exit, a hang or a lost node is)")
         if kind == "exit" and self.exit_codes is not None and code not in self.exit_codes:
             return Decision(False, generation, why_not="exit code %s is not in restart_on_exit_codes %s"
                             % (code, list(self.exit_codes)))
