@@ -51,7 +51,8 @@ FIELDS: dict[str, set[str]] = {
     "job.trainer": {"per_node", "command", "use_gpu", "trainer_count", "gpus_per_rank"},
     "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq", "max_extract_mb", "max_expansion"},
     "job.watchdog": {"enabled", "interval", "hang_timeout", "startup_timeout", "grace", "on_failure", "port", "notify",
-                     "max_restarts", "restart_backoff", "restart_on_exit_codes", "straggler", "min_nodes"},
+                     "max_restarts", "restart_backoff", "restart_on_exit_codes", "straggler", "min_nodes", "instrument"},
+    "job.watchdog.instrument": {"pserver", "trainer"},
     "job.watchdog.straggler": {"share", "window"},
     "job.watchdog.notify": {"webhook", "command", "on"},
 }
@@ -148,6 +149,8 @@ class WatchdogSpec:
     restart_on_exit_codes: tuple[int, ...] | None = None
     # on_failure restart: a lost node leaves and the job goes on while this many trainer nodes are left (None: fails).
     min_nodes: int | None = None
+    # The roles whose Python programs write progress records through the launcher's hook (docs/progress.md).
+    instrument: tuple[str, ...] = ("pserver", "trainer")
 
 
 @dataclass(frozen=True)
@@ -481,6 +484,7 @@ class _Parser(Checks):
             min_nodes=self.integer(w["min_nodes"], "job.watchdog.min_nodes", 1, 1 << 20)
             if w.get("min_nodes") is not None else None,
             **self.straggler(w.get("straggler"), dw),
+            instrument=self.instrument(w.get("instrument", True), dw),
         )
 
         env = self.job_env(d.get("env") or {})
@@ -518,6 +522,18 @@ class _Parser(Checks):
                                                0.01, 1),
                 "straggler_window": self.number(s.get("window", dw.straggler_window), "job.watchdog.straggler.window",
                                                 1, 7 * 86400)}
+
+    @reported
+    def instrument(self, value: Any, dw: WatchdogSpec) -> tuple[str, ...]:
+        """job.watchdog.instrument: true, false, or per role ({trainer: true, pserver: false}; a role left
+        out is instrumented)."""
+        where = "job.watchdog.instrument"
+        if isinstance(value, bool):
+            return dw.instrument if value else ()
+        if not isinstance(value, dict):
+            raise self.fail(where, f"must be true, false or a mapping of roles to true/false, got {kind_of(value)}")
+        roles = self.mapping(value, where, FIELDS[where])
+        return tuple(r for r in dw.instrument if self.boolean(roles.get(r, True), f"{where}.{r}") is True)
 
     def check_roles(self, cluster: Cluster) -> None:
         if not cluster.trainer_nodes:

@@ -20,7 +20,7 @@ import re
 import sys
 import time
 
-from fabtrain.node import atomic, gpulease, launch, procfs, runtime
+from fabtrain.node import atomic, gpulease, launch, procfs, progress, runtime
 from fabtrain.node.kill import family, send, starter, stop_all, trusted
 from fabtrain.node.killevents import append_events, write_kill_events
 from fabtrain.node.refusal import UserFacing
@@ -202,6 +202,11 @@ def _start_leased(payload, job, ws, jd, leases, warnings):
         make_private_dirs(os.path.dirname(os.path.join(jd, rel)))
         atomic.write(os.path.join(jd, rel), text)
     atomic.write(os.path.join(jd, "job.json"), json.dumps(job, indent=1))
+    # The progress hook beside the launcher's sitecustomize.py (which imports it), before launch.py:
+    # a rank mpirun starts waits for launch.py, so it finds both.
+    hook = launch.hook_dir(jd)
+    make_private_dirs(os.path.dirname(hook), hook)
+    atomic.write(os.path.join(hook, progress.HOOK_NAME + ".py"), progress.source())
     atomic.write(os.path.join(jd, launch.SCRIPT), launch.source())
     tmp_link = os.path.join(ws, ".current.%d" % os.getpid())
     os.symlink(os.path.join("jobs", job["job_id"]), tmp_link)

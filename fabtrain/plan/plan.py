@@ -19,7 +19,7 @@ from fabtrain.config.cluster import Cluster, Node
 from fabtrain.config.gpus import visible_devices
 from fabtrain.plan.ports import AddressSlots, PortUse, needed_ports, pserver_layout, port_uses, resolved_ports
 from fabtrain.plan.runtime import runtime_dir
-from fabtrain.node import launch
+from fabtrain.node import launch, progress
 
 
 
@@ -366,6 +366,8 @@ def _process(cluster: Cluster, node: Node, role: str, rank: int, command: str, v
         "FABTRAIN_SGD": cluster.job.sgd,  # job.sgd: the reference workload's --sgd
         # Python ignores stdbuf: without this a trainer's log lags by 8 KiB.
         "PYTHONUNBUFFERED": "1",
+        # job.watchdog.instrument: false for this role: the launcher's hook writes no progress records
+        **({} if role in cluster.job.watchdog.instrument else {progress.ENV_INSTRUMENT: "0"}),
         **role_env,
         **dict(cluster.job.env),
     }

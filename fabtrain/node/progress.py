@@ -1,0 +1,731 @@
+"""Progress records from unchanged programs: the hook every Python process of a job loads.
+
+Node ops writes this file as ``<job_dir>/stacks/hook/_fabtrain_progress.py``
+beside the launcher's ``sitecustomize.py`` (launch.STACK_HOOK), which imports
+it first, so every Python program a job starts, and each of its Python
+descendants (torchrun's workers), runs it. At import it costs one
+``sys.meta_path`` entry and imports nothing: a framework is instrumented only
+once the program imports it itself (``torch``, ``lightning`` /
+``pytorch_lightning``, ``transformers``, ``accelerate``, ``paddle``).
+
+What each rank then appends to ``$FABTRAIN_METRICS`` (one ``os.write`` of one
+line, O_APPEND: ranks sharing a file never interleave), the first step at
+once and then at most every ``INTERVAL`` seconds (a quiet thread writes a
+step still pending after that long, so a rank that stops stepping has its
+last step on file within ``INTERVAL``)::
+
+    {"ts", "step", "rank", "local_rank", "pid", "source": "auto", "framework",
+     "step_time", "data_time", "compute_time", "comm_time",   # seconds, means over the steps recorded
+     "forward_time", "backward_time", "optimizer_time",       # where seen (a DDP forward, backward(), step())
+     "loss", "lr", "epoch", "samples_per_s", "total_steps",   # where known
+     "child": true,                                           # a descendant of the process fabtrain started
+     ...the framework's own logged names (Lightning, Hugging Face, accelerate)}
+
+``rank`` is ``RANK`` (else ``FABTRAIN_RANK``), ``local_rank`` ``LOCAL_RANK``.
+``step`` counts optimizer steps (``torch.optim``'s global step hooks,
+``paddle.optimizer``'s ``step``), or is the framework's own global step.
+``data_time`` is time in a DataLoader's ``__next__``; ``comm_time`` time in
+``torch.distributed``'s collectives called from Python (a DDP's gradient
+all-reduce runs in its C++ reducer during ``backward()``: it is part of
+``backward_time`` and of ``compute_time``); ``compute_time`` is the rest.
+The loss is read only where that costs no device synchronisation: the
+tensor ``backward()`` was called on when it is on the CPU, or what a
+framework logs as a number.
+
+A program's own records win: once the file holds a record of the program's
+for this rank (no ``"source": "auto"``, and its ``rank`` this one or none),
+this rank writes no more, and the views drop a trainer's auto records once it
+has its own (`row` says which trainer a record belongs to).
+``FABTRAIN_INSTRUMENT=0`` (job.watchdog.instrument: false) turns it all off.
+
+The hook never changes what the program computes, its random numbers or its
+output, and never breaks it: the first exception inside it is said in one
+line on stderr (the rank's log) and the hook stops; the program goes on.
+Standard library only.
+"""
+import os
+import sys
+
+INTERVAL = 0.5  # seconds between two records of one rank, at most
+QUIET = 0.1  # seconds without a step after which a step left pending is written by the writer thread
+ENV_METRICS = "FABTRAIN_METRICS"
+ENV_INSTRUMENT = "FABTRAIN_INSTRUMENT"  # "0": no instrumentation (job.watchdog.instrument: false)
+HOOK_NAME = "_fabtrain_progress"  # this module's name in a program (the file node ops writes)
+AUTO = "auto"
+FRAMEWORKS = ("torch", "lightning", "transformers", "accelerate", "paddle")
+COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_tensor", "reduce", "gather", "scatter", "all_to_all", "all_to_all_single",
+               "all_gather_object", "broadcast_object_list", "monitored_barrier")
+# module -> what to instrument once it is imported (each name is the module's own, exactly)
+WATCH = {"torch": "torch", "lightning.pytorch": "lightning", "pytorch_lightning": "lightning",
+         "transformers.trainer": "transformers", "accelerate.accelerator": "accelerate", "paddle": "paddle"}
+DRIVERS = ("lightning", "transformers")  # frameworks whose callbacks write the records (their own step)
+MAX_NAMES = 32  # a framework's logged names kept in one record
+
+
+def row(process, rec):
+    """The trainer a metrics record of `process`'s file belongs to, for the views.
+
+    A program's own records and the auto records of the process fabtrain
+    started (or of local rank 0 among its descendants: torchrun's first
+    worker) are the process's; another descendant's auto records are its own
+    trainer, ``<process>.rank<rank>`` (torchrun's other workers)."""
+    if rec.get("source") != AUTO or not rec.get("child") or rec.get("local_rank") in (None, 0):
+        return process
+    r = rec.get("rank")
+    return "%s.rank%s" % (process, r) if isinstance(r, int) and not isinstance(r, bool) else process
+
+
+def enabled(environ=os.environ):
+    return bool(environ.get(ENV_METRICS)) and environ.get(ENV_INSTRUMENT, "1").strip().lower() not in (
+        "0", "false", "no", "off")
+
+
+def _int(value):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _finite(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and v not in (
+        float("inf"), float("-inf"))
+
+
+def _number(v):
+    """A plain number of a logged value (a Python number, a numpy scalar, a CPU tensor of one element);
+    None for anything else, and for a tensor on a device (reading it would synchronise)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return v if _finite(v) else None
+    device = getattr(v, "device", None)
+    if device is not None and getattr(device, "type", "cpu") != "cpu":
+        return None
+    try:
+        if getattr(v, "numel", None) is not None and v.numel() != 1:
+            return None
+        item = getattr(v, "item", None)
+        out = item() if item is not None else None
+    except Exception:  # a value we cannot read is left out
+        return None
+    return out if _finite(out) and not isinstance(out, bool) else None
+
+
+def _batch_size(batch, depth=0):
+    """The leading dimension of a batch: its first tensor's (a tensor, a list/tuple or a dict of them)."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        try:
+            return int(shape[0]) if len(shape) else None
+        except (TypeError, ValueError, IndexError):
+            return None
+    if depth > 2:
+        return None
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_size(batch[0], depth + 1)
+    if isinstance(batch, dict) and batch:
+        return _batch_size(next(iter(batch.values())), depth + 1)
+    return None
+
+
+class Reporter:
+    """One rank's progress: what the instrumented calls tell it, written as records."""
+
+    def __init__(self, environ=os.environ):
+        from time import perf_counter, time
+        self.perf, self.wall = perf_counter, time
+        self.path = environ.get(ENV_METRICS)
+        self.rank = _int(environ.get("RANK"))
+        if self.rank is None:
+            self.rank = _int(environ.get("FABTRAIN_RANK"))
+        self.local_rank = _int(environ.get("LOCAL_RANK"))
+        self.on = True
+        self.failed = False
+        self.fd = None
+        self.seen = 0  # bytes of the file read for the program's own records
+        self.child = None  # a descendant of the process the launcher started (decided at the first record)
+        self.framework = "torch"
+        self.lock = None
+        self.thread = None
+        self.steps = 0  # optimizer steps of this rank
+        self.framework_step = None  # the framework's own global step, where it has one
+        self.last_written_step = None
+        self.last_write = float("-inf")  # perf time of the last record
+        self.step_end = None  # perf time of the last step's end
+        self.first_activity = None  # perf time of the first timed call: the first step's start
+        self.values = {}  # loss, lr, epoch, total_steps, the framework's names: the latest known
+        self.loss_tensor = None
+        self.samples_seen = False  # a batch's size was read: samples/s can be said
+        # what happened since the last step's end: the step it belongs to takes it when it ends
+        self.pending = {"data_time": 0.0, "comm_time": 0.0, "forward_time": 0.0, "backward_time": 0.0,
+                        "optimizer_time": 0.0, "samples": 0}
+        self._reset_window()
+
+    def _reset_window(self):
+        self.n = 0  # steps in the window
+        self.sums = {"step_time": 0.0, "data_time": 0.0, "comm_time": 0.0, "forward_time": 0.0,
+                     "backward_time": 0.0, "optimizer_time": 0.0}
+        self.seen_kinds = set()  # which of forward/backward/optimizer were timed in the window
+        self.timed_steps = 0  # steps with a step_time in the window
+        self.samples = 0
+
+    # -- failures ---------------------------------------------------------------------------
+
+    def fail(self, where, exc):
+        """The first failure inside the hook: one line in the rank's log, and no more of the hook."""
+        if self.failed:
+            return
+        self.failed, self.on = True, False
+        try:
+            os.write(2, ("fabtrain progress: %s failed (%s: %s); this process writes no more progress records, "
+                         "the program goes on\n" % (where, type(exc).__name__, str(exc)[:200])).encode(
+                             "utf-8", "replace"))
+        except OSError:
+            pass
+
+    # -- what the instrumented calls tell it ------------------------------------------------
+
+    def add(self, key, seconds, t0):
+        """Time spent in one kind of call (data_time, comm_time, forward_time, ...) since the last step."""
+        if not self.on:
+            return
+        try:
+            if self.first_activity is None:
+                self.first_activity = t0
+            self.pending[key] += seconds
+        except Exception as e:
+            self.fail("timing", e)
+
+    def batch(self, seconds, t0, batch):
+        if not self.on:
+            return
+        try:
+            if self.first_activity is None:
+                self.first_activity = t0
+            self.pending["data_time"] += seconds
+            size = _batch_size(batch)
+            if size is not None:
+                self.pending["samples"] += size
+                self.samples_seen = True
+        except Exception as e:
+            self.fail("reading a batch", e)
+
+    def backward(self, tensor, seconds, t0):
+        if not self.on:
+            return
+        self.loss_tensor = tensor
+        self.add("backward_time", seconds, t0)
+
+    def step(self, optimizer=None, report=True):
+        """An optimizer step ended: close the step's timing; write a record if one is due (`report`:
+        False where a framework reports its own steps)."""
+        if not self.on:
+            return
+        try:
+            now = self.perf()
+            if self.lock is None:
+                self._start()
+            with self.lock:
+                self.steps += 1
+                self.n += 1
+                start = self.step_end if self.step_end is not None else self.first_activity
+                if start is not None:
+                    self.sums["step_time"] += now - start
+                    self.timed_steps += 1
+                p = self.pending
+                for key in ("data_time", "comm_time", "forward_time", "backward_time", "optimizer_time"):
+                    if p[key]:
+                        self.sums[key] += p[key]
+                        self.seen_kinds.add(key)
+                        p[key] = 0.0
+                self.samples += p["samples"]
+                p["samples"] = 0
+                self.step_end = now
+                if optimizer is not None:
+                    self._lr(optimizer)
+                if report and (now - self.last_write >= INTERVAL):
+                    self._read_loss()
+                    self._write(now)
+        except Exception as e:
+            self.fail("recording a step", e)
+
+    def framework_values(self, framework, step=None, values=None, write=False):
+        """What a framework knows (its global step, logged names, total steps); `write`: its step ended."""
+        if not self.on:
+            return
+        try:
+            if self.lock is None:
+                self._start()
+            with self.lock:
+                self.framework = framework
+                if step is not None:
+                    self.framework_step = int(step)
+                for key, v in (values or {}).items():
+                    n = _number(v)
+                    if n is not None and isinstance(key, str) and 0 < len(key) <= 64 and \
+                            (key in self.values or len(self.values) < MAX_NAMES):
+                        self.values[key] = n
+                now = self.perf()
+                if write and self.n and (now - self.last_write >= INTERVAL):
+                    self._write(now)
+        except Exception as e:
+            self.fail("reading %s's values" % framework, e)
+
+    def _lr(self, optimizer):
+        groups = getattr(optimizer, "param_groups", None)
+        if groups:
+            lr = groups[0].get("lr") if isinstance(groups[0], dict) else None
+            if _finite(lr):
+                self.values["lr"] = lr
+
+    def _read_loss(self):
+        t, self.loss_tensor = self.loss_tensor, None
+        if t is not None:
+            value = _number(t.detach()) if hasattr(t, "detach") else _number(t)
+            if value is not None:
+                self.values["loss"] = value
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def _start(self):
+        import threading
+        self.lock = threading.Lock()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._forked)
+        import atexit
+        atexit.register(self.flush)
+        self._start_thread()
+
+    def _start_thread(self):
+        import threading
+        self.wake = threading.Event()
+        self.thread = threading.Thread(target=self._quiet_writer, name="fabtrain-progress", daemon=True)
+        self.thread.start()
+
+    def _forked(self):
+        """In a forked child (a DataLoader worker): a fresh lock, and the writer thread again if it steps."""
+        import threading
+        self.lock = threading.Lock()
+        self.thread = None
+        self.fd = None
+
+    def _quiet_writer(self):
+        """Writes a step left pending once INTERVAL has passed since the last record and the rank has
+        not stepped for QUIET (a rank that steps writes its own records, with the loss it reads)."""
+        me = self.thread
+        while self.on and self.thread is me:
+            self.wake.wait(QUIET)
+            self.flush(due_only=True)
+
+    def flush(self, due_only=False):
+        if not self.on or self.lock is None:
+            return
+        try:
+            with self.lock:
+                now = self.perf()
+                if self.n and (not due_only or (now - self.last_write >= INTERVAL and now - self.step_end >= QUIET)):
+                    self._write(now)
+        except Exception as e:
+            self.fail("writing a record", e)
+
+    def _record(self):
+        rec = {"ts": round(self.wall(), 3),
+               "step": self.framework_step if self.framework_step is not None else self.steps,
+               "rank": self.rank, "local_rank": self.local_rank, "pid": os.getpid(), "source": AUTO,
+               "framework": self.framework}
+        if self.child:
+            rec["child"] = True
+        s, timed = self.sums, self.timed_steps
+        if timed:
+            step_time = s["step_time"] / timed
+            rec["step_time"] = round(step_time, 6)
+            rec["data_time"] = round(s["data_time"] / self.n, 6)
+            rec["comm_time"] = round(s["comm_time"] / self.n, 6)
+            rec["compute_time"] = round(max(0.0, step_time - rec["data_time"] - rec["comm_time"]), 6)
+            for key in ("forward_time", "backward_time", "optimizer_time"):
+                if key in self.seen_kinds:
+                    rec[key] = round(s[key] / self.n, 6)
+            if self.samples_seen and s["step_time"] > 0:
+                rec["samples_per_s"] = round(self.samples / s["step_time"], 3)
+        for key, v in self.values.items():
+            if key not in rec:
+                rec[key] = v
+        return rec
+
+    def _write(self, now):
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+            if self.child is None:
+                self.child = _launched_elsewhere()
+        if self._program_writes():
+            self.on = False  # its own records from now on: nothing more of ours
+            return
+        import json
+        line = json.dumps(self._record(), separators=(", ", ": ")) + "\n"
+        os.write(self.fd, line.encode())
+        self.last_write = now
+        self.last_written_step = self.steps
+        self._reset_window()
+
+    def _program_writes(self):
+        """The file holds a record of the program's own for this rank (read from where we left off)."""
+        size = os.fstat(self.fd).st_size
+        if size <= self.seen:
+            return False
+        if size - self.seen > (1 << 20):  # far behind: look at the last part only
+            self.seen = size - (1 << 20)
+        data = os.pread(self.fd, size - self.seen, self.seen)
+        end = data.rfind(b"\n")
+        if end < 0:
+            return False
+        self.seen += end + 1
+        for line in data[:end].split(b"\n"):
+            if not line.strip() or b'"source": "auto"' in line:
+                continue
+            import json
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("source") != AUTO and rec.get("rank", self.rank) in (
+                    self.rank, str(self.rank)):
+                return True
+        return False
+
+
+def _launched_elsewhere():
+    """True when this process is not the one the launcher started (its parent is no launch.py)."""
+    try:
+        with open("/proc/%d/cmdline" % os.getppid(), "rb") as f:
+            argv = f.read().split(b"\0")[:8]
+    except OSError:
+        return False
+    return not (b"--exit" in argv and any(a.endswith(b"/launch.py") for a in argv[:4]))
+
+
+REPORTER = None
+
+
+def _guarded(where):
+    def wrap(fn):
+        def run(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                if REPORTER is not None:
+                    REPORTER.fail(where, e)
+        return run
+    return wrap
+
+
+# -- instrumenting each framework once it is imported ------------------------------------------------------
+
+
+def _wraps(orig, wrapper):
+    import functools
+    return functools.wraps(orig)(wrapper)
+
+
+@_guarded("instrumenting torch")
+def _instrument_torch(torch):
+    r = REPORTER
+    perf = r.perf
+    from torch.optim import optimizer as optim_mod
+
+    def pre(optimizer, args, kwargs):
+        r.opt_t0 = perf()
+
+    def post(optimizer, args, kwargs):
+        t0 = getattr(r, "opt_t0", None)
+        if t0 is not None:
+            r.add("optimizer_time", perf() - t0, t0)
+            r.opt_t0 = None
+        r.step(optimizer, report=r.framework not in DRIVERS)
+
+    optim_mod.register_optimizer_step_pre_hook(pre)
+    optim_mod.register_optimizer_step_post_hook(post)
+
+    from torch.utils.data import dataloader
+    base = dataloader._BaseDataLoaderIter
+    orig_next = base.__next__
+
+    def __next__(self):
+        t0 = perf()
+        batch = orig_next(self)
+        r.batch(perf() - t0, t0, batch)
+        return batch
+    base.__next__ = _wraps(orig_next, __next__)
+
+    orig_backward = torch.Tensor.backward
+
+    def backward(self, *args, **kwargs):
+        t0 = perf()
+        out = orig_backward(self, *args, **kwargs)
+        r.backward(self, perf() - t0, t0)
+        return out
+    torch.Tensor.backward = _wraps(orig_backward, backward)
+
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and getattr(dist, "is_available", lambda: False)():
+        for name in COLLECTIVES:
+            orig = getattr(dist, name, None)
+            if callable(orig):
+                setattr(dist, name, _wraps(orig, _timed(orig, "comm_time")))
+        try:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            DDP.forward = _wraps(DDP.forward, _timed(DDP.forward, "forward_time"))
+        except ImportError:
+            pass
+
+
+def _timed(orig, key):
+    r = REPORTER
+    perf = r.perf
+
+    def call(*args, **kwargs):
+        t0 = perf()
+        out = orig(*args, **kwargs)
+        r.add(key, perf() - t0, t0)
+        return out
+    return call
+
+
+@_guarded("instrumenting Lightning")
+def _instrument_lightning(module):
+    r = REPORTER
+    Trainer, Callback = module.Trainer, module.Callback
+
+    class FabtrainProgress(Callback):
+        """fabtrain's progress records (added by the launcher's hook; it changes nothing)."""
+
+        def on_train_start(self, trainer, pl_module):
+            total = None
+            try:
+                total = trainer.estimated_stepping_batches
+            except Exception:  # not known before the loop, or infinite
+                total = None
+            if not _finite(total) or total <= 0:
+                total = trainer.max_steps if _finite(trainer.max_steps) and trainer.max_steps > 0 else None
+            r.framework_values("lightning", trainer.global_step, {"total_steps": int(total)} if total else None)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if r.framework_step == trainer.global_step and r.framework == "lightning":
+                return  # no optimizer step in this batch (gradient accumulation)
+            now = r.perf()
+            values = None
+            if now - r.last_write >= INTERVAL:
+                values = {"epoch": trainer.current_epoch}
+                for source in (trainer.logged_metrics, trainer.progress_bar_metrics):
+                    for key, v in list(source.items())[:MAX_NAMES]:
+                        values[key] = v
+                for key in ("train_loss", "loss"):
+                    if key in values and _number(values[key]) is not None:
+                        values["loss"] = values[key]
+                        break
+                r._read_loss()
+            r.framework_values("lightning", trainer.global_step, values, write=True)
+
+    orig_init = Trainer.__init__
+
+    def __init__(self, *args, **kwargs):
+        orig_init(self, *args, **kwargs)
+        _add_callback_lightning(self, FabtrainProgress)
+    Trainer.__init__ = _wraps(orig_init, __init__)
+
+
+@_guarded("adding the Lightning callback")
+def _add_callback_lightning(trainer, cls):
+    if not any(type(c).__name__ == cls.__name__ for c in trainer.callbacks):
+        trainer.callbacks.append(cls())
+
+
+@_guarded("instrumenting transformers")
+def _instrument_transformers(module):
+    r = REPORTER
+    from transformers import TrainerCallback
+
+    class FabtrainProgress(TrainerCallback):
+        """fabtrain's progress records (added by the launcher's hook; it changes nothing)."""
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            r.framework_values("transformers", state.global_step,
+                               {"total_steps": state.max_steps} if state.max_steps and state.max_steps > 0 else None)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            values = dict(logs or {})
+            if "learning_rate" in values:
+                values["lr"] = values["learning_rate"]
+            r.framework_values("transformers", state.global_step, values)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            r.framework_values("transformers", state.global_step, {"epoch": state.epoch}, write=True)
+
+    orig_init = module.Trainer.__init__
+
+    def __init__(self, *args, **kwargs):
+        orig_init(self, *args, **kwargs)
+        _add_callback_hf(self, FabtrainProgress)
+    module.Trainer.__init__ = _wraps(orig_init, __init__)
+
+
+@_guarded("adding the Hugging Face callback")
+def _add_callback_hf(trainer, cls):
+    trainer.add_callback(cls)
+
+
+@_guarded("instrumenting accelerate")
+def _instrument_accelerate(module):
+    r = REPORTER
+    Accelerator = module.Accelerator
+    orig_init, orig_log = Accelerator.__init__, Accelerator.log
+
+    def __init__(self, *args, **kwargs):
+        orig_init(self, *args, **kwargs)
+        if r.framework == "torch":
+            r.framework = "accelerate"
+
+    def log(self, values, step=None, *args, **kwargs):
+        out = orig_log(self, values, step, *args, **kwargs)
+        r.framework_values("accelerate", None, values if isinstance(values, dict) else None)
+        return out
+    Accelerator.__init__ = _wraps(orig_init, __init__)
+    Accelerator.log = _wraps(orig_log, log)
+
+
+@_guarded("instrumenting paddle")
+def _instrument_paddle(paddle):
+    r = REPORTER
+    import paddle.optimizer as popt
+    base = popt.Optimizer
+    perf = r.perf
+    for cls in {base} | {getattr(popt, n) for n in dir(popt)
+                         if isinstance(getattr(popt, n), type) and issubclass(getattr(popt, n), base)}:
+        orig = cls.__dict__.get("step")
+        if orig is None or getattr(orig, "_fabtrain", False):
+            continue
+
+        def make(orig):
+            def step(self, *args, **kwargs):
+                t0 = perf()
+                out = orig(self, *args, **kwargs)
+                r.add("optimizer_time", perf() - t0, t0)
+                r.framework = "paddle"
+                _paddle_lr(self)
+                r.step()
+                return out
+            step = _wraps(orig, step)
+            step._fabtrain = True
+            return step
+        cls.step = make(orig)
+    try:
+        from paddle.io import DataLoader
+        orig_iter = DataLoader.__iter__
+
+        def __iter__(self):
+            return _PaddleBatches(orig_iter(self))
+        DataLoader.__iter__ = _wraps(orig_iter, __iter__)
+    except ImportError:
+        pass
+
+
+def _paddle_lr(optimizer):
+    try:
+        lr = optimizer.get_lr()
+    except Exception:
+        return
+    if _finite(lr):
+        REPORTER.values["lr"] = lr
+
+
+class _PaddleBatches:
+    """A paddle DataLoader's iterator, timed: the time waiting for each batch is data_time."""
+
+    def __init__(self, it):
+        self._it = it
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        r = REPORTER
+        t0 = r.perf()
+        batch = next(self._it)
+        r.batch(r.perf() - t0, t0, batch)
+        return batch
+
+    def __len__(self):
+        return len(self._it)
+
+    def __getattr__(self, name):
+        return getattr(self._it, name)
+
+
+INSTRUMENT = {"torch": _instrument_torch, "lightning": _instrument_lightning,
+              "transformers": _instrument_transformers, "accelerate": _instrument_accelerate,
+              "paddle": _instrument_paddle}
+
+
+class _Finder:
+    """A `sys.meta_path` entry that finds nothing itself: it lets the real finder find a watched module and
+    instruments the module once it has been executed."""
+
+    def __init__(self):
+        self.busy = set()
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in WATCH or name in self.busy or not REPORTER.on:
+            return None
+        self.busy.add(name)
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self.busy.discard(name)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        try:
+            orig = loader.exec_module
+
+            def exec_module(module):
+                try:
+                    del loader.exec_module  # the loader as it was
+                except AttributeError:
+                    pass
+                orig(module)
+                if REPORTER.on:
+                    INSTRUMENT[WATCH[name]](module)
+            loader.exec_module = exec_module
+        except (AttributeError, TypeError):  # a loader that takes no attribute: not instrumented
+            pass
+        return spec
+
+
+@_guarded("starting")
+def install():
+    global REPORTER
+    if REPORTER is not None or not enabled():
+        return
+    REPORTER = Reporter()
+    sys.meta_path.insert(0, _Finder())
+
+
+def source():
+    """This file's text, which node ops writes beside the launcher's sitecustomize.py."""
+    loader = globals().get("__loader__")  # node ops' bundle (fabtrain.remote.rpc) has no file to read
+    text = loader.get_source(__name__) if hasattr(loader, "get_source") else None
+    if text:
+        return text
+    with open(__file__) as f:
+        return f.read()
+
+
+if __name__ == HOOK_NAME:
+    install()
