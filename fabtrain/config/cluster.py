@@ -219,6 +219,18 @@ def cluster_path(path: str | os.PathLike | None = None) -> str:
     return os.fspath(path or os.environ.get("FABTRAIN_CLUSTER") or DEFAULT_CLUSTER_FILE)
 
 
+@reported
+def _instrument(checks: Checks, value: Any, where: str) -> tuple[str, ...]:
+    """job.watchdog.instrument: true, false, or per role ({trainer: true, pserver: false}; a role left out is
+    instrumented)."""
+    if isinstance(value, bool):
+        return WatchdogSpec.instrument if value else ()
+    if not isinstance(value, dict):
+        raise checks.fail(where, f"must be true, false or a mapping of roles to true/false, got {kind_of(value)}")
+    roles = checks.mapping(value, where, FIELDS[where])
+    return tuple(r for r in WatchdogSpec.instrument if checks.boolean(roles.get(r, True), f"{where}.{r}"))
+
+
 def load_cluster(path: str | os.PathLike | None = None) -> Cluster:
     path = cluster_path(path)
     try:
@@ -484,7 +496,7 @@ class _Parser(Checks):
             min_nodes=self.integer(w["min_nodes"], "job.watchdog.min_nodes", 1, 1 << 20)
             if w.get("min_nodes") is not None else None,
             **self.straggler(w.get("straggler"), dw),
-            instrument=self.instrument(w.get("instrument", True), dw),
+            instrument=_instrument(self, w.get("instrument", True), "job.watchdog.instrument"),
         )
 
         env = self.job_env(d.get("env") or {})
@@ -522,18 +534,6 @@ class _Parser(Checks):
                                                0.01, 1),
                 "straggler_window": self.number(s.get("window", dw.straggler_window), "job.watchdog.straggler.window",
                                                 1, 7 * 86400)}
-
-    @reported
-    def instrument(self, value: Any, dw: WatchdogSpec) -> tuple[str, ...]:
-        """job.watchdog.instrument: true, false, or per role ({trainer: true, pserver: false}; a role left
-        out is instrumented)."""
-        where = "job.watchdog.instrument"
-        if isinstance(value, bool):
-            return dw.instrument if value else ()
-        if not isinstance(value, dict):
-            raise self.fail(where, f"must be true, false or a mapping of roles to true/false, got {kind_of(value)}")
-        roles = self.mapping(value, where, FIELDS[where])
-        return tuple(r for r in dw.instrument if self.boolean(roles.get(r, True), f"{where}.{r}") is True)
 
     def check_roles(self, cluster: Cluster) -> None:
         if not cluster.trainer_nodes:

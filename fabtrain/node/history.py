@@ -10,11 +10,12 @@ Neither writes anything, and neither ever returns the job's secret.
 import json
 import os
 
-from fabtrain.node import atomic, jobid, ops
+from fabtrain.node import atomic, jobid, ops, progress
 
 # The events that tell how a job went, as opposed to the watchdog's running commentary.
 OUTCOME_KINDS = ("job_failed", "finished", "kept", "killed", "restarting", "restarted")
-SERIES_KEYS = ("ts", "step", "epoch", "loss", "samples_per_s", "eval_loss", "lr")
+SERIES_KEYS = ("ts", "step", "epoch", "loss", "samples_per_s", "eval_loss", "lr", "step_time", "data_time",
+               "compute_time", "comm_time")
 MAX_POINTS = 2000  # per trainer in a `job` reply: a long run is thinned evenly, its last point kept
 MAX_EVENTS = 500
 MAX_JOBS = 500
@@ -64,15 +65,27 @@ def metric_files(jd):
         return []
 
 
-def last_record(path):
-    for line in reversed(ops.tail_lines(path, 5)):
+def by_row(process, lines):
+    """A metrics file's records by trainer (progress.row: under torchrun one file holds every local
+    rank's), the hook's records left out of a trainer that has records of the program's own."""
+    rows, own = {}, set()
+    for line in lines:
         try:
             rec = json.loads(line)
         except ValueError:
             continue
         if isinstance(rec, dict):
-            return rec
-    return None
+            name = progress.row(process, rec)
+            if rec.get("source") != progress.AUTO:
+                own.add(name)
+            rows.setdefault(name, []).append(rec)
+    return {name: [r for r in recs if name not in own or r.get("source") != progress.AUTO]
+            for name, recs in rows.items()}
+
+
+def last_records(path, process):
+    """Each trainer's last record among the file's last lines."""
+    return {name: recs[-1] for name, recs in by_row(process, ops.tail_lines(path, 64)).items() if recs}
 
 
 def started_at(jd):
@@ -113,8 +126,8 @@ def job_entry(ws, job_id):
         "last_write": ended_at(jd),
         "status": status,
         "events": read_events(jd, OUTCOME_KINDS, 200),
-        "last_metrics": {name: last_record(os.path.join(jd, "metrics", name + ".jsonl"))
-                         for name in metric_files(jd)},
+        "last_metrics": {row: rec for name in metric_files(jd)
+                         for row, rec in last_records(os.path.join(jd, "metrics", name + ".jsonl"), name).items()},
     }
 
 
@@ -142,21 +155,16 @@ def thin(records, max_points):
     return picked
 
 
-def series(path, max_points):
-    out = []
+def series(path, process, max_points):
+    """Each trainer's series in one metrics file (by_row), thinned."""
     try:
         f = open(path, "rb")
     except OSError:
-        return out
+        return {}
     with f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
-                out.append({k: rec[k] for k in SERIES_KEYS if k in rec})
-    return thin(out, max_points)
+        rows = by_row(process, f)
+    return {name: thin([{k: rec[k] for k in SERIES_KEYS if k in rec} for rec in recs], max_points)
+            for name, recs in rows.items()}
 
 
 def op_job(payload):
@@ -169,8 +177,8 @@ def op_job(payload):
     entry = job_entry(ws, job_id)
     max_points = int(payload.get("max_points", MAX_POINTS))
     entry["found"] = True
-    entry["series"] = {name: series(os.path.join(jd, "metrics", name + ".jsonl"), max_points)
-                       for name in metric_files(jd)}
+    entry["series"] = {row: points for name in metric_files(jd)
+                       for row, points in series(os.path.join(jd, "metrics", name + ".jsonl"), name, max_points).items()}
     entry["events"] = read_events(jd, None, int(payload.get("max_events", MAX_EVENTS)))
     lines = int(payload.get("lines", 50))
     logs = {}

@@ -206,7 +206,8 @@ def _start_leased(payload, job, ws, jd, leases, warnings):
     # a rank mpirun starts waits for launch.py, so it finds both.
     hook = launch.hook_dir(jd)
     make_private_dirs(os.path.dirname(hook), hook)
-    atomic.write(os.path.join(hook, progress.HOOK_NAME + ".py"), progress.source())
+    for name, text in progress.sources().items():
+        atomic.write(os.path.join(hook, name), text)
     atomic.write(os.path.join(jd, launch.SCRIPT), launch.source())
     tmp_link = os.path.join(ws, ".current.%d" % os.getpid())
     os.symlink(os.path.join("jobs", job["job_id"]), tmp_link)

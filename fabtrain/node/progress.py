@@ -76,6 +76,12 @@ def row(process, rec):
     return "%s.rank%s" % (process, r) if isinstance(r, int) and not isinstance(r, bool) else process
 
 
+def process_of(name):
+    """The process a trainer of the views is (row's inverse): "trainer-0.rank3" -> "trainer-0"."""
+    process, sep, rank = name.rpartition(".rank")
+    return process if sep and rank.isdigit() else name
+
+
 def enabled(environ=os.environ):
     return bool(environ.get(ENV_METRICS)) and environ.get(ENV_INSTRUMENT, "1").strip().lower() not in (
         "0", "false", "no", "off")
@@ -492,179 +498,29 @@ def _timed(orig, key):
     return call
 
 
-@_guarded("instrumenting Lightning")
-def _instrument_lightning(module):
-    r = REPORTER
-    Trainer, Callback = module.Trainer, module.Callback
-
-    class FabtrainProgress(Callback):
-        """fabtrain's progress records (added by the launcher's hook; it changes nothing)."""
-
-        def on_train_start(self, trainer, pl_module):
-            total = None
-            try:
-                total = trainer.estimated_stepping_batches
-            except Exception:  # not known before the loop, or infinite
-                total = None
-            if not _finite(total) or total <= 0:
-                total = trainer.max_steps if _finite(trainer.max_steps) and trainer.max_steps > 0 else None
-            r.framework_values("lightning", trainer.global_step, {"total_steps": int(total)} if total else None)
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            if r.framework_step == trainer.global_step and r.framework == "lightning":
-                return  # no optimizer step in this batch (gradient accumulation)
-            now = r.perf()
-            values = None
-            if now - r.last_write >= INTERVAL:
-                values = {"epoch": trainer.current_epoch}
-                for source in (trainer.logged_metrics, trainer.progress_bar_metrics):
-                    for key, v in list(source.items())[:MAX_NAMES]:
-                        values[key] = v
-                for key in ("train_loss", "loss"):
-                    if key in values and _number(values[key]) is not None:
-                        values["loss"] = values[key]
-                        break
-                r._read_loss()
-            r.framework_values("lightning", trainer.global_step, values, write=True)
-
-    orig_init = Trainer.__init__
-
-    def __init__(self, *args, **kwargs):
-        orig_init(self, *args, **kwargs)
-        _add_callback_lightning(self, FabtrainProgress)
-    Trainer.__init__ = _wraps(orig_init, __init__)
+def _frameworks():
+    """progress_frameworks.py: beside this file in a program (node ops writes both), else the package's."""
+    if __name__ != HOOK_NAME:
+        from fabtrain.node import progress_frameworks
+        return progress_frameworks
+    name = HOOK_NAME + "_frameworks"
+    if name not in sys.modules:
+        from importlib.util import module_from_spec, spec_from_file_location
+        spec = spec_from_file_location(name, os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py"))
+        module = module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
 
 
-@_guarded("adding the Lightning callback")
-def _add_callback_lightning(trainer, cls):
-    if not any(type(c).__name__ == cls.__name__ for c in trainer.callbacks):
-        trainer.callbacks.append(cls())
+def _framework(kind):
+    @_guarded("instrumenting " + kind)
+    def instrument(module):
+        getattr(_frameworks(), kind)(sys.modules[__name__], module)
+    return instrument
 
 
-@_guarded("instrumenting transformers")
-def _instrument_transformers(module):
-    r = REPORTER
-    from transformers import TrainerCallback
-
-    class FabtrainProgress(TrainerCallback):
-        """fabtrain's progress records (added by the launcher's hook; it changes nothing)."""
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            r.framework_values("transformers", state.global_step,
-                               {"total_steps": state.max_steps} if state.max_steps and state.max_steps > 0 else None)
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            values = dict(logs or {})
-            if "learning_rate" in values:
-                values["lr"] = values["learning_rate"]
-            r.framework_values("transformers", state.global_step, values)
-
-        def on_step_end(self, args, state, control, **kwargs):
-            r.framework_values("transformers", state.global_step, {"epoch": state.epoch}, write=True)
-
-    orig_init = module.Trainer.__init__
-
-    def __init__(self, *args, **kwargs):
-        orig_init(self, *args, **kwargs)
-        _add_callback_hf(self, FabtrainProgress)
-    module.Trainer.__init__ = _wraps(orig_init, __init__)
-
-
-@_guarded("adding the Hugging Face callback")
-def _add_callback_hf(trainer, cls):
-    trainer.add_callback(cls)
-
-
-@_guarded("instrumenting accelerate")
-def _instrument_accelerate(module):
-    r = REPORTER
-    Accelerator = module.Accelerator
-    orig_init, orig_log = Accelerator.__init__, Accelerator.log
-
-    def __init__(self, *args, **kwargs):
-        orig_init(self, *args, **kwargs)
-        if r.framework == "torch":
-            r.framework = "accelerate"
-
-    def log(self, values, step=None, *args, **kwargs):
-        out = orig_log(self, values, step, *args, **kwargs)
-        r.framework_values("accelerate", None, values if isinstance(values, dict) else None)
-        return out
-    Accelerator.__init__ = _wraps(orig_init, __init__)
-    Accelerator.log = _wraps(orig_log, log)
-
-
-@_guarded("instrumenting paddle")
-def _instrument_paddle(paddle):
-    r = REPORTER
-    import paddle.optimizer as popt
-    base = popt.Optimizer
-    perf = r.perf
-    for cls in {base} | {getattr(popt, n) for n in dir(popt)
-                         if isinstance(getattr(popt, n), type) and issubclass(getattr(popt, n), base)}:
-        orig = cls.__dict__.get("step")
-        if orig is None or getattr(orig, "_fabtrain", False):
-            continue
-
-        def make(orig):
-            def step(self, *args, **kwargs):
-                t0 = perf()
-                out = orig(self, *args, **kwargs)
-                r.add("optimizer_time", perf() - t0, t0)
-                r.framework = "paddle"
-                _paddle_lr(self)
-                r.step()
-                return out
-            step = _wraps(orig, step)
-            step._fabtrain = True
-            return step
-        cls.step = make(orig)
-    try:
-        from paddle.io import DataLoader
-        orig_iter = DataLoader.__iter__
-
-        def __iter__(self):
-            return _PaddleBatches(orig_iter(self))
-        DataLoader.__iter__ = _wraps(orig_iter, __iter__)
-    except ImportError:
-        pass
-
-
-def _paddle_lr(optimizer):
-    try:
-        lr = optimizer.get_lr()
-    except Exception:
-        return
-    if _finite(lr):
-        REPORTER.values["lr"] = lr
-
-
-class _PaddleBatches:
-    """A paddle DataLoader's iterator, timed: the time waiting for each batch is data_time."""
-
-    def __init__(self, it):
-        self._it = it
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        r = REPORTER
-        t0 = r.perf()
-        batch = next(self._it)
-        r.batch(r.perf() - t0, t0, batch)
-        return batch
-
-    def __len__(self):
-        return len(self._it)
-
-    def __getattr__(self, name):
-        return getattr(self._it, name)
-
-
-INSTRUMENT = {"torch": _instrument_torch, "lightning": _instrument_lightning,
-              "transformers": _instrument_transformers, "accelerate": _instrument_accelerate,
-              "paddle": _instrument_paddle}
+INSTRUMENT = {"torch": _instrument_torch, **{kind: _framework(kind) for kind in FRAMEWORKS[1:]}}
 
 
 class _Finder:
@@ -717,13 +573,18 @@ def install():
     sys.meta_path.insert(0, _Finder())
 
 
-def source():
-    """This file's text, which node ops writes beside the launcher's sitecustomize.py."""
-    loader = globals().get("__loader__")  # node ops' bundle (fabtrain.remote.rpc) has no file to read
-    text = loader.get_source(__name__) if hasattr(loader, "get_source") else None
+def sources():
+    """The hook's files as node ops writes them beside the launcher's sitecustomize.py: {file name: text}."""
+    from fabtrain.node import progress_frameworks
+    return {HOOK_NAME + ".py": _text(sys.modules[__name__]), HOOK_NAME + "_frameworks.py": _text(progress_frameworks)}
+
+
+def _text(module):
+    loader = getattr(module, "__loader__", None)  # node ops' bundle (fabtrain.remote.rpc) has no file to read
+    text = loader.get_source(module.__name__) if hasattr(loader, "get_source") else None
     if text:
         return text
-    with open(__file__) as f:
+    with open(module.__file__) as f:
         return f.read()
 
 
