@@ -59,6 +59,8 @@ COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_i
 # module -> what to instrument once it is imported (each name is the module's own, exactly)
 WATCH = {"torch": "torch", "lightning.pytorch": "lightning", "pytorch_lightning": "lightning",
          "transformers.trainer": "transformers", "accelerate.accelerator": "accelerate", "paddle": "paddle"}
+PARTS = ("data_time", "comm_time", "forward_time", "backward_time", "optimizer_time")  # a step's timed parts
+DATA, COMM, FORWARD, BACKWARD, OPTIMIZER = range(len(PARTS))
 DRIVERS = ("lightning", "transformers")  # frameworks whose callbacks write the records (their own step)
 MAX_NAMES = 32  # a framework's logged names kept in one record
 
@@ -163,18 +165,18 @@ class Reporter:
         self.first_activity = None  # perf time of the first timed call: the first step's start
         self.values = {}  # loss, lr, epoch, total_steps, the framework's names: the latest known
         self.loss_tensor = None
+        self.optimizer = None  # the last one stepped: its lr is read when a record is written
         self.samples_seen = False  # a batch's size was read: samples/s can be said
-        # what happened since the last step's end: the step it belongs to takes it when it ends
-        self.pending = {"data_time": 0.0, "comm_time": 0.0, "forward_time": 0.0, "backward_time": 0.0,
-                        "optimizer_time": 0.0, "samples": 0}
+        # What happened since the last step's end, by PARTS index (the step it belongs to takes it when it
+        # ends), and the batches' samples: lists, so a step costs a few list operations.
+        self.pending, self.pending_samples = [0.0] * len(PARTS), 0
         self._reset_window()
 
     def _reset_window(self):
         self.n = 0  # steps in the window
-        self.sums = {"step_time": 0.0, "data_time": 0.0, "comm_time": 0.0, "forward_time": 0.0,
-                     "backward_time": 0.0, "optimizer_time": 0.0}
-        self.seen_kinds = set()  # which of forward/backward/optimizer were timed in the window
+        self.step_time = 0.0  # summed over the window's timed steps
         self.timed_steps = 0  # steps with a step_time in the window
+        self.sums = [0.0] * len(PARTS)
         self.samples = 0
 
     # -- failures ---------------------------------------------------------------------------
@@ -193,16 +195,11 @@ class Reporter:
 
     # -- what the instrumented calls tell it ------------------------------------------------
 
-    def add(self, key, seconds, t0):
-        """Time spent in one kind of call (data_time, comm_time, forward_time, ...) since the last step."""
-        if not self.on:
-            return
-        try:
-            if self.first_activity is None:
-                self.first_activity = t0
-            self.pending[key] += seconds
-        except Exception as e:
-            self.fail("timing", e)
+    def add(self, part, seconds, t0):
+        """Time spent in one kind of call (PARTS index) since the last step."""
+        if self.first_activity is None:
+            self.first_activity = t0
+        self.pending[part] += seconds
 
     def batch(self, seconds, t0, batch):
         if not self.on:
@@ -210,19 +207,17 @@ class Reporter:
         try:
             if self.first_activity is None:
                 self.first_activity = t0
-            self.pending["data_time"] += seconds
+            self.pending[DATA] += seconds
             size = _batch_size(batch)
             if size is not None:
-                self.pending["samples"] += size
+                self.pending_samples += size
                 self.samples_seen = True
         except Exception as e:
             self.fail("reading a batch", e)
 
     def backward(self, tensor, seconds, t0):
-        if not self.on:
-            return
         self.loss_tensor = tensor
-        self.add("backward_time", seconds, t0)
+        self.add(BACKWARD, seconds, t0)
 
     def step(self, optimizer=None, report=True):
         """An optimizer step ended: close the step's timing; write a record if one is due (`report`:
@@ -238,20 +233,16 @@ class Reporter:
                 self.n += 1
                 start = self.step_end if self.step_end is not None else self.first_activity
                 if start is not None:
-                    self.sums["step_time"] += now - start
+                    self.step_time += now - start
                     self.timed_steps += 1
-                p = self.pending
-                for key in ("data_time", "comm_time", "forward_time", "backward_time", "optimizer_time"):
-                    if p[key]:
-                        self.sums[key] += p[key]
-                        self.seen_kinds.add(key)
-                        p[key] = 0.0
-                self.samples += p["samples"]
-                p["samples"] = 0
+                self.sums = [a + b for a, b in zip(self.sums, self.pending)]
+                self.pending = [0.0] * len(PARTS)
+                self.samples += self.pending_samples
+                self.pending_samples = 0
                 self.step_end = now
                 if optimizer is not None:
-                    self._lr(optimizer)
-                if report and (now - self.last_write >= INTERVAL):
+                    self.optimizer = optimizer
+                if report and now - self.last_write >= INTERVAL:
                     self._read_loss()
                     self._write(now)
         except Exception as e:
@@ -279,8 +270,8 @@ class Reporter:
         except Exception as e:
             self.fail("reading %s's values" % framework, e)
 
-    def _lr(self, optimizer):
-        groups = getattr(optimizer, "param_groups", None)
+    def _lr(self):
+        groups = getattr(self.optimizer, "param_groups", None)
         if groups:
             lr = groups[0].get("lr") if isinstance(groups[0], dict) else None
             if _finite(lr):
@@ -343,18 +334,19 @@ class Reporter:
                "framework": self.framework}
         if self.child:
             rec["child"] = True
-        s, timed = self.sums, self.timed_steps
+        s, timed, n = self.sums, self.timed_steps, self.n
         if timed:
-            step_time = s["step_time"] / timed
+            step_time = self.step_time / timed
             rec["step_time"] = round(step_time, 6)
-            rec["data_time"] = round(s["data_time"] / self.n, 6)
-            rec["comm_time"] = round(s["comm_time"] / self.n, 6)
+            rec["data_time"] = round(s[DATA] / n, 6)
+            rec["comm_time"] = round(s[COMM] / n, 6)
             rec["compute_time"] = round(max(0.0, step_time - rec["data_time"] - rec["comm_time"]), 6)
-            for key in ("forward_time", "backward_time", "optimizer_time"):
-                if key in self.seen_kinds:
-                    rec[key] = round(s[key] / self.n, 6)
-            if self.samples_seen and s["step_time"] > 0:
-                rec["samples_per_s"] = round(self.samples / s["step_time"], 3)
+            for part in (FORWARD, BACKWARD, OPTIMIZER):
+                if s[part]:
+                    rec[PARTS[part]] = round(s[part] / n, 6)
+            if self.samples_seen and self.step_time > 0:
+                rec["samples_per_s"] = round(self.samples / self.step_time, 3)
+        self._lr()
         for key, v in self.values.items():
             if key not in rec:
                 rec[key] = v
@@ -446,7 +438,7 @@ def _instrument_torch(torch):
     def post(optimizer, args, kwargs):
         t0 = getattr(r, "opt_t0", None)
         if t0 is not None:
-            r.add("optimizer_time", perf() - t0, t0)
+            r.add(OPTIMIZER, perf() - t0, t0)
             r.opt_t0 = None
         r.step(optimizer, report=r.framework not in DRIVERS)
 
@@ -478,22 +470,22 @@ def _instrument_torch(torch):
         for name in COLLECTIVES:
             orig = getattr(dist, name, None)
             if callable(orig):
-                setattr(dist, name, _wraps(orig, _timed(orig, "comm_time")))
+                setattr(dist, name, _wraps(orig, _timed(orig, COMM)))
         try:
             from torch.nn.parallel import DistributedDataParallel as DDP
-            DDP.forward = _wraps(DDP.forward, _timed(DDP.forward, "forward_time"))
+            DDP.forward = _wraps(DDP.forward, _timed(DDP.forward, FORWARD))
         except ImportError:
             pass
 
 
-def _timed(orig, key):
+def _timed(orig, part):
     r = REPORTER
     perf = r.perf
 
     def call(*args, **kwargs):
         t0 = perf()
         out = orig(*args, **kwargs)
-        r.add(key, perf() - t0, t0)
+        r.add(part, perf() - t0, t0)
         return out
     return call
 

@@ -141,7 +141,7 @@ def paddle(core, paddle):
             def step(self, *args, **kwargs):
                 t0 = perf()
                 out = orig(self, *args, **kwargs)
-                r.add("optimizer_time", perf() - t0, t0)
+                r.add(core.OPTIMIZER, perf() - t0, t0)
                 r.framework = "paddle"
                 _paddle_lr(r, self)
                 r.step()
