@@ -366,6 +366,9 @@ class Collector:
                 del self.progress[name]
                 self.series.forget(TRAINERS, name)
                 p = None
+        if rec.get("between_steps") and p is not None:  # busy without a step (evaluating): alive, nothing new
+            p.last, p.last_ts = {**p.last, "ts": rec.get("ts", p.last.get("ts"))}, time.time()
+            return
         if p is None:
             role = rec.get("role") or name.rsplit("-", 1)[0]
             p = self.progress[name] = TrainerProgress(node, name, role, rec.get("rank"))

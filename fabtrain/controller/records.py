@@ -175,7 +175,7 @@ EVENT = obj({"kind": kind, "ts": number, "node": NAME, "name": NAME, "role": NAM
 # A program's own record, or the launcher's hook's (fabtrain/node/progress.py: "source": "auto").
 METRIC = obj({"ts": number, "step": number, "epoch": number, "loss": number, "samples_per_s": number,
               "eval_loss": number, "lr": number, "role": NAME, "rank": rank, "local_rank": integer, "pid": integer,
-              "source": text(16), "framework": NAME, "child": flag, "total_steps": number, "step_time": number,
+              "source": text(16), "framework": NAME, "child": flag, "between_steps": flag, "total_steps": number, "step_time": number,
               "data_time": number, "compute_time": number, "comm_time": number, "forward_time": number,
               "backward_time": number, "optimizer_time": number}, extra=scalar)
 PROCESS = obj({"name": NAME, "state": state, "pid": integer, "program_pid": integer, "exit_code": integer,

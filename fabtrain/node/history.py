@@ -74,7 +74,7 @@ def by_row(process, lines):
             rec = json.loads(line)
         except ValueError:
             continue
-        if isinstance(rec, dict):
+        if isinstance(rec, dict) and not rec.get("between_steps"):  # the hook's sign of a rank busy between steps
             name = progress.row(process, rec)
             if rec.get("source") != progress.AUTO:
                 own.add(name)

@@ -48,6 +48,9 @@ import sys
 
 INTERVAL = 0.5  # seconds between two records of one rank, at most
 QUIET = 0.1  # seconds without a step after which a step left pending is written by the writer thread
+# Seconds between records of a rank that works without stepping (it evaluates: batches, forwards, collectives):
+# the same step, marked "between_steps", so the watchdog sees it busy rather than hung.
+BETWEEN_STEPS = 5.0
 ENV_METRICS = "FABTRAIN_METRICS"
 ENV_INSTRUMENT = "FABTRAIN_INSTRUMENT"  # "0": no instrumentation (job.watchdog.instrument: false)
 HOOK_NAME = "_fabtrain_progress"  # this module's name in a program (the file node ops writes)
@@ -159,10 +162,10 @@ class Reporter:
         self.thread = None
         self.steps = 0  # optimizer steps of this rank
         self.framework_step = None  # the framework's own global step, where it has one
-        self.last_written_step = None
         self.last_write = float("-inf")  # perf time of the last record
         self.step_end = None  # perf time of the last step's end
         self.first_activity = None  # perf time of the first timed call: the first step's start
+        self.active = None  # perf time of the latest timed call (a batch, a forward, a collective, ...)
         self.values = {}  # loss, lr, epoch, total_steps, the framework's names: the latest known
         self.loss_tensor = None
         self.optimizer = None  # the last one stepped: its lr is read when a record is written
@@ -200,6 +203,7 @@ class Reporter:
         if self.first_activity is None:
             self.first_activity = t0
         self.pending[part] += seconds
+        self.active = t0
 
     def batch(self, seconds, t0, batch):
         if not self.on:
@@ -208,6 +212,7 @@ class Reporter:
             if self.first_activity is None:
                 self.first_activity = t0
             self.pending[DATA] += seconds
+            self.active = t0
             size = _batch_size(batch)
             if size is not None:
                 self.pending_samples += size
@@ -324,6 +329,9 @@ class Reporter:
                 now = self.perf()
                 if self.n and (not due_only or (now - self.last_write >= INTERVAL and now - self.step_end >= QUIET)):
                     self._write(now)
+                elif due_only and self.steps and now - self.last_write >= BETWEEN_STEPS and self.active is not None \
+                        and self.active > self.last_write:
+                    self._write(now, between_steps=True)
         except Exception as e:
             self.fail("writing a record", e)
 
@@ -352,7 +360,7 @@ class Reporter:
                 rec[key] = v
         return rec
 
-    def _write(self, now):
+    def _write(self, now, between_steps=False):
         if self.fd is None:
             self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
             if self.child is None:
@@ -361,11 +369,15 @@ class Reporter:
             self.on = False  # its own records from now on: nothing more of ours
             return
         import json
-        line = json.dumps(self._record(), separators=(", ", ": ")) + "\n"
+        rec = self._record() if not between_steps else {
+            "ts": round(self.wall(), 3), "step": self.framework_step if self.framework_step is not None else self.steps,
+            "rank": self.rank, "local_rank": self.local_rank, "pid": os.getpid(), "source": AUTO,
+            "framework": self.framework, "between_steps": True, **({"child": True} if self.child else {})}
+        line = json.dumps(rec, separators=(", ", ": ")) + "\n"
         os.write(self.fd, line.encode())
         self.last_write = now
-        self.last_written_step = self.steps
-        self._reset_window()
+        if not between_steps:
+            self._reset_window()
 
     def _program_writes(self):
         """The file holds a record of the program's own for this rank (read from where we left off)."""

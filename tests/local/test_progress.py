@@ -55,7 +55,7 @@ def launched(tmp_path: Path, argv: list[str], metrics, **env) -> subprocess.Comp
 
 @pytest.mark.timeout(600)
 def test_the_hook_reports_a_plain_loop_and_changes_nothing_of_it(tmp_path):
-    loop = ["tests/programs/torch_loop.py", "40"]
+    loop = ["tests/programs/torch_loop.py", "40", "0", "600"]  # 40 steps, then 6 s or more of evaluation
     # job.watchdog.instrument: false: the same launcher and sitecustomize, no records
     off = launched(tmp_path / "off", loop, tmp_path / "off.jsonl", FABTRAIN_INSTRUMENT="0")
     assert off.returncode == 0 and off.stdout.startswith("weights"), off.stderr
@@ -64,7 +64,11 @@ def test_the_hook_reports_a_plain_loop_and_changes_nothing_of_it(tmp_path):
     assert on.returncode == 0, on.stderr
     # The same output, bit for bit: the weights (numerics) and the next random numbers (RNG).
     assert on.stdout == off.stdout and on.stderr == off.stderr == ""
-    recs = read_records(tmp_path / "on.jsonl")
+    everything = read_records(tmp_path / "on.jsonl")
+    recs = [r for r in everything if not r.get("between_steps")]
+    # Evaluating (batches and forwards, no step): a record each 5 s with the same step, so it reads as busy.
+    busy = everything[len(recs):]
+    assert busy and all(r["between_steps"] and r["step"] == 40 and "loss" not in r for r in busy), everything[-3:]
     assert recs and all(r["source"] == "auto" and r["framework"] == "torch" and r["rank"] == 0 for r in recs)
     assert recs[0]["step"] == 1 and recs[-1]["step"] == 40, [r["step"] for r in recs]  # the first at once, the last too
     assert [r["step"] for r in recs] == sorted({r["step"] for r in recs})
@@ -88,7 +92,7 @@ def test_the_hook_reports_a_plain_loop_and_changes_nothing_of_it(tmp_path):
 @pytest.mark.timeout(300)
 def test_a_program_that_writes_its_own_records_keeps_them_alone(tmp_path):
     metrics = tmp_path / "m.jsonl"
-    out = launched(tmp_path, ["tests/programs/torch_loop.py", "60", "30"], metrics)
+    out = launched(tmp_path, ["tests/programs/torch_loop.py", "60", "30"], metrics)  # its own records from step 30
     assert out.returncode == 0, out.stderr
     recs = read_records(metrics)
     own = [r for r in recs if r.get("source") != "auto"]

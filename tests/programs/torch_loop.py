@@ -1,10 +1,11 @@
 """A plain single-process torch training loop that knows nothing of fabtrain.
 
-    python torch_loop.py STEPS [OWN_FROM]
+    python torch_loop.py STEPS [OWN_FROM [EVAL_BATCHES]]
 
 A DataLoader, a small model, SGD; prints its final weights and the next random numbers of torch and
-Python, so two runs can be compared for numerics and RNG. OWN_FROM: from that step on the program
-appends its own records to $FABTRAIN_METRICS, as a program that reports for itself does.
+Python, so two runs can be compared for numerics and RNG. OWN_FROM (0: never): from that step on the
+program appends its own records to $FABTRAIN_METRICS, as a program that reports for itself does.
+EVAL_BATCHES: after training, it evaluates that many batches (10 ms each, no step).
 """
 import json
 import os
@@ -16,11 +17,13 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 steps = int(sys.argv[1])
-own_from = int(sys.argv[2]) if len(sys.argv) > 2 else None
+own_from = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] != "0" else None
+eval_batches = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 torch.manual_seed(0)
 random.seed(0)
 x = torch.randn(64, 4)
-data = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4, shuffle=True)
+dataset = TensorDataset(x, x.sum(1, keepdim=True))
+data = DataLoader(dataset, batch_size=4, shuffle=True)
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
 step = 0
@@ -37,5 +40,9 @@ while step < steps:
         time.sleep(0.005)
         if step == steps:
             break
+with torch.no_grad():  # one iterator: the same random numbers drawn however long it takes
+    for (source,) in DataLoader(TensorDataset(torch.zeros(eval_batches, 4)), batch_size=1):
+        model(source)
+        time.sleep(0.01)
 print("weights", [repr(v) for v in model.weight.flatten().tolist()], repr(model.bias.item()))
 print("rng", repr(torch.rand(1).item()), repr(random.random()))
