@@ -10,10 +10,12 @@ Neither writes anything, and neither ever returns the job's secret.
 import json
 import os
 
-from fabtrain.node import atomic, jobid, ops, progress
+from fabtrain.contract import jobid
+from fabtrain.contract.events import JOB_EVENTS, EventKind, read_events
+from fabtrain.node import atomic, ops, progress
 
 # The events that tell how a job went, as opposed to the watchdog's running commentary.
-OUTCOME_KINDS = ("job_failed", "finished", "kept", "killed", "restarting", "restarted")
+OUTCOME_KINDS = JOB_EVENTS + (EventKind.KILLED,)
 SERIES_KEYS = ("ts", "step", "epoch", "loss", "samples_per_s", "eval_loss", "lr", "step_time", "data_time",
                "compute_time", "comm_time")
 MAX_POINTS = 2000  # per trainer in a `job` reply: a long run is thinned evenly, its last point kept
@@ -39,21 +41,9 @@ def summary(job):
     return out
 
 
-def read_events(jd, kinds=None, limit=None):
-    """events.jsonl's records (only `kinds` if given; the last `limit`), skipping lines that do not parse."""
-    out = []
-    try:
-        f = open(os.path.join(jd, "events.jsonl"), "rb")
-    except OSError:
-        return out
-    with f:
-        for line in f:
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(ev, dict) and (kinds is None or ev.get("kind") in kinds):
-                out.append(ev)
+def job_events(jd, kinds=None, limit=None):
+    """events.jsonl's records (only `kinds` if given; the last `limit`)."""
+    out = [ev for ev in read_events(os.path.join(jd, "events.jsonl")) if kinds is None or ev.get("kind") in kinds]
     return out[-limit:] if limit else out
 
 
@@ -125,9 +115,9 @@ def job_entry(ws, job_id):
         "started": started_at(jd),
         "last_write": ended_at(jd),
         "status": status,
-        "events": read_events(jd, OUTCOME_KINDS, 200),
-        "last_metrics": {row: rec for name in metric_files(jd)
-                         for row, rec in last_records(os.path.join(jd, "metrics", name + ".jsonl"), name).items()},
+        "events": job_events(jd, OUTCOME_KINDS, 200),
+        "last_metrics": {name: last_record(os.path.join(jd, "metrics", name + ".jsonl"))
+                         for name in metric_files(jd)},
     }
 
 
@@ -179,7 +169,7 @@ def op_job(payload):
     entry["found"] = True
     entry["series"] = {row: points for name in metric_files(jd)
                        for row, points in series(os.path.join(jd, "metrics", name + ".jsonl"), name, max_points).items()}
-    entry["events"] = read_events(jd, None, int(payload.get("max_events", MAX_EVENTS)))
+    entry["events"] = job_events(jd, None, int(payload.get("max_events", MAX_EVENTS)))
     lines = int(payload.get("lines", 50))
     logs = {}
     ldir = os.path.join(jd, "logs")
