@@ -39,7 +39,7 @@ WEBHOOK_RE = re.compile(r"^https?://[^\s/?#]+[^\s]*$")
 
 _SSH_FIELDS = {"user", "port", "key", "known_hosts", "host_key_policy", "connect_timeout"}
 
-# Every field cluster.yaml may hold, by where it sits (README documents each).
+# Every field cluster.yaml may hold, by where it sits (docs/configuration.md documents each).
 FIELDS: dict[str, set[str]] = {
     "": {"cluster", "nodes", "dist_ips", "scheduler", "job"},
     "cluster": {"name", "workspace", "python", "ssh", "gpus"},

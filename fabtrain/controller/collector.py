@@ -78,6 +78,7 @@ class TrainerProgress:
     last: dict = field(default_factory=dict)  # the latest metrics record
     last_ts: float | None = None  # controller time of the latest record
     records: int = 0
+    rate: float | None = None  # samples/s of the latest record that has one (an evaluation's has none)
 
 
 @dataclass
@@ -121,6 +122,7 @@ class TrainerSnapshot:
     last: dict
     last_ts: float | None
     records: int
+    rate: float | None = None  # samples/s of its latest record that has one
 
 
 @dataclass(frozen=True)
@@ -375,6 +377,8 @@ class Collector:
             role = rec.get("role") or name.rsplit("-", 1)[0]
             p = self.progress[name] = TrainerProgress(node, name, role, rec.get("rank"))
         p.last, p.last_ts, p.records = rec, time.time(), p.records + 1
+        if rec.get("samples_per_s") is not None:
+            p.rate = rec["samples_per_s"]
         step = rec.get("step")
         for mark in self.restarts.values():
             if mark["step"] is None and step is not None and (rec.get("ts") or 0) >= mark["ts"]:
@@ -427,7 +431,7 @@ class Collector:
                 nodes.append(NodeSnapshot(n.name, n.host, tuple(n.roles), v.up, v.since, v.error, v.down, v.last_seen,
                                           v.job_id, v.killed, v.health, tuple(v.processes), v.slurm_job, v.gpus))
             observations = [v.observation() for v in self.nodes.values()]
-            progress = {name: TrainerSnapshot(p.node, p.name, p.role, p.rank, dict(p.last), p.last_ts, p.records)
+            progress = {name: TrainerSnapshot(p.node, p.name, p.role, p.rank, dict(p.last), p.last_ts, p.records, p.rate)
                         for name, p in self.progress.items()}
             events = tuple(self.events)
             dropped = {node: d.as_dict() for node, d in self.dropped.items()}

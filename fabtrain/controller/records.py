@@ -165,11 +165,15 @@ def obj(schema: dict[str, Callable], required: tuple = (), extra: Callable | Non
 
 NAME = text(MAX_NAME)
 # A hang's (or its teardown's) `stacks`: {process: {"frame": "path:line in function"} | {"why": ...}}.
-STACK = obj({"frame": text(MAX_TEXT), "why": text(MAX_TEXT)}, lenient=True)
+# With several processes (torchrun's ranks), `ranks` says each one's: {pid, rank, frame | why, collective}.
+RANK_STACK = obj({"pid": integer, "rank": integer, "frame": text(MAX_TEXT), "why": text(MAX_TEXT),
+                  "collective": text(MAX_NAME)}, lenient=True)
+STACK = obj({"frame": text(MAX_TEXT), "why": text(MAX_TEXT), "ranks": list_of(RANK_STACK, 1024, lenient=True)},
+            lenient=True)
 EVENT = obj({"kind": kind, "ts": number, "node": NAME, "name": NAME, "role": NAME, "rank": rank,
              "reason": text(MAX_REASON), "signal": text(32), "exit_code": integer, "pid": integer,
              "pids": list_of(integer), "peer": NAME, "origin": NAME, "on_failure": NAME,
-             "generation": integer, "backoff": number, "restarts_left": integer,
+             "generation": integer, "backoff": number, "restarts_left": integer, "blame": text(MAX_REASON),
              "stacks": obj({}, extra=STACK, lenient=True)},
             required=("kind",), extra=scalar)
 # A program's own record, or the launcher's hook's (fabtrain/node/progress.py: "source": "auto").
@@ -206,8 +210,10 @@ HEALTH = obj({
     "orphans": list_of(obj({"pid": integer, "name": NAME, "job_id": NAME, "reason": text(MAX_REASON)},
                            lenient=True), 1024, lenient=True),
     "events": list_of(EVENT, 64, lenient=True),
-    "stragglers": list_of(obj({"node": NAME, "name": NAME, "rate": number, "median": number, "since": number},
-                              required=("node", "name", "rate", "median")), 1024, lenient=True),
+    "blame": obj({"text": text(MAX_REASON), "job": flag}, required=("text",), lenient=True),
+    "stragglers": list_of(obj({"node": NAME, "name": NAME, "rate": number, "median": number, "since": number,
+                               "rank": integer, "cause": NAME, "ratio": number, "seconds": number},
+                              required=("node", "name")), 1024, lenient=True),
 }, required=("ts",), lenient=True)
 GPU_HOLDERS = obj({"source": NAME, "total": integer, "free": integer,
                    "busy": list_of(obj({"index": integer, "by": text(MAX_TEXT)}, required=("index",), lenient=True),

@@ -128,7 +128,12 @@ def job_view(snap, stale_after: float, ended: dict, now: float | None = None) ->
     started_at = min(started) if started else None
     terminal = verdict.state in TERMINAL
     if terminal and job_id is not None:
-        ended.setdefault(job_id, now)
+        # The job's own end (its last event, as the jobs table's duration ends at its last write), not when
+        # this dashboard first saw it ended: a page opened later would count the time between.
+        last_event = max((e["ts"] for e in getattr(snap, "events", ()) if isinstance(e.get("ts"), (int, float))),
+                         default=None)
+        ended.setdefault(job_id, last_event if last_event is not None and started_at is not None
+                         and last_event >= started_at else now)
     ended_at = ended.get(job_id) if terminal else None
     elapsed = ((ended_at or now) - started_at) if started_at is not None else None
     states = {p["name"]: (node, p) for node, p in procs if p["name"] != "agent"}
@@ -237,7 +242,9 @@ def _trainers(snap, states: dict, health_progress: dict, stale_after: float, now
             "process": process,
             "state": seen.state.value if seen else p.get("state"), "label": process_label(p, seen) if p else "?",
             "step": number(rec.get("step")), "epoch": number(rec.get("epoch")),
-            "loss": short(rec.get("loss")), "samples_per_s": short(rec.get("samples_per_s"), 5),
+            "loss": short(rec.get("loss")),
+            # its latest record that has a rate (the chart's last point): an evaluation's record has none
+            "samples_per_s": short(getattr(prog, "rate", None) if prog else rec.get("samples_per_s"), 5),
             "lr": short(rec.get("lr"), 4), "ts": ts, "age": short(age, 4),
             "total_steps": number(rec.get("total_steps")), "framework": rec.get("framework"),
             "source": rec.get("source"),
@@ -247,7 +254,8 @@ def _trainers(snap, states: dict, health_progress: dict, stale_after: float, now
             "stale": bool(running and age is not None and age > stale_after),
             "records": prog.records if prog else 0,
             # fell behind the median rank and has not caught up (the verdict's, as fab status marks it)
-            "straggler": {"rate": short(behind.rate, 4), "median": short(behind.median, 4), "mark": behind.mark}
+            "straggler": {"rate": short(behind.rate, 4), "median": short(behind.median, 4), "rank": behind.rank,
+                          "cause": behind.cause, "ratio": short(behind.ratio, 3), "mark": behind.mark}
             if behind else None,
         })
     return out

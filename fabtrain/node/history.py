@@ -73,9 +73,18 @@ def by_row(process, lines):
             for name, recs in rows.items()}
 
 
-def last_records(path, process):
-    """Each trainer's last record among the file's last lines."""
-    return {name: recs[-1] for name, recs in by_row(process, ops.tail_lines(path, 64)).items() if recs}
+def last_records(path, process, lines=64):
+    """Each trainer's last record among the file's last lines; its samples_per_s is the latest of them
+    that has one (an evaluation's or a heartbeat's record measures no training rate)."""
+    out = {}
+    for name, recs in by_row(process, ops.tail_lines(path, lines)).items():
+        if not recs:
+            continue
+        found = recs[-1]
+        rate = next((r["samples_per_s"] for r in reversed(recs) if isinstance(r.get("samples_per_s"), (int, float))),
+                    None)
+        out[name] = found if rate is None or "samples_per_s" in found else dict(found, samples_per_s=rate)
+    return out
 
 
 def started_at(jd):
@@ -116,8 +125,8 @@ def job_entry(ws, job_id):
         "last_write": ended_at(jd),
         "status": status,
         "events": job_events(jd, OUTCOME_KINDS, 200),
-        "last_metrics": {name: last_record(os.path.join(jd, "metrics", name + ".jsonl"))
-                         for name in metric_files(jd)},
+        "last_metrics": {row: rec for name in metric_files(jd)
+                         for row, rec in last_records(os.path.join(jd, "metrics", name + ".jsonl"), name).items()},
     }
 
 

@@ -307,11 +307,23 @@ def op_logs(payload):
 
 
 def print_stacks(jd, node):
-    """The stacks the agent saved before a hang's teardown (stacks/<name>.txt), prefixed [node name]."""
+    """The stacks the agent saved before a hang's teardown, prefixed [node name]: every process of a job
+    process wrote its own (stacks/<name>.<pid>.txt, whose first line says its pid and rank); those that
+    never dumped (empty files) are left out."""
     sdir = os.path.join(jd, "stacks")
-    names = sorted(f[:-4] for f in os.listdir(sdir) if f.endswith(".txt")) if os.path.isdir(sdir) else []
-    for name in names:
-        for line in tail_lines(os.path.join(sdir, name + ".txt"), 10 ** 4, max_bytes=1 << 20):
+    files = sorted(f for f in os.listdir(sdir) if f.endswith(".txt")) if os.path.isdir(sdir) else []
+    names = []
+    for f in files:
+        path = os.path.join(sdir, f)
+        try:
+            if not os.path.getsize(path):
+                continue
+        except OSError:
+            continue
+        head, _, pid = f[:-4].rpartition(".")
+        name = head if pid.isdigit() and head else f[:-4]
+        names.append(name)
+        for line in tail_lines(path, 10 ** 4, max_bytes=1 << 20):
             sys.stdout.write("[%s %s] %s\n" % (node, name, line))
     if not names:
         sys.stdout.write("[%s] no stacks saved (they are taken before a hang's teardown)\n" % node)

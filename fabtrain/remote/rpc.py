@@ -53,7 +53,7 @@ OPEN_TIMEOUT = 60  # for opening a session when the request itself may wait fore
 # binascii, not base64: the base64 module imports re and struct, ~10 ms of every node-side call
 LAUNCHER = "import binascii,sys;exec(binascii.a2b_base64(sys.argv[1]))"
 
-# The oldest Python the node side runs on (README: "Install, and your own project").
+# The oldest Python the node side runs on (docs/getting-started.md: "Install, and your own project").
 NODE_PYTHON_MIN = (3, 8)
 
 # Runs on the node, from the launcher. Everything down to the version check must run on

@@ -305,6 +305,11 @@ function traces(store, metric, isTime) {
     if (!s) continue;
     let x = s.x, y = s.y;
     if (s.last) { x = x.concat([s.last[0]]); y = y.concat([s.last[1]]); }
+    const since = isTime && state.job && state.job.started_at;
+    if (since) {  // a node's readings from before the job started are not the job's
+      const keep = x.map(t => t >= since);
+      x = x.filter((_, i) => keep[i]); y = y.filter((_, i) => keep[i]);
+    }
     if (isTime) x = x.map(t => new Date(t * 1000));
     out.push({x, y, name: owner, type: "scatter", mode: x.length > 1 ? "lines" : "markers", line: {width: 1.6}});
   }
@@ -396,7 +401,7 @@ function emptyReason(metric, field) {
 const CHARTS = [
   // id, series, metric, title, x title, y title, what it is called when empty, percent
   ["chart-loss", "trainers", "loss", "loss", "step", "loss", "loss", false],
-  ["chart-sps", "trainers", "samples_per_s", "samples/s", "step", "samples/s", "samples/s", false],
+  ["chart-sps", "trainers", "samples_per_s", "samples/s of each trainer, every record", "step", "samples/s", "samples/s", false],
   ["chart-cpu", "nodes", "cpu", "node CPU %", "", "%", "CPU", true],
   ["chart-gpu", "nodes", "gpu", "node GPU utilisation % (mean of the node's GPUs)", "", "%", "GPU", true],
 ];

@@ -27,8 +27,10 @@ from fabtrain.contract.states import stopped_by_user
 # events.jsonl kinds -> the names cluster.yaml's notify.on uses
 # A restart is told once, when it is decided (`restarting`: the cause, the backoff, the restarts left); a
 # next generation that cannot start is a `failed` of its own.
-KINDS = {EventKind.JOB_FAILED: "failed", EventKind.HANG: "hang", EventKind.RESTARTING: "restart",
-         EventKind.FINISHED: "finished", EventKind.STRAGGLER: "straggler"}
+# A hang is told twice: by the node that saw it (its own ranks' blame), and by the coordinator's node once
+# every node's ranks are in (`blame`: the rank the others wait for, job-wide).
+KINDS = {EventKind.JOB_FAILED: "failed", EventKind.HANG: "hang", EventKind.BLAME: "hang",
+         EventKind.RESTARTING: "restart", EventKind.FINISHED: "finished", EventKind.STRAGGLER: "straggler"}
 JOB_LEVEL = ("failed", "finished", "restart")  # every agent writes these: only nodes[0]'s agent sends
 TRIES = 3
 BACKOFF = (1.0, 2.0)  # seconds between tries: three within about five seconds
@@ -95,7 +97,9 @@ class Notifier:
         where = ev.get("origin") or ev.get("node") or self.node
         subject = (" %s" % ev["name"]) if ev.get("name") else ""
         text = "fabtrain: job %s %s%s on %s: %s" % (self.job_id, what, subject, where, ev.get("reason") or what)
-        if ev.get("frame"):  # a hang: where the stalled rank stood (its main thread's top frame)
+        if ev.get("blame"):  # a hang: the rank the others wait for, as the node that saw it knows
+            text += " [%s]" % ev["blame"]
+        elif ev.get("frame") and ev.get("kind") == EventKind.HANG:  # where the stalled rank stood (its top frame)
             text += " [at %s]" % ev["frame"]
         return {"text": text, "kind": what, "job_id": self.job_id, "cluster": self.cluster, "node": self.node,
                 "event": ev}

@@ -71,6 +71,9 @@ class ProcFacts:
     launcher_lost: bool = False  # the launcher died without recording an exit code
     last_record: float | None = None  # its last new metrics record (None: none yet)
     last_activity: float | None = None  # start, records, log output or CPU time
+    # the rank that progressed least recently among those of its metrics records: (rank or None, its last
+    # step or None, whether its records are the launcher's hook's (only a new step is progress then))
+    stalled: tuple | None = None
     stopped_since: float | None = None
     term_at: float | None = None  # when the agent sent it SIGTERM
     kill_signal: str | None = None
@@ -424,9 +427,16 @@ class _Decision:
             return "stopped (SIGSTOP) for %.0f s; hang_timeout %g s" % (now - min(p.stopped_since, since), timeout)
         if now - since < timeout:
             return None
+        if p.last_record is not None and p.stalled is not None and p.stalled[2]:
+            rank, step, _ = p.stalled
+            return ("no progress for %.0f s: no new metrics record with a new step from %s%s (after its first "
+                    "record only a new step counts, for every rank in its metrics; log output and CPU time do "
+                    "not; hang_timeout %g s)" % (now - since, "rank %s" % rank if rank is not None else "it",
+                                                  " after step %s" % step if step is not None else "", timeout))
         if p.last_record is not None:
-            return ("no progress for %.0f s: no new metrics record (after its first record only new records "
-                    "count; log output and CPU time do not; hang_timeout %g s)" % (now - since, timeout))
+            who = " from rank %s" % p.stalled[0] if p.stalled is not None and p.stalled[0] is not None else ""
+            return ("no progress for %.0f s: no new metrics record%s (after its first record only new records "
+                    "count; log output and CPU time do not; hang_timeout %g s)" % (now - since, who, timeout))
         return "no progress for %.0f s (no metrics record, no log output, no CPU time; hang_timeout %g s)" % (
             now - since, timeout)
 

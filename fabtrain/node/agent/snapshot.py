@@ -12,6 +12,7 @@ import time
 
 from fabtrain.node import atomic, procfs
 from fabtrain.contract.states import FINAL, JobState, signal_name
+from fabtrain.node.coordination import blame
 
 
 def process_view(ctx, ledger, procs: dict, gpu_pids: dict) -> dict:
@@ -54,7 +55,7 @@ class Health:
         return percent
 
     def write(self, now: float, ledger, contexts, procs: dict, gpu_pids: dict, link, startup_deadline: float,
-              straggling: list = ()) -> None:
+              straggling: list = (), blame: dict | None = None) -> None:
         cfg, me, view = self.cfg, procs.get(self.pid), link.view
         processes = [process_view(ctx, ledger, procs, gpu_pids) for ctx in contexts]
         snapshot = {
@@ -79,6 +80,8 @@ class Health:
             "zombies": sum(p["zombies"] for p in processes),
             "events": self.events.recent,
             "stragglers": list(straggling),
+            # after a hang: the rank(s) the others wait for; job: every node's ranks (the coordinator's node)
+            "blame": blame,
         }
         if self.gpus.error and self.gpus.error != "no NVIDIA driver":
             snapshot["gpu_error"] = self.gpus.error
@@ -88,12 +91,34 @@ class Health:
             pass  # a full disk: events.jsonl says why
 
 
-def beat(job: dict, ledger, contexts, done: bool, generation: int) -> dict:
+def timing_rows(ctx) -> list:
+    """[rank, data, compute, comm, step time] of each watched rank of a process whose records carry the
+    three timings (means a step over the last seconds): the synchronous straggler rule's input."""
+    rows = []
+    for rank, r in sorted(ctx.progress.ranks.items() if ctx.progress else (), key=lambda kr: str(kr[0])):
+        if r not in ctx.progress.watched():
+            continue
+        t = r.mean_timings()
+        if all(k in t for k in ("data_time", "compute_time", "comm_time")):
+            rows.append([rank, round(t["data_time"], 5), round(t["compute_time"], 5), round(t["comm_time"], 5),
+                         round(t["step_time"], 5) if "step_time" in t else None])
+    return rows
+
+
+def beat(job: dict, ledger, contexts, done: bool, generation: int, rank_views=()) -> dict:
     """The heartbeat the coordinator gets, whole (coordination/protocol.py: a connection carries what
-    changed): `generation` is the one this node last started; `done`: nothing of the job is left here."""
+    changed): `generation` is the one this node last started; `done`: nothing of the job is left here;
+    `rank_views`: each rank's last step and stack at this node's dump of stacks (a hang's), per process."""
     procs = {ctx.name: {"role": ctx.role, "rank": ctx.rank, "state": str(ctx.state), "exit_code": ctx.exit_code,
                         "rate": ctx.progress.steps.rate() if ctx.progress and ctx.live else None}
              for ctx in contexts}
+    for ctx in contexts:
+        rows = timing_rows(ctx) if ctx.live and ctx.role == "trainer" else []
+        if rows:
+            procs[ctx.name]["timing"] = rows
+    for v in rank_views:
+        if v.name in procs:
+            procs[v.name].setdefault("ranks", []).extend(blame.to_beat([v]))
     status = ledger.status
     final = {"status": status.status, "reason": status.reason, "node": status.origin} \
         if status.status in FINAL else None
