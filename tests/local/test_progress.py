@@ -20,9 +20,10 @@ from fabtrain.config.cluster import load_cluster
 from fabtrain.controller.collector import Collector
 from fabtrain.controller.export import export_tensorboard
 from fabtrain.dashboard import create_app
+from fabtrain.contract.launcher import SCRIPT
 from fabtrain.node import launch, progress
 from fabtrain.remote.session import Session
-from fabtrain.node.states import JobState
+from fabtrain.contract.states import JobState
 from tests.support import REPO
 from tests.support.local_job import LocalJob  # noqa: F401  (the local_job fixture's jobs)
 from workload.ddp import free_port
@@ -45,10 +46,10 @@ def launched(tmp_path: Path, argv: list[str], metrics, **env) -> subprocess.Comp
     (jd / "run").mkdir(exist_ok=True)
     for name, text in progress.sources().items():
         (hook / name).write_text(text)
-    (jd / launch.SCRIPT).write_text(launch.source())
+    (jd / SCRIPT).write_text(launch.source())
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FABTRAIN_", "RANK", "LOCAL_RANK", "PYTHON"))}
     clean.update(FABTRAIN_METRICS=str(metrics), FABTRAIN_RANK="0", **env)
-    return subprocess.run([sys.executable, "-I", "-S", str(jd / launch.SCRIPT), "--exit", str(jd / "run" / "t.exit"),
+    return subprocess.run([sys.executable, "-I", "-S", str(jd / SCRIPT), "--exit", str(jd / "run" / "t.exit"),
                            "--", sys.executable, *argv], cwd=REPO, env=clean, capture_output=True, text=True,
                           timeout=280)
 
