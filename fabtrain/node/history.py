@@ -74,17 +74,29 @@ def by_row(process, lines):
 
 
 def last_records(path, process, lines=64):
-    """Each trainer's last record among the file's last lines; its samples_per_s is the latest of them
-    that has one (an evaluation's or a heartbeat's record measures no training rate)."""
-    out = {}
-    for name, recs in by_row(process, ops.tail_lines(path, lines)).items():
-        if not recs:
+    """Each trainer's last record among the file's last lines (latest_rate's)."""
+    return {name: latest_rate(recs) for name, recs in by_row(process, ops.tail_lines(path, lines)).items() if recs}
+
+
+def latest_rate(recs):
+    """The last of `recs`; its samples_per_s is the latest of them that has one (an evaluation's or a
+    heartbeat's record measures no training rate)."""
+    found = recs[-1]
+    rate = next((r["samples_per_s"] for r in reversed(recs) if isinstance(r.get("samples_per_s"), (int, float))), None)
+    return found if rate is None or "samples_per_s" in found else dict(found, samples_per_s=rate)
+
+
+def last_record(path, lines=5):
+    """The file's last record, by latest_rate."""
+    recs = []
+    for line in ops.tail_lines(path, lines):
+        try:
+            rec = json.loads(line)
+        except ValueError:
             continue
-        found = recs[-1]
-        rate = next((r["samples_per_s"] for r in reversed(recs) if isinstance(r.get("samples_per_s"), (int, float))),
-                    None)
-        out[name] = found if rate is None or "samples_per_s" in found else dict(found, samples_per_s=rate)
-    return out
+        if isinstance(rec, dict):
+            recs.append(rec)
+    return latest_rate(recs) if recs else None
 
 
 def started_at(jd):

@@ -61,6 +61,11 @@ def iface_env(cluster: Cluster, node: Node, network: Network | None) -> dict[str
     return {var: iface for var in IFACE_VARS}
 
 
+def instrument_env(cluster: Cluster, role: str) -> dict[str, str]:
+    """job.watchdog.instrument: false for this role: the launcher's progress hook writes no records."""
+    return {} if role in cluster.job.watchdog.instrument else {progress.ENV_INSTRUMENT: "0"}
+
+
 def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, secret: str | None = None,
               network: Network | None = None) -> Plan:
     """The plan of job `job_id`; `network` (ports chosen for `auto`, interfaces found) comes from a probe."""
@@ -260,9 +265,7 @@ def _process(cluster: Cluster, node: Node, role: str, rank: int, command: str, v
         "FABTRAIN_CHECKPOINT_DIR": f"$WS/jobs/{resume_from or job_id}/checkpoints",
         "FABTRAIN_SGD": cluster.job.sgd,  # job.sgd: the reference workload's --sgd
         # Python ignores stdbuf: without this a trainer's log lags by 8 KiB.
-        "PYTHONUNBUFFERED": "1",
-        # job.watchdog.instrument: false for this role: the launcher's hook writes no progress records
-        **({} if role in cluster.job.watchdog.instrument else {progress.ENV_INSTRUMENT: "0"}),
+        "PYTHONUNBUFFERED": "1", **instrument_env(cluster, role),
         **role_env,
         **dict(cluster.job.env),
     }
