@@ -56,9 +56,8 @@ def lightning(core, module):
             if r.framework_step == trainer.global_step and r.framework == "lightning":
                 return  # no optimizer step in this batch (gradient accumulation)
             now = r.perf()
-            values = None
+            values = {"epoch": trainer.current_epoch}  # an int: every step (the logged tensors only when due)
             if now - r.last_write >= core.INTERVAL:
-                values = {"epoch": trainer.current_epoch}
                 for source in (trainer.logged_metrics, trainer.progress_bar_metrics):
                     for key, v in list(source.items())[:core.MAX_NAMES]:
                         values[key] = v
