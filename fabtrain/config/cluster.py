@@ -53,7 +53,8 @@ FIELDS: dict[str, set[str]] = {
     "job.trainer": {"per_node", "command", "use_gpu", "trainer_count", "gpus_per_rank"},
     "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq", "max_extract_mb", "max_expansion"},
     "job.watchdog": {"enabled", "interval", "hang_timeout", "startup_timeout", "grace", "on_failure", "port", "notify",
-                     "max_restarts", "restart_backoff", "restart_on_exit_codes", "straggler", "min_nodes"},
+                     "max_restarts", "restart_backoff", "restart_on_exit_codes", "straggler", "min_nodes", "instrument"},
+    "job.watchdog.instrument": {"pserver", "trainer"},
     "job.watchdog.straggler": {"share", "window"},
     "job.watchdog.notify": {"webhook", "command", "on"},
 }
@@ -150,6 +151,8 @@ class WatchdogSpec:
     restart_on_exit_codes: tuple[int, ...] | None = None
     # on_failure restart: a lost node leaves and the job goes on while this many trainer nodes are left (None: fails).
     min_nodes: int | None = None
+    # The roles whose Python programs write progress records through the launcher's hook (docs/progress.md).
+    instrument: tuple[str, ...] = ("pserver", "trainer")
 
 
 @dataclass(frozen=True)
@@ -217,6 +220,18 @@ class Cluster:
 def cluster_path(path: str | os.PathLike | None = None) -> str:
     """The cluster file to use: the argument, else $FABTRAIN_CLUSTER, else ./cluster.yaml."""
     return os.fspath(path or os.environ.get("FABTRAIN_CLUSTER") or DEFAULT_CLUSTER_FILE)
+
+
+@reported
+def _instrument(checks: Checks, value: Any, where: str) -> tuple[str, ...]:
+    """job.watchdog.instrument: true, false, or per role ({trainer: true, pserver: false}; a role left out is
+    instrumented)."""
+    if isinstance(value, bool):
+        return WatchdogSpec.instrument if value else ()
+    if not isinstance(value, dict):
+        raise checks.fail(where, f"must be true, false or a mapping of roles to true/false, got {kind_of(value)}")
+    roles = checks.mapping(value, where, FIELDS[where])
+    return tuple(r for r in WatchdogSpec.instrument if checks.boolean(roles.get(r, True), f"{where}.{r}"))
 
 
 def load_cluster(path: str | os.PathLike | None = None) -> Cluster:
@@ -489,6 +504,7 @@ class _Parser(Checks):
             min_nodes=self.integer(w["min_nodes"], "job.watchdog.min_nodes", 1, 1 << 20)
             if w.get("min_nodes") is not None else None,
             **self.straggler(w.get("straggler"), dw),
+            instrument=_instrument(self, w.get("instrument", True), "job.watchdog.instrument"),
         )
 
         env = self.job_env(d.get("env") or {})

@@ -46,10 +46,17 @@ EVENT = {"kind": NAME, "ts": NUMBER, "node": NAME, "name": NAME, "role": NAME, "
 
 # A trainer's metrics/<name>.jsonl line (the user's program writes it: workload/ shows how); other
 # fields are kept where they are plain values.
+# The launcher's progress hook (fabtrain/node/progress.py) writes the same records with "source": "auto",
+# its rank's place (local_rank, pid, child) and the step's timings (seconds, means since its last record).
 METRIC = {"ts": NUMBER, "step": NUMBER, "epoch": NUMBER, "loss": NUMBER, "samples_per_s": NUMBER,
-          "eval_loss": NUMBER, "lr": NUMBER, "role": NAME, "rank": RANK}
+          "eval_loss": NUMBER, "lr": NUMBER, "role": NAME, "rank": RANK,
+          "local_rank": INTEGER, "pid": INTEGER, "source": NAME, "framework": NAME, "child": FLAG,
+          "between_steps": FLAG, "total_steps": NUMBER, "step_time": NUMBER, "data_time": NUMBER,
+          "compute_time": NUMBER, "comm_time": NUMBER, "forward_time": NUMBER, "backward_time": NUMBER,
+          "optimizer_time": NUMBER}
 # The metrics the run history keeps of a past job, a series each.
-SERIES = tuple(field for field, kind in METRIC.items() if kind == NUMBER)
+SERIES = ("ts", "step", "epoch", "loss", "samples_per_s", "eval_loss", "lr", "step_time", "data_time",
+          "compute_time", "comm_time")
 
 
 def record(fields, **values):

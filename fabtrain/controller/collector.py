@@ -34,6 +34,7 @@ from fabtrain.controller.series import NODES, TRAINERS, Series, SeriesBook, Seri
 from fabtrain.remote import rpc
 from fabtrain.errors import UserError
 from fabtrain.contract import jobid
+from fabtrain.node import progress as hook
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import NodeError
 
@@ -183,7 +184,8 @@ class Collector:
         self.max_points = max_points
         self.lock = threading.RLock()
         self.nodes = {n.name: NodeView(n.name) for n in session.cluster.nodes}
-        self.progress: dict[str, TrainerProgress] = {}  # by process name
+        self.progress: dict[str, TrainerProgress] = {}  # by trainer: a process, or a rank of one (hook.row)
+        self.own: set[str] = set()  # trainers with records of the program's own: the hook's are dropped
         self.restarts: dict[int, dict] = {}  # generation -> its mark (on_failure restart)
         self.series = SeriesBook(max_points)
         self.events: deque = deque(maxlen=max_events)  # newest first
@@ -347,6 +349,7 @@ class Collector:
         for name in [n for n, p in self.progress.items() if p.node == node]:
             del self.progress[name]
             self.series.forget(TRAINERS, name)
+            self.own.discard(name)
         for key in [k for k in self.logs if k[0] == node]:
             del self.logs[key]
         self._mid_line = {k for k in self._mid_line if k[0] != node}
@@ -356,8 +359,21 @@ class Collector:
         self.events.clear()
         self.events.extend(kept)
 
-    def _metric(self, node: str, name: str, rec: dict) -> None:
+    def _metric(self, node: str, process: str, rec: dict) -> None:
+        name = hook.row(process, rec)
         p = self.progress.get(name)
+        if rec.get("source") == hook.AUTO:
+            if name in self.own:
+                return  # the program writes its own records: they win
+        elif name not in self.own:
+            self.own.add(name)
+            if p is not None:  # the hook's records came first: the row starts again with the program's
+                del self.progress[name]
+                self.series.forget(TRAINERS, name)
+                p = None
+        if rec.get("between_steps") and p is not None:  # busy without a step (evaluating): alive, nothing new
+            p.last, p.last_ts = {**p.last, "ts": rec.get("ts", p.last.get("ts"))}, time.time()
+            return
         if p is None:
             role = rec.get("role") or name.rsplit("-", 1)[0]
             p = self.progress[name] = TrainerProgress(node, name, role, rec.get("rank"))

@@ -18,7 +18,9 @@ from fabtrain.contract import jobid
 from fabtrain.remote.session import Session
 
 # metrics record field -> TensorBoard tag
-TAGS = {"loss": "train/loss", "samples_per_s": "train/samples_per_s", "eval_loss": "eval/loss", "lr": "train/lr"}
+TAGS = {"loss": "train/loss", "samples_per_s": "train/samples_per_s", "eval_loss": "eval/loss", "lr": "train/lr",
+        # the launcher's hook's per-step timings (docs/progress.md), seconds
+        "step_time": "time/step", "data_time": "time/data", "compute_time": "time/compute", "comm_time": "time/comm"}
 ALL_POINTS = 1 << 40  # the `job` op thins a long series for the page; an export wants every point
 
 

@@ -25,7 +25,8 @@ from fabtrain.remote.session import Session
 from fabtrain.remote.transport import Reply
 
 TIMEOUT = 30.0  # seconds a node has to read its job directories
-SERIES_KEYS = ("ts", "step", "loss", "samples_per_s", "eval_loss", "lr")
+SERIES_KEYS = ("ts", "step", "loss", "samples_per_s", "eval_loss", "lr", "step_time", "data_time", "compute_time",
+               "comm_time")
 
 
 def _ask(session: Session, op: str, payload: dict) -> list[Reply]:

@@ -30,6 +30,9 @@ WATCH_EXIT = {JobState.FINISHED: 0, JobState.FAILED: 1, JobState.KILLED: 3}
 RESTARTING_AFTER = "restarting after: "  # a restarting job's reason: its cause follows
 
 
+FIRST_RECORD = "waiting for the first metrics record of "  # a start whose trainers run, silent so far
+
+
 def process_role(name: str) -> tuple[str, int | None]:
     """"trainer-3" -> ("trainer", 3); "agent" -> ("agent", None)."""
     role, _, rank = name.rpartition("-")
@@ -348,7 +351,7 @@ def _decide(nodes: list[NodeObservation], ours: list[NodeObservation], procs: li
         return JobState.STARTING, f"waiting for {', '.join(pending)}", []
     silent = _before_first_record(ours)
     if silent:
-        return JobState.STARTING, f"waiting for the first metrics record of {', '.join(silent)}", []
+        return JobState.STARTING, f"{FIRST_RECORD}{', '.join(silent)}", []
     return JobState.RUNNING, "", []
 
 
@@ -362,11 +365,17 @@ def _startup_deadline(n: NodeObservation) -> float | None:
 
 
 def _before_first_record(nodes: list[NodeObservation]) -> list[str]:
-    """Live trainers with no metrics record yet, while their agent's startup allowance runs."""
-    return [p["name"] for n in nodes if _startup_deadline(n) is not None
-            for p in (n.agent or {}).get("processes") or []
-            if process_role(p["name"])[0] == "trainer" and p.get("state") in {s.value for s in LIVE}
-            and p.get("last_record") is None]
+    """Live trainers with no metrics record yet and nothing in their log, while their agent's startup
+    allowance runs: a line the program printed is a sign of life (it runs), as a record is."""
+    out = []
+    for n in nodes:
+        if _startup_deadline(n) is None:
+            continue
+        printed = {p["name"] for p in n.processes if p.get("last_line")}
+        out += [p["name"] for p in (n.agent or {}).get("processes") or []
+                if process_role(p["name"])[0] == "trainer" and p.get("state") in {s.value for s in LIVE}
+                and p.get("last_record") is None and p["name"] not in printed]
+    return out
 
 
 def _cause(state: JobState, reason: str, procs: list[ProcessView], facts: _Facts) -> tuple | None:
@@ -414,7 +423,10 @@ def job_verdict(nodes: Iterable[NodeObservation], job_id: str | None = None) -> 
     kept = state == JobState.FAILED and facts.kept
     notes = tuple(f"{p.name} on {p.node}: its launcher is gone; its agent still sees it {p.state.value}"
                   for p in procs if p.launcher_gone)
-    deadlines = [d for d in map(_startup_deadline, ours) if d is not None] if state == JobState.STARTING else []
+    # The allowance fails a start whose nodes did not join or whose processes did not start, never one
+    # whose processes run without a record yet: no time left is shown for that.
+    deadlines = [d for d in map(_startup_deadline, ours) if d is not None] \
+        if state == JobState.STARTING and not reason.startswith(FIRST_RECORD) else []
     return Verdict(state=state, reason=reason, ended=ended or kept, kept=kept,
                    on_failure=facts.on_failure if state == JobState.FAILED else None, job_id=job_id,
                    said_by=tuple(said_by), processes=tuple(procs),

@@ -19,6 +19,8 @@ from fabtrain.controller.lifecycle import no_job
 from fabtrain.controller.report import human_bytes
 from fabtrain.contract.states import JobState, ProcessState
 from fabtrain.controller.terminal import visible
+from fabtrain.controller.verdict_text import duration_text
+from fabtrain.node import progress as hook
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import down_label
 
@@ -75,19 +77,39 @@ def frame(snap: Snapshot, now: float, began: float, fresh: dict | None = None, s
         rows.append(_node_row(v, verdict, now, fresh))
     lines += _table(rows)
     trainers = [["process", "node", "step", "loss", "samples/s", "last record"]]
-    for p in sorted(snap.progress.values(), key=lambda p: (p.role != "trainer", str(p.rank))):
+    for p in sorted(snap.progress.values(), key=lambda p: (p.role != "trainer", hook.process_of(p.name), str(p.rank))):
         r = p.last
         # samples/s of its last record that has one (the dashboard's number: an evaluation's record has none)
         loss, sps = r.get("loss"), p.rate if p.rate is not None else r.get("samples_per_s")
         # The record's own time (the node's clock), not when watch first read it: a job
         # that finished an hour ago shows its last record an hour old.
         written = r.get("ts") if isinstance(r.get("ts"), (int, float)) else p.last_ts
-        trainers.append([p.name, p.node, str(r.get("step", "-")),
+        trainers.append([p.name, p.node, _step(r),
                          f"{loss:.4g}" if loss is not None else "-", f"{sps:.0f}" if sps is not None else "-",
                          _age(written, now) + " ago" if written else "-"])
+    # A trainer with no record yet: its last log line is its sign of life.
+    quiet = [(v.name, p) for v in snap.nodes if v.job_id == snap.job_id for p in v.processes
+             if p["name"].startswith("trainer") and p["name"] not in snap.progress]
+    for node, p in quiet:
+        line = visible((p.get("last_line") or "").strip())[:100]
+        trainers.append([p["name"], node, "-", "-", "-", f"none yet; log: {line}" if line else "none yet"])
     if len(trainers) > 1:
         lines += _table(trainers)
     return lines
+
+
+def _step(rec: dict) -> str:
+    """The step, out of the run's total steps with the time left where the framework knows them."""
+    step, total = rec.get("step"), rec.get("total_steps")
+    if step is None:
+        return "-"
+    if not isinstance(total, (int, float)) or total <= 0:
+        return str(step)
+    text = f"{step}/{total:.0f}"
+    st = rec.get("step_time")
+    if isinstance(st, (int, float)) and st > 0 and total > step:
+        text += f" (eta {duration_text((total - step) * st)})"
+    return text
 
 
 def _node_row(v: NodeSnapshot, verdict: Verdict, now: float, fresh: dict) -> list[str]:

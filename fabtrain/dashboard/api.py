@@ -20,6 +20,7 @@ from fabtrain.controller.series import NODES, TRAINERS
 from fabtrain.controller.verdict_text import sentence
 from fabtrain.contract.events import CAUSES, NODE_CAUSES, EventKind
 from fabtrain.contract.states import TERMINAL, JobState, ProcessState, signal_name, signal_of
+from fabtrain.node import progress as hook
 from fabtrain.remote.transport import down_label
 
 __all__ = ["number", "short", "process_role", "process_label", "cluster_view", "job_view",
@@ -204,33 +205,54 @@ def kill_control(verdict) -> dict:
                                     "after the grace period (fab kill-all)"}
 
 
+TIMINGS = ("step_time", "data_time", "compute_time", "comm_time")  # the hook's per-step split (docs/progress.md)
+
+
+def _trainer_order(name: str, rank) -> tuple:
+    """A process's row, then its ranks' (torchrun's workers: progress.row), by rank."""
+    process = hook.process_of(name)
+    r = process_role(process)[1]
+    return (r is None, r or 0, process, name != process, rank if isinstance(rank, int) else 0, name)
+
+
 def _trainers(snap, states: dict, health_progress: dict, stale_after: float, now: float) -> list[dict]:
     names = {n for n in states if process_role(n)[0] == "trainer"}
-    names |= {n for n in snap.progress if process_role(n)[0] == "trainer"}
+    names |= {n for n in snap.progress if process_role(hook.process_of(n))[0] == "trainer"}
     out = []
-    for name in sorted(names, key=lambda n: (process_role(n)[1] is None, process_role(n)[1] or 0, n)):
+    for name in sorted(names, key=lambda n: _trainer_order(n, snap.progress[n].rank if n in snap.progress else None)):
         prog = snap.progress.get(name)
-        node, p = states.get(name, (prog.node if prog else None, {}))
+        process = hook.process_of(name)  # a rank of a process (torchrun's workers) shows its process's state
+        node, p = states.get(process, (prog.node if prog else None, {}))
         rec = prog.last if prog else {}
-        seen = snap.verdict.process(node, name) if p else None
+        seen = snap.verdict.process(node, process) if p else None
         ts = rec.get("ts")
         # Age of the latest record by its own ts (the node's clock: fab check
         # shows the clock offsets); when seen if the record has no ts.
         base = ts if ts is not None else (prog.last_ts if prog else None)
         age = max(0.0, now - base) if base is not None else None
-        if age is None and seen and seen.live and p.get("started_at") is not None:
-            age = max(0.0, now - p["started_at"])  # running but no record yet
+        # Before its first record, what the program prints (or its CPU time) is its sign of life: the
+        # agent's last_progress.
+        lively = number(health_progress.get(process))
+        if age is None and seen and seen.live:
+            since = lively if lively is not None else p.get("started_at")
+            age = max(0.0, now - since) if since is not None else None
         running = (seen.live if seen else snap.verdict.state == JobState.RUNNING)
-        behind = snap.verdict.straggler(node, name) if node else None
+        behind = snap.verdict.straggler(node, process) if node else None
         out.append({
-            "name": name, "node": node or (prog.node if prog else None), "rank": process_role(name)[1],
+            "name": name, "node": node or (prog.node if prog else None),
+            "rank": rec.get("rank") if name != process else process_role(name)[1],
+            "process": process,
             "state": seen.state.value if seen else p.get("state"), "label": process_label(p, seen) if p else "?",
             "step": number(rec.get("step")), "epoch": number(rec.get("epoch")),
             "loss": short(rec.get("loss")),
             # its latest record that has a rate (the chart's last point): an evaluation's record has none
             "samples_per_s": short(getattr(prog, "rate", None) if prog else rec.get("samples_per_s"), 5),
             "lr": short(rec.get("lr"), 4), "ts": ts, "age": short(age, 4),
-            "last_progress": number(health_progress.get(name)) or ts,
+            "total_steps": number(rec.get("total_steps")), "framework": rec.get("framework"),
+            "source": rec.get("source"),
+            **{k: short(rec.get(k), 4) for k in TIMINGS},
+            "last_progress": (number(health_progress.get(name)) if name == process else None) or ts,
+            "last_line": (p.get("last_line") or "")[-200:],
             "stale": bool(running and age is not None and age > stale_after),
             "records": prog.records if prog else 0,
             # fell behind the median rank and has not caught up (the verdict's, as fab status marks it)

@@ -86,6 +86,11 @@ def render(snap, now: float) -> str:
         w.add("fabtrain_trainer_samples_per_second", "Latest training throughput, samples per second", pl, rec.get("samples_per_s"))
         w.add("fabtrain_trainer_last_record_timestamp_seconds", "ts of the latest metrics record", pl, rec.get("ts"))
         w.add("fabtrain_trainer_records", "Metrics records read so far", pl, prog.records)
+        w.add("fabtrain_trainer_total_steps", "The run's total steps, where the framework knows them", pl,
+              rec.get("total_steps"))
+        for key in ("step_time", "data_time", "compute_time", "comm_time"):
+            w.add(f"fabtrain_trainer_{key}_seconds", f"Mean {key.replace('_', ' ')} of the latest steps recorded "
+                  "(the launcher's hook, docs/progress.md)", pl, rec.get(key))
     for n in snap.nodes:
         d = snap.dropped.get(n.name) or {"count": 0}
         w.add("fabtrain_records_dropped_total", "Records from the node dropped as malformed (bad JSON, NaN, "

@@ -14,7 +14,7 @@ from fabtrain.contract import jobid
 from fabtrain.contract.records import SERIES
 from fabtrain.contract.events import JOB_EVENTS, EventKind
 from fabtrain.contract.jobfolder import EVENTS, LOGS, METRICS, JobFolder
-from fabtrain.node import atomic, ops
+from fabtrain.node import atomic, ops, progress
 
 # The events that tell how a job went, as opposed to the watchdog's running commentary.
 OUTCOME_KINDS = JOB_EVENTS + (EventKind.KILLED,)
@@ -55,24 +55,48 @@ def metric_files(jd):
         return []
 
 
-def last_record(path, lines=5):
-    """The file's last record; its samples_per_s is the latest of the last `lines` that has one
-    (an evaluation's or a heartbeat's record measures no training rate)."""
-    found = None
-    for line in reversed(ops.tail_lines(path, lines)):
+def by_row(process, lines):
+    """A metrics file's records by trainer (progress.row: under torchrun one file holds every local
+    rank's), the hook's records left out of a trainer that has records of the program's own."""
+    rows, own = {}, set()
+    for line in lines:
         try:
             rec = json.loads(line)
         except ValueError:
             continue
-        if not isinstance(rec, dict):
+        if isinstance(rec, dict) and not rec.get("between_steps"):  # the hook's sign of a rank busy between steps
+            name = progress.row(process, rec)
+            if rec.get("source") != progress.AUTO:
+                own.add(name)
+            rows.setdefault(name, []).append(rec)
+    return {name: [r for r in recs if name not in own or r.get("source") != progress.AUTO]
+            for name, recs in rows.items()}
+
+
+def last_records(path, process, lines=64):
+    """Each trainer's last record among the file's last lines (latest_rate's)."""
+    return {name: latest_rate(recs) for name, recs in by_row(process, ops.tail_lines(path, lines)).items() if recs}
+
+
+def latest_rate(recs):
+    """The last of `recs`; its samples_per_s is the latest of them that has one (an evaluation's or a
+    heartbeat's record measures no training rate)."""
+    found = recs[-1]
+    rate = next((r["samples_per_s"] for r in reversed(recs) if isinstance(r.get("samples_per_s"), (int, float))), None)
+    return found if rate is None or "samples_per_s" in found else dict(found, samples_per_s=rate)
+
+
+def last_record(path, lines=5):
+    """The file's last record, by latest_rate."""
+    recs = []
+    for line in ops.tail_lines(path, lines):
+        try:
+            rec = json.loads(line)
+        except ValueError:
             continue
-        if found is None:
-            found = rec
-        if isinstance(rec.get("samples_per_s"), (int, float)):
-            if rec is not found:
-                found = dict(found, samples_per_s=rec["samples_per_s"])
-            break
-    return found
+        if isinstance(rec, dict):
+            recs.append(rec)
+    return latest_rate(recs) if recs else None
 
 
 def started_at(jd):
@@ -113,8 +137,8 @@ def job_entry(ws, job_id):
         "last_write": ended_at(jd),
         "status": status,
         "events": job_events(jd, OUTCOME_KINDS, 200),
-        "last_metrics": {name: last_record(JobFolder(jd).metrics_file(name), 20)
-                         for name in metric_files(jd)},
+        "last_metrics": {row: rec for name in metric_files(jd)
+                         for row, rec in last_records(JobFolder(jd).metrics_file(name), name).items()},
     }
 
 
@@ -142,21 +166,16 @@ def thin(records, max_points):
     return picked
 
 
-def series(path, max_points):
-    out = []
+def series(path, process, max_points):
+    """Each trainer's series in one metrics file (by_row), thinned."""
     try:
         f = open(path, "rb")
     except OSError:
-        return out
+        return {}
     with f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
-                out.append({k: rec[k] for k in SERIES if k in rec})
-    return thin(out, max_points)
+        rows = by_row(process, f)
+    return {name: thin([{k: rec[k] for k in SERIES if k in rec} for rec in recs], max_points)
+            for name, recs in rows.items()}
 
 
 def op_job(payload):
@@ -169,8 +188,8 @@ def op_job(payload):
     entry = job_entry(ws, job_id)
     max_points = int(payload.get("max_points", MAX_POINTS))
     entry["found"] = True
-    entry["series"] = {name: series(JobFolder(jd).metrics_file(name), max_points)
-                       for name in metric_files(jd)}
+    entry["series"] = {row: points for name in metric_files(jd)
+                       for row, points in series(JobFolder(jd).metrics_file(name), name, max_points).items()}
     entry["events"] = job_events(jd, None, int(payload.get("max_events", MAX_EVENTS)))
     lines = int(payload.get("lines", 50))
     logs = {}

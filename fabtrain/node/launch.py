@@ -56,6 +56,10 @@ READY_ENV = "FABTRAIN_LAUNCH_READY"  # the descriptor of the pipe that is told t
 STACK_SIGNAL_OFFSET = 6  # SIGRTMIN + 6: a real-time signal no runtime we know of uses
 STACK_HOOK = """\
 import os, sys
+try:
+    import _fabtrain_progress  # progress records (fabtrain/node/progress.py, written here by node ops at start)
+except ImportError:
+    pass
 def _fabtrain_stacks():
     import faulthandler, signal
     prefix = os.environ.get("FABTRAIN_STACKS")
@@ -94,11 +98,16 @@ def stacks_path(job_dir: str, name: str, pid: int) -> str:
     return "%s.%d.txt" % (stacks_prefix(job_dir, name), pid)
 
 
+def hook_dir(job_dir: str) -> str:
+    """Where the program's sitecustomize.py (STACK_HOOK) and the progress hook it imports are written."""
+    return os.path.join(job_dir, "stacks", "hook")
+
+
 def _stack_hook(exit_path: str) -> None:
     """In the program's child, before exec: the environment that makes a Python program dump stacks on request."""
     run = os.path.dirname(os.path.abspath(exit_path))
     job_dir, name = os.path.dirname(run), os.path.basename(exit_path)[:-len(".exit")]
-    hook = os.path.join(job_dir, "stacks", "hook")
+    hook = hook_dir(job_dir)
     try:
         os.makedirs(hook, mode=0o700, exist_ok=True)
         target = os.path.join(hook, "sitecustomize.py")

@@ -19,7 +19,7 @@ import sys
 import time
 
 from fabtrain.contract.launcher import SCRIPT, is_launcher
-from fabtrain.node import atomic, gpulease, launch, procfs, runtime
+from fabtrain.node import atomic, gpulease, launch, procfs, progress, runtime
 from fabtrain.node.elsewhere import elsewhere, running_elsewhere, states_from_health
 from fabtrain.node.kill import family, send, starter, stop_all, trusted
 from fabtrain.node.killevents import append_events, write_kill_events
@@ -183,6 +183,12 @@ def _start_leased(payload, job, ws, jd, leases, warnings):
         make_private_dirs(os.path.dirname(os.path.join(jd, rel)))
         atomic.write(os.path.join(jd, rel), text)
     atomic.write(JobFolder(jd).job_json, json.dumps(job, indent=1))
+    # The progress hook beside the launcher's sitecustomize.py (which loads it), before launch.py:
+    # a rank mpirun starts waits for launch.py, so it finds both.
+    hook = launch.hook_dir(jd)
+    make_private_dirs(os.path.dirname(hook), hook)
+    for name, text in progress.sources().items():
+        atomic.write(os.path.join(hook, name), text)
     atomic.write(os.path.join(jd, SCRIPT), launch.source())
     tmp_link = os.path.join(ws, ".current.%d" % os.getpid())
     os.symlink(os.path.join("jobs", job["job_id"]), tmp_link)

@@ -21,6 +21,7 @@ from fabtrain.config.launcher import is_torchrun
 from fabtrain.plan.mpirun import with_mpirun
 from fabtrain.plan.ports import AddressSlots, needed_ports, pserver_layout, port_uses, resolved_ports
 from fabtrain.plan.spec import NodePlan, Plan, ProcessPlan, launch_argv
+from fabtrain.node import progress
 
 
 def new_job_id(now: float | None = None) -> str:
@@ -58,6 +59,11 @@ def iface_env(cluster: Cluster, node: Node, network: Network | None) -> dict[str
     """
     iface = node.iface or (network.ifaces.get(node.name) if network else None) or f"<iface of {node.address}>"
     return {var: iface for var in IFACE_VARS}
+
+
+def instrument_env(cluster: Cluster, role: str) -> dict[str, str]:
+    """job.watchdog.instrument: false for this role: the launcher's progress hook writes no records."""
+    return {} if role in cluster.job.watchdog.instrument else {progress.ENV_INSTRUMENT: "0"}
 
 
 def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, secret: str | None = None,
@@ -256,7 +262,7 @@ def _process(cluster: Cluster, node: Node, role: str, rank: int, command: str, v
         "FABTRAIN_CHECKPOINT_DIR": f"$WS/jobs/{resume_from or job_id}/checkpoints",
         "FABTRAIN_SGD": cluster.job.sgd,  # job.sgd: the reference workload's --sgd
         # Python ignores stdbuf: without this a trainer's log lags by 8 KiB.
-        "PYTHONUNBUFFERED": "1",
+        "PYTHONUNBUFFERED": "1", **instrument_env(cluster, role),
         **role_env,
         **dict(cluster.job.env),
     }

@@ -153,8 +153,7 @@ def killed(job, now):
 
 OUTCOMES = {  # outcome -> (files, the sentence as a pattern, whether Kill can do anything)
     "running": (running, r"job running: 3 of 3 processes on 2 nodes", True),
-    "starting": (starting, r"job starting: waiting for the first metrics record of trainer-0, trainer-1; "
-                           r"startup_timeout fails the start in 4m \d\ds if it does not come together", True),
+    "starting": (starting, r"job starting: waiting for the first metrics record of trainer-0, trainer-1", True),
     "restarting": (restarting, r"JOB RESTARTING after " + re.escape(CAUSE) +
                                r": generation 1 starts in 4m \d\ds, 2 restarts left after it", True),
     "finished": (finished, r"job finished: every trainer exited with code 0  \[node1, node2\]", False),

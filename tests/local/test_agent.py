@@ -315,16 +315,16 @@ HEALTH_KEYS = {"ts", "node", "job_id", "interval", "host", "gpus", "processes", 
 PROCESS_KEYS = {"name", "role", "rank", "pid", "state", "exit_code", "cpu_percent", "rss", "children", "last_progress"}
 
 
-def test_a_job_is_starting_until_its_trainers_first_record_with_the_startup_allowance_left(local_job):
-    """Real agents, trainers that load for a while before their first metrics record: fab status says
-    the job is starting, waiting for which trainers, and how long startup_timeout still allows; then
-    running once they have written."""
+def test_a_job_is_starting_until_its_trainers_first_record_with_no_threat_of_the_startup_allowance(local_job):
+    """Real agents, trainers that load silently for a while before their first metrics record: fab status
+    says the job is starting, waiting for which trainers, and threatens no startup failure (startup_timeout
+    fails only nodes that never joined and processes that never started); then running once they have
+    written."""
     job = local_job([("n0", ["trainer"]), ("n1", ["trainer"])], mode="collective",
                     trainer={"command": f"{FAKE} --warmup 8"},
                     watchdog={"interval": 0.5, "startup_timeout": 300, "port": free_port(["127.0.0.1"])})
     job.fab("deploy", "start-trainers", check=True)
-    said = re.compile(r"^job starting: waiting for the first metrics record of trainer-0, trainer-1; startup_timeout "
-                      r"fails the start in 4m \d\ds if it does not come together$", re.M)
+    said = re.compile(r"^job starting: waiting for the first metrics record of trainer-0, trainer-1$", re.M)
     assert wait_for(lambda: said.search(job.fab("status").stdout), timeout=8), job.fab("status").stdout
     assert wait_for(lambda: job.fab("status").stdout.startswith(f"job {job.job_id}: running"), timeout=30)
     assert "job running: 2 of 2 processes on 2 nodes" in job.fab("status").stdout.splitlines()

@@ -190,3 +190,29 @@ def test_every_process_gets_mpiruns_rank_variables_consistent_with_its_own(job):
                 assert (p.env["RANK"], p.env["WORLD_SIZE"], p.env["LOCAL_RANK"]) == \
                     (p.env["OMPI_COMM_WORLD_RANK"], p.env["OMPI_COMM_WORLD_SIZE"], p.env["OMPI_COMM_WORLD_LOCAL_RANK"])
     assert procs(plan, "trainer")
+
+
+def test_instrument_off_for_a_role_gives_its_processes_fabtrain_instrument_0():
+    from fabtrain.node import progress
+    base = {"mode": "pserver", "pserver": {"command": "python ps.py"}, "trainer": {"command": "python t.py"}}
+    on = make_plan(cluster(base), "20261122-014600-ab12")
+    assert all(progress.ENV_INSTRUMENT not in p.env for _, p in procs(on))
+    some = make_plan(cluster({**base, "watchdog": {"instrument": {"pserver": False}}}), "20261122-014600-ab12")
+    assert {p.env.get(progress.ENV_INSTRUMENT) for _, p in procs(some, "pserver")} == {"0"}
+    assert all(progress.ENV_INSTRUMENT not in p.env for _, p in procs(some, "trainer"))
+    off = make_plan(cluster({**base, "watchdog": {"instrument": False}}), "20261122-014600-ab12")
+    assert all(p.env[progress.ENV_INSTRUMENT] == "0" for _, p in procs(off))
+    assert not progress.enabled({"FABTRAIN_METRICS": "/m", "FABTRAIN_INSTRUMENT": "0"})
+    assert progress.enabled({"FABTRAIN_METRICS": "/m"}) and not progress.enabled({})
+
+
+@pytest.mark.parametrize("value,said", [
+    ("yes", "job.watchdog.instrument: must be true, false or a mapping of roles to true/false, got a string"),
+    ({"trainer": "no"}, "job.watchdog.instrument.trainer: must be true or false"),
+    ({"agent": False}, "job.watchdog.instrument.agent: unknown field"),
+])
+def test_a_wrong_instrument_is_one_line_naming_it(value, said):
+    from fabtrain.errors import UserError
+    with pytest.raises(UserError) as e:
+        cluster({"mode": "collective", "trainer": {"command": "python t.py"}, "watchdog": {"instrument": value}})
+    assert said in str(e.value)

@@ -202,10 +202,13 @@ function renderJob(j) {
   const rows = j.trainers.map(t => el("tr", {class: t.stale ? "stale" : "", "data-trainer": t.name},
     el("td", {}, el("b", {}, t.name), t.stale ? el("span", {class: "tag stale", title: `no metrics record for over ${j.stale_after}s`}, "stale") : null,
       t.straggler ? el("span", {class: "tag straggler", title: "below the straggler share of the median rank's step rate (watchdog.straggler)"},
-        t.straggler.mark) : null),  // fab status's words
+        t.straggler.mark) : null,  // fab status's words
+      // no record yet: what it printed last is its sign of life
+      !t.records && t.last_line ? el("div", {class: "last-line", title: "its last log line (no metrics record yet)"}, t.last_line) : null),
     el("td", {}, t.node || "–"),
     el("td", {}, t.label),
-    el("td", {class: "num"}, fmt(t.step)),
+    el("td", {class: "num", title: t.framework ? `reported by the launcher's hook (${t.framework})` : ""},
+      fmt(t.step) + (t.total_steps ? ` / ${fmt(t.total_steps)}` : "")),
     el("td", {class: "num"}, fmt(t.epoch)),
     el("td", {class: "num"}, fmt(t.loss, 5)),
     el("td", {class: "num"}, fmt(t.samples_per_s, 5)),

@@ -1,0 +1,149 @@
+"""The progress hook's cost: a small DDP job's throughput with the hook on against off, in one run.
+
+    .venv/bin/python bench/hook_overhead.py [--repeats 4] [--steps 300]   # a few minutes on 2 CPU cores
+
+Each job is `torchrun --nproc-per-node 2` (gloo, one torch thread a rank) of an
+unchanged DDP training script (a DataLoader, an MLP, SGD), started as the
+launcher starts a job's programs: `PYTHONPATH` led by a hook folder holding the
+launcher's sitecustomize.py and the progress hook's files as node ops writes
+them. "on" has `FABTRAIN_METRICS` set (each rank appends its records there);
+"off" the same with `FABTRAIN_INSTRUMENT=0` (job.watchdog.instrument: false).
+The jobs alternate on, off, on, off... so load from other work falls on both
+alike. A job's throughput is rank 0's steps a second over the steps after a
+warm-up, timed by the script itself (its wall clock between two steps that
+DDP keeps in step across ranks). Prints every job's figure, the medians and
+their ratio (on / off; the target is >= 0.99, docs/progress.md).
+"""
+import os
+import sys
+
+# Import from the repository root, not from bench/.
+sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from fabtrain.node import launch, progress  # noqa: E402
+from workload.ddp import free_port  # noqa: E402
+
+REPO = Path(sys.path[0])
+WARMUP = 30
+SCRIPT = '''
+import json, os, sys, time
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+steps, warmup = int(sys.argv[1]), int(sys.argv[2])
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+x = torch.randn(32 * (steps + 1), 128)
+data = TensorDataset(x, x.sum(1, keepdim=True))
+loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data, shuffle=False))
+model = DDP(torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+t0 = c0 = None
+for i, (source, target) in enumerate(loader):
+    if i == warmup:
+        t0, c0 = time.perf_counter(), time.process_time()
+    loss = torch.nn.functional.mse_loss(model(source), target)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if i + 1 == steps:
+        break
+if dist.get_rank() == 0:
+    print(json.dumps({"steps_per_s": (steps - warmup) / (time.perf_counter() - t0),
+                      "cpu_per_step": (time.process_time() - c0) / (steps - warmup)}), flush=True)
+dist.destroy_process_group()
+'''
+
+
+def hook_folder(root: Path) -> Path:
+    """The launcher's sitecustomize.py and the hook's files, as a started job has them."""
+    hook = Path(launch.hook_dir(str(root)))
+    hook.mkdir(parents=True)
+    (hook / "sitecustomize.py").write_text(launch.STACK_HOOK)
+    for name, text in progress.sources().items():
+        (hook / name).write_text(text)
+    return hook
+
+
+def job(root: Path, hook: Path, on: bool, steps: int, n: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FABTRAIN_", "PYTHON", "RANK", "LOCAL_RANK"))}
+    env.update(PYTHONPATH=str(hook), OMP_NUM_THREADS="1", FABTRAIN_METRICS=str(root / f"metrics-{n}.jsonl"),
+               FABTRAIN_RANK="0")
+    if not on:
+        env["FABTRAIN_INSTRUMENT"] = "0"
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    out = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+                          str(free_port()), str(root / "train.py"), str(steps), str(WARMUP)],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise SystemExit(f"bench: a job exited {out.returncode}: {out.stderr[-2000:]}")
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    written = root / f"metrics-{n}.jsonl"
+    records = written.read_text().splitlines() if written.exists() else []
+    if on and not records or not on and records:
+        raise SystemExit(f"bench: the hook was {'on' if on else 'off'} yet {len(records)} records were written")
+    return figures
+
+
+def bookkeeping(steps: int = 20000) -> float:
+    """The hook's own CPU seconds a step: what its wrappers tell the reporter for one step (a batch, a
+    forward, a backward, an optimizer step), in a loop, records written as in a job."""
+    import time
+    import torch
+    with tempfile.TemporaryDirectory(prefix="hook-bench-") as tmp:
+        r = progress.Reporter({progress.ENV_METRICS: str(Path(tmp) / "m.jsonl"), "RANK": "0"})
+        batch, loss = (torch.zeros(16, 128), torch.zeros(16, 1)), torch.zeros(())
+        opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        c0 = time.process_time()
+        for _ in range(steps):
+            t = r.perf()
+            r.batch(r.perf() - t, t, batch)
+            t = r.perf()
+            r.add(progress.FORWARD, r.perf() - t, t)
+            t = r.perf()
+            r.backward(loss, r.perf() - t, t)
+            t = r.perf()
+            r.add(progress.OPTIMIZER, r.perf() - t, t)
+            r.step(opt)
+        r.on = False  # its writer thread ends
+        return (time.process_time() - c0) / steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=4, help="jobs with the hook on, and as many off")
+    ap.add_argument("--steps", type=int, default=300)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="hook-bench-") as tmp:
+        root = Path(tmp)
+        (root / "train.py").write_text(SCRIPT)
+        hook = hook_folder(root / "job")
+        runs = {True: [], False: []}
+        for n in range(2 * args.repeats):
+            on = n % 2 == 0
+            runs[on].append(job(root, hook, on, args.steps, n))
+            print(f"job {n + 1}: hook {'on ' if on else 'off'} {runs[on][-1]['steps_per_s']:8.1f} steps/s, "
+                  f"rank 0 CPU {runs[on][-1]['cpu_per_step'] * 1e3:.3f} ms a step", flush=True)
+    on, off = (statistics.median(r["steps_per_s"] for r in runs[k]) for k in (True, False))
+    cpu_on, cpu_off = (statistics.median(r["cpu_per_step"] for r in runs[k]) for k in (True, False))
+    print(f"median steps/s over {args.repeats} jobs each ({args.steps - WARMUP} steps timed a job, torchrun, "
+          f"2 ranks, gloo): hook on {on:.1f}, hook off {off:.1f}")
+    print(f"ratio on/off: {on / off:.3f} (target >= 0.99)")
+    print(f"rank 0 CPU a step, median: hook on {cpu_on * 1e3:.3f} ms, off {cpu_off * 1e3:.3f} ms: "
+          f"ratio off/on {cpu_off / cpu_on:.3f}")
+    own = bookkeeping()
+    print(f"the hook's own bookkeeping: {own * 1e6:.1f} us of CPU a step = {own / cpu_off:.4f} of a step here "
+          f"(throughput ratio it allows: {1 / (1 + own / cpu_off):.4f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""What Lightning, Hugging Face's Trainer, accelerate and paddle add to the progress records.
+
+Loaded by the hook (progress.py) only once the program imports one of them;
+each function here gets the hook module (`core`) and the framework's module,
+and patches what it constructs so the framework's own knowledge (its global
+step, what it logs, its total steps) goes into the rank's records. A failure
+here is the hook's: said once in the rank's log, and the program goes on.
+Standard library only (the framework's classes come from the module given).
+"""
+
+
+def _safe(r):
+    """A callback the framework calls: whatever fails in it is the hook's failure, never the loop's."""
+    def wrap(fn):
+        def run(*args, **kwargs):
+            try:
+                fn(*args, **kwargs)
+            except Exception as e:
+                r.fail("the %s callback" % r.framework, e)
+        run.__name__ = fn.__name__
+        return run
+    return wrap
+
+
+def _add_callback(core, trainer, cls, framework):
+    try:
+        if framework == "Lightning":
+            if not any(type(c).__name__ == cls.__name__ for c in trainer.callbacks):
+                trainer.callbacks.append(cls())
+        else:
+            trainer.add_callback(cls)
+    except Exception as e:
+        core.REPORTER.fail("adding the %s callback" % framework, e)
+
+
+def lightning(core, module):
+    r = core.REPORTER
+    Trainer, Callback = module.Trainer, module.Callback
+
+    class FabtrainProgress(Callback):
+        """fabtrain's progress records (added by the launcher's hook; it changes nothing)."""
+
+        @_safe(r)
+        def on_train_start(self, trainer, pl_module):
+            total = None
+            try:
+                total = trainer.estimated_stepping_batches
+            except Exception:  # not known before the loop, or infinite
+                total = None
+            if not core._finite(total) or total <= 0:
+                total = trainer.max_steps if core._finite(trainer.max_steps) and trainer.max_steps > 0 else None
+            r.framework_values("lightning", trainer.global_step, {"total_steps": int(total)} if total else None)
+
+        @_safe(r)
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if r.framework_step == trainer.global_step and r.framework == "lightning":
+                return  # no optimizer step in this batch (gradient accumulation)
+            now = r.perf()
+            values = {"epoch": trainer.current_epoch}  # an int: every step (the logged tensors only when due)
+            if now - r.last_write >= core.INTERVAL:
+                for source in (trainer.logged_metrics, trainer.progress_bar_metrics):
+                    for key, v in list(source.items())[:core.MAX_NAMES]:
+                        values[key] = v
+                for key in ("train_loss", "loss"):
+                    if key in values and core._number(values[key]) is not None:
+                        values["loss"] = values[key]
+                        break
+                r._read_loss()
+            r.framework_values("lightning", trainer.global_step, values, write=True)
+
+    orig_init = Trainer.__init__
+
+    def __init__(self, *args, **kwargs):
+        orig_init(self, *args, **kwargs)
+        _add_callback(core, self, FabtrainProgress, "Lightning")
+    Trainer.__init__ = core._wraps(orig_init, __init__)
+
+
+def transformers(core, module):
+    r = core.REPORTER
+    from transformers import TrainerCallback
+
+    class FabtrainProgress(TrainerCallback):
+        """fabtrain's progress records (added by the launcher's hook; it changes nothing)."""
+
+        @_safe(r)
+        def on_train_begin(self, args, state, control, **kwargs):
+            r.framework_values("transformers", state.global_step,
+                               {"total_steps": state.max_steps} if state.max_steps and state.max_steps > 0 else None)
+
+        @_safe(r)
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            values = dict(logs or {})
+            if "learning_rate" in values:
+                values["lr"] = values["learning_rate"]
+            r.framework_values("transformers", state.global_step, values)
+
+        @_safe(r)
+        def on_step_end(self, args, state, control, **kwargs):
+            r.framework_values("transformers", state.global_step, {"epoch": state.epoch}, write=True)
+
+    orig_init = module.Trainer.__init__
+
+    def __init__(self, *args, **kwargs):
+        orig_init(self, *args, **kwargs)
+        _add_callback(core, self, FabtrainProgress, "Hugging Face")
+    module.Trainer.__init__ = core._wraps(orig_init, __init__)
+
+
+def accelerate(core, module):
+    r = core.REPORTER
+    Accelerator = module.Accelerator
+    orig_init, orig_log = Accelerator.__init__, Accelerator.log
+
+    def __init__(self, *args, **kwargs):
+        orig_init(self, *args, **kwargs)
+        if r.framework == "torch":
+            r.framework = "accelerate"
+
+    def log(self, values, step=None, *args, **kwargs):
+        out = orig_log(self, values, step, *args, **kwargs)
+        r.framework_values("accelerate", None, values if isinstance(values, dict) else None)
+        return out
+    Accelerator.__init__ = core._wraps(orig_init, __init__)
+    Accelerator.log = core._wraps(orig_log, log)
+
+
+def paddle(core, paddle):
+    r = core.REPORTER
+    import paddle.optimizer as popt
+    base = popt.Optimizer
+    perf = r.perf
+    for cls in {base} | {getattr(popt, n) for n in dir(popt)
+                         if isinstance(getattr(popt, n), type) and issubclass(getattr(popt, n), base)}:
+        orig = cls.__dict__.get("step")
+        if orig is None or getattr(orig, "_fabtrain", False):
+            continue
+
+        def make(orig):
+            def step(self, *args, **kwargs):
+                t0 = perf()
+                out = orig(self, *args, **kwargs)
+                r.add(core.OPTIMIZER, perf() - t0, t0)
+                r.framework = "paddle"
+                _paddle_lr(r, self)
+                r.step()
+                return out
+            step = core._wraps(orig, step)
+            step._fabtrain = True
+            return step
+        cls.step = make(orig)
+    try:
+        from paddle.io import DataLoader
+        orig_iter = DataLoader.__iter__
+
+        def __iter__(self):
+            return _PaddleBatches(r, orig_iter(self))
+        DataLoader.__iter__ = core._wraps(orig_iter, __iter__)
+    except ImportError:
+        pass
+
+
+def _paddle_lr(r, optimizer):
+    try:
+        lr = optimizer.get_lr()
+    except Exception:
+        return
+    if isinstance(lr, float) and lr == lr:
+        r.values["lr"] = lr
+
+
+class _PaddleBatches:
+    """A paddle DataLoader's iterator, timed: the time waiting for each batch is data_time."""
+
+    def __init__(self, r, it):
+        self._r, self._it = r, it
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        r = self._r
+        t0 = r.perf()
+        batch = next(self._it)
+        r.batch(r.perf() - t0, t0, batch)
+        return batch
+
+    def __len__(self):
+        return len(self._it)
+
+    def __getattr__(self, name):
+        return getattr(self._it, name)

@@ -1,0 +1,57 @@
+"""Progress from an unchanged torchrun DDP script on real sshd nodes (docs/progress.md): each node's
+rank reports through the launcher's hook, and the dashboard's views and the TensorBoard export show
+every rank."""
+import json
+import re
+import time
+
+import pytest
+
+from fabtrain.config.cluster import load_cluster
+from fabtrain.controller.collector import Collector
+from fabtrain.controller.export import export_tensorboard
+from fabtrain.dashboard import create_app
+from fabtrain.remote.session import Session
+from tests.support.sshd import write_cluster
+
+pytestmark = [pytest.mark.ssh, pytest.mark.timeout(600)]
+TOKEN = "t0k3n-for-progress-0123456789abcdef"
+HOST = "127.0.0.1:8265"
+AUTH = {"Authorization": f"Bearer {TOKEN}", "Host": HOST}
+
+
+def test_a_torchrun_ddp_script_reports_every_rank_across_ssh_nodes(fab, tmp_path, sshd):
+    path = write_cluster(tmp_path / "c.yaml", sshd, ssh_nodes=[("node1", ["trainer"]), ("node2", ["trainer"])],
+                         job={"mode": "collective", "master_port": 29641,
+                              "trainer": {"per_node": 1, "command": "torchrun --max-restarts=0 "
+                                                                    "tests/programs/ddp_tutorial.py 40 0.001"},
+                              "watchdog": {"interval": 0.5, "port": 29642}})
+    out = fab("deploy", "start-trainers", cluster=path, check=True)
+    job_id = re.search(r"job (\S+): trainer started", out.stdout).group(1)
+    watch = fab("watch", "--timeout", "500", cluster=path, timeout=540)
+    assert watch.returncode == 0, watch.stdout + watch.stderr
+    for node, name, rank in (("node1", "trainer-0", 0), ("node2", "trainer-1", 1)):
+        lines = (tmp_path / f"ws-{node}" / "jobs" / job_id / "metrics" / f"{name}.jsonl").read_text().splitlines()
+        recs = [json.loads(x) for x in lines]
+        assert {r["rank"] for r in recs} == {rank} and recs[-1]["step"] == 48, recs[-1]  # 3 epochs of 16 batches
+        assert all(r["source"] == "auto" and r["child"] and r["local_rank"] == 0 for r in recs)
+    session = Session(load_cluster(str(path)))
+    try:
+        collector = Collector(session, job_id=job_id)
+        collector.poll()
+        client = create_app({"COLLECTOR": collector, "DASHBOARD_TOKEN": TOKEN, "ALLOWED_HOSTS": [HOST],
+                             "TESTING": True}).test_client()
+        rows = {t["name"]: t for t in client.get("/api/job", headers=AUTH).get_json()["trainers"]}
+        assert set(rows) == {"trainer-0", "trainer-1"} and {t["step"] for t in rows.values()} == {48}
+        assert all(t["data_time"] > 0 and t["loss"] > 0 and not t["stale"] for t in rows.values()), rows
+        series = client.get("/api/metrics", headers=AUTH).get_json()["trainers"]
+        assert all(series[name]["loss"]["x"][-1] == 48 for name in rows)
+        exported = export_tensorboard(session, str(tmp_path / "tb"), job_id)
+        assert sorted(r.split(":")[0] for r in exported.runs) == [f"{job_id}/trainer-0", f"{job_id}/trainer-1"]
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+        for name in rows:
+            acc = EventAccumulator(str(tmp_path / "tb" / job_id / name))
+            acc.Reload()
+            assert acc.Scalars("train/loss")[-1].step == 48 and acc.Scalars("time/data")[-1].value > 0
+    finally:
+        session.close()
