@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from fabtrain.node import atomic, launch, ops, procfs
+from fabtrain.node import atomic, attempts, launch, ops, procfs
 from fabtrain.node.netcheck import iface_of, resolve
 from fabtrain.node.states import LIVE
 from fabtrain.node.workspace import job_dir
@@ -243,6 +243,23 @@ def node_exit_code(jd, job):
     return 0
 
 
+def start_attempt(folder, ws, job, template):
+    """A requeued job's next Slurm attempt (attempts.py); False: no attempt is left, the job failed here."""
+    attempt, allowed = attempts.attempt_of(os.environ), int(template.get("attempts", 1))
+    said, refused = attempts.begin(job_dir(ws, job["job_id"]), job["node"], attempt, allowed,
+                                   attempts.cause(folder, os.environ.get("SLURM_JOB_ID"), attempt))
+    if said:
+        attempts.record(folder, attempt, allowed, said)
+    if refused:
+        print("fabtrain: %s: no attempt left (%s): scheduler.requeue allows %d attempts in all"
+              % (job["node"], said, allowed), file=sys.stderr, flush=True)
+        return False
+    if said:
+        print("fabtrain: %s: %s" % (job["node"], said), flush=True)
+        attempts.restarts_before(job, attempt)
+    return True
+
+
 def main(argv):
     if len(argv) != 1:
         print("usage: python -m fabtrain.node.allocation <job folder>", file=sys.stderr)
@@ -263,6 +280,8 @@ def main(argv):
     ws = os.path.abspath(os.path.expanduser(job["workspace"]))
     print("fabtrain job %s: %s is %s (Slurm node %s)" % (job["job_id"], job["node"], platform.node(),
                                                           job["slurm"]["node"]), flush=True)
+    if not start_attempt(folder, ws, job, template):
+        return 1
     try:
         started = ops.op_start({"job": job, "roles": template["roles"], "agent": agent})
     except ops.UserFacing as e:

@@ -9,13 +9,14 @@ SSH nodes.
 """
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import threading
 import time
 from dataclasses import dataclass
 
-from fabtrain.controller import preflight, state
+from fabtrain.controller import preflight, state, terminal
 from fabtrain.errors import UserError
 from fabtrain.plan.plan import Plan, make_plan, new_job_id
 from fabtrain.remote import rpc
@@ -58,12 +59,14 @@ class Submitted:
 
 
 def prepare(session: Session, roles: tuple[str, ...], job_id: str | None = None,
-            resume_from: str | None = None) -> tuple[Plan, str]:
-    """The plan and its batch script: `auto` ports drawn here (no node is there to ask before the allocation)."""
+            resume_from: str | None = None, readable: bool = False) -> tuple[Plan, str]:
+    """The plan and its batch script: `auto` ports drawn here (no node is there to ask before the allocation).
+    `readable`: the plan's data summarised (fab plan)."""
     cluster = session.cluster
     network = preflight.choose_ports(cluster, {})
     plan = make_plan(cluster, job_id or new_job_id(), resume_from=resume_from, network=network)
-    return plan, render(cluster, plan, roles, SlurmCommands(session).home(), grace=cluster.job.watchdog.grace)
+    return plan, render(cluster, plan, roles, SlurmCommands(session).home(), grace=cluster.job.watchdog.grace,
+                        readable=readable)
 
 
 def make_job_folder(session: Session, job_id: str) -> str:
@@ -157,6 +160,9 @@ def _shown(session: Session, ran: set[tuple[str, str]], job_id: str | None) -> t
     job, slurm_job = max(ran)
     st = slurm_state(session, slurm_job)
     line = st.line()
+    attempt = current_attempt(session, job)
+    if attempt:
+        line += f"; {attempt}"
     if stopped_for_time_limit(session, job):
         line += f" (its programs were stopped {session.cluster.scheduler.term_before} s before its time limit)"
     return st, line
@@ -255,6 +261,17 @@ def cancel_all(session: Session, grace: float = 5.0, wait: float = 60.0) -> Canc
         if not left or time.monotonic() > deadline:
             return Cancelled(states, marked, left)
         time.sleep(0.3)
+
+
+def current_attempt(session: Session, job_id: str) -> str | None:
+    """"attempt 2 of 4: requeued after preemption" once a requeued job's next Slurm attempt started, else None."""
+    commands = SlurmCommands(session)
+    out = commands.run(["cat", "--", f"{job_folder(session.cluster, job_id, commands.home())}/attempt.json"])
+    try:
+        said = json.loads(out.stdout).get("line") if out.ok else None
+    except (ValueError, AttributeError):
+        return None
+    return terminal.visible(said) if isinstance(said, str) else None
 
 
 def stopped_for_time_limit(session: Session, job_id: str) -> bool:

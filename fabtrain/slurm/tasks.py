@@ -17,9 +17,10 @@ from fabtrain.slurm import jobs
 
 
 def plan(session: Session) -> None:
-    """The batch script exactly as `fab start-trainers` would submit it (ports drawn again at submit)."""
+    """The batch script as `fab start-trainers` would submit it, the plan's data summarised (ports drawn again at
+    submit; `fab export --slurm` writes it whole)."""
     roles = ("pserver", "trainer") if session.cluster.job.mode == "pserver" else ("trainer",)
-    print(jobs.prepare(session, roles)[1], end="")
+    print(jobs.prepare(session, roles, readable=True)[1], end="")
 
 
 def export_script(session: Session, path: str) -> None:
