@@ -154,13 +154,19 @@ def running_elsewhere(jd):
 
 
 def op_mark_killed(payload):
-    """`fab kill-all` on a Slurm job, before scancel: the agents read the marker and call it a kill, not a failure."""
+    """`fab kill-all` on a Slurm job, before scancel: the agents read the marker and call it a kill, not a failure.
+    Only a job that still runs is marked: one that ended (finished, failed, stopped for the time limit) keeps
+    what happened. The reply names the Slurm job the node's job ran as (a script submitted by hand too)."""
     ws = os.path.abspath(os.path.expanduser(payload["workspace"]))
     jd = job_dir(ws, payload.get("job_id"))
     if not jd or not os.path.isdir(jd):
         return {"marked": None}
-    open(os.path.join(jd, KILLED), "a").close()
-    return {"marked": os.path.basename(jd)}
+    job = atomic.read_json(os.path.join(jd, "job.json"), {})
+    slurm = job.get("slurm") if isinstance(job, dict) and isinstance(job.get("slurm"), dict) else {}
+    ended = job_over(jd) or not (ops.live_job_processes(jd) or running_elsewhere(jd))
+    if not ended:
+        open(os.path.join(jd, KILLED), "a").close()
+    return {"marked": None if ended else os.path.basename(jd), "slurm_job": slurm.get("job_id")}
 
 
 class Stop:

@@ -97,7 +97,7 @@ def submit(session: Session, roles: tuple[str, ...], resume_from: str | None = N
     else:
         raise UserError("no job is waiting for trainers: run `fab start-pserver start-trainers` to start a new job")
     # The next job works in the same node workspaces: one job of the cluster at a time, as on SSH nodes.
-    queued = our_jobs(session)
+    queued = our_jobs(session, {current(session)} - {None})
     if queued and force:
         cancel_all(session)
     elif queued:
@@ -115,6 +115,7 @@ def submit(session: Session, roles: tuple[str, ...], resume_from: str | None = N
     slurm_job = out.stdout.strip().split(";")[0]
     if not ID_RE.match(slurm_job):
         raise UserError(f"sbatch answered {out.stdout.strip()[:80]!r}, not a job id")
+    record_jobs(session, recorded_jobs(session) + [slurm_job])
     state.save(cluster.name, job_id=job_id, roles=list(every), cluster=cluster.path, resume_from=resume_from,
                slurm_job=slurm_job, network={"ports": plan.ports, "auto": list(plan.auto_ports), "ifaces": {}})
     return Submitted(job_id, slurm_job, plan, script)
@@ -227,14 +228,38 @@ def submitted_job(session: Session) -> str | None:
     return saved.get("job_id") if saved.get("slurm_job") else None
 
 
-def our_jobs(session: Session) -> list[str]:
-    """Every queued or running Slurm job of this cluster's name, this user's (pending ones too; not those
-    already completing)."""
-    out = SlurmCommands(session).run(["squeue", "-h", "--me", "-n", job_name(session.cluster), "-o", "%i",
-                                      "-t", "PENDING,RUNNING,SUSPENDED,CONFIGURING,REQUEUED"])
-    if not out.ok:
+SUBMITTED = ".slurm"  # the controller's file of this cluster's Slurm job ids: {"jobs": [...]}
+LIVE_STATES = "PENDING,RUNNING,SUSPENDED,CONFIGURING,REQUEUED,REQUEUE_HOLD,REQUEUE_FED,RESIZING"
+
+
+def recorded_jobs(session: Session) -> list[str]:
+    """The Slurm jobs this cluster's fabtrain jobs were submitted as, not yet seen ended (the controller's state)."""
+    jobs = state.load_file(session.cluster.name, SUBMITTED).get("jobs")
+    return [j for j in jobs if isinstance(j, str) and ID_RE.match(j)] if isinstance(jobs, list) else []
+
+
+def record_jobs(session: Session, jobs: list[str]) -> None:
+    state.save_file(session.cluster.name, SUBMITTED, {"jobs": sorted(set(jobs), key=_order)})
+
+
+def _order(slurm_job: str) -> tuple[int, str]:
+    return int(slurm_job.split("_")[0]), slurm_job
+
+
+def our_jobs(session: Session, also: set[str] = frozenset()) -> list[str]:
+    """Which of the Slurm jobs this cluster submitted (and `also`: those its nodes name) are queued or running.
+    By id, never by name: a job of the same name submitted from elsewhere is not this cluster's."""
+    ids = sorted(set(recorded_jobs(session)) | set(also), key=_order)
+    if not ids:
+        return []
+    out = SlurmCommands(session).run(["squeue", "-h", "-j", ",".join(ids), "-o", "%i", "-t", LIVE_STATES])
+    if not out.ok and "Invalid job id" not in out.stderr:
         raise UserError(f"squeue: {out.error()}")
-    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    live = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    if not out.ok:  # an id Slurm forgot (MinJobAge) fails the whole list: ask for each one alone
+        live = [j for j in ids if slurm_state(session, j).state in LIVE_STATES.split(",")]
+    record_jobs(session, [j for j in recorded_jobs(session) if j in live])
+    return live
 
 
 @dataclass
@@ -245,13 +270,15 @@ class Cancelled:
 
 
 def cancel_all(session: Session, grace: float = 5.0, wait: float = 60.0) -> Cancelled:
-    """fab kill-all: mark the job killed on every node (the agents read it), scancel, wait until Slurm says ended."""
-    ids = sorted(set(our_jobs(session)) | ({current(session)} - {None}), key=lambda j: int(j.split("_")[0]))
+    """fab kill-all: mark the job killed on every node where it still runs (the agents read it), scancel this
+    cluster's Slurm jobs by id, wait until Slurm says they ended. A job that already ended keeps its outcome."""
     replies = session.map(lambda t: rpc.call(t, "mark_killed", {}, timeout=60))
     marked = [r.node for r in replies if r.ok and r.value.get("marked")]
-    commands = SlurmCommands(session)
+    named = {r.value["slurm_job"] for r in replies
+             if r.ok and isinstance(r.value.get("slurm_job"), str) and ID_RE.match(r.value["slurm_job"])}
+    ids = our_jobs(session, named)
     if ids:
-        out = commands.run(["scancel", *ids])
+        out = SlurmCommands(session).run(["scancel", *ids])
         if not out.ok and "already completing or completed" not in out.stderr:
             raise UserError(f"scancel: {out.error()}")
     deadline = time.monotonic() + grace + wait
@@ -259,8 +286,9 @@ def cancel_all(session: Session, grace: float = 5.0, wait: float = 60.0) -> Canc
         states = [slurm_state(session, j) for j in ids]
         left = [s.job for s in states if not s.ended and s.state != "UNKNOWN"]
         if not left or time.monotonic() > deadline:
+            record_jobs(session, [j for j in recorded_jobs(session) if j in left])
             return Cancelled(states, marked, left)
-        time.sleep(0.3)
+        time.sleep(0.1)
 
 
 def current_attempt(session: Session, job_id: str) -> str | None:
