@@ -98,8 +98,18 @@ def place(env, iface, granted):
     return env
 
 
-def node_part(template, index, hosts, secret, environ):
-    """(job.json, agent spec) of node `index` of the allocation, from the plan of every node."""
+def bind_cpus(processes, cpus, per_rank):
+    """Each process of the node its own `per_rank` of the CPUs Slurm bound the step to (FABTRAIN_CPUS, which the
+    launcher applies), in the node's process order; a process beyond the mask keeps the whole of it."""
+    for i, proc in enumerate(processes):
+        share = cpus[i * per_rank:(i + 1) * per_rank]
+        if len(share) == per_rank:
+            proc["env"][launch.CPUS_ENV] = ",".join(str(c) for c in share)
+
+
+def node_part(template, index, hosts, secret, environ, cpus=None):
+    """(job.json, agent spec) of node `index` of the allocation, from the plan of every node. `cpus`: the CPUs
+    Slurm bound this task to (its affinity mask, by default)."""
     addresses = [a for _, a in hosts]
     if len(template["nodes"]) != len(hosts):
         raise RuntimeError("the plan has %d nodes, the allocation %d" % (len(template["nodes"]), len(hosts)))
@@ -115,6 +125,9 @@ def node_part(template, index, hosts, secret, environ):
     granted = [g for g in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
     for proc in job["processes"]:
         place(proc["env"], iface, granted)
+    if template.get("cpus_per_rank"):
+        bind_cpus(job["processes"], sorted(os.sched_getaffinity(0)) if cpus is None else cpus,
+                  int(template["cpus_per_rank"]))
     job["slurm"] = {"job_id": environ.get("SLURM_JOB_ID"), "node": environ.get("SLURMD_NODENAME") or hosts[index][0],
                     "nodes": [n for n, _ in hosts]}
     # Which machine runs it: a reader elsewhere (fab on the login node) cannot ask /proc about these pids.

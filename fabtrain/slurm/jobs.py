@@ -22,7 +22,7 @@ from fabtrain.plan.plan import Plan, make_plan, new_job_id
 from fabtrain.remote import rpc
 from fabtrain.remote.session import Session
 from fabtrain.slurm.commands import TOOLS, SlurmCommands
-from fabtrain.slurm.script import absolute as script_absolute, job_folder, job_name, render
+from fabtrain.slurm.script import absolute as script_absolute, job_folder, job_name, render, sbatch_options
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE")
@@ -331,31 +331,158 @@ def check_tools(session: Session) -> list[str]:
     return problems
 
 
-def check_shared(session: Session, wait: int = 10) -> str | None:
-    """A token written here must be read on every node of a short allocation, by the cluster's python
-    at the same path: the filesystem fabtrain assumes the login and compute nodes share. A problem, or None."""
+# Run by the cluster's python on every node of a short allocation (fab check): the token written on the login node,
+# the interpreter, the frameworks' versions, and which of the job's programs its PATH lacks. One JSON line a node.
+NODE_CHECK = """
+import json, os, platform, shutil, sys
+from importlib import metadata
+def version(*dists):
+    for d in dists:
+        try:
+            return metadata.version(d)
+        except Exception:
+            pass
+programs = json.loads(sys.argv[2])
+path = os.environ.get("PATH", "")
+print(json.dumps({"token": open(sys.argv[1]).read(), "node": os.environ.get("SLURMD_NODENAME"),
+                  "python": platform.python_version(), "torch": version("torch"),
+                  "paddle": version("paddlepaddle", "paddlepaddle-gpu"),
+                  "missing": [p for p, where in programs if not shutil.which(p, path=where.replace("$PATH", path))]}))
+"""
+
+
+@dataclass
+class NodesCheck:
+    problems: list[str]
+    said: str  # what every node answered, when nothing is wrong
+    skipped: bool = False  # no allocation was free within the wait: nothing was checked
+
+
+def frameworks(commands: list[str]) -> list[str]:
+    """The frameworks the job's commands use: torch (torchrun, torch.distributed, the reference workload), paddle."""
+    text = " ".join(commands)
+    used = []
+    if "torch" in text or "workload." in text:
+        used.append("torch")
+    if "paddle" in text:
+        used.append("paddle")
+    return used
+
+
+def check_nodes(session: Session, wait: int = 10) -> NodesCheck:
+    """What the start needs, asked of every node of a short allocation (`srun --immediate`): a token written here
+    read there (the shared filesystem fabtrain assumes), the cluster's python at the same path, the frameworks
+    the commands use (one version on every node), and each process's program on its PATH."""
     cluster, commands = session.cluster, SlurmCommands(session)
     folder = f"{job_folder(cluster, 'check', commands.home())}"
     token = secrets.token_hex(8)
     python = script_absolute(cluster.nodes[0].python, commands.home())
     made = commands.run(["sh", "-c", 'mkdir -p -m 700 "$1" && printf %s "$2" > "$1/token"', "sh", folder, token])
     if not made.ok:
-        return f"cannot write {folder}/token: {made.error()}"
+        return NodesCheck([f"cannot write {folder}/token: {made.error()}"], "")
+    plan = make_plan(cluster, "check", network=preflight.choose_ports(cluster, {}))
+    programs = sorted({(p.argv[0], script_absolute(p.env.get("PATH", "$PATH"), commands.home()).replace(
+        ":~/", f":{commands.home()}/")) for n in plan.nodes for p in n.processes})
     spec = cluster.scheduler
     argv = ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", f"--immediate={wait}", f"--job-name={job_name(cluster)}-check",
             *([f"--partition={spec.partition}"] if spec.partition else []),
             *([f"--account={spec.account}"] if spec.account else []), "--time=1",
-            python, "-I", "-S", "-c", "import sys; print(open(sys.argv[1]).read())", f"{folder}/token"]
+            python, "-I", "-c", NODE_CHECK, f"{folder}/token", json.dumps(programs)]
     out = commands.run(argv, timeout=wait + 60)
     if not out.ok:
         if "Unable to allocate resources" in out.stderr or "Immediate" in out.stderr:
-            return f"shared filesystem not checked: {spec.nodes} nodes were not free within {wait} s"
-        return f"{python} on the compute nodes could not read {folder}/token: {out.error()}"
-    seen = out.stdout.split()
-    if len(seen) != spec.nodes or set(seen) != {token}:
-        return (f"{folder} is not shared with the compute nodes: {sum(t == token for t in seen)} of {spec.nodes} "
-                "read the token written here (fabtrain needs the workspace on a shared filesystem)")
-    return None
+            return NodesCheck([], f"nodes not checked: {spec.nodes} nodes were not free within {wait} s", True)
+        return NodesCheck([f"{python} on the compute nodes could not read {folder}/token: {out.error()}"], "")
+    seen = []
+    for line in out.stdout.splitlines():
+        try:
+            said = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(said, dict) and isinstance(said.get("missing"), list):
+            seen.append(said)
+    shared = sum(s.get("token") == token for s in seen)
+    if len(seen) != spec.nodes or shared != spec.nodes:
+        return NodesCheck([f"{folder} is not shared with the compute nodes: {shared} of {spec.nodes} read the token "
+                           "written here (fabtrain needs the workspace on a shared filesystem)"], "")
+    problems = []
+    commands_ = [cluster.job.trainer.command] + (
+        [cluster.job.pserver.command] if cluster.job.mode == "pserver" else [])
+    for s in seen:
+        node = terminal.visible(str(s.get("node")))
+        for program in s["missing"]:
+            problems.append(f"{terminal.visible(str(program))} is not on the PATH of {python} on {node}: the job's "
+                            "start would fail there (install it into that environment, or set cluster.python)")
+        for framework in frameworks(commands_):
+            if not s.get(framework):
+                problems.append(f"{framework} is not installed for {python} on {node} (the command uses it)")
+    said = [f"python {seen[0].get('python')}"]
+    for key in ("python", "torch", "paddle"):
+        versions = sorted({str(s.get(key)) for s in seen})
+        if len(versions) > 1:
+            problems.append(f"{key} differs across the nodes: " + ", ".join(
+                f"{terminal.visible(str(s.get('node')))} {terminal.visible(str(s.get(key)))}" for s in seen))
+        elif key != "python" and seen[0].get(key):
+            said.append(f"{key} {terminal.visible(str(seen[0][key]))}")
+    return NodesCheck(problems, f"every node read a token written here, with {python} ({', '.join(said)}), "
+                                "and found the job's programs")
+
+
+def check_resources(session: Session) -> list[str]:
+    """What the job asks of each node (CPUs, memory, GPUs of a type) against the partition's nodes (sinfo):
+    fewer nodes that have it than scheduler.nodes means the job would stay PENDING."""
+    cluster, spec = session.cluster, session.cluster.scheduler
+    plan = make_plan(cluster, "check", network=preflight.choose_ports(cluster, {}))
+    options = dict(o.split("=", 1) if "=" in o else (o, "") for o in sbatch_options(cluster, "", plan))
+    cpus = int(options.get("--cpus-per-task", "0") or 0)
+    mem = _megabytes(spec.mem_per_node) if spec.mem_per_node else 0
+    if not (cpus or mem or spec.gpus_per_node):
+        return []
+    out = SlurmCommands(session).run(["sinfo", "-h", "-N", "-o", "%N|%c|%m|%G|%P",
+                                      *([f"--partition={spec.partition}"] if spec.partition else [])])
+    if not out.ok:
+        return [f"sinfo: {out.error()}"]
+    nodes = {}
+    for line in out.stdout.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) == 5 and (spec.partition or fields[4].endswith("*")):
+            nodes[fields[0]] = fields
+    short = []
+    if cpus:
+        fit = [n for n, f in nodes.items() if f[1].isdigit() and int(f[1]) >= cpus]
+        if len(fit) < spec.nodes:
+            short.append(f"{cpus} CPUs (scheduler.cpus_per_rank x its processes)")
+    if mem:
+        fit = [n for n, f in nodes.items() if f[2].rstrip("+").isdigit() and int(f[2].rstrip("+")) >= mem]
+        if len(fit) < spec.nodes:
+            short.append(f"{spec.mem_per_node} of memory")
+    if spec.gpus_per_node:
+        fit = [n for n, f in nodes.items() if _gpus(f[3], spec.gpu_type) >= spec.gpus_per_node]
+        if len(fit) < spec.nodes:
+            short.append(f"{spec.gpus_per_node} GPUs" + (f" of type {spec.gpu_type}" if spec.gpu_type else ""))
+    if not short:
+        return []
+    return [f"scheduler: the job asks each of {spec.nodes} nodes for {' and '.join(short)}, but fewer nodes of "
+            f"partition {spec.partition or '(default)'} have that: the job would stay PENDING"]
+
+
+def _megabytes(size: str) -> int:
+    unit = size[-1] if size[-1] in "KMGT" else "M"
+    number = int(size.rstrip("KMGT"))
+    return {"K": number // 1024, "M": number, "G": number * 1024, "T": number * 1024 * 1024}[unit]
+
+
+def _gpus(gres: str, kind: str | None) -> int:
+    """GPUs of `kind` (any kind: None) in sinfo's %G: "gpu:fake:2(S:0),gpu:a100:4" -> 2 for fake."""
+    total = 0
+    for item in re.split(r",(?![^(]*\))", gres):
+        parts = item.split("(")[0].split(":")
+        if parts[0] != "gpu" or len(parts) < 2:
+            continue
+        count = parts[-1]
+        if count.isdigit() and (kind is None or (len(parts) == 3 and parts[1] == kind)):
+            total += int(count)
+    return total
 
 
 def describe(submitted: Submitted) -> str:

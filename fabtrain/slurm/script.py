@@ -47,16 +47,18 @@ def job_folder(cluster: Cluster, job_id: str, home: str) -> str:
     return f"{cluster_workspace(cluster, home)}/slurm/{job_id}"
 
 
-def template(plan: Plan, roles: tuple[str, ...], grace: float, attempts: int = 1) -> dict:
+def template(plan: Plan, roles: tuple[str, ...], grace: float, attempts: int = 1,
+             cpus_per_rank: int | None = None) -> dict:
     """Every node's job.json and agent spec, in the allocation's node order: what allocation.py reads.
-    `attempts`: how many Slurm attempts the job may have (scheduler.requeue + 1)."""
+    `attempts`: how many Slurm attempts the job may have (scheduler.requeue + 1); `cpus_per_rank`: each
+    process's share of the CPUs Slurm binds a node's step to."""
     nodes = []
     for n in plan.nodes:
         job = plan.job_json(n.node)
         job["watchdog"].get("coordinator", {}).pop("secret", None)
         nodes.append({"job": job, "agent": plan.agent_process(n.node) if plan.watchdog.get("enabled") else None})
     return {"job_id": plan.job_id, "cluster": plan.cluster, "roles": list(roles), "grace": grace,
-            "attempts": attempts, "nodes": nodes}
+            "attempts": attempts, "cpus_per_rank": cpus_per_rank, "nodes": nodes}
 
 
 def sbatch_options(cluster: Cluster, folder: str, plan: Plan | None = None) -> list[str]:
@@ -105,7 +107,7 @@ def render(cluster: Cluster, plan: Plan, roles: tuple[str, ...], home: str, grac
     runtime = absolute(runtime_dir().replace("$WS", first.workspace), home)
     python = absolute(first.python, home)
     q = shlex.quote
-    data = json.dumps(template(plan, roles, grace, spec.requeue + 1), separators=(",", ":"))
+    data = json.dumps(template(plan, roles, grace, spec.requeue + 1, spec.cpus_per_rank), separators=(",", ":"))
     lines = ["#!/bin/sh",
              *(f"#SBATCH {o}" for o in sbatch_options(cluster, folder, plan)),
              f"# fabtrain job {plan.job_id} of cluster {cluster.name}: {plan.mode} mode on {spec.nodes} nodes;",

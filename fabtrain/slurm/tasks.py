@@ -76,16 +76,14 @@ def kill_all(session: Session, grace: float) -> None:
 
 def check(session: Session) -> bool:
     problems = jobs.check_tools(session)
-    shared = None if problems else jobs.check_shared(session)
-    if shared and not shared.startswith("shared filesystem not checked"):
-        problems.append(shared)
+    problems += [] if problems else jobs.check_resources(session)
+    nodes = None if problems else jobs.check_nodes(session)
+    problems += nodes.problems if nodes else []
     spec = session.cluster.scheduler
     print(f"slurm: {spec.nodes} nodes, partition {spec.partition or '(default)'}, "
           f"commands {jobs.SlurmCommands(session).where()}: " + ("ok" if not problems else "PROBLEMS"))
     for p in problems:
         print(f"  {p}")
-    if shared and not problems:
-        print(f"  {shared}")
-    elif not problems:
-        print(f"  the workspace is shared: every node read a token written here, with {session.cluster.nodes[0].python}")
+    if nodes and not problems:
+        print(f"  {nodes.said}")
     return not problems
