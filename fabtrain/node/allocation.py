@@ -169,9 +169,14 @@ def running_elsewhere(jd):
 def op_mark_killed(payload):
     """`fab kill-all` on a Slurm job, before scancel: the agents read the marker and call it a kill, not a failure.
     Only a job that still runs is marked: one that ended (finished, failed, stopped for the time limit) keeps
-    what happened. The reply names the Slurm job the node's job ran as (a script submitted by hand too)."""
-    ws = os.path.abspath(os.path.expanduser(payload["workspace"]))
-    jd = job_dir(ws, payload.get("job_id"))
+    what happened. `workspaces`: every stand-in's (they share the login node's filesystem: one call marks all).
+    The reply names, for each, the Slurm job its job ran as (a script submitted by hand too)."""
+    return {"nodes": [mark_killed(ws) for ws in payload.get("workspaces") or [payload["workspace"]]]}
+
+
+def mark_killed(workspace):
+    ws = os.path.abspath(os.path.expanduser(workspace))
+    jd = job_dir(ws)
     if not jd or not os.path.isdir(jd):
         return {"marked": None}
     job = atomic.read_json(os.path.join(jd, "job.json"), {})

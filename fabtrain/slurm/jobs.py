@@ -20,6 +20,7 @@ from fabtrain.controller import preflight, state, terminal
 from fabtrain.errors import UserError
 from fabtrain.plan.plan import Plan, make_plan, new_job_id
 from fabtrain.remote import rpc
+from fabtrain.remote.transport import NodeError
 from fabtrain.remote.session import Session
 from fabtrain.slurm.commands import TOOLS, SlurmCommands
 from fabtrain.slurm.script import absolute as script_absolute, job_folder, job_name, render, sbatch_options
@@ -272,10 +273,14 @@ class Cancelled:
 def cancel_all(session: Session, grace: float = 5.0, wait: float = 60.0) -> Cancelled:
     """fab kill-all: mark the job killed on every node where it still runs (the agents read it), scancel this
     cluster's Slurm jobs by id, wait until Slurm says they ended. A job that already ended keeps its outcome."""
-    replies = session.map(lambda t: rpc.call(t, "mark_killed", {}, timeout=60))
-    marked = [r.node for r in replies if r.ok and r.value.get("marked")]
-    named = {r.value["slurm_job"] for r in replies
-             if r.ok and isinstance(r.value.get("slurm_job"), str) and ID_RE.match(r.value["slurm_job"])}
+    nodes = session.cluster.nodes  # stand-ins on one filesystem, reached the same way: one call marks them all
+    try:
+        said = rpc.call(session.transport(nodes[0]), "mark_killed", {"workspaces": [n.workspace for n in nodes]},
+                        timeout=60)["nodes"]
+    except NodeError as e:
+        raise UserError(f"kill-all: cannot mark the job killed in the workspaces ({e}); nothing was cancelled") from None
+    marked = [n.name for n, r in zip(nodes, said) if r.get("marked")]
+    named = {r["slurm_job"] for r in said if isinstance(r.get("slurm_job"), str) and ID_RE.match(r["slurm_job"])}
     ids = our_jobs(session, named)
     if ids:
         out = SlurmCommands(session).run(["scancel", *ids])

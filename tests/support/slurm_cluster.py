@@ -98,6 +98,8 @@ class SlurmCluster:
     # GPUs as GRES on stand-in device files (two a node, type "fake") and two CPUs a node bound by task/affinity:
     # Slurm's own binding (CUDA_VISIBLE_DEVICES, the CPU mask), without a GPU.
     resources: bool = False
+    # A second partition "high" on the same nodes whose jobs preempt (requeue) those of "debug".
+    preemption: bool = False
 
     @property
     def conf(self) -> Path:
@@ -193,7 +195,12 @@ class SlurmCluster:
         for name, port in zip(self.nodes, node_ports):
             lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} {resources} "
                          "RealMemory=1000")
-        lines.append(f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES State=UP MaxTime=INFINITE")
+        if self.preemption:
+            lines += ["PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE"]
+        lines.append(f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES State=UP MaxTime=INFINITE"
+                     + (" PriorityTier=1" if self.preemption else ""))
+        if self.preemption:
+            lines.append(f"PartitionName=high Nodes={','.join(self.nodes)} State=UP MaxTime=INFINITE PriorityTier=2")
         (r / "state").mkdir(exist_ok=True)
         self.conf.write_text("\n".join(lines) + "\n")
 
