@@ -30,7 +30,8 @@ ARCHIVE = "attempts"
 CURRENT = "attempt.json"  # in the Slurm job folder: {"attempt", "attempts", "line"}, for fab status and the views
 PER_ATTEMPT = ("events.jsonl", "coordinator.json", "health.json", "killed", "run", "metrics")
 CAUSE_FILE = "requeue-cause-%d"  # the batch shell's, for attempt K: it requeued the job itself (the time limit)
-DUE_RE = re.compile(r"\*\*\* JOB \d+ ON (\S+) CANCELLED AT \S+ DUE TO ([A-Z ]+?) \*\*\*")
+DUE_RE = re.compile(r"\*\*\* JOB \d+ ON (\S+) CANCELLED AT \S+ DUE TO ([A-Z ]+?)(?:, [^*]*)? \*\*\*")
+NODE_FAILURE_RE = re.compile(r"srun: error: Node failure on (\S+)")  # srun's word on which node it lost
 CAUSES = {"PREEMPTION": "requeued after preemption (preempted by Slurm)",
           "JOB REQUEUE": "requeued by scontrol requeue",
           "NODE FAILURE": "requeued after a node failed (NODE_FAIL)",
@@ -52,18 +53,28 @@ def cause(folder, slurm_job, attempt):
             return "requeued at the " + said
     except OSError:
         pass
-    found = None
+    found, lost = None, None
     try:
         with open(os.path.join(folder, "slurm-%s.out" % slurm_job), errors="replace") as f:
-            for line in f:
-                m = DUE_RE.search(line)
-                if m:
+            for text in f:
+                m = DUE_RE.search(text) or NODE_FAILURE_RE.search(text)
+                if m and m.re is DUE_RE:
                     found = m
+                elif m:
+                    lost = m.group(1)
     except OSError:
         pass
     if found is None:
         return "requeued by Slurm"
+    if found.group(2) == "NODE FAILURE" and lost:
+        return "requeued after node %s failed (NODE_FAIL)" % lost
     return CAUSES.get(found.group(2), "requeued by Slurm (%s)" % found.group(2).lower())
+
+
+def lost_node(text):
+    """The Slurm node srun said it lost, in a job's output (its last such line), or None."""
+    found = NODE_FAILURE_RE.findall(text)
+    return found[-1] if found else None
 
 
 def line(attempt, allowed, why):

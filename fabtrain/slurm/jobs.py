@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from fabtrain.controller import preflight, state, terminal
 from fabtrain.errors import UserError
+from fabtrain.node import attempts
 from fabtrain.plan.plan import Plan, make_plan, new_job_id
 from fabtrain.remote import rpc
 from fabtrain.remote.transport import NodeError
@@ -162,6 +163,9 @@ def _shown(session: Session, ran: set[tuple[str, str]], job_id: str | None) -> t
     job, slurm_job = max(ran)
     st = slurm_state(session, slurm_job)
     line = st.line()
+    if st.state == "NODE_FAIL":
+        lost = lost_node(session, job, slurm_job)
+        line += f" (node {lost} failed)" if lost else ""
     attempt = current_attempt(session, job)
     if attempt:
         line += f"; {attempt}"
@@ -294,6 +298,15 @@ def cancel_all(session: Session, grace: float = 5.0, wait: float = 60.0) -> Canc
             record_jobs(session, [j for j in recorded_jobs(session) if j in left])
             return Cancelled(states, marked, left)
         time.sleep(0.1)
+
+
+def lost_node(session: Session, job_id: str, slurm_job: str) -> str | None:
+    """The Slurm node srun said it lost (`srun: error: Node failure on n3`, in the job's output), or None."""
+    commands = SlurmCommands(session)
+    out = commands.run(["grep", "-h", "--", "srun: error: Node failure on",
+                        f"{job_folder(session.cluster, job_id, commands.home())}/slurm-{slurm_job}.out"])
+    lost = attempts.lost_node(out.stdout) if out.ok else None
+    return terminal.visible(lost) if lost else None
 
 
 def current_attempt(session: Session, job_id: str) -> str | None:

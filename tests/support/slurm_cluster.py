@@ -100,6 +100,7 @@ class SlurmCluster:
     resources: bool = False
     # A second partition "high" on the same nodes whose jobs preempt (requeue) those of "debug".
     preemption: bool = False
+    slurmd_timeout: int = 300  # Slurm's default
 
     @property
     def conf(self) -> Path:
@@ -181,6 +182,8 @@ class SlurmCluster:
             "SlurmctldDebug=info", "SlurmdDebug=info",
             # Short waits, so a cancelled or failed job leaves the nodes at once.
             "KillWait=5", "MinJobAge=300", "InactiveLimit=0", "MessageTimeout=10",
+            # How long slurmctld waits for a silent slurmd before it marks the node DOWN (a lost node's test).
+            f"SlurmdTimeout={self.slurmd_timeout}",
             "SchedulerParameters=sched_interval=1", "SchedulerType=sched/backfill",
         ]
         resources = "CPUs=1"

@@ -143,6 +143,10 @@ def test_a_requeued_attempt_starts_from_nothing_of_the_last_ones_end(tmp_path):
     assert [json.loads(line)["kind"] for line in (jd / "events.jsonl").read_text().splitlines()] == ["attempt"]
     assert (jd / "checkpoints" / "step").read_text() == "5"
     assert "==== fabtrain: attempt 2 of 4" in (jd / "logs" / "trainer-0.log").read_text()
+    (folder / "slurm-8.out").write_text(
+        "srun: error: Node failure on n3\nslurmstepd-n1: error: *** JOB 8 ON n1 CANCELLED AT 2026-11-27T11:44:25 DUE TO "
+        "NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***\n")
+    assert attempts.cause(str(folder), "8", 2) == "requeued after node n3 failed (NODE_FAIL)"
     (folder / "requeue-cause-3").write_text("time limit\n")  # the batch shell requeued it itself
     assert attempts.cause(str(folder), "7", 3) == "requeued at the time limit"
     said, refused = attempts.begin(str(jd), "node0", 5, 4, "requeued by Slurm")
