@@ -339,6 +339,9 @@ def _trainer_env(cluster, node, v, local_rank, pserver_endpoints, paddle_endpoin
     devices = visible_devices(node, local_rank, job.trainer.gpus_per_rank) if job.trainer.use_gpu else None
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = devices
+    if job.trainer.use_gpu:
+        # CUDA numbers GPUs fastest first by default; leases, NVML, nvidia-smi and Slurm's GRES use the PCI order.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return env
 
 

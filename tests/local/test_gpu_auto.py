@@ -88,3 +88,26 @@ def test_auto_jobs_get_disjoint_free_gpus_a_third_is_refused_and_sigkill_frees_t
     finally:
         outsider.kill()
         outsider.wait()
+
+
+def test_a_rank_names_its_leased_gpu_in_the_pci_order_that_the_lease_uses(local_job, tmp_path, monkeypatch):
+    """Two GPU models whose orders differ: NVML's index (the lease's) is the PCI order, CUDA's default is fastest
+    first (here the A100 at index 1 would be CUDA's 0). The rank runs with CUDA_DEVICE_ORDER=PCI_BUS_ID, so its
+    CUDA_VISIBLE_DEVICES names the GPU it leased."""
+    standin = tmp_path / "gpus.json"  # STAND-IN inventory
+    standin.write_text(json.dumps({"gpus": [
+        {"index": 0, "name": "Tesla T4", "pci": "00000000:18:00.0", "mem_total": 15360, "mem_used": 0},
+        {"index": 1, "name": "NVIDIA A100-SXM4-80GB", "pci": "00000000:3B:00.0", "mem_total": 81920, "mem_used": 0}]}))
+    monkeypatch.setenv(gpuinv.STANDIN_ENV, str(standin))
+    monkeypatch.setenv(gpulease.LEASE_DIR_ENV, str(tmp_path / "leases"))
+    other = gpulease.take([0], 1)  # another job holds the T4
+    try:
+        job = auto_job(local_job, "order")
+        job.fab("deploy", "start-trainers", check=True)
+        env = procfs.environ(job.program("n0", "trainer-0"))
+        assert env[b"CUDA_VISIBLE_DEVICES"] == b"1"
+        assert env[b"CUDA_DEVICE_ORDER"] == b"PCI_BUS_ID"
+        assert json.loads((job.jd("n0") / "job.json").read_text())["gpu_leases"] == [1]
+        job.fab("kill-all", check=True)
+    finally:
+        gpulease.release(other)

@@ -58,3 +58,70 @@ def test_a_start_naming_a_flagged_gpu_warns_and_leases_it_and_auto_without_an_in
     with pytest.raises(UserFacing) as e:
         gpustart.take(auto, None, {gpuinv.STANDIN_ENV: str(tmp_path / "absent.json")})
     assert str(e.value).startswith("gpus: auto cannot tell which GPUs are free: cannot read the stand-in ")
+
+
+def test_a_held_lease_whose_file_is_unlinked_still_keeps_its_gpu_from_the_next_taker(tmp_path):
+    """A tmp cleaner or the directory's owner removes a held lease file: the next taker makes a new file and
+    locks it, yet must see that the removed file's holder still has the GPU."""
+    env = {**os.environ, gpulease.LEASE_DIR_ENV: str(tmp_path / "leases")}
+    first = subprocess.Popen([sys.executable, "-c", HOLD.replace("take(range(4), 2)", "take([0], 1)")],
+                             env={**env, "FABTRAIN_JOB_ID": "20261127-111500-aaaa"}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "[0]"
+        os.unlink(tmp_path / "leases" / "gpu0.lease")  # what a tmp cleaner does to a file idle for days
+        assert gpulease.take([0], 1, env) is None  # the new gpu0.lease is lockable, the GPU is not free
+        got = gpulease.take([0, 1], 1, env)
+        assert sorted(got) == [1]
+        gpulease.release(got)
+        assert gpulease.leased(0, env)
+        assert gpulease.holders(env) == {0: first.pid}
+        assert gpulease.holder_job(0, 0, env) == {"pid": first.pid, "job": "20261127-111500-aaaa"}
+        first.kill()
+        first.wait()
+        got = gpulease.take([0], 1, env)  # the holder gone: the GPU is free again
+        assert sorted(got) == [0]
+        gpulease.release(got)
+    finally:
+        first.kill()
+        first.wait()
+
+
+@pytest.mark.parametrize("mount, why", [
+    ("36 25 0:52 / /mnt/shared rw,relatime - nfs4 fs1:/export/shared rw,vers=4.2",
+     "it is on nfs4 (fs1:/export/shared, mounted at /mnt/shared), where a lock is not one machine's"),
+    ("36 25 0:53 / /mnt/shared rw,relatime - fuse.sshfs alice@fs1:/x rw",
+     "it is on fuse.sshfs (alice@fs1:/x, mounted at /mnt/shared), where a lock is not one machine's"),
+    ("36 25 8:1 /tmp/systemd-private-4f2a-slurmd.service-Xq1/tmp /tmp rw - ext4 /dev/sda1 rw",
+     "/tmp here is a private copy (/tmp/systemd-private-4f2a-slurmd.service-Xq1/tmp of /dev/sda1)"),
+])
+def test_a_lease_directory_no_other_job_shares_is_named_with_what_it_is_on(mount, why):
+    mountinfo = "24 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw\n" + mount + "\n"
+    path = "/tmp/fabtrain-gpu-leases" if " /tmp " in mount else "/mnt/shared/leases"
+    assert gpulease.unshared_reason(path, mountinfo).startswith(why)
+    assert gpulease.unshared_reason("/var/lib/leases", mountinfo) is None  # on the local root
+    assert gpulease.unshared_reason("/mnt/sharedother", mountinfo) is None  # a prefix is not the mount
+
+
+def test_a_start_in_a_private_tmp_is_refused_in_one_line_naming_the_lease_directory(tmp_path):
+    """A private /tmp made as systemd's PrivateTmp makes it (a sub-folder bind-mounted over /tmp, in a mount
+    namespace of its own): a lease there keeps no other job off the GPU, so taking one is refused."""
+    private = tmp_path / "private-tmp"
+    private.mkdir()
+    standin = tmp_path / "gpus.json"
+    standin.write_text(json.dumps({"gpus": [{"index": 0, "mem_total": 10, "mem_used": 0}]}))
+    program = ("import json, sys; from fabtrain.node import gpustart, gpuinv\n"
+               "from fabtrain.node.refusal import UserFacing\n"
+               "job = {'job_id': 'J', 'processes': [{'env': {'CUDA_VISIBLE_DEVICES': 'auto:0'}}]}\n"
+               "try:\n    gpustart.take(job, None, {gpuinv.STANDIN_ENV: sys.argv[1]})\n"
+               "except UserFacing as e:\n    print(e)\nelse:\n    print('leased')\n")
+    script = 'mount --bind "$1" /tmp && cd "$2" && exec "$3" -c "$4" "$5"'
+    with open(standin) as inventory:  # handed over as a descriptor: its folder is hidden under the private /tmp
+        done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                               str(private), os.getcwd(), sys.executable, program, f"/dev/fd/{inventory.fileno()}"],
+                              capture_output=True, text=True, timeout=60, pass_fds=[inventory.fileno()])
+    assert done.returncode == 0, done.stderr
+    [line] = done.stdout.splitlines()
+    assert line.startswith("cannot lease GPUs: GPU lease directory /tmp/fabtrain-gpu-leases cannot keep two jobs "
+                           "off one GPU: /tmp here is a private copy ("), line
+    assert line.endswith("; nothing of job J was started here")
+    assert not os.listdir(private)  # nothing was made in the private copy
