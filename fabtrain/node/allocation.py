@@ -99,11 +99,15 @@ def place(env, iface, granted):
 
 
 def bind_cpus(processes, cpus, per_rank):
-    """Each process of the node its own `per_rank` of the CPUs Slurm bound the step to (FABTRAIN_CPUS, which the
-    launcher applies), in the node's process order; a process beyond the mask keeps the whole of it."""
-    for i, proc in enumerate(processes):
-        share = cpus[i * per_rank:(i + 1) * per_rank]
-        if len(share) == per_rank:
+    """Each process of the node its own `per_rank` of the CPUs Slurm bound the step to for each of its ranks
+    (`ranks`: torchrun's), as FABTRAIN_CPUS, which the launcher applies, in the node's process order; a process
+    beyond the mask keeps the whole of it."""
+    at = 0
+    for proc in processes:
+        want = per_rank * int(proc.get("ranks", 1))
+        share = cpus[at:at + want]
+        at += want
+        if len(share) == want:
             proc["env"][launch.CPUS_ENV] = ",".join(str(c) for c in share)
 
 

@@ -372,8 +372,7 @@ print(json.dumps({"token": open(sys.argv[1]).read(), "node": os.environ.get("SLU
 @dataclass
 class NodesCheck:
     problems: list[str]
-    said: str  # what every node answered, when nothing is wrong
-    skipped: bool = False  # no allocation was free within the wait: nothing was checked
+    said: str  # what every node answered (or that no allocation was free to ask), when nothing is wrong
 
 
 def frameworks(commands: list[str]) -> list[str]:
@@ -399,8 +398,10 @@ def check_nodes(session: Session, wait: int = 10) -> NodesCheck:
     if not made.ok:
         return NodesCheck([f"cannot write {folder}/token: {made.error()}"], "")
     plan = make_plan(cluster, "check", network=preflight.choose_ports(cluster, {}))
+    # A program named by a relative path is found from the job's code folder at the start: not asked here.
     programs = sorted({(p.argv[0], script_absolute(p.env.get("PATH", "$PATH"), commands.home()).replace(
-        ":~/", f":{commands.home()}/")) for n in plan.nodes for p in n.processes})
+        ":~/", f":{commands.home()}/")) for n in plan.nodes for p in n.processes
+        if "/" not in p.argv[0] or p.argv[0].startswith("/")})
     spec = cluster.scheduler
     argv = ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", f"--immediate={wait}", f"--job-name={job_name(cluster)}-check",
             *([f"--partition={spec.partition}"] if spec.partition else []),
@@ -409,7 +410,7 @@ def check_nodes(session: Session, wait: int = 10) -> NodesCheck:
     out = commands.run(argv, timeout=wait + 60)
     if not out.ok:
         if "Unable to allocate resources" in out.stderr or "Immediate" in out.stderr:
-            return NodesCheck([], f"nodes not checked: {spec.nodes} nodes were not free within {wait} s", True)
+            return NodesCheck([], f"nodes not checked: {spec.nodes} nodes were not free within {wait} s")
         return NodesCheck([f"{python} on the compute nodes could not read {folder}/token: {out.error()}"], "")
     seen = []
     for line in out.stdout.splitlines():
@@ -442,8 +443,8 @@ def check_nodes(session: Session, wait: int = 10) -> NodesCheck:
                 f"{terminal.visible(str(s.get('node')))} {terminal.visible(str(s.get(key)))}" for s in seen))
         elif key != "python" and seen[0].get(key):
             said.append(f"{key} {terminal.visible(str(seen[0][key]))}")
-    return NodesCheck(problems, f"every node read a token written here, with {python} ({', '.join(said)}), "
-                                "and found the job's programs")
+    return NodesCheck(problems, f"the workspace is shared: every node read a token written here, with {python} "
+                                f"({', '.join(said)}), and found the job's programs")
 
 
 def check_resources(session: Session) -> list[str]:

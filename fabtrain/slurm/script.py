@@ -22,7 +22,7 @@ import posixpath
 import shlex
 
 from fabtrain.config.cluster import Cluster
-from fabtrain.plan.plan import Plan
+from fabtrain.plan.plan import Plan, ProcessPlan, is_torchrun
 from fabtrain.plan.runtime import runtime_dir
 
 PLAN_END = "FABTRAIN_PLAN"
@@ -47,18 +47,27 @@ def job_folder(cluster: Cluster, job_id: str, home: str) -> str:
     return f"{cluster_workspace(cluster, home)}/slurm/{job_id}"
 
 
-def template(plan: Plan, roles: tuple[str, ...], grace: float, attempts: int = 1,
-             cpus_per_rank: int | None = None) -> dict:
-    """Every node's job.json and agent spec, in the allocation's node order: what allocation.py reads.
+def ranks_of(cluster: Cluster, proc: ProcessPlan) -> int:
+    """How many ranks a process runs: torchrun runs trainer.per_node of them, any other process one."""
+    return cluster.job.trainer.per_node if proc.role == "trainer" and is_torchrun(cluster.job.trainer.command) else 1
+
+
+def template(cluster: Cluster, plan: Plan, roles: tuple[str, ...], grace: float) -> dict:
+    """Every node's job.json and agent spec, in the allocation's node order: what allocation.py reads;
     `attempts`: how many Slurm attempts the job may have (scheduler.requeue + 1); `cpus_per_rank`: each
-    process's share of the CPUs Slurm binds a node's step to."""
+    rank's share of the CPUs Slurm binds a node's step to (a process of several ranks says `ranks`)."""
+    spec = cluster.scheduler
     nodes = []
     for n in plan.nodes:
         job = plan.job_json(n.node)
+        if spec.cpus_per_rank:
+            for proc, planned in zip(job["processes"], n.processes):
+                if ranks_of(cluster, planned) > 1:
+                    proc["ranks"] = ranks_of(cluster, planned)
         job["watchdog"].get("coordinator", {}).pop("secret", None)
         nodes.append({"job": job, "agent": plan.agent_process(n.node) if plan.watchdog.get("enabled") else None})
     return {"job_id": plan.job_id, "cluster": plan.cluster, "roles": list(roles), "grace": grace,
-            "attempts": attempts, "cpus_per_rank": cpus_per_rank, "nodes": nodes}
+            "attempts": spec.requeue + 1, "cpus_per_rank": spec.cpus_per_rank, "nodes": nodes}
 
 
 def sbatch_options(cluster: Cluster, folder: str, plan: Plan | None = None) -> list[str]:
@@ -76,8 +85,8 @@ def sbatch_options(cluster: Cluster, folder: str, plan: Plan | None = None) -> l
     if spec.gpus:
         options.append(f"--gpus-per-node={spec.gpus}")
     if spec.cpus_per_rank:
-        # One step task a node runs every process of that node: it gets their CPUs together.
-        ranks = max((len(n.processes) for n in plan.nodes), default=1) if plan else 1
+        # One step task a node runs every process of that node: it gets their ranks' CPUs together.
+        ranks = max((sum(ranks_of(cluster, p) for p in n.processes) for n in plan.nodes), default=1) if plan else 1
         options.append(f"--cpus-per-task={spec.cpus_per_rank * ranks}")
     if spec.mem_per_node:
         options.append(f"--mem={spec.mem_per_node}")
@@ -107,7 +116,7 @@ def render(cluster: Cluster, plan: Plan, roles: tuple[str, ...], home: str, grac
     runtime = absolute(runtime_dir().replace("$WS", first.workspace), home)
     python = absolute(first.python, home)
     q = shlex.quote
-    data = json.dumps(template(plan, roles, grace, spec.requeue + 1, spec.cpus_per_rank), separators=(",", ":"))
+    data = json.dumps(template(cluster, plan, roles, grace), separators=(",", ":"))
     lines = ["#!/bin/sh",
              *(f"#SBATCH {o}" for o in sbatch_options(cluster, folder, plan)),
              f"# fabtrain job {plan.job_id} of cluster {cluster.name}: {plan.mode} mode on {spec.nodes} nodes;",

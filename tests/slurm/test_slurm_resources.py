@@ -77,5 +77,6 @@ def test_fab_check_finds_an_interpreter_without_the_jobs_program_and_framework(j
     configure(job, command="torchrun --standalone binding.py", python=sys.executable)
     out = job.fab("check", timeout=300)
     assert out.returncode == 0, out.stdout
-    assert f"every node read a token written here, with {sys.executable} (python " in out.stdout, out.stdout
+    assert f"the workspace is shared: every node read a token written here, with {sys.executable} (python " \
+        in out.stdout, out.stdout
     assert ", torch " in out.stdout, out.stdout

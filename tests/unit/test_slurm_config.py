@@ -110,6 +110,23 @@ def test_resources_and_requeue_are_rendered_as_slurm_options():
     assert 'scontrol requeue' not in script_of(cluster())[1]
 
 
+def test_each_process_gets_its_ranks_share_of_the_cpus_slurm_bound_the_step_to():
+    plan, script = script_of(cluster(cpus_per_rank=2))
+    template = json.loads(script.split(f"<<'{PLAN_END}'\n")[1].split(f"\n{PLAN_END}\n")[0])
+    hosts = [("gpu7", "10.0.0.7"), ("gpu8", "10.0.0.8"), ("gpu9", "10.0.0.9")]
+    job, _ = allocation.node_part(template, 0, hosts, None, {}, cpus=[4, 5, 6, 7, 8])
+    assert [p["env"]["FABTRAIN_CPUS"] for p in job["processes"]] == ["4,5", "6,7"]
+    doc = json.loads(json.dumps(BASE))
+    doc["scheduler"]["cpus_per_rank"] = 2
+    doc["job"]["trainer"]["command"] = "torchrun train.py"  # one process of 2 ranks a node
+    c = parse_cluster(doc, "cluster.yaml")
+    plan, script = script_of(c)
+    assert "#SBATCH --cpus-per-task=4" in script
+    template = json.loads(script.split(f"<<'{PLAN_END}'\n")[1].split(f"\n{PLAN_END}\n")[0])
+    job, _ = allocation.node_part(template, 0, hosts, None, {}, cpus=[0, 1, 2, 3])
+    assert [p["env"]["FABTRAIN_CPUS"] for p in job["processes"]] == ["0,1,2,3"]
+
+
 def test_launcher_mpirun_under_a_scheduler_is_refused_saying_why():
     doc = json.loads(json.dumps(BASE))
     doc["job"]["launcher"] = "mpirun"
