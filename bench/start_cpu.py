@@ -34,7 +34,7 @@ import time  # noqa: E402
 from bench import nodes  # noqa: E402
 from bench.scale import ACCOUNT, cpu_now, do_kill, do_start, ssh_true, standin_job, with_session  # noqa: E402
 from fabtrain.controller import lifecycle  # noqa: E402
-from fabtrain.node import launch  # noqa: E402
+from fabtrain.contract.launcher import is_launcher  # noqa: E402
 from tests.support.sshd import SshdCluster  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -68,7 +68,7 @@ def children(pid: int) -> bool:
 
 
 def kind(argv: list[str]) -> str:
-    if launch.is_launcher(argv):
+    if is_launcher(argv):
         return "launchers"
     if "fabtrain.node.agent" in argv:
         return "agents"

@@ -35,7 +35,7 @@ from fabtrain.node.agent.loop import Agent  # noqa: E402
 from fabtrain.node.coordination import stragglers  # noqa: E402
 from fabtrain.node.coordination.server import Coordinator  # noqa: E402
 from fabtrain.node.coordination.protocol import Channel  # noqa: E402
-from fabtrain.node.states import JobState  # noqa: E402
+from fabtrain.contract.states import JobState  # noqa: E402
 
 INTERVAL = 1.0
 SECRET = "s" * 32

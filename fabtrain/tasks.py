@@ -145,7 +145,7 @@ def _start(c, roles, force, resume_from=None, no_wait=False):
     refusal = report.running_refusal(result)
     if refusal:
         for r in result.replies:
-            if not r.ok and not report.RUNNING_HERE_RE.search(r.error or ""):
+            if not r.ok and not report.running_here(r):
                 print(f"{r.node}: FAILED: {r.error}")
         raise Exit(refusal, code=1)
     print(report.start_text(result, roles))

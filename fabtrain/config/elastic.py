@@ -9,6 +9,7 @@ from __future__ import annotations
 import string
 from typing import Callable
 
+from fabtrain.config.launcher import is_torchrun
 from fabtrain.errors import UserError
 
 # Placeholders whose value depends on which nodes are in the job: a smaller generation cannot change them.
@@ -20,8 +21,6 @@ def check_min_nodes(cluster, fail: Callable[[str, str], UserError]) -> None:
     m = job.watchdog.min_nodes
     if m is None:
         return
-    from fabtrain.plan.plan import is_torchrun  # the one test of a torchrun command
-
     where = "job.watchdog.min_nodes"
     if not job.watchdog.enabled:
         raise fail(where, "needs the watchdog: its agents restart the job on fewer nodes (job.watchdog.enabled: true)")

@@ -1,21 +1,32 @@
-"""What `job.launcher: mpirun` asks of a cluster, checked with the rest of cluster.yaml.
+"""Who starts the trainers: what `job.launcher: mpirun` asks of a cluster, checked with the rest of
+cluster.yaml, and whether a trainer's command is torchrun's (the one test of it: the plan adds
+torchrun's flags; mpirun and job.watchdog.min_nodes refuse it).
 
 One `mpirun` on the first trainer node starts every rank over SSH, from a
 hostfile of the trainer nodes' addresses (`slots` = job.trainer.per_node).
 """
 from __future__ import annotations
 
+import os
+import shlex
 from typing import Callable
 
 from fabtrain.errors import UserError
+
+
+def is_torchrun(command: str) -> bool:
+    argv = shlex.split(command)
+    if not argv:
+        return False
+    if os.path.basename(argv[0]) == "torchrun":
+        return True
+    return len(argv) >= 3 and argv[1] == "-m" and argv[2] == "torch.distributed.run"
 
 
 def check_launcher(cluster, fail: Callable[[str, str], UserError]) -> None:
     job = cluster.job
     if job.launcher != "mpirun":
         return
-    from fabtrain.plan.plan import is_torchrun  # the one test of a torchrun command
-
     if cluster.scheduler is not None:
         raise fail("job.launcher", "mpirun is not run inside a Slurm allocation: its ranks would start outside "
                                    "fabtrain's agents (no hang rule, no teardown); use launcher: fabtrain, which "

@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fabtrain.controller import records
-from fabtrain.controller.jobstate import JOB_EVENTS, NodeObservation, Verdict, job_verdict
+from fabtrain.contract.events import JOB_EVENTS, EventKind
+from fabtrain.controller.jobstate import NodeObservation, Verdict, job_verdict
 from fabtrain.controller.series import NODES, TRAINERS, Series, SeriesBook, SeriesDelta
 from fabtrain.remote import rpc
 from fabtrain.errors import UserError
-from fabtrain.node import jobid
+from fabtrain.contract import jobid
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import NodeError
 
@@ -325,7 +326,7 @@ class Collector:
             rec["node"] = view.name  # where it was read, whatever the line says
             self.events.appendleft(rec)
             g = rec.get("generation")
-            if rec["kind"] == "restarting" and isinstance(g, int) and g not in self.restarts:
+            if rec["kind"] == EventKind.RESTARTING and isinstance(g, int) and g not in self.restarts:
                 # Marked on the step charts at the first step recorded after it (see _metric).
                 self.restarts[g] = {"generation": g, "ts": rec.get("ts") or 0, "reason": rec.get("reason"), "step": None}
             if rec["kind"] in JOB_EVENTS and len(view.milestones) < self.MAX_MILESTONES:

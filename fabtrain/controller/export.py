@@ -14,7 +14,7 @@ from pathlib import Path
 from fabtrain.controller import history, records
 from fabtrain.controller.lifecycle import no_job
 from fabtrain.errors import UserError
-from fabtrain.node import jobid
+from fabtrain.contract import jobid
 from fabtrain.remote.session import Session
 
 # metrics record field -> TensorBoard tag

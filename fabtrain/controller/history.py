@@ -16,10 +16,11 @@ import time
 from typing import Any
 
 from fabtrain.controller import records, state
-from fabtrain.controller.jobstate import JOB_EVENTS, NodeObservation, job_verdict, observe_status
+from fabtrain.contract.events import JOB_EVENTS, EventKind
+from fabtrain.controller.jobstate import NodeObservation, job_verdict, observe_status
 from fabtrain.remote import rpc
 from fabtrain.errors import UserError
-from fabtrain.node import jobid
+from fabtrain.contract import jobid
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import Reply
 
@@ -75,7 +76,7 @@ def _mean(values: list[float]) -> float | None:
 def _restarts(entries: dict[str, dict]) -> int:
     """How many times the job restarted: its generations (every node writes `restarted` for each)."""
     return len({e.get("generation") for entry in entries.values() for e in entry.get("events") or []
-                if isinstance(e, dict) and e.get("kind") == "restarted" and isinstance(e.get("generation"), int)})
+                if isinstance(e, dict) and e.get("kind") == EventKind.RESTARTED and isinstance(e.get("generation"), int)})
 
 
 def _job_summary(job_id: str, entries: dict[str, dict], unreachable: dict[str, str], now: float) -> dict:

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from fabtrain.controller import records
-from fabtrain.node.states import (LIVE, TERMINAL, JobState, ProcessState, recorded_state, signal_name,
+from fabtrain.contract.events import JOB_EVENTS, RESTARTS, EventKind
+from fabtrain.contract.states import (LIVE, TERMINAL, JobState, ProcessState, recorded_state, signal_name,
                                   signal_of, stopped_by)
 
 
 WATCH_EXIT = {JobState.FINISHED: 0, JobState.FAILED: 1, JobState.KILLED: 3}
-JOB_EVENTS = ("job_failed", "finished", "kept", "restarting", "restarted")
 RESTARTING_AFTER = "restarting after: "  # a restarting job's reason: its cause follows
 
 
@@ -240,7 +240,7 @@ class _Facts:
 def _since_restart(events) -> list[dict]:
     """A node's job-level events after its last restart: a failure before it was restarted, not final."""
     events = sorted(events, key=lambda e: e.get("ts") or 0)
-    last = max((i for i, e in enumerate(events) if e["kind"] in ("restarting", "restarted")), default=-1)
+    last = max((i for i, e in enumerate(events) if e["kind"] in RESTARTS), default=-1)
     return events[last + 1:]
 
 
@@ -253,7 +253,7 @@ def _restart_facts(f: _Facts, n: NodeObservation) -> None:
             f.restarts_left = job["restarts_left"] if f.restarts_left is None else min(f.restarts_left,
                                                                                          job["restarts_left"])
     for e in n.events:
-        if e["kind"] in ("restarting", "restarted") and isinstance(e.get("generation"), int):
+        if e["kind"] in RESTARTS and isinstance(e.get("generation"), int):
             f.generation = max(f.generation, e["generation"])
     if job.get("out") and isinstance(job.get("world_size"), int):
         f.left.update(job["out"])
@@ -262,7 +262,7 @@ def _restart_facts(f: _Facts, n: NodeObservation) -> None:
         f.restarting = f.restarting or f"{RESTARTING_AFTER}{job.get('reason') or 'a failure'}"
         f.origin = f.origin or job.get("origin")
         for e in n.events:
-            if e["kind"] == JobState.RESTARTING and e.get("generation") == f.generation and records.finite(e.get("ts")):
+            if e["kind"] == EventKind.RESTARTING and e.get("generation") == f.generation and records.finite(e.get("ts")):
                 at = e["ts"] + (e.get("backoff") or 0.0)
                 f.restart_at = at if f.restart_at is None else max(f.restart_at, at)
 
@@ -273,14 +273,14 @@ def _facts(nodes: list[NodeObservation]) -> _Facts:
     for n in nodes:
         _restart_facts(f, n)
         for e in _since_restart(n.events):
-            if e["kind"] == "job_failed":
+            if e["kind"] == EventKind.JOB_FAILED:
                 failures.append((e.get("ts") or 0, e.get("reason") or "failed", e.get("origin") or n.name))
                 f.on_failure = f.on_failure or e.get("on_failure")
                 f.failed_by.append(n.name)
-            elif e["kind"] == "finished":
+            elif e["kind"] == EventKind.FINISHED:
                 f.finished = f.finished or "every trainer exited with code 0"
                 f.finished_by.append(n.name)
-            elif e["kind"] == "kept":
+            elif e["kind"] == EventKind.KEPT:
                 f.kept = True
         job = (n.agent or {}).get("job") or {}
         if job.get("status") == JobState.FAILED and job.get("pending") is not True:  # pending: may be restarted

@@ -23,12 +23,12 @@ from pathlib import Path
 from fabtrain.controller import preflight, state
 from fabtrain.controller.terminal import VisibleLines
 from fabtrain.errors import UserError
-from fabtrain.node import jobid
-from fabtrain.node import procfs
+from fabtrain.contract import jobid
+from fabtrain.contract.clock import boot_id
 from fabtrain.plan.runtime import PACKAGE_ROOT, runtime_files, runtime_version
 from fabtrain.plan.plan import Network, Plan, make_plan, new_job_id
-from fabtrain.node.ops import COORDINATOR_LISTENS
-from fabtrain.node.states import START_FAILED
+from fabtrain.contract.replies import COORDINATOR_LISTENS
+from fabtrain.contract.states import START_FAILED
 from fabtrain.plan.ports import configured_ports, needed_ports
 from fabtrain.remote import rpc
 from fabtrain.remote.rsync import Rsync, rsync
@@ -77,7 +77,7 @@ def check(session: Session, timeout: float | None = None) -> list[NodeCheck]:
             continue
         result, t0, t1 = reply.value
         # A node on this machine's kernel reads this machine's clock: no offset, whatever the round trip took.
-        same_clock = result.get("boot_id") is not None and result.get("boot_id") == procfs.boot_id()
+        same_clock = result.get("boot_id") is not None and result.get("boot_id") == boot_id()
         offset = (0.0, 0.0) if same_clock else (result["time"] - t1, result["time"] - t0)
         c = NodeCheck(reply.node, True, result, clock_offset=offset)
         node = cluster.node(reply.node)

@@ -18,7 +18,7 @@ import math
 import re
 from typing import Any, Callable
 
-from fabtrain.node.states import ProcessState
+from fabtrain.contract.states import ProcessState
 
 MAX_LINE = 64 * 1024  # characters in one metrics or events line
 MAX_REASON = 4096
@@ -267,7 +267,7 @@ def health(doc: Any) -> dict:
 
 
 def gpu_holders(doc: Any) -> dict:
-    """Node ops' `gpus` (gpuinv.summary): total, free, who holds each busy GPU; cleaned field by field."""
+    """Node ops' `gpus` (fabtrain.contract.gpus.summary): total, free, who holds each busy GPU; cleaned field by field."""
     return _checked(GPU_HOLDERS, doc)
 
 

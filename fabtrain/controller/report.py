@@ -7,10 +7,11 @@ from fabtrain.controller import records
 from fabtrain.controller.jobstate import NodeObservation, Verdict, job_verdict, observe_status
 from fabtrain.controller.lifecycle import NodeCheck, StartResult
 from fabtrain.controller.preflight import Bandwidth, NetworkCheck
-from fabtrain.node.states import LIVE, JobState, ProcessState, stopped_by
+from fabtrain.contract.events import ROUTINE
+from fabtrain.contract.states import LIVE, JobState, ProcessState, stopped_by
 from fabtrain.plan.plan import IFACE_VARS, Plan, render_shell, render_start
-from fabtrain.node.ops import RUNNING_HERE_RE
-from fabtrain.node import gpuinv
+from fabtrain.contract.replies import JOB_RUNNING, running_job
+from fabtrain.contract import gpus as gpu_words
 from fabtrain.controller.verdict_text import sentence
 from fabtrain.controller.terminal import visible
 from fabtrain.remote.transport import Reply, down_label
@@ -158,7 +159,7 @@ def check_text(checks: list[NodeCheck]) -> str:
     for c in checks:
         inventory = (c.probe or {}).get("gpu_inventory")
         if inventory and (inventory["gpus"] or inventory["source"] == "stand-in"):
-            out.extend(f"{c.node}: {line}" for line in gpuinv.describe(inventory))
+            out.extend(f"{c.node}: {line}" for line in gpu_words.describe(inventory))
     if any("differs" in c.probe for c in checks):
         out.append("(!) differs across nodes")
     return "\n".join(out)
@@ -172,15 +173,20 @@ def force_text(stopped: list[Reply]) -> str:
     return head + ("\n" + text if jobs or not all(r.ok for r in stopped) else "")
 
 
+def running_here(r: Reply) -> tuple[str, list[str]] | None:
+    """(the job, its processes) where a node refused a start because another job runs there; else None."""
+    return running_job(r.detail) if not r.ok and r.code == JOB_RUNNING else None
+
+
 def running_refusal(result: StartResult) -> str | None:
     """When nothing started because another job runs: one line naming it, else None."""
     if any(r.ok and r.value["started"] for r in result.replies):
         return None
     running: dict[str, list[str]] = {}
     for r in result.replies:
-        m = RUNNING_HERE_RE.search(r.error or "") if not r.ok else None
-        if m:
-            running.setdefault(m.group(1), []).append(f"{r.node}: {m.group(2)}")
+        job = running_here(r)
+        if job:
+            running.setdefault(job[0], []).append(f"{r.node}: {', '.join(job[1])}")
     if not running:
         return None
     jobs = ", ".join(f"job {job} is running ({'; '.join(where)})" for job, where in sorted(running.items()))
@@ -211,9 +217,6 @@ def start_text(result: StartResult, roles: tuple[str, ...]) -> str:
         if clean:
             out.append(f"job {result.job_id}: nothing of it is left running")
     return "\n".join(out)
-
-
-ROUTINE_EVENTS = ("agent_started", "agent_exit", "agent_stopped")
 
 
 def _ago(ts: float | None, now: float) -> str:
@@ -279,7 +282,7 @@ def _node_notes(obs: NodeObservation, value: dict, now: float) -> tuple[list[str
         notes.append(f"{obs.name}: ORPHAN pid {o.get('pid')} ({o.get('name')}): {o.get('reason')}; being killed")
     for lost in (h.get("coordinator") or {}).get("lost") or []:
         notes.append(f"{obs.name}: the agents lost contact with node {lost}")
-    events = [e for e in h.get("events") or [] if e["kind"] not in ROUTINE_EVENTS]
+    events = [e for e in h.get("events") or [] if e["kind"] not in ROUTINE]
     ev = events[-1] if events else _last_event(value)
     if ev:
         who = ev.get("name") or (f"{ev.get('role')}-{ev.get('rank')}" if ev.get("role") is not None else "")

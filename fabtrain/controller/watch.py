@@ -17,7 +17,7 @@ from fabtrain.controller.collector import Collector, NodeSnapshot, Snapshot
 from fabtrain.controller.jobstate import WATCH_EXIT, Verdict
 from fabtrain.controller.lifecycle import no_job
 from fabtrain.controller.report import human_bytes
-from fabtrain.node.states import JobState, ProcessState
+from fabtrain.contract.states import JobState, ProcessState
 from fabtrain.controller.terminal import visible
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import down_label

@@ -18,7 +18,8 @@ from fabtrain.controller.jobstate import process_role
 from fabtrain.controller.state import recorded_ports
 from fabtrain.controller.series import NODES, TRAINERS
 from fabtrain.controller.verdict_text import sentence
-from fabtrain.node.states import TERMINAL, JobState, ProcessState, signal_name, signal_of
+from fabtrain.contract.events import CAUSES, NODE_CAUSES, EventKind
+from fabtrain.contract.states import TERMINAL, JobState, ProcessState, signal_name, signal_of
 from fabtrain.remote.transport import down_label
 
 __all__ = ["number", "short", "process_role", "process_label", "cluster_view", "job_view",
@@ -157,11 +158,6 @@ def job_view(snap, stale_after: float, ended: dict, now: float | None = None) ->
     }
 
 
-# What ended a process, as the agents' events say it (an exit 0 is no cause).
-CAUSE_KINDS = ("exited", "killed", "hang")
-NODE_CAUSE_KINDS = ("not_joined", "peer_lost", "failure", "job_failed")
-
-
 def _event_process(e: dict) -> str | None:
     if e.get("name"):
         return e["name"]
@@ -175,12 +171,12 @@ def cause_view(snap) -> dict | None:
         return None
     node, process = snap.verdict.cause
     events = sorted((e for e in snap.events if e.get("node") == node), key=lambda e: e.get("ts") or 0)
-    since = max((e.get("ts") or 0 for e in events if e.get("kind") == "restarted"), default=float("-inf"))
+    since = max((e.get("ts") or 0 for e in events if e.get("kind") == EventKind.RESTARTED), default=float("-inf"))
     if process is not None:
-        found = [e for e in events if _event_process(e) == process and e.get("kind") in CAUSE_KINDS
-                 and not (e.get("kind") == "exited" and e.get("exit_code") == 0)]
+        found = [e for e in events if _event_process(e) == process and e.get("kind") in CAUSES
+                 and not (e.get("kind") == EventKind.EXITED and e.get("exit_code") == 0)]  # an exit 0 is no cause
     else:
-        found = [e for e in events if e.get("kind") in NODE_CAUSE_KINDS]
+        found = [e for e in events if e.get("kind") in NODE_CAUSES]
     found = [e for e in found if (e.get("ts") or 0) > since] or found[-1:]
     seen = snap.node(node)
     proc = next((p for p in (seen.processes if seen else ()) if p["name"] == process), None)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 
-from fabtrain.node.states import JobState
-from fabtrain.node.states import ProcessState
+from fabtrain.contract.states import JobState
+from fabtrain.contract.states import ProcessState
 
 from .api import number, process_role
 

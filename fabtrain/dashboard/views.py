@@ -15,7 +15,7 @@ from flask import (Blueprint, Response, current_app, jsonify, make_response, ren
                    request, send_file)
 from werkzeug.exceptions import HTTPException
 
-from fabtrain.node import jobid
+from fabtrain.contract import jobid
 from fabtrain.remote.transport import NodeError
 
 from . import api, prometheus

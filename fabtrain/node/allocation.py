@@ -30,7 +30,9 @@ import time
 
 from fabtrain.node import atomic, attempts, launch, ops, procfs
 from fabtrain.node.netcheck import iface_of, resolve
-from fabtrain.node.states import LIVE
+from fabtrain.contract.events import OUTCOMES, EventKind, read_events
+from fabtrain.contract.clock import boot_id
+from fabtrain.node.elsewhere import running_elsewhere
 from fabtrain.node.workspace import job_dir
 
 PLAN = "plan.json"
@@ -41,14 +43,6 @@ PLACEHOLDER = re.compile(r"@slurm-node-(\d+)@")
 IFACE_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 POLL = 0.2
 AGENT_EXIT_WAIT = 10  # seconds an agent that wrote agent_exit may take to be gone
-
-
-def boot_id():
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 def scontrol(*args):
@@ -139,37 +133,6 @@ def node_part(template, index, hosts, secret, environ, cpus=None):
     return job, agent
 
 
-def elsewhere(job):
-    """True when job.json was written by a node on another machine than this one."""
-    machine = job.get("machine") if isinstance(job, dict) else None
-    return isinstance(machine, dict) and bool(machine.get("boot_id")) and machine["boot_id"] != boot_id()
-
-
-def states_from_health(job, health):
-    """The processes' states as the node's agent last wrote them (health.json), for a reader on another machine."""
-    seen = {p.get("name"): p for p in (health or {}).get("processes", []) if isinstance(p, dict)}
-    out = []
-    for proc in job.get("processes", []):
-        p = seen.get(proc["name"])
-        info = {k: p.get(k) for k in ("state", "pid", "exit_code", "signal")} if p else {"state": "not started"}
-        info["name"] = proc["name"]
-        info["reported_by"] = "agent"
-        out.append(info)
-    return out
-
-
-def running_elsewhere(jd):
-    """The job in jd runs on another machine and its agent said, lately, that something of it still runs."""
-    job = atomic.read_json(os.path.join(jd, "job.json"), {})
-    if not elsewhere(job):
-        return False
-    health = atomic.read_json(os.path.join(jd, "health.json"))
-    if not isinstance(health, dict) or not isinstance(health.get("ts"), (int, float)):
-        return False
-    fresh = time.time() - health["ts"] < max(10.0, 10 * float(health.get("interval") or 1.0))
-    return fresh and any(p.get("state") in {str(s) for s in LIVE} for p in states_from_health(job, health))
-
-
 def op_mark_killed(payload):
     """`fab kill-all` on a Slurm job, before scancel: the agents read the marker and call it a kill, not a failure.
     Only a job that still runs is marked: one that ended (finished, failed, stopped for the time limit) keeps
@@ -205,20 +168,13 @@ class Stop:
 
 def job_over(jd):
     """The agents already decided how the job ends (failed, finished, kept): a stop now is only its cleanup."""
-    try:
-        with open(os.path.join(jd, "events.jsonl")) as f:
-            return any('"kind": "%s"' % kind in line for line in f for kind in ("job_failed", "finished", "kept"))
-    except OSError:
-        return False
+    return any(ev.get("kind") in OUTCOMES for ev in read_events(os.path.join(jd, "events.jsonl")))
 
 
 def agent_said_exit(jd, node):
     """This node's agent wrote agent_exit: nothing of the job is left for it to watch."""
-    try:
-        with open(os.path.join(jd, "events.jsonl")) as f:
-            return any('"kind": "agent_exit"' in line and '"node": "%s"' % node in line for line in f)
-    except OSError:
-        return False
+    return any(ev.get("kind") == EventKind.AGENT_EXIT and ev.get("node") == node
+               for ev in read_events(os.path.join(jd, "events.jsonl")))
 
 
 def stop_node(ws, node, grace, reason, mark=True):

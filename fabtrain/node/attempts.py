@@ -22,6 +22,7 @@ import os
 import re
 import time
 
+from fabtrain.contract.events import EventKind
 from fabtrain.node import atomic
 from fabtrain.node.killevents import append_events
 from fabtrain.node.workspace import make_private_dirs
@@ -97,11 +98,12 @@ def begin(jd, node, attempt, allowed, why):
     else:
         make_private_dirs(jd)
     said = line(attempt, allowed, why)
-    events = [{"ts": round(time.time(), 3), "node": node, "kind": "attempt", "attempt": attempt,
+    events = [{"ts": round(time.time(), 3), "node": node, "kind": EventKind.ATTEMPT.value, "attempt": attempt,
                "attempts": allowed, "reason": said}]
     refused = attempt > allowed
     if refused:
-        events.append({"ts": round(time.time(), 3), "node": node, "kind": "job_failed", "origin": node,
+        events.append({"ts": round(time.time(), 3), "node": node, "kind": EventKind.JOB_FAILED.value,
+                       "origin": node,
                        "reason": "Slurm started attempt %d, but scheduler.requeue allows %d attempts (%s)"
                                  % (attempt, allowed, why)})
     append_events(os.path.join(jd, "events.jsonl"), events)

@@ -11,8 +11,9 @@ exactly as long as some process of the job does. Standard library only.
 """
 import re
 
+from fabtrain.contract.gpus import holder_text
 from fabtrain.node import gpulease
-from fabtrain.node.refusal import UserFacing
+from fabtrain.contract.replies import UserFacing
 
 SLOT_RE = re.compile(r"^auto:(\d+)$")
 
@@ -68,7 +69,7 @@ def take(job: dict, earlier, environ=None):
             if i not in gpus:
                 continue  # not a GPU this node knows (no driver): nothing to keep others off
             if gpus[i]["health"] or not gpus[i]["free"]:
-                warnings.append("the job names %s" % gpuinv.holder_text(gpus[i]))
+                warnings.append("the job names %s" % holder_text(gpus[i]))
             got = gpulease.take([i], 1, environ)
             held.update(got or {})
     except OSError as e:
@@ -89,7 +90,7 @@ def _take_free(job, gpus, count, named, inv, environ):
     got = gpulease.take(free, count, environ)
     if got is None:  # read again: another start may have leased some since
         now = gpuinv.inventory(environ)["gpus"] or list(gpus.values())
-        busy = [gpuinv.holder_text(g) for g in now if not g["free"] or g["health"] or g["index"] in named]
+        busy = [holder_text(g) for g in now if not g["free"] or g["health"] or g["index"] in named]
         raise UserFacing("gpus: auto needs %d free GPU%s, %d of %d are free (%s); nothing of job %s was started here"
                          % (count, "" if count == 1 else "s", len(now) - len(busy), len(now), "; ".join(busy),
                             job["job_id"]))

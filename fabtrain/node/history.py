@@ -10,10 +10,12 @@ Neither writes anything, and neither ever returns the job's secret.
 import json
 import os
 
-from fabtrain.node import atomic, jobid, ops
+from fabtrain.contract import jobid
+from fabtrain.contract.events import JOB_EVENTS, EventKind, read_events
+from fabtrain.node import atomic, ops
 
 # The events that tell how a job went, as opposed to the watchdog's running commentary.
-OUTCOME_KINDS = ("job_failed", "finished", "kept", "killed", "restarting", "restarted")
+OUTCOME_KINDS = JOB_EVENTS + (EventKind.KILLED,)
 SERIES_KEYS = ("ts", "step", "epoch", "loss", "samples_per_s", "eval_loss", "lr")
 MAX_POINTS = 2000  # per trainer in a `job` reply: a long run is thinned evenly, its last point kept
 MAX_EVENTS = 500
@@ -38,21 +40,9 @@ def summary(job):
     return out
 
 
-def read_events(jd, kinds=None, limit=None):
-    """events.jsonl's records (only `kinds` if given; the last `limit`), skipping lines that do not parse."""
-    out = []
-    try:
-        f = open(os.path.join(jd, "events.jsonl"), "rb")
-    except OSError:
-        return out
-    with f:
-        for line in f:
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(ev, dict) and (kinds is None or ev.get("kind") in kinds):
-                out.append(ev)
+def job_events(jd, kinds=None, limit=None):
+    """events.jsonl's records (only `kinds` if given; the last `limit`)."""
+    out = [ev for ev in read_events(os.path.join(jd, "events.jsonl")) if kinds is None or ev.get("kind") in kinds]
     return out[-limit:] if limit else out
 
 
@@ -112,7 +102,7 @@ def job_entry(ws, job_id):
         "started": started_at(jd),
         "last_write": ended_at(jd),
         "status": status,
-        "events": read_events(jd, OUTCOME_KINDS, 200),
+        "events": job_events(jd, OUTCOME_KINDS, 200),
         "last_metrics": {name: last_record(os.path.join(jd, "metrics", name + ".jsonl"))
                          for name in metric_files(jd)},
     }
@@ -171,7 +161,7 @@ def op_job(payload):
     entry["found"] = True
     entry["series"] = {name: series(os.path.join(jd, "metrics", name + ".jsonl"), max_points)
                        for name in metric_files(jd)}
-    entry["events"] = read_events(jd, None, int(payload.get("max_events", MAX_EVENTS)))
+    entry["events"] = job_events(jd, None, int(payload.get("max_events", MAX_EVENTS)))
     lines = int(payload.get("lines", 50))
     logs = {}
     ldir = os.path.join(jd, "logs")

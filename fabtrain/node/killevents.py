@@ -5,6 +5,8 @@ import json
 import os
 import time
 
+from fabtrain.contract.events import EventKind
+
 
 def append_events(path, events):
     """Append events to an events.jsonl, one write a line: never interleaved with the agent's."""
@@ -34,7 +36,7 @@ def write_kill_events(jobs_root, touched, killed, node, reason):
             daemons = sorted(k["pid"] for k in ks if k.get("starter"))
             own = [k["pid"] for k in ks if not k.get("starter")]
             events.append({
-                "ts": now, "node": node, "kind": "killed", "role": role,
+                "ts": now, "node": node, "kind": EventKind.KILLED, "role": role,
                 "rank": int(rank) if rank.isdigit() else rank, "name": name, "pid": min(own or daemons),
                 "pids": sorted(k["pid"] for k in ks),
                 "reason": reason + (" (orphan: run record lost, or it left its launcher)" if orphan else "")

@@ -2,7 +2,7 @@
 
     python -I -S <job_dir>/launch.py --exit <job_dir>/run/<name>.exit [--no-subreaper] -- ARGV...
 
-`command()` builds that argv (the plan puts it in job.json); node ops writes
+fabtrain.contract.launcher builds that argv (the plan puts it in job.json); node ops writes
 this very file into the job directory at start, so it runs before and without
 `fab deploy`, with nothing but the standard library. The launcher:
 
@@ -48,7 +48,6 @@ try:  # the C module under `signal`: the same calls and numbers, without the enu
 except ImportError:  # an interpreter without it
     import signal
 
-SCRIPT = "launch.py"  # its name in the job directory
 RESERVE = 64  # bytes reserved for the exit record
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -102,17 +101,6 @@ def _stack_hook(exit_path: str) -> None:
     os.environ["FABTRAIN_STACKS"] = stacks_path(job_dir, name)
     old = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != hook]
     os.environ["PYTHONPATH"] = os.pathsep.join([hook] + old)
-
-
-def command(python: str, job_dir: str, exit_path: str, argv, subreaper: bool = True) -> list:
-    """The launch argv of one process: what job.json's ``launch`` holds."""
-    flags = ["--exit", exit_path] + ([] if subreaper else ["--no-subreaper"])
-    return [python, "-I", "-S", job_dir + "/" + SCRIPT] + flags + ["--"] + list(argv)
-
-
-def is_launcher(argv) -> bool:
-    """A command line that is this launcher's."""
-    return "--exit" in argv[:8] and any(a.endswith("/" + SCRIPT) for a in argv[:4])
 
 
 def source() -> str:

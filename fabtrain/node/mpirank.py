@@ -12,7 +12,8 @@ import os
 import sys
 import time
 
-from fabtrain.node import launch, procfs, spawn
+from fabtrain.contract.launcher import SCRIPT
+from fabtrain.node import procfs, spawn
 
 WAIT = 60.0  # seconds node ops' start may take on this node after mpirun reached it
 
@@ -20,7 +21,7 @@ WAIT = 60.0  # seconds node ops' start may take on this node after mpirun reache
 def read_job(jd, deadline):
     path = os.path.join(jd, "job.json")
     while True:
-        if os.path.exists(os.path.join(jd, launch.SCRIPT)):  # written after job.json: both are there
+        if os.path.exists(os.path.join(jd, SCRIPT)):  # written after job.json: both are there
             with open(path) as f:
                 return json.load(f)
         if time.time() > deadline:

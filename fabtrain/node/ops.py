@@ -12,22 +12,23 @@ Every node-side call imports this module, so what only some ops need
 (hashlib, shutil, the GPU inventory; `fab check`'s probe is a module of its
 own) is imported in those ops: `fab status` on 64 nodes pays each import 64 times.
 """
-import importlib
 import json
 import os
 import signal
-import re
 import sys
 import time
 
+from fabtrain.contract.launcher import SCRIPT, is_launcher
 from fabtrain.node import atomic, gpulease, launch, procfs, runtime
+from fabtrain.node.elsewhere import elsewhere, running_elsewhere, states_from_health
 from fabtrain.node.kill import family, send, starter, stop_all, trusted
 from fabtrain.node.killevents import append_events, write_kill_events
-from fabtrain.node.refusal import UserFacing
+from fabtrain.contract.replies import COORDINATOR_LISTENS, UserFacing, job_running
 from fabtrain.node.workspace import (check_workspace, claim_workspace, code_refusal, job_dir, make_private_dirs,
                                      snapshot_code, workspace)
 from fabtrain.node.spawn import expand, name_programs, program_of, spawn
-from fabtrain.node.states import KILLERS, START_FAILED, ProcessState, read_marker, signal_name, signal_of, state_of
+from fabtrain.contract.events import EventKind, read_events
+from fabtrain.contract.states import KILLERS, START_FAILED, ProcessState, read_marker, signal_name, signal_of, state_of
 
 PROGRAM_WAIT = 3.0  # seconds a start waits for each launcher to fork its program
 
@@ -116,42 +117,20 @@ def start_agent(agent, job, jd, ws, base_env, warnings, leases=(), tell_listenin
         return p, record
     deadline = time.time() + 15
     while time.time() < deadline:
-        kinds = {}
-        try:
-            with open(events) as f:
-                f.seek(offset)
-                lines = f.read().splitlines()
-        except OSError:
-            lines = []  # not written yet
-        for text in lines:
-            try:
-                ev = json.loads(text)
-                kinds[ev.get("kind")] = ev.get("reason")
-            except (ValueError, AttributeError):
-                pass  # a line being written
-        if "agent_started" in kinds:
+        kinds = {ev.get("kind"): ev.get("reason") for ev in read_events(events, offset)}
+        if EventKind.AGENT_STARTED in kinds:
             if tell_listening:  # before the reply: the controller starts the other nodes on it, while
                 # this start goes on with the node's own processes and their settle time
                 sys.stdout.write(COORDINATOR_LISTENS + "\n")
                 sys.stdout.flush()
             return p, record
         if p.poll() is not None:
-            why = kinds.get("coordinator_error") or "the agent exited at once with code %s: %s" % (
+            why = kinds.get(EventKind.COORDINATOR_ERROR) or "the agent exited at once with code %s: %s" % (
                 p.returncode, " | ".join(tail_lines(expand(agent["log"], ws), 3)))
             raise UserFacing("%s; nothing of job %s was started here" % (why, job["job_id"]))
         time.sleep(0.05)
     warnings.append("the agent has not started its coordinator within 15 s (see `fab status`)")
     return p, record
-
-
-# A start's line, before its reply, on the node that hosts the coordinator, when the controller asks
-# for it ("tell_listening"; not a Slurm allocation's or a pod's start, whose stdout is the user's): its
-# agent listens.
-COORDINATOR_LISTENS = "@@fabtrain-coordinator-listens@@"
-
-# A start refused because another job runs on the node; the controller reads the job id back (RUNNING_HERE_RE).
-RUNNING_HERE = "job %s is still running here (%s); stop it with `fab kill-all` or pass --force"
-RUNNING_HERE_RE = re.compile(r"job (\S+) is still running here \(([^)]*)\)")
 
 
 def op_start(payload):
@@ -175,7 +154,7 @@ def op_start(payload):
         if other != job["job_id"]:
             live = live_job_processes(os.path.join(ws, "jobs", other))
             if live:
-                raise UserFacing(RUNNING_HERE % (other, ", ".join(live)))
+                raise job_running(other, live)
     # The job's GPUs here: leased by its first start on this node, before anything of it runs.
     from fabtrain.node import gpustart
 
@@ -202,7 +181,7 @@ def _start_leased(payload, job, ws, jd, leases, warnings):
         make_private_dirs(os.path.dirname(os.path.join(jd, rel)))
         atomic.write(os.path.join(jd, rel), text)
     atomic.write(os.path.join(jd, "job.json"), json.dumps(job, indent=1))
-    atomic.write(os.path.join(jd, launch.SCRIPT), launch.source())
+    atomic.write(os.path.join(jd, SCRIPT), launch.source())
     tmp_link = os.path.join(ws, ".current.%d" % os.getpid())
     os.symlink(os.path.join("jobs", job["job_id"]), tmp_link)
     os.replace(tmp_link, os.path.join(ws, "current"))
@@ -250,9 +229,8 @@ def op_status(payload):
     kids = procfs.children_map(procs)
     job = atomic.read_json(os.path.join(jd, "job.json"), {})
     health = atomic.read_json(os.path.join(jd, "health.json"))
-    allocation = importlib.import_module("fabtrain.node.allocation")
-    if allocation.elsewhere(job):  # a Slurm node's records, read on the login node: its agent knows, not our /proc
-        return status_reply(jd, job, allocation.states_from_health(job, health), health, payload)
+    if elsewhere(job):  # a Slurm node's records, read on the login node: its agent knows, not our /proc
+        return status_reply(jd, job, states_from_health(job, health), health, payload)
     names = [p["name"] for p in job.get("processes", [])]
     if os.path.exists(os.path.join(jd, "run", "agent.json")):
         names.append("agent")
@@ -323,7 +301,7 @@ def op_logs(payload):
             for line in lines:
                 sys.stdout.write("[%s %s] %s\n" % (node, name, line.decode("utf-8", "replace")))
         sys.stdout.flush()
-        if not live_job_processes(jd) and not importlib.import_module("fabtrain.node.allocation").running_elsewhere(jd):
+        if not live_job_processes(jd) and not running_elsewhere(jd):
             return {"job_id": os.path.basename(jd)}
         time.sleep(0.2)
 
@@ -358,7 +336,7 @@ def kill_targets(ws, records, skip, only=None, sweep=None, starters=()):
         argv = procfs.cmdline(record["pid"])
         # An empty command line is a launcher on its way out (the kernel has let go of its memory, not yet
         # of its pid): it is waited for as the launcher it is, never counted as a process this kill stopped.
-        if not argv or launch.is_launcher(argv):
+        if not argv or is_launcher(argv):
             launchers[record["pid"]] = desc
         else:  # a record of something else than our launcher (an older fabtrain's wrapper): signal it
             found[record["pid"]] = desc
@@ -430,7 +408,7 @@ def op_kill(payload):
             why = reason if by == START_FAILED else None  # otherwise `reason` only words the killed events
             if why:
                 append_events(os.path.join(jobs_root, job_id, "events.jsonl"), [{
-                    "ts": time.time(), "node": payload.get("node"), "kind": "start_failed", "reason": why}])
+                    "ts": time.time(), "node": payload.get("node"), "kind": EventKind.START_FAILED, "reason": why}])
             atomic.write(os.path.join(jobs_root, job_id, "killed"), by + ("\n" + why if why else ""))
     sent, left = stop_all(find, grace)
     # With their programs gone, the launchers record the exit codes and exit; a stuck one gets SIGKILL.
@@ -485,9 +463,10 @@ def op_collect(payload):
     jd = job_dir(ws, payload.get("job_id"))
     reply = {"time": time.time(), "job_id": None}
     if payload.get("gpus"):  # who holds the node's GPUs (the dashboard asks every few polls: nvidia-smi is slow)
+        from fabtrain.contract.gpus import summary
         from fabtrain.node import gpuinv
 
-        reply["gpus"] = gpuinv.summary(gpuinv.inventory())
+        reply["gpus"] = summary(gpuinv.inventory())
     if not jd or not os.path.isdir(jd):
         return reply
     job_id = os.path.basename(jd)
@@ -525,15 +504,5 @@ def op_collect(payload):
     return reply
 
 
-def _module_op(module, name):
-    """An op of another node module, imported only when asked for (probe, history, netcheck, bandwidth)."""
-    def op(payload):
-        return getattr(importlib.import_module("fabtrain.node." + module), name)(payload)
-    return op
-
-
-OPS = {"probe": _module_op("probe", "op_probe"), "provision": _module_op("probe", "op_provision"), "start": op_start, "status": op_status,
-       "logs": op_logs, "kill": op_kill, "verify": op_verify, "collect": op_collect,
-       "mark_killed": _module_op("allocation", "op_mark_killed"),
-       "jobs": _module_op("history", "op_jobs"), "job": _module_op("history", "op_job"),
-       "netcheck": _module_op("netcheck", "run"), "bandwidth": _module_op("bandwidth", "run")}
+OPS = {"start": op_start, "status": op_status, "logs": op_logs, "kill": op_kill, "verify": op_verify,
+       "collect": op_collect}

@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 
+from fabtrain.contract.events import EventKind, read_events
 from fabtrain.node import ops
 from fabtrain.node.spawn import expand
 
@@ -96,19 +97,11 @@ def reap():
 
 
 def outcome(jd, job, ws):
-    kinds = set()
-    try:
-        with open(os.path.join(jd, "events.jsonl")) as f:
-            for line in f:
-                try:
-                    kinds.add(json.loads(line).get("kind"))
-                except (ValueError, AttributeError):
-                    pass  # a torn last line
-    except OSError:
-        pass  # no agent (watchdog disabled): the exit codes say it
-    if "job_failed" in kinds:
+    # No events (watchdog disabled): the exit codes say it.
+    kinds = {ev.get("kind") for ev in read_events(os.path.join(jd, "events.jsonl"))}
+    if EventKind.JOB_FAILED in kinds:
         return 1
-    if "finished" in kinds:
+    if EventKind.FINISHED in kinds:
         return 0
     for proc in job["processes"]:
         try:

@@ -12,8 +12,9 @@ import subprocess
 import sys
 import time
 
+from fabtrain.contract.clock import boot_id
 from fabtrain.node import gpuinv, procfs
-from fabtrain.node.refusal import UserFacing
+from fabtrain.contract.replies import UserFacing
 from fabtrain.node.workspace import check_workspace, claim_workspace, make_private_dirs, workspace
 
 
@@ -27,7 +28,7 @@ def op_probe(payload):
         "python_path": sys.executable,
         "workspace": ws,
         "time": time.time(),
-        "boot_id": procfs.boot_id(),  # the controller's own machine has no clock offset
+        "boot_id": boot_id(),  # the controller's own machine has no clock offset
         "cpus": os.cpu_count(),
         "tools": {t: bool(shutil.which(t)) for t in ("rsync", "stdbuf")},
     }

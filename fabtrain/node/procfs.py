@@ -26,15 +26,6 @@ def _boot_time() -> float:
 BOOT_TIME = _boot_time()
 
 
-def boot_id():
-    """This kernel's boot id: two processes that read the same one share one clock (None: unknown)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
-
-
 class Proc:
     """The fields of /proc/<pid>/stat that fabtrain uses."""
 

@@ -1,7 +1,7 @@
 """fabtrain's node runtime, installed on the node by the node itself.
 
-The agent runs from <workspace>/runtime/<version>/ (fabtrain/__init__.py and
-fabtrain/node/), apart from the user's code. `fab deploy` ships it with rsync,
+The agent runs from <workspace>/runtime/<version>/ (fabtrain/__init__.py,
+fabtrain/contract/ and fabtrain/node/), apart from the user's code. `fab deploy` ships it with rsync,
 but a start must not depend on that: a job never runs without its agents. Node
 ops already hold every file of the runtime -- the controller sends them with
 each call (fabtrain.remote.rpc), and <version> is a hash of exactly those files
@@ -14,6 +14,7 @@ sources at all to compare them.
 import os
 
 import fabtrain
+from fabtrain.contract import RUNTIME_PACKAGES
 from fabtrain.node import atomic
 
 
@@ -23,16 +24,16 @@ def sources():
     if sent is not None:
         out = {}
         for name, (is_package, source) in sent.items():
-            if name == "fabtrain" or name.startswith("fabtrain.node"):
+            if name == "fabtrain" or name.split(".")[1] in RUNTIME_PACKAGES:
                 out[name.replace(".", "/") + ("/__init__.py" if is_package else ".py")] = source
         return out
     # Not sent (node code run from a deployed copy, or in-process): the files beside this one.
-    node = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(node))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     files = [os.path.join(root, "fabtrain", "__init__.py")]
-    for folder, dirs, names in os.walk(node):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        files += [os.path.join(folder, n) for n in sorted(names) if n.endswith(".py")]
+    for package in RUNTIME_PACKAGES:
+        for folder, dirs, names in os.walk(os.path.join(root, "fabtrain", package)):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            files += [os.path.join(folder, n) for n in sorted(names) if n.endswith(".py")]
     out = {}
     for path in files:
         with open(path) as f:

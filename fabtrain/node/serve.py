@@ -4,7 +4,8 @@ The controller (fabtrain.remote.rpc) starts the node's python with a fixed
 launcher, sends the node code and then requests over stdin, one JSON object
 a line: {"op": "status", "payload": {...}}. Each is answered on stdout with
 the reply frame: a SENTINEL line, then one JSON line, {"ok": true, "result":
-...} or {"ok": false, "error": "one line"}. Anything an op prints before it
+...} or {"ok": false, "error": "one line"} (fabtrain.contract.replies: a refusal
+a caller acts on adds its code and detail). Anything an op prints before it
 (`logs --follow` streams log lines that way) comes before the sentinel, as
 does noise a login shell prints (a .bashrc that echoes), so neither can
 corrupt a reply.
@@ -21,12 +22,13 @@ leaves it alone) and holds no port, no GPU and no file open.
 With the code deployed, `python -m fabtrain.node.serve` runs the same loop
 by hand: type a request line, read the reply.
 """
+import importlib
 import json
 import os
 import select
 import sys
 
-SENTINEL = "@@fabtrain-reply@@"
+from fabtrain.contract.replies import SENTINEL, UserFacing, refused
 
 
 def request_lines(fd, buffered=b"", idle_exit=None):
@@ -46,20 +48,36 @@ def request_lines(fd, buffered=b"", idle_exit=None):
         buf += chunk
 
 
+# The ops of other node modules, imported only when asked for: what they need (torch, the history's
+# readers, Slurm's step) costs no other call its import, and those that build on node ops (history,
+# allocation) are reached from here, never from the ops they import.
+MODULE_OPS = {"probe": ("probe", "op_probe"), "provision": ("probe", "op_provision"),
+              "mark_killed": ("allocation", "op_mark_killed"), "jobs": ("history", "op_jobs"),
+              "job": ("history", "op_job"), "netcheck": ("netcheck", "run"), "bandwidth": ("bandwidth", "run")}
+
+
+def find_op(name):
+    """The function that serves op `name`, or None."""
+    from fabtrain.node.ops import OPS
+
+    if name in MODULE_OPS:
+        module, function = MODULE_OPS[name]
+        return getattr(importlib.import_module("fabtrain.node." + module), function)
+    return OPS.get(name)
+
+
 def answer(line):
     """The reply to one request line, as the JSON text of the reply frame."""
-    from fabtrain.node.ops import OPS, UserFacing
-
     name = "?"
     try:
         request = json.loads(line)
         name = request["op"]
-        op = OPS.get(name)
+        op = find_op(name)
         if op is None:
             raise UserFacing("unknown op %r (the controller's fabtrain is newer than this node code?)" % name)
         reply = {"ok": True, "result": op(request["payload"])}
     except UserFacing as e:
-        reply = {"ok": False, "error": str(e)}
+        reply = refused(e)
     except Exception as e:  # reported on the controller with the node's name, as one line
         reply = {"ok": False, "error": in_words(e, name)}
     try:

@@ -9,8 +9,9 @@ import json
 import os
 import stat
 
-from fabtrain.node import atomic, jobid
-from fabtrain.node.refusal import UserFacing
+from fabtrain.contract import jobid
+from fabtrain.node import atomic
+from fabtrain.contract.replies import UserFacing
 
 
 def workspace(payload):

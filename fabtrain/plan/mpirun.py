@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fabtrain.config.cluster import Cluster
-from fabtrain.plan.plan import Plan, launch_argv
+from fabtrain.plan.spec import Plan, launch_argv
 from fabtrain.plan.runtime import runtime_version
 from fabtrain.remote.hostkeys import openssh_config
 

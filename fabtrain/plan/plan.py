@@ -13,130 +13,20 @@ import secrets
 import shlex
 import string
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from fabtrain.config.cluster import Cluster, Node
 from fabtrain.config.gpus import visible_devices
-from fabtrain.plan.ports import AddressSlots, PortUse, needed_ports, pserver_layout, port_uses, resolved_ports
-from fabtrain.plan.runtime import runtime_dir
-from fabtrain.node import launch
-
-
-
-def launch_argv(python: str, job_id: str, exit_path: str, argv, subreaper: bool = True) -> list[str]:
-    """A process's start: the launcher (fabtrain/node/launch.py, written into the job directory) and its argv."""
-    return launch.command(python, f"$WS/jobs/{job_id}", exit_path, argv, subreaper=subreaper)
-
-
-@dataclass(frozen=True)
-class ProcessPlan:
-    name: str  # "<role>-<rank>": file names under logs/, run/, metrics/
-    role: str
-    rank: int
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    cwd: str  # relative to the workspace root
-    log: str
-    run: str
-    exit: str
-    metrics: str
-    launch: tuple[str, ...] = ()  # the launcher's argv, then `argv`
-    started_by: str = ""  # "mpirun-0": that process starts this one (node ops' start does not)
-    starts_with: str = ""  # the role whose start starts this one too (mpirun: with the trainers)
-
-    def launch_argv(self) -> list[str]:
-        return list(self.launch)
-
-    def job_json(self) -> dict:
-        spec = asdict(self) | {"argv": list(self.argv), "launch": list(self.launch)}
-        return {k: v for k, v in spec.items() if v != "" or k not in ("started_by", "starts_with")}
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    node: str
-    node_index: int
-    host: str
-    address: str
-    workspace: str  # as written in cluster.yaml; "~" is expanded on the node
-    python: str
-    processes: tuple[ProcessPlan, ...]
-
-    def roles(self) -> set[str]:
-        return {p.role for p in self.processes}
-
-
-@dataclass(frozen=True)
-class Plan:
-    job_id: str
-    cluster: str
-    mode: str
-    sgd: str
-    nodes: tuple[NodePlan, ...]
-    watchdog: dict = field(default_factory=dict)
-    pserver_endpoints: tuple[str, ...] = ()
-    master: str = ""
-    ports: dict = field(default_factory=dict)  # ports.PORT_SETTINGS key -> port
-    auto_ports: tuple[str, ...] = ()  # the ones chosen at start (`auto`)
-    listens: tuple[PortUse, ...] = ()  # every port the job listens on, node by node
-    files: dict = field(default_factory=dict)  # node -> {path under the job dir: text} node ops writes at start
-
-    def node(self, name: str) -> NodePlan:
-        return next(n for n in self.nodes if n.node == name)
-
-    def job_json(self, node: str) -> dict:
-        """What `node_ops start` writes to jobs/<job_id>/job.json on that node."""
-        n = self.node(node)
-        return {
-            "job_id": self.job_id,
-            "cluster": self.cluster,
-            "node": n.node,
-            "node_index": n.node_index,
-            "workspace": n.workspace,
-            "python": n.python,
-            "mode": self.mode,
-            "sgd": self.sgd,
-            "nodes": [{"name": m.node, "address": m.address, "roles": sorted(m.roles())} for m in self.nodes],
-            "watchdog": self.watchdog,
-            # Which ports the job holds, so a later start (any cluster on this machine) leaves them alone.
-            "ports": {**self.ports, "auto": list(self.auto_ports)},
-            "listens": [[u.port, u.count, u.what, u.address] for u in self.listens if u.node == n.node],
-            # What the agent must know, so it guesses nothing from PADDLE_* or WORLD_SIZE.
-            "trainers": sum(1 for m in self.nodes for p in m.processes if p.role == "trainer"),
-            "agent": self.agent_process(node),
-            "processes": [p.job_json() for p in n.processes],
-        } | ({"files": self.files[node]} if node in self.files else {})
-
-    def agent_process(self, node: str) -> dict:
-        """The node agent (watchdog) of this job on that node, in job.json's process shape."""
-        n = self.node(node)
-        job_dir = f"$WS/jobs/{self.job_id}"
-        env = {"FABTRAIN_JOB_ID": self.job_id, "FABTRAIN_NODE": n.node, "FABTRAIN_ROLE": "agent",
-               "FABTRAIN_RANK": str(n.node_index), "FABTRAIN_WORKSPACE": "$WS",
-               "FABTRAIN_EXIT_FILE": f"{job_dir}/run/agent.exit", "PYTHONUNBUFFERED": "1"}
-        argv = [n.python, "-m", "fabtrain.node.agent", job_dir]
-        # No subreaper: the agent's keeper must outlive the agent, not be held by its launcher.
-        start = launch_argv(n.python, self.job_id, f"{job_dir}/run/agent.exit", argv, subreaper=False)
-        return {"name": "agent", "role": "agent", "rank": n.node_index, "argv": argv,
-                # The agent runs from fabtrain's own runtime, never from the user's code.
-                "launch": start, "env": env, "cwd": runtime_dir(),
-                "log": f"{job_dir}/logs/agent.log", "run": f"{job_dir}/run/agent.json",
-                "exit": f"{job_dir}/run/agent.exit", "metrics": ""}
+from fabtrain.config.launcher import is_torchrun
+from fabtrain.plan.mpirun import with_mpirun
+from fabtrain.plan.ports import AddressSlots, needed_ports, pserver_layout, port_uses, resolved_ports
+from fabtrain.plan.spec import NodePlan, Plan, ProcessPlan, launch_argv
 
 
 def new_job_id(now: float | None = None) -> str:
     """Sortable, unique enough for one cluster: 20261122-014600-3fa9."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now if now is not None else time.time()))
     return f"{stamp}-{secrets.token_hex(2)}"
-
-
-def is_torchrun(command: str) -> bool:
-    argv = shlex.split(command)
-    if not argv:
-        return False
-    if os.path.basename(argv[0]) == "torchrun":
-        return True
-    return len(argv) >= 3 and argv[1] == "-m" and argv[2] == "torch.distributed.run"
 
 
 IFACE_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
@@ -256,7 +146,6 @@ def _launched(cluster: Cluster, plan: Plan) -> Plan:
     """The plan as job.launcher starts it: fabtrain on every node, or one mpirun (fabtrain/plan/mpirun.py)."""
     if cluster.job.launcher != "mpirun":
         return plan
-    from fabtrain.plan.mpirun import with_mpirun  # it builds on this module
     return with_mpirun(plan, cluster)
 
 

@@ -1,6 +1,6 @@
 """fabtrain's node runtime: the files that run on a node, and their version.
 
-The runtime (fabtrain/__init__.py and fabtrain/node/) is shipped by `fab
+The runtime (fabtrain/__init__.py, fabtrain/contract/ and fabtrain/node/) is shipped by `fab
 deploy` to ``<workspace>/runtime/<version>/``, apart from the user's code in
 ``<workspace>/code``: neither can shadow the other, and a job keeps the
 runtime it started with while a newer fabtrain deploys another version beside
@@ -12,13 +12,16 @@ import functools
 import hashlib
 from pathlib import Path
 
+from fabtrain.contract import RUNTIME_PACKAGES
+
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # .../fabtrain
 
 
 def runtime_files() -> list[Path]:
     """Every file of the runtime, relative to the directory that holds fabtrain/."""
-    node = PACKAGE_ROOT / "node"
-    files = [PACKAGE_ROOT / "__init__.py", *sorted(node.rglob("*.py"))]
+    files = [PACKAGE_ROOT / "__init__.py"]
+    for package in RUNTIME_PACKAGES:
+        files += sorted((PACKAGE_ROOT / package).rglob("*.py"))
     return [f.relative_to(PACKAGE_ROOT.parent) for f in files if "__pycache__" not in f.parts]
 
 

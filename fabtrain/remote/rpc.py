@@ -42,10 +42,11 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from fabtrain.node.serve import SENTINEL
+from fabtrain.contract.replies import SENTINEL
+from fabtrain.contract import RUNTIME_PACKAGES
 from fabtrain.remote.transport import FAILED, NO_REPLY, NodeError, Transport, fan_out
 
-NODE_PACKAGE = Path(__file__).resolve().parent.parent / "node"
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # .../fabtrain
 IDLE_EXIT = 120  # seconds without a request before a node-side process exits by itself
 OPEN_TIMEOUT = 60  # for opening a session when the request itself may wait forever (logs --follow)
 
@@ -191,16 +192,18 @@ def launcher_argv(python: str) -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def node_modules() -> dict[str, tuple[bool, str]]:
-    """Every module under fabtrain/node/ (subpackages too): name -> (is_package, source).
+    """Every module of the node runtime, fabtrain/contract/ and fabtrain/node/ (subpackages too):
+    name -> (is_package, source).
 
-    `fabtrain` itself is only its docstring here: the node gets fabtrain.node
-    and nothing of the controller's code."""
-    root = NODE_PACKAGE.parent.parent
+    `fabtrain` itself is only its docstring here: the node gets fabtrain.contract and
+    fabtrain.node and nothing of the controller's code."""
+    root = PACKAGE_ROOT.parent
     # fabtrain/__init__.py is only a docstring, sent whole: node ops write these very sources out as
     # the runtime (fabtrain.node.runtime), whose version is a hash of the files (fabtrain.plan.runtime).
-    top = NODE_PACKAGE.parent / "__init__.py"
+    top = PACKAGE_ROOT / "__init__.py"
     modules: dict[str, tuple[bool, str]] = {"fabtrain": (True, top.read_text() if top.exists() else "")}
-    for path in sorted(NODE_PACKAGE.rglob("*.py")):
+    paths = [path for package in RUNTIME_PACKAGES for path in sorted((PACKAGE_ROOT / package).rglob("*.py"))]
+    for path in paths:
         parts = path.relative_to(root).with_suffix("").parts
         if parts[-1] == "__init__":
             modules[".".join(parts[:-1])] = (True, path.read_text())
@@ -318,7 +321,8 @@ class Channel:
                 kind, value = events.popleft()
                 if kind == "reply":
                     if not value["ok"]:
-                        raise NodeError(f"{self.node.name}: {value.get('error')}", FAILED)
+                        raise NodeError(f"{self.node.name}: {value.get('error')}", FAILED,
+                                        code=value.get("code"), detail=value.get("detail"))
                     return value.get("result")
                 if kind == "garbled":
                     raise self._fail(f"garbled reply: {value}", FAILED)

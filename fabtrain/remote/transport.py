@@ -28,7 +28,7 @@ import paramiko
 
 from fabtrain.remote import hostkeys
 from fabtrain.config.cluster import Node
-from fabtrain.node.states import signal_name
+from fabtrain.contract.states import signal_name
 
 # NodeError.kind: what a report calls the node.
 UNREACHABLE = "unreachable"  # no connection: refused, no route, timed out, name not known, host key, login
@@ -43,11 +43,14 @@ def down_label(kind: str | None) -> str:
 
 
 class NodeError(Exception):
-    """Something went wrong on, or on the way to, one node. One line, says which; `kind` says how."""
+    """Something went wrong on, or on the way to, one node. One line, says which; `kind` says how.
+    A node op's refusal also carries its code and detail (fabtrain.contract.replies), for a caller to act on."""
 
-    def __init__(self, message: str, kind: str = FAILED):
+    def __init__(self, message: str, kind: str = FAILED, code: str | None = None, detail: Any = None):
         super().__init__(message)
         self.kind = kind
+        self.code = code
+        self.detail = detail
 
 
 @dataclass
@@ -57,6 +60,8 @@ class Reply:
     value: Any = None
     error: str | None = None
     kind: str | None = None  # NodeError.kind when not ok
+    code: str | None = None  # a refusal's code (fabtrain.contract.replies) when not ok
+    detail: Any = None  # what the refusal's code comes with
 
 
 def quote_path(path: str) -> str:
@@ -373,7 +378,7 @@ def fan_out(items: Iterable[Any], fn: Callable[[Any], Any], parallel: int, name=
         try:
             return Reply(name(item), True, fn(item))
         except NodeError as e:
-            return Reply(name(item), False, error=str(e), kind=e.kind)
+            return Reply(name(item), False, error=str(e), kind=e.kind, code=e.code, detail=e.detail)
 
     if not items:
         return []

@@ -22,7 +22,8 @@ import posixpath
 import shlex
 
 from fabtrain.config.cluster import Cluster
-from fabtrain.plan.plan import Plan, ProcessPlan, is_torchrun
+from fabtrain.config.launcher import is_torchrun
+from fabtrain.plan.plan import Plan, ProcessPlan
 from fabtrain.plan.runtime import runtime_dir
 
 PLAN_END = "FABTRAIN_PLAN"

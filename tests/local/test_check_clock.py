@@ -23,7 +23,7 @@ def test_a_node_on_this_machine_has_no_clock_offset(tmp_path):
 
 
 def test_a_node_on_another_kernel_shows_the_bound_of_the_round_trip(tmp_path, monkeypatch):
-    monkeypatch.setattr(lifecycle.procfs, "boot_id", lambda: "another-machine")  # the controller elsewhere
+    monkeypatch.setattr(lifecycle, "boot_id", lambda: "another-machine")  # the controller elsewhere
     session = local_session(tmp_path)
     try:
         [c] = lifecycle.check(session)

@@ -15,7 +15,7 @@ from fabtrain.config.cluster import load_cluster
 from fabtrain.controller import export, history, lifecycle
 from fabtrain.controller.collector import Collector
 from fabtrain.errors import UserError
-from fabtrain.node import jobid
+from fabtrain.contract import jobid
 from fabtrain.plan.plan import new_job_id
 from fabtrain.remote import rpc
 from fabtrain.remote.session import Session

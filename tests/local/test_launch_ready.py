@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from fabtrain.contract.launcher import launch_command
 from fabtrain.node import atomic, launch, procfs
 from fabtrain.node.spawn import name_programs, spawn
 from tests.support.launched import make_job_dir, plain_env, process_spec
@@ -89,7 +90,7 @@ def test_a_launcher_that_cannot_start_its_program_ends_the_wait_at_once(job_dir,
     """A launcher that exits before forking (its exit record cannot be reserved) closes the pipe: the
     start does not wait out the deadline for a pid that will never come, and the record has none."""
     spec = process_spec(job_dir, "trainer-0", ["sleep", "30"])
-    spec["launch"] = launch.command(sys.executable, job_dir, str(tmp_path / "no" / "such" / "dir" / "trainer-0.exit"),
+    spec["launch"] = launch_command(sys.executable, job_dir, str(tmp_path / "no" / "such" / "dir" / "trainer-0.exit"),
                                     ["sleep", "30"])
     started = [spawn(spec, job_dir, plain_env())]
     t0 = time.time()

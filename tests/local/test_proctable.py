@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from fabtrain.contract.launcher import SCRIPT
 from fabtrain.node import launch, procfs
 from tests.support.procscan import wait_for
 
@@ -38,7 +39,7 @@ time.sleep(60)
 
 
 def test_a_table_that_is_not_listed_follows_the_hot_pids_children_even_one_that_left_its_session(tmp_path):
-    script = tmp_path / launch.SCRIPT
+    script = tmp_path / SCRIPT
     script.write_text(launch.source())
     escapee_file = tmp_path / "escapee.pid"
     launcher = subprocess.Popen([sys.executable, "-I", "-S", str(script), "--exit", str(tmp_path / "p.exit"), "--",

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
+from fabtrain.contract.launcher import SCRIPT, launch_command
 from fabtrain.node import atomic, launch
 
 
@@ -11,14 +12,14 @@ def make_job_dir(jd: str) -> str:
     """A job directory as a start leaves it: run/ and logs/, and the launcher script."""
     for sub in ("run", "logs"):
         os.makedirs(os.path.join(jd, sub))
-    atomic.write(os.path.join(jd, launch.SCRIPT), launch.source())
+    atomic.write(os.path.join(jd, SCRIPT), launch.source())
     return jd
 
 
 def process_spec(jd: str, name: str, argv: list[str], env: dict | None = None) -> dict:
     """job.json's shape of one trainer process, launched with this interpreter."""
     return {"name": name, "role": "trainer", "rank": 0, "argv": argv, "env": env or {}, "cwd": jd,
-            "launch": launch.command(sys.executable, jd, f"{jd}/run/{name}.exit", argv),
+            "launch": launch_command(sys.executable, jd, f"{jd}/run/{name}.exit", argv),
             "log": f"{jd}/logs/{name}.log", "run": f"{jd}/run/{name}.json"}
 
 

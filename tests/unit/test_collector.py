@@ -13,7 +13,7 @@ from fabtrain.controller.jobstate import NodeObservation, job_verdict
 from fabtrain.controller.series import Series
 from fabtrain.controller.watch import frame, watch
 from fabtrain.dashboard import create_app
-from fabtrain.node.states import ProcessState, recorded_state
+from fabtrain.contract.states import ProcessState, recorded_state
 from fabtrain.remote.session import Session
 from tests.support.synthetic import SyntheticJob, local_cluster
 

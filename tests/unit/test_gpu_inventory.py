@@ -6,6 +6,7 @@ import ctypes
 import shutil
 import subprocess
 
+from fabtrain.contract import gpus as gpu_words
 from fabtrain.node import gpuinv, gpulease
 from tests.conftest import require
 from tests.support import REPO
@@ -45,7 +46,7 @@ def test_without_nvml_the_inventory_asks_nvidia_smi_flags_xids_from_the_kernel_l
         raise FileNotFoundError(2, "No such file or directory", "nvidia-smi")
     inv = gpuinv.inventory(environ={}, run=missing, loader=no_library)
     assert inv == {"source": "none", "gpus": [], "error": "no NVIDIA driver"}
-    assert gpuinv.describe(inv) == ["GPUs: none (no NVIDIA driver)"]
+    assert gpu_words.describe(inv) == ["GPUs: none (no NVIDIA driver)"]
 
 
 def test_nvml_through_ctypes_reads_gpus_processes_and_health_from_the_library(tmp_path):
@@ -74,7 +75,7 @@ def test_the_stand_in_names_a_real_holder_from_proc_and_flags_unhealthy_gpus(tmp
         {"index": 2, "name": "stand-in", "mem_total": 1000, "mem_used": 0, "health": ["XID 79 since boot"]}]}))
     inv = gpuinv.inventory(environ={gpuinv.STANDIN_ENV: str(standin)})
     assert inv["source"] == "stand-in" and [g["free"] for g in inv["gpus"]] == [True, False, True]
-    lines = gpuinv.describe(inv)
+    lines = gpu_words.describe(inv)
     assert lines[0] == "GPUs: 3, free 1 (stand-in)"  # GPU 2 is unhealthy: not free to choose
     with open("/proc/self/cmdline", "rb") as f:  # this process's command, as /proc has it (pytest, or its worker)
         command = f.read().split(b"\0")[0].decode()
@@ -99,7 +100,7 @@ def test_a_gpu_leased_by_a_fabtrain_job_is_not_free_and_names_the_holder(tmp_pat
     try:
         inv = gpuinv.inventory(environ=environ)
         assert [g["free"] for g in inv["gpus"]] == [True, False]
-        assert gpuinv.describe(inv)[1:] == [f"  GPU 1: leased by a fabtrain job, {getpass.getuser()} pid {os.getpid()}"]
+        assert gpu_words.describe(inv)[1:] == [f"  GPU 1: leased by a fabtrain job, {getpass.getuser()} pid {os.getpid()}"]
     finally:
         gpulease.release(held)
     assert [g["free"] for g in gpuinv.inventory(environ=environ)["gpus"]] == [True, True]

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from fabtrain.node import gpuinv, gpulease, gpustart
-from fabtrain.node.refusal import UserFacing
+from fabtrain.contract.replies import UserFacing
 
 HOLD = ("import os, sys, time; from fabtrain.node import gpulease\n"
         "held = gpulease.take(range(4), 2)\n"

@@ -17,7 +17,7 @@ from fabtrain.config.cluster import load_cluster
 from fabtrain.controller import lifecycle, report, watch
 from fabtrain.controller.collector import Collector
 from fabtrain.dashboard import create_app
-from fabtrain.node.states import START_FAILED
+from fabtrain.contract.states import START_FAILED
 from fabtrain.remote import rpc
 from fabtrain.remote.session import Session
 from tests.support.synthetic import SyntheticJob, local_cluster
@@ -194,7 +194,7 @@ def test_the_sentence_says_state_cause_and_what_was_done_with_the_time_left():
     """verdict_text.sentence, the one line of fab status and the dashboard's banner, for each state."""
     from fabtrain.controller.jobstate import JobState, ProcessView, Verdict
     from fabtrain.controller.verdict_text import duration_text, sentence
-    from fabtrain.node.states import ProcessState
+    from fabtrain.contract.states import ProcessState
 
     assert [duration_text(s) for s in (-3, 0.4, 7, 560, 7500)] == ["0s", "0s", "7s", "9m 20s", "2h 05m"]
     run = (ProcessView("node1", "trainer-0", ProcessState.RUNNING), ProcessView("node2", "trainer-1", ProcessState.RUNNING))

@@ -7,7 +7,7 @@ from fabtrain.node.structs import replace
 from fabtrain.node.agent.policy import (Config, DumpStacks, Escalate, Ledger, Note, Observation, Orphan, Peers, ProcFacts, Signal,
                                         Status, Stop, Stray, ZOMBIE_MIN_AGE, decide, next_deadline, on_status)
 from fabtrain.node.agent.stacks import top_frame
-from fabtrain.node.states import ProcessState, describe_end, state_of
+from fabtrain.contract.states import ProcessState, describe_end, state_of
 
 CFG = Config(node="n2", job_id="J", interval=1.0, hang_timeout=3.0, startup_timeout=60.0, grace=2.0, on_failure="kill-job",
              coordinator_node="n1", coordinator="10.0.0.1:7180")

@@ -12,7 +12,7 @@ from fabtrain.node.agent.policy import (Config, Ledger, Note, Observation, Peers
                                         Status, Stop, decide, fail, on_status)
 from fabtrain.node.coordination.board import Board
 from fabtrain.node.coordination.restart import BACKOFF_CAP, RestartPolicy
-from fabtrain.node.states import JobState, ProcessState
+from fabtrain.contract.states import JobState, ProcessState
 
 POLICY = RestartPolicy(enabled=True, max_restarts=3, backoff=10.0, exit_codes=None, grace=2.0)
 CFG = Config(node="n2", job_id="J", interval=1.0, hang_timeout=3.0, startup_timeout=60.0, grace=2.0, on_failure="restart",

@@ -11,7 +11,7 @@ import pytest
 from fabtrain.config.cluster import parse_cluster
 from fabtrain.remote import rpc
 from fabtrain.remote.transport import FAILED, NodeError, make_transport
-from fabtrain.node.serve import SENTINEL
+from fabtrain.contract.replies import SENTINEL
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,10 +34,11 @@ def test_the_command_line_is_the_fixed_launcher_and_the_code_goes_over_stdin():
     length, _, blob = frame.partition(b"\n")
     assert int(length) == len(blob)
     names = set(rpc.node_modules())
-    assert {"fabtrain", "fabtrain.node", "fabtrain.node.ops", "fabtrain.node.serve"} <= names
-    # Every module of the node package, and nothing of the controller's.
-    on_disk = {".".join(p.relative_to(rpc.NODE_PACKAGE.parent.parent).with_suffix("").parts)
-               for p in rpc.NODE_PACKAGE.rglob("*.py")}
+    assert {"fabtrain", "fabtrain.node", "fabtrain.node.ops", "fabtrain.node.serve", "fabtrain.contract",
+            "fabtrain.contract.states"} <= names
+    # Every module of the node package and of the contract, and nothing of the controller's.
+    on_disk = {".".join(p.relative_to(rpc.PACKAGE_ROOT.parent).with_suffix("").parts)
+               for package in ("node", "contract") for p in (rpc.PACKAGE_ROOT / package).rglob("*.py")}
     assert {n.removesuffix(".__init__") for n in on_disk} <= names
     assert not any(n.startswith(("fabtrain.remote", "fabtrain.controller", "fabtrain.config")) for n in names)
 
@@ -122,7 +123,8 @@ def test_node_code_in_subpackages_is_imported_from_what_was_sent(tmp_path, monke
     root = tmp_path / "src" / "fabtrain" / "node"
     (root / "agent").mkdir(parents=True)
     (root / "plain").mkdir()
-    shutil.copy(rpc.NODE_PACKAGE / "serve.py", root / "serve.py")
+    shutil.copy(rpc.PACKAGE_ROOT / "node" / "serve.py", root / "serve.py")
+    shutil.copytree(rpc.PACKAGE_ROOT / "contract", root.parent / "contract")  # what serve.py speaks
     (root / "__init__.py").write_text("")
     (root / "agent" / "__init__.py").write_text("NAME = 'agent package'\n")
     (root / "agent" / "policy.py").write_text("from fabtrain.node.agent import NAME\nRULE = NAME + ' policy'\n")
@@ -144,7 +146,7 @@ def test_node_code_in_subpackages_is_imported_from_what_was_sent(tmp_path, monke
 
         OPS = {"echo": op_echo}
         """))
-    monkeypatch.setattr(rpc, "NODE_PACKAGE", root)
+    monkeypatch.setattr(rpc, "PACKAGE_ROOT", root.parent)
     rpc.node_modules.cache_clear()
     rpc.code_frame.cache_clear()
     try:

@@ -224,7 +224,7 @@ def test_the_cluster_file_in_docs_slurm_md_is_valid_as_printed():
 
 
 def test_a_job_written_on_another_machine_is_read_from_its_agents_health_not_from_local_proc(tmp_path):
-    from fabtrain.node import ops
+    from fabtrain.node import elsewhere, ops
     ws, job_id = tmp_path / "node1", "20261124-000000-abcd"
     jd = ws / "jobs" / job_id
     (jd / "run").mkdir(parents=True)
@@ -241,10 +241,10 @@ def test_a_job_written_on_another_machine_is_read_from_its_agents_health_not_fro
     assert reply["slurm"]["job_id"] == "42"
     assert [(p["name"], p["state"], p.get("exit_code")) for p in reply["processes"]] == \
         [("trainer-1", "killed", 137), ("trainer-2", "not started", None)]
-    assert not allocation.running_elsewhere(str(jd))
+    assert not elsewhere.running_elsewhere(str(jd))
     health["processes"][0].update(state="running", exit_code=None)
     (jd / "health.json").write_text(json.dumps(health))
-    assert allocation.running_elsewhere(str(jd))
+    assert elsewhere.running_elsewhere(str(jd))
     health["ts"] -= 3600  # an agent silent for an hour says nothing about now
     (jd / "health.json").write_text(json.dumps(health))
-    assert not allocation.running_elsewhere(str(jd))
+    assert not elsewhere.running_elsewhere(str(jd))

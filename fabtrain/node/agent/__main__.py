@@ -8,6 +8,7 @@ def main(argv: list[str]) -> int:
     if not argv:
         print("usage: python -m fabtrain.node.agent <job_dir> [--restarted]", file=sys.stderr)
         return 2
+    from fabtrain.contract.events import EventKind
     from .loop import Agent
     agent = None
     try:
@@ -21,7 +22,7 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         if agent is not None:
             try:
-                agent.events.write("agent_error", "the agent crashed: %s"
+                agent.events.write(EventKind.AGENT_ERROR, "the agent crashed: %s"
                                    % traceback.format_exc().strip().splitlines()[-1])
                 agent.shutdown(1)
             except Exception:

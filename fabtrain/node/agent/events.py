@@ -14,6 +14,8 @@ import os
 import sys
 import time
 
+from fabtrain.contract.events import read_events
+
 RESERVE_BYTES = 256 * 1024
 
 
@@ -81,17 +83,4 @@ class EventLog:
 
     def replay(self) -> list[dict]:
         """Every event so far (a restarted agent learns the job's story from them)."""
-        try:
-            with open(self.path) as f:
-                lines = f.readlines()
-        except OSError:
-            return []
-        out = []
-        for line in lines:
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(ev, dict):
-                out.append(ev)
-        return out
+        return read_events(self.path)

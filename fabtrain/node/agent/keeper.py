@@ -15,8 +15,9 @@ import subprocess
 import sys
 import time
 
+from fabtrain.contract.launcher import SCRIPT, is_launcher, launch_command
 from fabtrain.node import atomic, gpulease, launch, procfs
-from fabtrain.node.states import describe_end
+from fabtrain.contract.states import describe_end
 
 _KEEPER = 'if read line; then exit 0; fi; exec "$@" </dev/null'
 MAX_RESTARTS = 5
@@ -57,7 +58,7 @@ class AgentLife:
     def register(self) -> str | None:
         """Make run/agent.json name this agent; a sentence for the event if we took over from a dead one."""
         ppid = os.getppid()
-        launcher = ppid if launch.is_launcher(procfs.cmdline(ppid)) else None
+        launcher = ppid if is_launcher(procfs.cmdline(ppid)) else None
         record = atomic.read_json(self.record_path)
         if record is None and launcher:
             deadline = time.time() + 2  # node ops writes agent.json just after starting us
@@ -115,9 +116,9 @@ class AgentLife:
         spec = self.job.get("agent") or {}
         argv = [a.replace("$WS", self.ws) for a in spec.get("launch") or []]
         if not argv:
-            argv = launch.command(sys.executable, self.jd, self.exit_path,
+            argv = launch_command(sys.executable, self.jd, self.exit_path,
                                   [sys.executable, "-m", "fabtrain.node.agent", self.jd], subreaper=False)
-        script = os.path.join(self.jd, launch.SCRIPT)
+        script = os.path.join(self.jd, SCRIPT)
         if not os.path.exists(script):
             atomic.write(script, launch.source())
         return argv + ["--restarted"]

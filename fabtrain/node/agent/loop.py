@@ -19,7 +19,8 @@ from fabtrain.node import procfs
 from fabtrain.node.atomic import read_json
 from fabtrain.node.coordination.restart import RestartPolicy
 from fabtrain.node.kill import send
-from fabtrain.node.states import FINAL, JobState, read_killer, signal_name
+from fabtrain.contract.events import PROCESS_ENDS, RESTARTS, STACK_DUMPS, EventKind
+from fabtrain.contract.states import FINAL, JobState, read_killer, signal_name
 
 from fabtrain.node.coordination import stragglers
 
@@ -186,10 +187,10 @@ class Agent:
             self.events.replay(), self.node, self.by_name, self.started_generation, self.startup_deadline,
             self.started, self.cfg.startup_timeout)
         if took_over:
-            self.events.write("agent_restarted", took_over)
+            self.events.write(EventKind.AGENT_RESTARTED, took_over)
         error = self.life.start_keeper()
         if error:
-            self.events.write("agent_error", error)
+            self.events.write(EventKind.AGENT_ERROR, error)
         self.events.reserve()
         if not self.link.start():
             # The coordinator wrote why (coordinator_error). Agents refuse whatever holds the
@@ -211,7 +212,7 @@ class Agent:
             print("agent: another agent of job %s is running on this node; exiting" % self.job_id, flush=True)
             return 0
         self.setup()
-        self.events.write("agent_started", "watching %d process(es) of job %s; interval %g s, hang_timeout %g s, "
+        self.events.write(EventKind.AGENT_STARTED, "watching %d process(es) of job %s; interval %g s, hang_timeout %g s, "
                           "startup_timeout %g s, on_failure %s; coordinator %s%s" % (
                               len(self.contexts), self.job_id, self.cfg.interval, self.cfg.hang_timeout,
                               self.cfg.startup_timeout, self.cfg.on_failure, self.cfg.coordinator,
@@ -263,11 +264,11 @@ class Agent:
         if tick:
             gone = self.life.launcher_gone()
             if gone:
-                self.events.write("agent_launcher_lost", "the agent's launcher (pid %d) is gone; run/agent.json now "
+                self.events.write(EventKind.AGENT_LAUNCHER_LOST, "the agent's launcher (pid %d) is gone; run/agent.json now "
                                   "names the agent itself (pid %d)" % (gone, self.pid))
             error = self.life.check_keeper()
             if error:
-                self.events.write("agent_error", error)
+                self.events.write(EventKind.AGENT_ERROR, error)
             self.check_stragglers(now)
             self.write_health(now)
         self.beat(urgent=not tick)
@@ -300,7 +301,7 @@ class Agent:
                 frames = stacks.dump(stacks.targets_of(self.contexts, a.names, self.kids), self.jd)
             elif isinstance(a, policy.Note):
                 fields = a.fields
-                if frames is not None and a.kind in ("hang", "teardown"):
+                if frames is not None and a.kind in STACK_DUMPS:
                     fields = dict(fields, stacks=frames)
                     if a.name in frames:
                         fields["frame"] = frames[a.name].get("frame") or frames[a.name].get("why")
@@ -326,7 +327,7 @@ class Agent:
         self.started_generation = generation
         self.ledger = policy.relaunched(self.ledger, generation)
         self.obs = policy.Observation(now=time.time())
-        self.events.write("restarted", "generation %d: started %s" % (generation, ", ".join(new.names) or "nothing"),
+        self.events.write(EventKind.RESTARTED, "generation %d: started %s" % (generation, ", ".join(new.names) or "nothing"),
                           generation=generation)
         if new.errors:
             actions, self.ledger = policy.fail(self.ledger, self.cfg, "restart %d on %s: %s" % (
@@ -348,7 +349,7 @@ class Agent:
         self.straggling = stragglers.standing(rates, self.behind)
         for f in found:
             p = tables.get(f.node, {}).get(f.name, {})
-            self.events.write("straggler", stragglers.reason(f, self.straggler_rule), f.name, role=p.get("role"),
+            self.events.write(EventKind.STRAGGLER, stragglers.reason(f, self.straggler_rule), f.name, role=p.get("role"),
                               rank=p.get("rank"), origin=f.node, rate=f.rate, median=f.median)
 
     def _take_messages(self) -> bool:
@@ -412,7 +413,7 @@ class Agent:
         self.write_health(time.time())
         # The outcome as this node heard it (its own final word, else the coordinator's); none: say none.
         status = next((s for s in (self.ledger.status.status, self.link.view.get("status")) if s in FINAL), None)
-        self.events.write("agent_exit", "nothing of job %s is left on this node%s"
+        self.events.write(EventKind.AGENT_EXIT, "nothing of job %s is left on this node%s"
                           % (self.job_id, " (job %s)" % status if status else ""))
         self.shutdown()
         return 0
@@ -428,7 +429,7 @@ class Agent:
             while time.monotonic() < deadline and self.link.client and not self.link.acked:
                 time.sleep(0.02)
         self.write_health(time.time())
-        self.events.write("agent_stopped", "stopped by %s" % why)
+        self.events.write(EventKind.AGENT_STOPPED, "stopped by %s" % why)
         self.shutdown()
         return 0
 
@@ -448,18 +449,18 @@ def replay(events, node: str, by_name: dict, generation: int, startup_deadline: 
     ledger = policy.Ledger()
     for ev in events:
         kind = ev.get("kind")
-        if kind in (JobState.RESTARTING, "restarted") and ev.get("node") == node:
+        if kind in RESTARTS and ev.get("node") == node:
             ledger = policy.replay_restart(ev, time.time())
-            generation = ledger.generation if kind == "restarted" else generation
+            generation = ledger.generation if kind == EventKind.RESTARTED else generation
             continue
-        if kind == "agent_started" and ev.get("node") == node:
+        if kind == EventKind.AGENT_STARTED and ev.get("node") == node:
             startup_deadline = min(startup_deadline, ev.get("ts", started) + startup_timeout)
-        if kind in ("job_failed", "finished") and ledger.status.status == JobState.RUNNING:
-            status = JobState.FAILED if kind == "job_failed" else JobState.FINISHED
+        if kind in (EventKind.JOB_FAILED, EventKind.FINISHED) and ledger.status.status == JobState.RUNNING:
+            status = JobState.FAILED if kind == EventKind.JOB_FAILED else JobState.FINISHED
             ledger = replace(ledger, status=policy.Status(status, ev.get("reason"), ev.get("origin")))
-        if kind in ("teardown", "kept", "finished"):
+        if kind in (EventKind.TEARDOWN, EventKind.KEPT, EventKind.FINISHED):
             ledger = replace(ledger, acted=True)
-        if kind in ("exited", "killed") and ev.get("name") in by_name and ev.get("node") == node:
+        if kind in PROCESS_ENDS and ev.get("name") in by_name and ev.get("node") == node:
             ledger = replace(ledger, reported=ledger.reported | {ev["name"]})
     return ledger, generation, startup_deadline
 

@@ -21,13 +21,14 @@ import subprocess
 import threading
 import time
 
-from fabtrain.node.states import stopped_by_user
+from fabtrain.contract.events import EventKind
+from fabtrain.contract.states import stopped_by_user
 
 # events.jsonl kinds -> the names cluster.yaml's notify.on uses
 # A restart is told once, when it is decided (`restarting`: the cause, the backoff, the restarts left); a
 # next generation that cannot start is a `failed` of its own.
-KINDS = {"job_failed": "failed", "hang": "hang", "restarting": "restart", "finished": "finished",
-         "straggler": "straggler"}
+KINDS = {EventKind.JOB_FAILED: "failed", EventKind.HANG: "hang", EventKind.RESTARTING: "restart",
+         EventKind.FINISHED: "finished", EventKind.STRAGGLER: "straggler"}
 JOB_LEVEL = ("failed", "finished", "restart")  # every agent writes these: only nodes[0]'s agent sends
 TRIES = 3
 BACKOFF = (1.0, 2.0)  # seconds between tries: three within about five seconds
@@ -104,11 +105,11 @@ class Notifier:
         if self.webhook:
             error = post(self.webhook, data)
             if error:
-                self.report("notify_failed", "webhook %s: %s (alert: %s)" % (self.webhook, error, body["text"]))
+                self.report(EventKind.NOTIFY_FAILED, "webhook %s: %s (alert: %s)" % (self.webhook, error, body["text"]))
         if self.command:
             error = run(self.command, data)
             if error:
-                self.report("notify_failed", "command %s: %s (alert: %s)" % (self.command[0], error, body["text"]))
+                self.report(EventKind.NOTIFY_FAILED, "command %s: %s (alert: %s)" % (self.command[0], error, body["text"]))
 
     def wait(self, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout

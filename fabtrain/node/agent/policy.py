@@ -12,7 +12,8 @@ from fabtrain.node.structs import record, replace
 
 from fabtrain.node.agent.actions import DumpStacks, Escalate, KillLauncher, Note, Relaunch, Signal, Stop
 from fabtrain.node.coordination.connections import hung_timeout
-from fabtrain.node.states import (FINAL, JobState, ProcessState, describe_end, signal_name, signal_of,
+from fabtrain.contract.events import EventKind
+from fabtrain.contract.states import (FINAL, JobState, ProcessState, describe_end, signal_name, signal_of,
                                   stopped_by)
 
 EXIT_ONLY_ROLES = ("mpirun",)  # watched for its exit only: it is silent by design; its ranks are watched for hangs
@@ -212,7 +213,7 @@ def fail(ledger: Ledger, cfg: Config, reason: str, kind: str = "other", exit_cod
     # Under on_failure restart an exit or a hang is a `failure` until the coordinator says what
     # follows (`restarting`, or `job_failed` from on_status): `fab status` must not call it the end.
     pending = cfg.on_failure == "restart" and kind in ("exit", "hang")
-    note = Note("failure" if pending else "job_failed", reason,
+    note = Note(EventKind.FAILURE if pending else EventKind.JOB_FAILED, reason,
                 fields={"origin": cfg.node, "on_failure": cfg.on_failure, "generation": ledger.generation})
     return [note], replace(ledger, failure=reason, failure_kind=kind, failure_code=exit_code, pending=pending,
                            status=Status(JobState.FAILED, reason, cfg.node), restart_at=None)
@@ -233,7 +234,7 @@ def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list
     backoff = float(msg.get("backoff") or 0.0)
     cause = msg.get("reason") or "failed"
     left = msg.get("restarts_left")
-    note = Note(JobState.RESTARTING, "job failed (%s); restart %d%s in %g s" % (
+    note = Note(EventKind.RESTARTING, "job failed (%s); restart %d%s in %g s" % (
         cause, g, " (%s left after it)" % left if isinstance(left, int) else "", backoff),
         fields={"origin": msg.get("node"), "generation": g, "backoff": backoff, "restarts_left": left})
     return [note], replace(ledger, status=Status(JobState.RESTARTING, cause, msg.get("node")), generation=g, failure=None,
@@ -243,7 +244,7 @@ def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list
 def replay_restart(ev: dict, now: float) -> Ledger:
     """The ledger after a `restarting` or `restarted` event of this node (a restarted agent reads its story)."""
     g = ev.get("generation") if isinstance(ev.get("generation"), int) else 0
-    if ev.get("kind") == "restarted":
+    if ev.get("kind") == EventKind.RESTARTED:
         return Ledger(generation=g)
     return Ledger(generation=g, status=Status(JobState.RESTARTING, ev.get("reason"), ev.get("origin")), restart_at=now)
 
@@ -263,14 +264,14 @@ def on_status(msg: dict, job_id: str, ledger: Ledger, cfg: Config, now: float = 
     if st == JobState.FAILED and ledger.pending:  # not restarted: now our failure is the job's end
         reason = msg.get("reason") or ledger.failure or "failed"
         ledger = replace(ledger, pending=False, status=Status(JobState.FAILED, reason, msg.get("node")))
-        return [Note("job_failed", reason, fields={"origin": msg.get("node"), "on_failure": cfg.on_failure,
+        return [Note(EventKind.JOB_FAILED, reason, fields={"origin": msg.get("node"), "on_failure": cfg.on_failure,
                                                    "generation": ledger.generation})], ledger
     if st not in FINAL or ledger.status.status not in (JobState.RUNNING, JobState.RESTARTING):
         return [], ledger
     ledger = replace(ledger, status=Status(st, msg.get("reason"), msg.get("node")))
     if st != JobState.FAILED:
         return [], ledger
-    note = Note("job_failed", msg.get("reason") or "failed",
+    note = Note(EventKind.JOB_FAILED, msg.get("reason") or "failed",
                 fields={"origin": msg.get("node"), "on_failure": cfg.on_failure})
     return [note], ledger
 
@@ -343,14 +344,14 @@ class _Decision:
                 how += " (No space left on device: %s on %s is full)" % (self.obs.disk_full, self.cfg.node)
             sig = signal_name(signal_of(p.exit_code))
             if p.close_reason:
-                self.note("killed", "%s: %s" % (how, p.close_reason), p, signal=p.kill_signal,
+                self.note(EventKind.KILLED, "%s: %s" % (how, p.close_reason), p, signal=p.kill_signal,
                           exit_code=p.exit_code, pid=p.pid)
             elif self.obs.killed_by:
                 why = stopped_by(self.obs.killed_by)
-                self.note("exited", "%s: %s" % (how, why), p, exit_code=p.exit_code, signal=sig, pid=p.pid)
+                self.note(EventKind.EXITED, "%s: %s" % (how, why), p, exit_code=p.exit_code, signal=sig, pid=p.pid)
                 self.fail("%s on %s: %s" % (p.name, self.cfg.node, why), "kill-all")
             else:
-                self.note("exited", how, p, exit_code=p.exit_code, signal=sig, pid=p.pid)
+                self.note(EventKind.EXITED, how, p, exit_code=p.exit_code, signal=sig, pid=p.pid)
                 if p.exit_code != 0:
                     self.fail("%s on %s %s" % (p.name, self.cfg.node, how), "exit", p.exit_code)
 
@@ -377,9 +378,9 @@ class _Decision:
                           and progress_at(q, self.ledger) is not None),
                         key=lambda q: progress_at(q, self.ledger), default=p)
             if cfg.on_failure == "keep":
-                self.note("hang", reason + "; not killed: on_failure is keep", p, pid=p.pid, first=first.name)
+                self.note(EventKind.HANG, reason + "; not killed: on_failure is keep", p, pid=p.pid, first=first.name)
             else:
-                self.note("hang", reason, p, signal="SIGTERM", pid=p.pid, first=first.name)
+                self.note(EventKind.HANG, reason, p, signal="SIGTERM", pid=p.pid, first=first.name)
                 self.actions.append(Stop(p.name, "hang: " + reason))
             self.fail("%s on %s%s%s" % (p.name, cfg.node, HUNG, reason), "hang")
 
@@ -429,7 +430,7 @@ class _Decision:
         else:
             return
         self.update(startup_failed=True)
-        self.note("not_joined", reason)
+        self.note(EventKind.NOT_JOINED, reason)
         self.fail(reason)
 
     # -- the coordinator -----------------------------------------------------------------------
@@ -445,7 +446,7 @@ class _Decision:
             cfg.coordinator, cfg.coordinator_node, peers.silent_for, peers.error or "no answer") if not peers.connected \
             else "coordinator %s (agent of %s) answered nothing for %.0f s on an open connection (hung_timeout %.0f s)" % (
                 cfg.coordinator, cfg.coordinator_node, peers.silent_for, cfg.hung_timeout)
-        self.note("peer_lost", reason, peer=cfg.coordinator_node)
+        self.note(EventKind.PEER_LOST, reason, peer=cfg.coordinator_node)
         self.fail(reason)
 
     # -- orphans -------------------------------------------------------------------------------
@@ -458,7 +459,7 @@ class _Decision:
             """A new orphan: SIGTERM now (SIGCONT, should it be stopped), SIGKILL once the grace is up."""
             orphans[pid] = Orphan(pid, ctime, reason, name, of_job, now)
             self.actions += [Signal(pid, ctime, signal.SIGTERM), Signal(pid, ctime, signal.SIGCONT)]
-            self.note("orphan", reason + "; killing it", p, pid=pid, signal="SIGTERM", **fields)
+            self.note(EventKind.ORPHAN, reason + "; killing it", p, pid=pid, signal="SIGTERM", **fields)
 
         for s in self.obs.strays:
             reason = self._stray_reason(s)
@@ -481,7 +482,7 @@ class _Decision:
             if o.signal == "SIGTERM" and now - o.term_at >= grace:
                 orphans[pid] = replace(o, signal="SIGKILL")
                 self.actions += [Signal(pid, o.ctime, signal.SIGKILL), Signal(pid, o.ctime, signal.SIGCONT)]
-                self.note("orphan", "pid %d still alive %g s after SIGTERM (grace)" % (pid, grace), pid=pid,
+                self.note(EventKind.ORPHAN, "pid %d still alive %g s after SIGTERM (grace)" % (pid, grace), pid=pid,
                           signal="SIGKILL")
         self.update(orphans=tuple(orphans[k] for k in sorted(orphans)))
 
@@ -512,19 +513,19 @@ class _Decision:
         live = [p for p in self.obs.procs if p.live]
         if st.status == JobState.FINISHED:
             names = ", ".join(p.name for p in live)
-            self.note("finished", "every trainer exited with code 0" + ("; stopping %s" % names if names else ""))
+            self.note(EventKind.FINISHED, "every trainer exited with code 0" + ("; stopping %s" % names if names else ""))
             self.actions += [Stop(p.name, "the job finished") for p in live]
             return
         if self.cfg.on_failure == "keep":
             names = ", ".join("%s (pid %s)" % (p.name, p.pid) for p in live)
-            self.note("kept", "on_failure is keep: leaving %s running for debugging; stop them with `fab kill-all`"
+            self.note(EventKind.KEPT, "on_failure is keep: leaving %s running for debugging; stop them with `fab kill-all`"
                       % (names or "nothing (no process left here)"))
             return
         names = ", ".join(p.name for p in live)
         if HUNG in (st.reason or "") and live:  # another node's hang: its stacks here too, before the stop
             self.dump_stacks()
         what = "restarting the job" if st.status == JobState.RESTARTING else "job failed"
-        self.note("teardown", "%s (%s); %s" % (what, st.reason, ("stopping " + names) if names else
+        self.note(EventKind.TEARDOWN, "%s (%s); %s" % (what, st.reason, ("stopping " + names) if names else
                                                 "nothing else of it runs here"), origin=st.origin)
         self.actions += [Stop(p.name, "teardown: %s (%s)" % (what, st.reason)) for p in live if p.term_at is None]
 
@@ -563,7 +564,7 @@ class _Decision:
                     if now - first >= ZOMBIE_MIN_AGE:
                         del pending[key]
                         self.update(zombies_seen=self.ledger.zombies_seen | {key})
-                        self.note("zombie", "pid %d is defunct: its parent pid %d has not reaped it for %.0f s"
+                        self.note(EventKind.ZOMBIE, "pid %d is defunct: its parent pid %d has not reaped it for %.0f s"
                                   % (pid, ppid, now - first), p, pid=pid, parent=ppid)
                 if ppid == p.pid:
                     # The program itself gets its SIGTERM first, and an interval to act on it.
@@ -573,7 +574,7 @@ class _Decision:
                 if ending_here and ppid not in self.ledger.zombie_parents:
                     self.update(zombie_parents=self.ledger.zombie_parents | {ppid})
                     self.actions += [Signal(ppid, None, signal.SIGKILL), Signal(ppid, None, signal.SIGCONT)]
-                    self.note("killed", "pid %d left defunct children unreaped while the job is ending; killed so "
+                    self.note(EventKind.KILLED, "pid %d left defunct children unreaped while the job is ending; killed so "
                               "they are reaped" % ppid, p, pid=ppid, signal="SIGKILL")
         if tuple(pending.items()) != self.ledger.zombies_since:
             self.update(zombies_since=tuple(pending.items()))  # a zombie reaped meanwhile is forgotten
@@ -587,7 +588,7 @@ class _Decision:
                 continue
             if p.kill_signal == "SIGTERM" and now - p.term_at >= grace:
                 self.actions.append(Escalate(p.name))
-                self.note("killed", "still alive %g s after SIGTERM (grace); SIGKILL" % grace, p, signal="SIGKILL",
+                self.note(EventKind.KILLED, "still alive %g s after SIGTERM (grace); SIGKILL" % grace, p, signal="SIGKILL",
                           pid=p.pid)
             elif p.kill_signal == "SIGKILL" and now - p.term_at >= grace + 1:
                 self.actions.append(KillLauncher(p.name))

@@ -11,7 +11,7 @@ import os
 import time
 
 from fabtrain.node import atomic, procfs
-from fabtrain.node.states import FINAL, JobState, signal_name
+from fabtrain.contract.states import FINAL, JobState, signal_name
 
 
 def process_view(ctx, ledger, procs: dict, gpu_pids: dict) -> dict:

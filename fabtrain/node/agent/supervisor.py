@@ -20,7 +20,7 @@ from fabtrain.node import launch, procfs
 from fabtrain.node.atomic import read_json
 from fabtrain.node.coordination.stragglers import StepRate
 from fabtrain.node.kill import send, signal_all, starter, trusted
-from fabtrain.node.states import ProcessState, signal_of, state_of
+from fabtrain.contract.states import ProcessState, signal_of, state_of
 
 CPU_PROGRESS = 0.01  # CPU seconds per second (1% of a core) that count as activity
 RATE_WINDOW = 10.0  # seconds of records a step rate is measured over (the straggler rule's input)

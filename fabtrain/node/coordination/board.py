@@ -33,7 +33,8 @@ from __future__ import annotations
 from fabtrain.node.structs import as_dict, factory, record
 from typing import NamedTuple
 
-from fabtrain.node.states import FINAL, LIVE, JobState, ProcessState
+from fabtrain.contract.events import EventKind
+from fabtrain.contract.states import FINAL, LIVE, JobState, ProcessState
 
 from .connections import hung_timeout
 from .protocol import compact
@@ -221,7 +222,7 @@ class Board:
         else:
             changed = self._decide({"kind": "left"}, left, node, now, wall)
         if self.status["status"] == JobState.RESTARTING:
-            events.append(Event("node_left", node, "%s; generation %d runs on %d of %d nodes without %s (WORLD_SIZE %d)"
+            events.append(Event(EventKind.NODE_LEFT, node, "%s; generation %d runs on %d of %d nodes without %s (WORLD_SIZE %d)"
                                 % (left, self.status["generation"], layout.nodes_left(out), len(layout.trainer_nodes),
                                    ", ".join(sorted(out)), world),
                                 {"world_size": world, "nodes_left": layout.nodes_left(out),
@@ -270,7 +271,7 @@ class Board:
         peer = self.peers.get(node) or self._join(node, now)
         if peer.lost:
             peer.lost = False  # it came back; the job's status stays what it is
-            events.append(Event("peer_back", node, "agent on %s beats again" % node))
+            events.append(Event(EventKind.PEER_BACK, node, "agent on %s beats again" % node))
         peer.seen, peer.ts = now, wall
         # A field the beat leaves out did not change since the sender's last beat (protocol.beat_changes).
         if "done" in msg:
@@ -324,7 +325,7 @@ class Board:
                       "(hung_timeout %.0f s)" % (name, now - p.seen, self.hung_timeout) if open_ else
                       "no heartbeat from the agent on %s for %.0f s (peer_timeout %.0f s)" % (
                           name, now - p.seen, self.peer_timeout))
-            events.append(Event("peer_lost", name, reason))
+            events.append(Event(EventKind.PEER_LOST, name, reason))
             if name not in self.out:
                 self._leave(name, "node %s lost: %s" % (name, reason), now, wall, events)
         if self.status["status"] == JobState.RESTARTING and self.restart_due is not None and now >= self.restart_due:
@@ -339,7 +340,7 @@ class Board:
             else:
                 self._set_status(JobState.FAILED, reason, late[0] if late else None, wall)
             if self.status["status"] == JobState.FAILED:
-                events.append(Event("restart_failed", late[0] if late else None, self.status["reason"]))
+                events.append(Event(EventKind.RESTART_FAILED, late[0] if late else None, self.status["reason"]))
         return events
 
     def wrong_job(self, job_id: str) -> dict:

@@ -13,6 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from fabtrain.contract.events import EventKind
+
 from ..hostnames import for_resolver
 from . import protocol
 from .connections import HELLO_TIMEOUT, hung_timeout, kernel_timeout, watch_liveness
@@ -133,7 +135,7 @@ class Client(threading.Thread):
         now = time.monotonic()
         if now - self._refusal_reported >= REFUSED_EVENT_EVERY:
             self._refusal_reported = now
-            self.on_event("coordinator_refused", reason=what)
+            self.on_event(EventKind.COORDINATOR_REFUSED, reason=what)
 
     def _connect(self) -> tuple[socket.socket, Channel, LineReader] | None:
         """A connection to a coordinator that proved the secret, and our proof sent; or None."""

@@ -17,6 +17,10 @@ import socket
 import time
 from collections.abc import Callable  # not typing: its import is ~5 ms of every agent's start
 
+from fabtrain.contract.events import EventKind
+
+from fabtrain.contract.events import EventKind
+
 from . import protocol
 from .protocol import Channel, LineReader
 
@@ -219,7 +223,7 @@ class Connections:
         now = time.monotonic()
         if now - at >= REFUSED_EVENT_EVERY:
             self._reported = (self.refused, now)
-            self.on_event("coordinator_refused", reason="refused %d connection(s) since the last report; the last: %s"
+            self.on_event(EventKind.COORDINATOR_REFUSED, reason="refused %d connection(s) since the last report; the last: %s"
                           % (self.refused - count, what))
 
     def close(self, conn: Conn) -> None:

@@ -17,6 +17,10 @@ import threading
 import time
 from collections.abc import Callable
 
+from fabtrain.contract.events import EventKind
+
+from fabtrain.contract.events import EventKind
+
 from . import protocol
 from .board import Board, Event, Outcome
 from .restart import RestartPolicy
@@ -185,14 +189,14 @@ class Coordinator(threading.Thread):
             if time.monotonic() >= deadline:
                 # Another program holds the port: every agent would refuse it (it cannot prove the
                 # secret), so the job has no coordinator. Say so once; the agent decides what follows.
-                self.on_event("coordinator_error", reason="%s (job.watchdog.port is taken by another program?); "
+                self.on_event(EventKind.COORDINATOR_ERROR, reason="%s (job.watchdog.port is taken by another program?); "
                               "the job has no coordinator" % self.bind_error)
                 self.settled.set()
                 return
             self._stopping.wait(0.2)
         self.settled.set()
         if self.restored:
-            self.on_event("coordinator", reason="coordinator restarted on %s:%d; state restored (%s)"
+            self.on_event(EventKind.COORDINATOR, reason="coordinator restarted on %s:%d; state restored (%s)"
                           % (self.host, self.port, self.board.status["status"]))
         period = min(0.5, self.interval / 2)
         last_check = time.monotonic()

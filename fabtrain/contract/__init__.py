@@ -1,0 +1,17 @@
+"""What node and controller say to each other, defined once: both sides import it, neither is imported here.
+
+Standard library only, and shipped to every node with the node runtime
+(fabtrain.plan.runtime, fabtrain.remote.rpc), so the agent that writes a
+record and the controller that reads it back use the same definition:
+
+    states.py    how a process and a job are and end: ProcessState, JobState, exit codes, signal names
+    jobid.py     the job-id form, checked wherever an id is received
+    events.py    EventKind, the kinds of events.jsonl's records, and its named sets (outcomes, causes)
+
+Importing this package imports none of its modules: a node-side call pays only for what it uses.
+"""
+
+# The node runtime: the packages of fabtrain a node runs (with fabtrain/__init__.py), shipped by node ops'
+# bundle (fabtrain.remote.rpc) and `fab deploy`, versioned by fabtrain.plan.runtime, written out by
+# fabtrain.node.runtime.
+RUNTIME_PACKAGES = ("contract", "node")
