@@ -19,20 +19,17 @@ shell's ``requeue-cause-<K>`` file when it requeued for the time limit itself.
 Standard library only.
 """
 import os
-import re
 import time
 
 from fabtrain.contract.events import EventKind
+from fabtrain.contract.slurm import ATTEMPT_FILE, DUE_RE, NODE_FAILURE_RE
 from fabtrain.node import atomic
 from fabtrain.node.killevents import append_events
 from fabtrain.node.workspace import make_private_dirs
 
 ARCHIVE = "attempts"
-CURRENT = "attempt.json"  # in the Slurm job folder: {"attempt", "attempts", "line"}, for fab status and the views
 PER_ATTEMPT = ("events.jsonl", "coordinator.json", "health.json", "killed", "run", "metrics")
 CAUSE_FILE = "requeue-cause-%d"  # the batch shell's, for attempt K: it requeued the job itself (the time limit)
-DUE_RE = re.compile(r"\*\*\* JOB \d+ ON (\S+) CANCELLED AT \S+ DUE TO ([A-Z ]+?)(?:, [^*]*)? \*\*\*")
-NODE_FAILURE_RE = re.compile(r"srun: error: Node failure on (\S+)")  # srun's word on which node it lost
 CAUSES = {"PREEMPTION": "requeued after preemption (preempted by Slurm)",
           "JOB REQUEUE": "requeued by scontrol requeue",
           "NODE FAILURE": "requeued after a node failed (NODE_FAIL)",
@@ -72,10 +69,6 @@ def cause(folder, slurm_job, attempt):
     return CAUSES.get(found.group(2), "requeued by Slurm (%s)" % found.group(2).lower())
 
 
-def lost_node(text):
-    """The Slurm node srun said it lost, in a job's output (its last such line), or None."""
-    found = NODE_FAILURE_RE.findall(text)
-    return found[-1] if found else None
 
 
 def line(attempt, allowed, why):
@@ -120,7 +113,7 @@ def begin(jd, node, attempt, allowed, why):
 
 def record(folder, attempt, allowed, said):
     """The attempt now running, for the controller (every node writes the same, atomically)."""
-    atomic.write_json(os.path.join(folder, CURRENT), {"attempt": attempt, "attempts": allowed, "line": said})
+    atomic.write_json(os.path.join(folder, ATTEMPT_FILE), {"attempt": attempt, "attempts": allowed, "line": said})
 
 
 def restarts_before(job, attempt):

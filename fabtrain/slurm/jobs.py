@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from fabtrain.controller import preflight, state, terminal
 from fabtrain.errors import UserError
-from fabtrain.node import attempts
+from fabtrain.contract import slurm as slurm_output
 from fabtrain.plan.plan import Plan, make_plan, new_job_id
 from fabtrain.remote import rpc
 from fabtrain.remote.transport import NodeError
@@ -303,16 +303,16 @@ def cancel_all(session: Session, grace: float = 5.0, wait: float = 60.0) -> Canc
 def lost_node(session: Session, job_id: str, slurm_job: str) -> str | None:
     """The Slurm node srun said it lost (`srun: error: Node failure on n3`, in the job's output), or None."""
     commands = SlurmCommands(session)
-    out = commands.run(["grep", "-h", "--", "srun: error: Node failure on",
+    out = commands.run(["grep", "-h", "--", slurm_output.NODE_FAILURE,
                         f"{job_folder(session.cluster, job_id, commands.home())}/slurm-{slurm_job}.out"])
-    lost = attempts.lost_node(out.stdout) if out.ok else None
+    lost = slurm_output.lost_node(out.stdout) if out.ok else None
     return terminal.visible(lost) if lost else None
 
 
 def current_attempt(session: Session, job_id: str) -> str | None:
     """"attempt 2 of 4: requeued after preemption" once a requeued job's next Slurm attempt started, else None."""
     commands = SlurmCommands(session)
-    out = commands.run(["cat", "--", f"{job_folder(session.cluster, job_id, commands.home())}/attempt.json"])
+    out = commands.run(["cat", "--", f"{job_folder(session.cluster, job_id, commands.home())}/{slurm_output.ATTEMPT_FILE}"])
     try:
         said = json.loads(out.stdout).get("line") if out.ok else None
     except (ValueError, AttributeError):
