@@ -23,7 +23,8 @@ venv: $(VENV)/.installed
 
 # What the tests need that is not in the venv, where missing: openssh-server and
 # openssh-client (sshd nodes), rsync, procps (pkill), chromium at /usr/bin/chromium
-# (the path the browser test drives), iproute2 (ip, for the network-namespace test),
+# (the path the browser test drives), iproute2 (ip, for the network-namespace tests), nftables
+# (nft: the partition tests' cuts),
 # openmpi-bin with libopenmpi-dev (mpirun, and mpicc for the MPI tests' program) and
 # slurm-wlm with munge (the Slurm tests' cluster: slurmctld, slurmd, munged).
 system-deps:
@@ -34,6 +35,7 @@ system-deps:
 	command -v pkill >/dev/null || missing="$$missing procps"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	command -v ip >/dev/null || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || missing="$$missing iproute2"; \
+	command -v nft >/dev/null || [ -x /usr/sbin/nft ] || missing="$$missing nftables"; \
 	command -v mpirun >/dev/null || [ -x /usr/bin/mpirun ] || missing="$$missing openmpi-bin"; \
 	command -v mpicc >/dev/null || [ -x /usr/bin/mpicc ] || missing="$$missing libopenmpi-dev"; \
 	command -v cc >/dev/null || [ -x /usr/bin/cc ] || missing="$$missing gcc"; \

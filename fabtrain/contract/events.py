@@ -43,6 +43,7 @@ class EventKind(str, Enum):
     PEER_LOST = "peer_lost"
     PEER_BACK = "peer_back"
     NODE_LEFT = "node_left"
+    FENCED = "fenced"  # a node that left the job (min_nodes) spoke again: the coordinator refused it, it ended
     RESTART_FAILED = "restart_failed"
     COORDINATOR = "coordinator"
     COORDINATOR_ERROR = "coordinator_error"

@@ -272,6 +272,9 @@ def _facts(nodes: list[NodeObservation]) -> _Facts:
     failures = []
     for n in nodes:
         _restart_facts(f, n)
+    for n in nodes:
+        if n.name in f.left:  # left the job (min_nodes), fenced out: its own end is not the job's
+            continue
         for e in _since_restart(n.events):
             if e["kind"] == EventKind.JOB_FAILED:
                 failures.append((e.get("ts") or 0, e.get("reason") or "failed", e.get("origin") or n.name))
@@ -385,7 +388,7 @@ def job_verdict(nodes: Iterable[NodeObservation], job_id: str | None = None) -> 
     ours = [n for n in nodes if job_id is not None and n.job_id == job_id]
     procs = [p for n in ours for p in _processes(n)]
     facts = _facts(ours)
-    state, reason, said_by = _decide(nodes, ours, procs, facts, job_id)
+    state, reason, said_by = _decide(nodes, ours, [p for p in procs if p.node not in facts.left], facts, job_id)
     live = any(p.live for p in procs if p.reachable)
     pending = any(p.state == ProcessState.NOT_STARTED for p in procs)
     ended = any(n.reachable for n in ours) and not live and state in TERMINAL and \

@@ -86,7 +86,12 @@ def port_uses(cluster: Cluster, ports: dict[str, int | None], unchecked: bool = 
                  for n, rank, port in pserver_layout(cluster, ports["pserver_port"])]
     master = cluster.trainer_nodes[0]
     if ports.get("master_port") is not None and (job.mode == "collective" or unchecked):
-        uses.append(PortUse(master.name, master.address, ports["master_port"], 1, "master (rank 0)", "master_port"))
+        # on_failure restart: generation g's rendezvous is master_port + g (node/coordination/elastic.py)
+        generations = 1 + (job.watchdog.max_restarts if job.watchdog.enabled and job.watchdog.on_failure == "restart"
+                           else 0)
+        uses.append(PortUse(master.name, master.address, ports["master_port"], generations,
+                            "master (rank 0)" if generations == 1 else
+                            "master (rank 0; generation g listens on master_port + g)", "master_port"))
     first = cluster.nodes[0]
     if ports.get("watchdog_port") is not None and job.watchdog.enabled:
         uses.append(PortUse(first.name, first.address, ports["watchdog_port"], 1, "watchdog coordinator",

@@ -26,6 +26,10 @@ from fabtrain.remote import hostkeys
 from fabtrain.remote.transport import NodeError, SSHTransport, Transport, quote_path
 
 
+SERVER_ALIVE_INTERVAL = 5  # seconds between ssh's keepalives to the node, inside the encrypted channel
+SERVER_ALIVE_COUNT = 3  # unanswered in a row: the connection is gone
+
+
 def ssh_config_text(t: SSHTransport, learned_file: str | None = None) -> str:
     """The config file rsync's ssh reads (-F): the cluster's policy for every host, then Fabric's files.
     learned_file: where ssh puts keys it learns, for hostkeys.merge_learned."""
@@ -35,6 +39,10 @@ def ssh_config_text(t: SSHTransport, learned_file: str | None = None) -> str:
              "Host *",
              "    BatchMode yes",
              f"    ConnectTimeout {max(1, round(ssh.connect_timeout))}",
+             # A link cut mid-file (a dead switch port drops packets, no reset comes) ends the copy in
+             # about 15 s instead of hanging until TCP gives up; the next copy resumes from --partial-dir.
+             f"    ServerAliveInterval {SERVER_ALIVE_INTERVAL}",
+             f"    ServerAliveCountMax {SERVER_ALIVE_COUNT}",
              *(f"    {line}" for line in policy)]
     lines += [f'    Include "{path}"' for path in t.ssh_config_files()]
     return "\n".join(lines) + "\n"

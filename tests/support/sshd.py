@@ -93,7 +93,8 @@ class SshNode:
 
 
 class SshdCluster:
-    def __init__(self, root: Path, count: int, first: int = 2):
+    def __init__(self, root: Path, count: int, first: int = 2, addresses: list[str] | None = None,
+                 port: int | None = None):
         missing = ensure_openssh()
         if missing:
             raise RuntimeError(f"cannot install {', '.join(missing)} (apt-get needs root and a package source)")
@@ -104,15 +105,16 @@ class SshdCluster:
         self.authorized_keys = root / "authorized_keys"
         shutil.copy(f"{self.user_key}.pub", self.authorized_keys)
         self.known_hosts = root / "known_hosts"
-        addresses = [f"127.0.0.{first + i}" for i in range(count)]
-        self.port = free_port(addresses)
+        addresses = addresses or [f"127.0.0.{first + i}" for i in range(count)]
+        self.port = port or free_port(addresses)
         self.nodes: list[SshNode] = []
         lines = []
         for i, address in enumerate(addresses):
             node = self._make_node(f"node{i + 1}", address)
             self.nodes.append(node)
             pub = Path(f"{node.host_key}.pub").read_text().split()
-            lines.append(f"[{address}]:{self.port} {pub[0]} {pub[1]}\n")
+            lines.append(f"[{address}]:{self.port} {pub[0]} {pub[1]}\n" if self.port != 22 else
+                         f"{address} {pub[0]} {pub[1]}\n")
         self.known_hosts.write_text("".join(lines))
         for node in self.nodes:
             self.start(node)
@@ -139,8 +141,12 @@ Subsystem sftp internal-sftp
 """)
         return SshNode(name, address, host_key, config)
 
+    def command(self, node: SshNode) -> list[str]:
+        """How the node's sshd is started (a subclass may start it elsewhere: tests/support/netns.py)."""
+        return [SSHD, "-D", "-e", "-f", str(node.config)]
+
     def start(self, node: SshNode) -> None:
-        node.process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(node.config)],
+        node.process = subprocess.Popen(self.command(node),
                                         stdout=subprocess.DEVNULL, stderr=open(self.root / f"sshd_{node.name}.log", "ab"))
         deadline = time.time() + 10
         while time.time() < deadline:

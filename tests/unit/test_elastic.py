@@ -64,15 +64,15 @@ def beat(b, node, now, **kw):
     return b.beat({"node": node, "procs": {f"t-{node}": {"role": "trainer", "state": "running"}}, **kw}, now, 1000 + now)
 
 
-def board(**watchdog):
-    b = Board("J", list(NODES), 5.0, replace(policy(cluster(**watchdog)), backoff=10.0))
+def board(backoff=10.0, **watchdog):
+    b = Board("J", list(NODES), 5.0, replace(policy(cluster(**watchdog)), backoff=backoff))
     for n in NODES:
         beat(b, n, 0)
     return b
 
 
 def test_a_lost_node_leaves_and_the_generation_not_yet_started_runs_without_it():
-    b = board()
+    b = board(backoff=20.0)  # the generation starts at 21: after n3's fence (its last beat at 0 + fence_wait 14)
     beat(b, "n2", 1, failure={"reason": "trainer-0 on n2 exited 1", "kind": "exit", "generation": 0})
     assert b.status["status"] == "restarting" and b.status["generation"] == 1
     beat(b, "n1", 6)
@@ -82,13 +82,38 @@ def test_a_lost_node_leaves_and_the_generation_not_yet_started_runs_without_it()
     assert b.status["status"] == "restarting" and b.status["generation"] == 1 and b.status["out"] == ["n3"]
     assert events[1].fields == {"world_size": 2, "nodes_left": 2, "generation": 1}
     assert "n3 left the job" in events[1].reason and "WORLD_SIZE 2" in events[1].reason
-    beat(b, "n1", 12, generation=1)
-    assert beat(b, "n2", 12, generation=1).changed and b.status["status"] == "running"  # n3 is not waited for
-    # It stays out: its beats count for nothing, and a coordinator restored from its file knows it.
-    beat(b, "n3", 13, failure={"reason": "x", "kind": "exit", "generation": 1})
+    beat(b, "n1", 22, generation=1)
+    assert beat(b, "n2", 22, generation=1).changed and b.status["status"] == "running"  # n3 is not waited for
+    # It stays out: its beats count for nothing, and its agent is told it is fenced out.
+    out = beat(b, "n3", 23, failure={"reason": "x", "kind": "exit", "generation": 1}, seq=7)
     assert b.status["status"] == "running" and b.trainers == 2
+    assert out.reply["op"] == "fenced" and out.reply["ack"] == 7 and "n3 left the job at generation 1" in \
+        out.reply["reason"] and [e.kind for e in out.events] == ["fenced"] and not out.broadcast
+    assert beat(b, "n3", 24).events == []  # the event once
     again = Board.restore(b.saved(2000), "J", list(NODES), 5.0, 50, b.restart)
     assert again.out == {"n3"} and again.status["out"] == ["n3"]
+
+
+def test_no_generation_without_a_lost_node_starts_before_its_fence_ends():
+    """The generation's start is never earlier than the lost node's last beat + fence_wait: its agent has
+    stopped everything there by then (fence.py), whatever the backoff."""
+    b = board(backoff=2.0)
+    wait = b.restart.fence_wait
+    assert wait == 4 + 1 + 1 + 1 + 5 + 1 + 1  # fence_after, a beat, keepalive, a tick, grace 5, launcher, safety
+    beat(b, "n1", 6)
+    beat(b, "n2", 6)
+    b.check_peers(6.0, 2000)  # n3's last beat at 0: lost at 6
+    assert b.status["status"] == "restarting" and b.status["generation"] == 1
+    assert b.status["backoff"] == pytest.approx(wait - 6) and b.restart_start == pytest.approx(wait)
+    # Lost while a generation waits to start: one whose start comes before the fence is replaced by the next.
+    b = board(backoff=2.0)
+    beat(b, "n2", 1, failure={"reason": "trainer-0 on n2 exited 1", "kind": "exit", "generation": 0})
+    assert b.restart_start == 3.0
+    beat(b, "n1", 2.5)
+    beat(b, "n2", 2.5)
+    assert b.check_peers(2.5, 2000) == []
+    b.check_peers(5.5, 2000)
+    assert b.status["generation"] == 2 and b.status["out"] == ["n3"] and b.restart_start == pytest.approx(wait)
 
 
 def test_a_node_lost_while_running_restarts_smaller_and_a_second_loss_fails_naming_min_nodes():
@@ -139,3 +164,16 @@ def test_the_smaller_world_is_renumbered_over_the_nodes_that_are_left():
     pserver = job_json(ps, "n1")["processes"][0]
     assert renumbered(job_json(ps, "n1"), pserver, {"n2"})["PADDLE_INIT_NUM_GRADIENT_SERVERS"] == "1"
     assert renumbered(j3, j3["processes"][0], ()) == j3["processes"][0]["env"]
+
+
+def test_every_generation_has_its_own_rendezvous_port_checked_free_at_start():
+    c = cluster(max_restarts=3)
+    j1 = job_json(c, "n1")
+    spec = j1["processes"][0]
+    assert spec["env"]["MASTER_PORT"] == "29500"
+    ports = [renumbered(j1, spec, (), g)["MASTER_PORT"] for g in range(4)]
+    assert ports == ["29500", "29501", "29502", "29503"]
+    assert renumbered(j1, spec, {"n3"}, 2)["MASTER_PORT"] == "29502"
+    from fabtrain.plan.ports import port_uses
+    master = [u for u in port_uses(c, {"master_port": 29500}) if u.setting == "master_port"]
+    assert [list(u.ports) for u in master] == [[29500, 29501, 29502, 29503]] and "master_port + g" in master[0].what

@@ -110,7 +110,7 @@ def test_a_start_in_a_private_tmp_is_refused_in_one_line_naming_the_lease_direct
     standin = tmp_path / "gpus.json"
     standin.write_text(json.dumps({"gpus": [{"index": 0, "mem_total": 10, "mem_used": 0}]}))
     program = ("import json, sys; from fabtrain.node import gpustart, gpuinv\n"
-               "from fabtrain.node.refusal import UserFacing\n"
+               "from fabtrain.contract.replies import UserFacing\n"
                "job = {'job_id': 'J', 'processes': [{'env': {'CUDA_VISIBLE_DEVICES': 'auto:0'}}]}\n"
                "try:\n    gpustart.take(job, None, {gpuinv.STANDIN_ENV: sys.argv[1]})\n"
                "except UserFacing as e:\n    print(e)\nelse:\n    print('leased')\n")

@@ -178,7 +178,37 @@ def test_finished_stops_the_pservers():
 def test_a_silent_coordinator_fails_the_job():
     actions, ledger = run(trainer(last_record=9.9), peers=Peers(ever_connected=True, silent_for=6.0, error="reset"))
     assert notes(actions, "peer_lost")[0].fields["peer"] == "n1"
-    assert ledger.status.reason.startswith("coordinator 10.0.0.1:7180 (agent of n1) unreachable for 6 s: reset")
+    assert ledger.status.reason.startswith("coordinator 10.0.0.1:7180 (agent of n1) unreachable: no answer to a beat "
+                                           "for 6.0 s (reset); this node fences itself")
+
+
+def test_a_node_cut_off_fences_itself_fence_after_its_lease_with_the_connection_gone():
+    """The lease (the newest answered beat's send time), not the last line heard, decides; fence_after is an
+    interval under peer_timeout, so the node stops before the coordinator even declares it lost."""
+    assert CFG.fence_after == 4.0 < CFG.peer_timeout
+    cut = Peers(ever_connected=True, connected=False, silent_for=1.0, lease_age=3.9, error="timed out")
+    actions, ledger = run(trainer(last_record=9.9), peers=cut)
+    assert not notes(actions, "peer_lost") and ledger.status.status == "running"
+    actions, ledger = run(trainer(last_record=9.9), peers=replace(cut, lease_age=4.0))  # a status heard 1 s ago
+    assert notes(actions, "peer_lost") and Stop("trainer-0", "teardown: job failed (%s)" % ledger.status.reason) \
+        in actions
+    assert "fence_after 4 s" in ledger.status.reason
+    # On an open connection (the kernel on the coordinator's side answers) slow is not gone.
+    actions, ledger = run(trainer(last_record=9.9), peers=replace(cut, connected=True, lease_age=29.0))
+    assert ledger.status.status == "running"
+
+
+def test_a_fenced_answer_stops_the_node_for_good_and_no_restart_brings_it_back():
+    cfg = replace(CFG, on_failure="restart")
+    fenced = {"op": "fenced", "job_id": "J", "node": "n2", "generation": 1, "reason": "n2 left the job at generation 0"}
+    actions, ledger = on_status(fenced, "J", Ledger(), cfg)
+    assert [n.kind for n in notes(actions)] == ["fenced"] and ledger.status.status == "failed"
+    actions, ledger = run(trainer(last_record=9.9), ledger=ledger, cfg=cfg)
+    assert [a for a in actions if isinstance(a, Stop)] == [Stop("trainer-0", "teardown: job failed (%s)"
+                                                                % ledger.status.reason)]
+    restart = {"op": "status", "job_id": "J", "status": "restarting", "generation": 2, "backoff": 1.0}
+    assert on_status(restart, "J", ledger, cfg, 11.0) == ([], ledger)
+    assert on_status(fenced, "J", ledger, cfg) == ([], ledger)  # said once
 
 
 def test_a_slow_coordinator_on_an_open_connection_is_not_lost_until_hung_timeout():
@@ -296,3 +326,20 @@ def test_the_main_threads_top_frame_is_read_from_faulthandlers_dump():
             '  File "/w/fakejob.py", line 42 in spin_forever\n  File "/w/fakejob.py", line 90 in main\n')
     assert top_frame(text) == "/w/fakejob.py:42 in spin_forever"
     assert top_frame("") is None
+
+
+def test_an_agent_restarted_on_a_node_cut_off_still_fences_itself():
+    """Its predecessor had a lease: the new agent's lease starts with it, though it never reaches the
+    coordinator (one that never had a lease waits, as agents started before the coordinator do)."""
+    import time
+
+    from fabtrain.node.agent.link import Link
+    from fabtrain.node.agent.policy import coordinator_lost
+    from fabtrain.node.coordination.restart import RestartPolicy
+
+    job = {"job_id": "J", "node": "n2", "watchdog": {"coordinator": {"host": "10.0.0.1", "port": 7180}}}
+    link = Link(job, ["n1", "n2"], CFG, RestartPolicy.never(), "/nonexistent", None, None,
+                resumed=time.monotonic() - CFG.fence_after)
+    assert coordinator_lost(link.peers(), CFG)
+    fresh = Link(job, ["n1", "n2"], CFG, RestartPolicy.never(), "/nonexistent", None, None)
+    assert not coordinator_lost(fresh.peers(), CFG)

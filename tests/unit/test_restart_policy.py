@@ -11,6 +11,7 @@ from fabtrain.plan.plan import make_plan
 from fabtrain.node.agent.policy import (Config, Ledger, Note, Observation, Peers, ProcFacts, Relaunch,
                                         Status, Stop, decide, fail, on_status)
 from fabtrain.node.coordination.board import Board
+from fabtrain.node.coordination.fence import fence_wait
 from fabtrain.node.coordination.restart import BACKOFF_CAP, RestartPolicy
 from fabtrain.contract.states import JobState, ProcessState
 
@@ -59,7 +60,8 @@ def test_kill_job_and_keep_never_restart():
     assert not RestartPolicy.never().decide(exit_failure(), 0).restart
     assert RestartPolicy.from_watchdog(planned_watchdog(on_failure="kill-job")).enabled is False
     w = planned_watchdog(max_restarts=2, restart_backoff=1.5, restart_on_exit_codes=[137])
-    assert RestartPolicy.from_watchdog(w) == RestartPolicy(True, 2, 1.5, (137,), 5.0)
+    assert RestartPolicy.from_watchdog(w) == RestartPolicy(True, 2, 1.5, (137,), 5.0, fence_wait=fence_wait(
+        float(w["interval"]), 5.0))
 
 
 def test_the_node_reads_the_restart_settings_strictly_from_job_json():
@@ -229,6 +231,21 @@ def test_a_failure_followed_by_a_restart_is_not_the_jobs_verdict():
     gone = ({"name": "trainer-0", "state": "killed", "exit_code": 143},)
     v = job_verdict([NodeObservation("n1", True, "J", gone, agent=restarting, agent_age=0.5, events=tuple(ev[:2]))])
     assert v.state == JobState.RESTARTING and not v.ended
+
+
+def test_a_node_fenced_out_under_min_nodes_does_not_fail_the_verdict():
+    """Its agent fenced itself (job_failed there, its trainer killed): the job goes on without it."""
+    running = {"job": {"status": "running", "on_failure": "restart", "generation": 1, "restarts_left": 1,
+                       "out": ["n3"], "world_size": 2}}
+    fenced = {"job": {"status": "failed", "on_failure": "restart", "generation": 0, "reason": "fenced out of the job"}}
+    nodes = [NodeObservation("n1", True, "J", ({"name": "trainer-0", "state": "running"},), agent=running,
+                             agent_age=0.5),
+             NodeObservation("n3", True, "J", ({"name": "trainer-2", "state": "killed", "exit_code": 143},),
+                             agent=fenced, agent_age=0.5, events=({"kind": "job_failed", "ts": 1.0,
+                                                                   "reason": "coordinator unreachable"},))]
+    v = job_verdict(nodes)
+    assert v.state == JobState.RUNNING and v.left == ("n3",), v
+    assert job_verdict(nodes[1:]).state == JobState.FAILED  # without the coordinator's word it is a failure
 
 
 def test_metrics_has_a_restarts_counter_for_a_restarting_job():

@@ -25,7 +25,7 @@ from . import policy
 
 class Link:
     def __init__(self, job: dict, nodes: list[str], cfg: policy.Config, restart: RestartPolicy, job_dir: str,
-                 on_event, wake):
+                 on_event, wake, resumed: float | None = None):
         self.job_id, self.node, self.nodes, self.cfg, self.restart = job["job_id"], job["node"], nodes, cfg, restart
         coord = job["watchdog"]["coordinator"]
         self.host, self.port, self.secret = coord["host"], int(coord["port"]), coord.get("secret")
@@ -36,6 +36,10 @@ class Link:
         self.view: dict = {}  # the coordinator's last status line for this job, with the roster
         self.roster: dict = {}  # node -> [ts, done, lost], as the replies' rosters built it
         self.roster_known: dict | None = None  # the version of it we hold, named in every beat
+        # An agent restarted by its keeper whose predecessor held a lease: its own lease starts with it
+        # (monotonic), so a node cut off while its agent restarts still fences itself (fence.py).
+        self.resumed = resumed
+        self.fenced: dict | None = None  # the coordinator's `fenced` answer: this node left the job for good
         self.msgs: list[dict] = []
         self.msgs_lock = threading.Lock()
         self.last_seq = 0
@@ -72,6 +76,8 @@ class Link:
         with self.msgs_lock:
             msgs, self.msgs = self.msgs, []
         for msg in msgs:
+            if msg.get("op") == "fenced" and msg.get("job_id") == self.job_id:
+                self.fenced = msg
             if msg.get("op") == "status" and msg.get("job_id") == self.job_id:
                 self.view = dict(msg, peers=self.view.get("peers") or {}, done=self.view.get("done") or [],
                                  lost=self.view.get("lost") or [])
@@ -106,10 +112,12 @@ class Link:
         return bool(self.client and self.client.ever_connected)
 
     def peers(self) -> policy.Peers:
-        c, view = self.client, self.view
+        c, view, now = self.client, self.view, time.monotonic()
+        lease = c.lease if c and c.lease is not None else self.resumed
         return policy.Peers(
-            ever_connected=self.ever_connected, connected=bool(c and c.connected),
-            silent_for=(time.monotonic() - c.last_contact) if c and c.last_contact is not None else None,
+            ever_connected=self.ever_connected or self.resumed is not None, connected=bool(c and c.connected),
+            silent_for=(now - c.last_contact) if c and c.last_contact is not None else None,
+            lease_age=(now - lease) if lease is not None else None,
             error=c.error if c else None, seen=tuple(sorted(view.get("peers") or {})),
             trainers_running=int(view.get("trainers_running") or 0))
 
@@ -119,6 +127,8 @@ class Link:
         return {"host": self.host, "port": self.port, "hosted_here": co is not None,
                 "connected": bool(c and c.connected),
                 "last_contact": round(c.last_contact_epoch, 3) if c and c.last_contact_epoch else None,
+                "lease": round(c.lease_epoch, 3) if c and c.lease_epoch else None,
+                "fenced": (self.fenced or {}).get("reason"),
                 "error": (c.error if c else None) or (co.bind_error if co else None),
                 "lost": view.get("lost") or [], "done": view.get("done") or []}
 

@@ -164,7 +164,8 @@ class Agent:
         self.health = snapshot.Health(os.path.join(self.jd, "health.json"), self.cfg,
                                       HostSampler(self.ws if os.path.isdir(self.ws) else "/"), self.gpus,
                                       self.events, self.life, self.started, restarted)
-        self.link = Link(self.job, self.nodes, self.cfg, restart, self.jd, self._peer_event, self.watch.wake)
+        self.link = Link(self.job, self.nodes, self.cfg, restart, self.jd, self._peer_event, self.watch.wake,
+                         resumed=time.monotonic() if restarted and held_lease(self.jd) else None)
         self.stop_signal: int | None = None
         self.is_done = False
         self.done_since: float | None = None
@@ -463,6 +464,13 @@ def replay(events, node: str, by_name: dict, generation: int, startup_deadline: 
         if kind in PROCESS_ENDS and ev.get("name") in by_name and ev.get("node") == node:
             ledger = replace(ledger, reported=ledger.reported | {ev["name"]})
     return ledger, generation, startup_deadline
+
+
+def held_lease(job_dir: str) -> bool:
+    """Whether this node's previous agent had a lease from the coordinator (its last health.json)."""
+    health = read_json(os.path.join(job_dir, "health.json"))
+    coordinator = health.get("coordinator") if isinstance(health, dict) else None
+    return bool(isinstance(coordinator, dict) and coordinator.get("lease"))
 
 
 def hot_pids(own: int, contexts, orphans, marked, kids: dict) -> set[int]:

@@ -11,6 +11,7 @@ import signal
 from fabtrain.node.structs import record, replace
 
 from fabtrain.node.agent.actions import DumpStacks, Escalate, KillLauncher, Note, Relaunch, Signal, Stop
+from fabtrain.node.coordination import fence
 from fabtrain.node.coordination.connections import hung_timeout
 from fabtrain.contract.events import EventKind
 from fabtrain.contract.states import (FINAL, JobState, ProcessState, describe_end, signal_name, signal_of,
@@ -44,7 +45,12 @@ class Config:
     @property
     def peer_timeout(self) -> float:
         """Silence after which a coordinator (or peer) whose connection is gone is lost."""
-        return max(5 * self.interval, 5.0)
+        return fence.peer_timeout(self.interval)
+
+    @property
+    def fence_after(self) -> float:
+        """Age of the lease, with the connection gone, at which this node stops the job (fence.py)."""
+        return fence.fence_after(self.interval)
 
     @property
     def hung_timeout(self) -> float:
@@ -106,16 +112,19 @@ class Peers:
     ever_connected: bool = False
     connected: bool = False  # the connection is open now (the kernel on the other side answers)
     silent_for: float | None = None  # seconds since its last line
+    lease_age: float | None = None  # seconds since the newest beat it answered was sent (fence.py)
     error: str | None = None
     seen: tuple = ()  # nodes whose agents have spoken to it
     trainers_running: int = 0
 
 
 def coordinator_lost(peers: Peers, cfg: Config) -> bool:
-    """Gone (no connection) and silent for peer_timeout, or silent for hung_timeout on an open connection."""
-    if not peers.ever_connected or peers.silent_for is None:
+    """This node is fenced off (fence.py): the lease is fence_after old with the connection gone, or
+    hung_timeout old on an open connection (a coordinator that is slow is not gone)."""
+    age = peers.lease_age if peers.lease_age is not None else peers.silent_for
+    if not peers.ever_connected or age is None:
         return False
-    return peers.silent_for > (cfg.hung_timeout if peers.connected else cfg.peer_timeout)
+    return age >= (cfg.hung_timeout if peers.connected else cfg.fence_after)
 
 
 @record
@@ -254,8 +263,23 @@ def relaunched(ledger: Ledger, generation: int) -> Ledger:
     return Ledger(generation=generation, orphans=ledger.orphans)
 
 
+def fenced(msg: dict, ledger: Ledger, cfg: Config) -> tuple[list, Ledger]:
+    """The coordinator's `fenced` answer: this node left the job (min_nodes) and never comes back into it.
+    Its part is over for good: failed here, never restarted, everything of it stopped (act)."""
+    reason = "fenced out of the job: %s" % (msg.get("reason") or "this node left it")
+    if ledger.status.status == JobState.FAILED and ledger.status.reason == reason:
+        return [], ledger
+    fields = {"origin": msg.get("node"), "generation": msg.get("generation")}
+    acted = ledger.acted and ledger.status.status in FINAL + (JobState.RESTARTING,)
+    return [Note(EventKind.FENCED, reason, fields={k: v for k, v in fields.items() if v is not None})], replace(
+        ledger, status=Status(JobState.FAILED, reason, msg.get("node")), failure=None, failure_kind=None, pending=False,
+        restart_at=None, acted=acted)
+
+
 def on_status(msg: dict, job_id: str, ledger: Ledger, cfg: Config, now: float = 0.0) -> tuple[list, Ledger]:
-    """A status line from the coordinator."""
+    """A status line from the coordinator (or its `fenced` answer)."""
+    if msg.get("op") == "fenced" and msg.get("job_id") == job_id:
+        return fenced(msg, ledger, cfg)
     if msg.get("op") != "status" or msg.get("job_id") != job_id:
         return [], ledger
     st = msg.get("status")
@@ -442,10 +466,13 @@ class _Decision:
         if not coordinator_lost(peers, cfg) or not any(p.live for p in self.obs.procs):
             return
         self.update(coordinator_lost=True)
-        reason = "coordinator %s (agent of %s) unreachable for %.0f s: %s" % (
-            cfg.coordinator, cfg.coordinator_node, peers.silent_for, peers.error or "no answer") if not peers.connected \
-            else "coordinator %s (agent of %s) answered nothing for %.0f s on an open connection (hung_timeout %.0f s)" % (
-                cfg.coordinator, cfg.coordinator_node, peers.silent_for, cfg.hung_timeout)
+        age = peers.lease_age if peers.lease_age is not None else peers.silent_for
+        reason = ("coordinator %s (agent of %s) unreachable: no answer to a beat for %.1f s (%s); this node "
+                  "fences itself: it stops its part of the job (fence_after %g s)" % (
+                      cfg.coordinator, cfg.coordinator_node, age, peers.error or "no answer", cfg.fence_after)
+                  if not peers.connected else
+                  "coordinator %s (agent of %s) answered nothing for %.0f s on an open connection (hung_timeout %.0f s)"
+                  % (cfg.coordinator, cfg.coordinator_node, age, cfg.hung_timeout))
         self.note(EventKind.PEER_LOST, reason, peer=cfg.coordinator_node)
         self.fail(reason)
 
@@ -540,8 +567,9 @@ class _Decision:
                       % (stopped_by(obs.killed_by), ledger.generation), "kill-all")
             return
         if coordinator_lost(obs.peers, cfg):
+            age = obs.peers.lease_age if obs.peers.lease_age is not None else obs.peers.silent_for
             self.fail("cannot restart: coordinator %s (agent of %s) unreachable for %.0f s"
-                      % (cfg.coordinator, cfg.coordinator_node, obs.peers.silent_for), "start")
+                      % (cfg.coordinator, cfg.coordinator_node, age), "start")
             return
         left = any(p.live or p.leftovers for p in obs.procs) or ledger.orphans
         if left or obs.now < ledger.restart_at:

@@ -9,6 +9,8 @@ generation's exit records are removed first (the launcher writes a new one).
 Under `min_nodes` the coordinator's status names the nodes that left (`out`):
 each process starts with its world renumbered without them
 (coordination/elastic.py), and a node that is itself out starts nothing.
+Every generation gets its own MASTER_PORT (the start's + the generation; the
+same place renumbers it), so no generation reuses another's rendezvous.
 """
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ Generation = collections.namedtuple("Generation", "contexts launchers names erro
 def relaunch(contexts: list, job: dict, job_dir: str, workspace: str, generation: int, cause: str | None,
              out=()) -> Generation:
     """Start again what ran here as `generation`, in the world without the nodes in `out`."""
-    specs = {p["name"]: dict(p, env=renumbered(job, p, out)) for p in job.get("processes", [])}
+    specs = {p["name"]: dict(p, env=renumbered(job, p, out, generation)) for p in job.get("processes", [])}
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("FABTRAIN_")}
     fresh, started, errors = [], [], []
     for old in contexts:

@@ -111,6 +111,9 @@ class Board:
         self.restart_due: float | None = None  # monotonic: every node's part of the generation started by then
         self.restart_start: float | None = None  # monotonic: when the agents start the generation (backoff over)
         self.out: frozenset = frozenset()  # nodes that left the job (min_nodes): no generation waits for them
+        self.left_at: dict = {}  # node that left -> the generation it left at; why
+        self.left_why: dict = {}
+        self.told_fenced: set = set()  # nodes whose beats were answered `fenced` (the event once a node)
         self.peers: dict[str, Peer] = {}
         self.roster = Roster()
         self.spoke = 0  # peers that are nodes of the job
@@ -184,8 +187,10 @@ class Board:
             return self._leave(node, reason, now, wall, events)
         return self._decide(failure, reason, node, now, wall)
 
-    def _decide(self, failure: dict, reason: str, node: str | None, now: float, wall: float) -> bool:
-        """Restart after this failure of the current generation, or fail the job."""
+    def _decide(self, failure: dict, reason: str, node: str | None, now: float, wall: float,
+                not_before: float | None = None) -> bool:
+        """Restart after this failure of the current generation, or fail the job. `not_before`: the
+        generation may not start before then (a lost node's fence, fence.py), so its backoff is longer."""
         generation = self.status["generation"]
         decision = self.restart.decide(failure, generation)
         if not decision.restart:
@@ -193,9 +198,12 @@ class Board:
                                                         if decision.why_not else ""), node, wall)
         for p in self.peers.values():  # once a failure: O(nodes) here is not O(nodes) a beat
             p.had_procs = p.had_procs or bool(p.procs)
-        changed = self._set_status(JobState.RESTARTING, reason, node, wall, decision.generation, decision.backoff)
-        self.restart_due = now + self.restart.start_deadline(decision.generation)
-        self.restart_start = now + decision.backoff
+        backoff = decision.backoff
+        if not_before is not None and not_before - now > backoff:
+            backoff = round(not_before - now, 3)
+        changed = self._set_status(JobState.RESTARTING, reason, node, wall, decision.generation, backoff)
+        self.restart_due = now + self.restart.start_deadline(decision.generation) + (backoff - decision.backoff)
+        self.restart_start = now + backoff
         return changed
 
     def _leave(self, node: str, reason: str, now: float, wall: float, events: list) -> bool:
@@ -209,7 +217,11 @@ class Board:
         if out == self.out:
             return False
         self.out = out
+        self.left_at[node], self.left_why[node] = st["generation"], reason
         peer = self.peers.get(node)
+        # Its agent stops everything of the job there within the fence's bound of its last beat: no
+        # generation without it starts before then (fence.py).
+        not_before = (peer.seen if peer is not None else now) + self.restart.fence_wait
         if peer is not None:  # its processes are no longer the job's: they count for nothing
             self._count(peer, {})
             peer.had_procs = False
@@ -217,10 +229,11 @@ class Board:
         left = "%s left the job (%s)" % (node, reason)
         # A generation no agent has started yet (its backoff is not over) runs without the node;
         # otherwise the nodes that started it with the node in their world start the next one.
-        if st["status"] == JobState.RESTARTING and self.restart_start is not None and now < self.restart_start - 1.0:
+        if st["status"] == JobState.RESTARTING and self.restart_start is not None and now < self.restart_start - 1.0 \
+                and self.restart_start >= not_before:
             changed = self._set_status(JobState.RESTARTING, st["reason"], st["node"], wall, g, st["backoff"])
         else:
-            changed = self._decide({"kind": "left"}, left, node, now, wall)
+            changed = self._decide({"kind": "left"}, left, node, now, wall, not_before)
         if self.status["status"] == JobState.RESTARTING:
             events.append(Event(EventKind.NODE_LEFT, node, "%s; generation %d runs on %d of %d nodes without %s (WORLD_SIZE %d)"
                                 % (left, self.status["generation"], layout.nodes_left(out), len(layout.trainer_nodes),
@@ -269,6 +282,8 @@ class Board:
             return Outcome({"op": "error", "error": error}, False, [])
         node, events = msg["node"], []
         peer = self.peers.get(node) or self._join(node, now)
+        if node in self.out:
+            return self._fenced(peer, node, msg, now, wall)
         if peer.lost:
             peer.lost = False  # it came back; the job's status stays what it is
             events.append(Event(EventKind.PEER_BACK, node, "agent on %s beats again" % node))
@@ -310,6 +325,24 @@ class Board:
         tail = b'"ack":%d}' % seq if roster is None and type(seq) is int else compact(extra)[1:].encode()
         line, line_json = self.encoded_status()
         return Outcome({**line, **extra}, changed or status, events, status, line_json[:-1] + b"," + tail)
+
+    def _fenced(self, peer: Peer, node: str, msg: dict, now: float, wall: float) -> Outcome:
+        """A beat from a node that left the job: it counts for nothing (no failure, no process, no
+        generation), and the answer tells its agent it is fenced out for good, so it stops and ends."""
+        peer.seen, peer.ts = now, wall
+        if "done" in msg:
+            peer.done = bool(msg["done"])
+        self.roster.set(node, wall, peer.done, peer.lost)
+        events = []
+        if node not in self.told_fenced:
+            self.told_fenced.add(node)
+            events.append(Event(EventKind.FENCED, node, "refused a beat from %s: it left the job at generation %s; its "
+                                "agent is told it is fenced out and ends" % (node, self.left_at.get(node, "?")),
+                                {"generation": self.status["generation"]}))
+        reply = {"op": "fenced", "job_id": self.job_id, "node": node, "generation": self.status["generation"],
+                 "reason": "%s left the job at generation %s (%s); a node that left never rejoins it" % (
+                     node, self.left_at.get(node, "?"), self.left_why.get(node, "lost")), "ack": msg.get("seq")}
+        return Outcome(reply, False, events)
 
     def check_peers(self, now: float, wall: float, connected=()) -> list[Event]:
         """Mark lost the agents silent for peer_timeout whose connection is gone, or for hung_timeout

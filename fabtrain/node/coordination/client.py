@@ -67,6 +67,11 @@ class Client(threading.Thread):
         self.ever_connected = False
         self.last_contact: float | None = None  # monotonic time of the last line from the coordinator
         self.last_contact_epoch: float | None = None
+        # The lease (fence.py): monotonic send time of the newest beat the coordinator answered. Not the
+        # last line heard: a status pushed later may come after the coordinator last heard from us.
+        self.lease: float | None = None
+        self.lease_epoch: float | None = None
+        self._sent_at: list = []  # (seq, monotonic, epoch) of beats sent and not answered yet
         self.error: str | None = None
         self.refused = 0  # coordinators (or lines of one) refused
         self._refusal_reported = -REFUSED_EVENT_EVERY
@@ -187,6 +192,15 @@ class Client(threading.Thread):
             self.answered = True
         return sock, channel, reader
 
+    def _renew(self, ack: int) -> None:
+        """The coordinator answered beat `ack`: the lease runs from when that beat was sent."""
+        answered = [s for s in self._sent_at if s[0] <= ack]
+        if answered:
+            _, mono, wall = answered[-1]
+            if self.lease is None or mono > self.lease:
+                self.lease, self.lease_epoch = mono, wall
+            self._sent_at = [s for s in self._sent_at if s[0] > ack]
+
     def _serve(self, sock: socket.socket, channel: Channel, reader: LineReader) -> None:
         sel = selectors.DefaultSelector()
         sel.register(sock, selectors.EVENT_READ, "sock")
@@ -201,6 +215,8 @@ class Client(threading.Thread):
                     if beat is not None:
                         self.sent_seq, self.urgent, self.answered = self.seq, False, False
                 if beat is not None:
+                    with self.lock:
+                        self._sent_at = self._sent_at[-15:] + [(beat["seq"], time.monotonic(), time.time())]
                     sock.sendall(channel.seal(protocol.beat_changes(beat, sent)))
                     sent = beat
                 for key, _ in sel.select(self.interval):
@@ -219,6 +235,7 @@ class Client(threading.Thread):
                             self.acked_seq = max(self.acked_seq, msg["ack"])
                             with self.lock:
                                 self.answered = self.answered or msg["ack"] >= self.sent_seq
+                                self._renew(msg["ack"])
                         self.on_message(msg)
                         if msg.get("op") == "error":
                             self.error = "coordinator: %s" % msg.get("error")

@@ -64,14 +64,21 @@ WORLD_SIZE_KEYS = ("WORLD_SIZE", "PADDLE_TRAINERS_NUM", "PADDLE_INIT_NUM_GRADIEN
 RANK_KEYS = ("RANK", "PADDLE_TRAINER_ID", "PADDLE_INIT_TRAINER_ID", "OMPI_COMM_WORLD_RANK")
 
 
-def renumbered(job: dict, spec: dict, out) -> dict:
-    """The environment of job.json process `spec` on this node in the world without the nodes in `out`.
+def renumbered(job: dict, spec: dict, out, generation: int = 0) -> dict:
+    """The environment of job.json process `spec` on this node, for `generation`, in the world without
+    the nodes in `out`.
 
     Only the variables the plan set are changed (a variable absent from the
     spec stays absent); LOCAL_RANK and the endpoint of the process itself do
-    not change: a node keeps its own processes.
+    not change: a node keeps its own processes. MASTER_PORT is the start's
+    plus the generation: a generation never meets the rendezvous of another
+    (a process of an older one that is still alive anywhere cannot join the
+    new world's store); the start checked the whole range free on the master
+    node (plan/ports.py).
     """
     env = dict(spec["env"])
+    if generation and "MASTER_PORT" in env and env["MASTER_PORT"].isdigit():
+        env["MASTER_PORT"] = str(int(env["MASTER_PORT"]) + generation)
     if not out:
         return env
     trainer_nodes = [n for n in job["nodes"] if "trainer" in n["roles"]]

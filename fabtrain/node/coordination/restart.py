@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from fabtrain.node.structs import record
 
+from . import fence
 from .elastic import Layout
 
 BACKOFF_CAP = 300.0  # the doubling stops here (or at restart_backoff, if that is larger)
@@ -37,6 +38,7 @@ class RestartPolicy:
     exit_codes: tuple | None  # None: any exit code
     grace: float  # the teardown's SIGTERM -> SIGKILL, before a node can start again
     layout: Layout | None = None  # with min_nodes: the job's nodes, to go on without a lost one
+    fence_wait: float = 0.0  # a lost node's silence before a generation without it starts (fence.py)
 
     @classmethod
     def never(cls) -> RestartPolicy:
@@ -55,7 +57,8 @@ class RestartPolicy:
         return cls(enabled=enabled, max_restarts=int(w["max_restarts"]),
                    backoff=float(w["restart_backoff"]),
                    exit_codes=tuple(int(c) for c in codes) if codes is not None else None,
-                   grace=float(w["grace"]), layout=layout)
+                   grace=float(w["grace"]), layout=layout,
+                   fence_wait=fence.fence_wait(float(w["interval"]), float(w["grace"])))
 
     def backoff_for(self, generation: int) -> float:
         """Seconds before generation g (1, 2, ...) starts: restart_backoff, doubled each time, capped."""

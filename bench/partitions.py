@@ -1,0 +1,171 @@
+"""What fabtrain does when a node's network is cut, and how long it takes: the figures of
+docs/partitions.md's table.
+
+Three sshd nodes, each in its own network namespace on a bridge (tests/support/netns.py), one
+stand-in trainer a node (tests/programs/fakejob.py, collective mode), interval 1 s, grace 2 s. Each
+scenario cuts one node as the world does, measures from the node's events and run records (one
+machine, one clock), heals, and counts what of the job is left in every namespace once the agents
+have ended (every process there but sshd's):
+
+  plain      node3's link set down in a kill-job job
+  min_nodes  every packet of node3 dropped (nft), min_nodes 2, restart_backoff 2 s; node3's trainer
+             ignores SIGTERM (it takes the whole grace, as one that saves a checkpoint does)
+  coord      every packet of node1 (the coordinator's node) dropped, kill-job
+  loss       30 % of node3's packets dropped both ways (nft numgen) for 30 s: a false failure or not
+
+The baseline each figure is held against, measured in the same run: the node's lease (its agent's
+newest answered beat, health.json's coordinator.lease); the ratio is the stop's distance from the
+lease against fence.stop_bound, the bound docs/partitions.md states. Writes
+bench/results/partitions-<commit>.txt (the header: commit, date, nproc, load).
+
+    .venv/bin/python bench/partitions.py
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, bench/ is sys.path[0], where bench/copy.py would shadow the stdlib's copy.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.record import RESULTS, git, header, loadavg  # noqa: E402
+from fabtrain.node import procfs  # noqa: E402
+from fabtrain.node.coordination import fence  # noqa: E402
+from tests.support import netns  # noqa: E402
+from tests.support.partition_job import GRACE, INTERVAL, NODES, PartitionJob, stopped_at  # noqa: E402
+from tests.support.procscan import wait_for  # noqa: E402
+
+FAB = str(Path(sys.executable).parent / "fab")
+BOUND = fence.stop_bound(INTERVAL, GRACE)
+
+
+def runner(state: Path):
+    def fab(*args, cluster, check=None, timeout=120):
+        env = {**os.environ, "FABTRAIN_CLUSTER": str(cluster), "FABTRAIN_STATE_DIR": str(state)}
+        out = subprocess.run([FAB, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        if check is not None and (out.returncode == 0) != check:
+            raise SystemExit(f"fab {' '.join(args)} -> {out.returncode}\n{out.stdout}\n{out.stderr}")
+        return out
+    return fab
+
+
+def left_after_heal(job: PartitionJob, net, nodes=NODES) -> int:
+    """Processes of the job in the namespaces of `nodes` once healed and their agents ended by themselves."""
+    for n in NODES:
+        net.heal(n)
+    wait_for(lambda: not any(job.job_pids(n) for n in nodes), timeout=30)
+    return sum(len(job.job_pids(n)) for n in nodes)
+
+
+def env_of(pid) -> str | None:
+    try:
+        return {k.decode(): v.decode() for k, v in procfs.environ(pid).items()}.get("MASTER_PORT")
+    except (OSError, TypeError, AttributeError):
+        return None
+
+
+def stop_line(job, node, name, cut) -> str:
+    gone = stopped_at(job, node, name)
+    lease = (job.health(node).get("coordinator") or {}).get("lease")
+    if gone is None or lease is None:
+        return f"{node}: {name} not seen stopped"
+    return (f"{node}: {name} stopped {gone - cut:.2f} s after the cut, {gone - lease:.2f} s after its lease "
+            f"(bound {BOUND:.0f} s: ratio {(gone - lease) / BOUND:.2f})")
+
+
+def plain(fab, root, net, out) -> None:
+    job = PartitionJob(fab, root, net)
+    cut = net.cut("node3", "link")
+    wait_for(lambda: job.events("node1", "job_failed") and stopped_at(job, "node3", "trainer-2"), timeout=BOUND + 10)
+    failed = job.events("node1", "job_failed")
+    out(f"plain: job failed {failed[0]['ts'] - cut:.2f} s after the cut: {failed[0]['reason'][:90]}"
+        if failed else "plain: job not failed")
+    out("plain: " + stop_line(job, "node3", "trainer-2", cut))
+    out(f"plain: left running after heal: {left_after_heal(job, net)}; kill-all exit {job.fab('kill-all').returncode}")
+
+
+def min_nodes(fab, root, net, out) -> None:
+    job = PartitionJob(fab, root, net, trainer_args="--ignore-term trainer-2", on_failure="restart",
+                       restart_backoff=2, max_restarts=2, min_nodes=2)
+    cut = net.cut("node3", "drop")
+    wait_for(lambda: job.events("node1", "restarted") and job.events("node2", "restarted")
+             and stopped_at(job, "node3", "trainer-2"), timeout=fence.fence_wait(INTERVAL, GRACE) + 20)
+    left = job.events("node1", "node_left")
+    out(f"min_nodes: node3 left {left[0]['ts'] - cut:.2f} s after the cut" if left else "min_nodes: no node_left")
+    out("min_nodes: " + stop_line(job, "node3", "trainer-2", cut))
+    new = min(job.run_record(n, f"trainer-{i}").get("started_at", 0) for i, n in ((0, "node1"), (1, "node2")))
+    gone = stopped_at(job, "node3", "trainer-2") or float("nan")
+    out(f"min_nodes: generation 1 started {new - cut:.2f} s after the cut, {new - gone:.2f} s after node3's "
+        f"trainer stopped (fence_wait {fence.fence_wait(INTERVAL, GRACE):.0f} s)")
+    time.sleep(1)
+    out(f"min_nodes: left running on node3 after heal: {left_after_heal(job, net, ('node3',))}; "
+        f"node3 restarted: {len(job.events('node3', 'restarted'))} times; "
+        f"MASTER_PORT generation 1: {env_of(job.run_record('node1', 'trainer-0').get('program_pid'))} "
+        f"(fenced refusals at the coordinator: {len(job.events('node1', 'fenced'))})")
+    job.fab("kill-all", "--grace", "1")
+    wait_for(lambda: not any(job.job_pids(n) for n in NODES), timeout=20)
+
+
+def coordinator(fab, root, net, out) -> None:
+    job = PartitionJob(fab, root, net)
+    cut = net.cut("node1", "drop")
+    wait_for(lambda: all(stopped_at(job, n, f"trainer-{i}") for i, n in enumerate(NODES)), timeout=BOUND + 10)
+    gone = stopped_at(job, "node1", "trainer-0")
+    out(f"coord: node1: trainer-0 stopped {gone - cut:.2f} s after the cut (the coordinator lost both others: "
+        f"the job failed there; node1 itself still reached its own coordinator)" if gone else "coord: node1 not stopped")
+    for i, n in ((1, "node2"), (2, "node3")):
+        out("coord: " + stop_line(job, n, f"trainer-{i}", cut))
+    out(f"coord: left running after heal: {left_after_heal(job, net)}; kill-all exit {job.fab('kill-all').returncode}")
+
+
+def lossy(fab, root, net, out, seconds=30.0) -> None:
+    """30 % of node3's packets dropped, both ways, for `seconds`: a false failure, or none."""
+    job = PartitionJob(fab, root, net)
+    net.cut("node3", "loss", 30)
+    t0 = time.time()
+    wait_for(lambda: job.events("node1", "job_failed"), timeout=seconds)
+    failed = job.events("node1", "job_failed")
+    out(f"loss: 30 % both ways on node3 for {seconds:.0f} s: " + (
+        f"job failed {failed[0]['ts'] - t0:.1f} s in: {failed[0]['reason'][:100]}" if failed else "no failure"))
+    net.heal("node3")
+    job.fab("kill-all", "--grace", "1")
+    wait_for(lambda: not any(job.job_pids(n) for n in NODES), timeout=20)
+
+
+def main() -> int:
+    why = netns.available()
+    if why:
+        print(f"partitions: {why}", file=sys.stderr)
+        return 2
+    path = RESULTS / f"partitions-{git('rev-parse', '--short', 'HEAD')}.txt"
+    with tempfile.TemporaryDirectory() as tmp, path.open("w") as f:
+        def out(line: str) -> None:
+            f.write(line + "\n")
+            f.flush()
+            print(line, flush=True)
+        f.write(header([sys.executable, "bench/partitions.py"], 1))
+        out(f"load average before: {loadavg()}; stop bound {BOUND:.0f} s, fence_wait "
+            f"{fence.fence_wait(INTERVAL, GRACE):.0f} s, peer_timeout {fence.peer_timeout(INTERVAL):.0f} s")
+        net = netns.NetnsCluster(Path(tmp) / "net", len(NODES))
+        try:
+            fab = runner(Path(tmp) / "state")
+            (Path(tmp) / "jobs").mkdir()
+            for scenario in (plain, min_nodes, coordinator, lossy):
+                scenario(fab, Path(tmp) / "jobs", net, out)
+        finally:
+            net.close()
+        out(f"load average after: {loadavg()}")
+    print(f"written: {path.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Fencing, pure: how long a node cut off from the coordinator may still run the job, and how long the
+coordinator waits before a generation without it starts.
+
+A node's agent holds a **lease**: the moment it sent the newest beat the
+coordinator has answered (its monotonic clock). The coordinator's view of the
+same node is the moment it received that node's last beat, which is never
+earlier, so a duration counted from the lease on the node ends no later than
+the same duration counted on the coordinator from the last beat (both clocks
+run at the same rate; drift is parts per million).
+
+- The agent **fences** (stops every process of the job on its node, as a
+  teardown: SIGTERM, `grace`, SIGKILL, the launcher a second later) once its
+  connection is gone and the lease is `fence_after` old, or the lease is
+  `hung_timeout` old on an open connection (a coordinator that answers
+  nothing). Its kernel ends a connection whose other side stopped answering
+  within `fence_after` of the last answer, plus a keepalive period
+  (connections.watch_liveness; the client's TCP_USER_TIMEOUT is `fence_after`).
+- So every process of the job there is gone within `stop_bound` of the lease:
+  `fence_after`, a beat period (the last beat may have gone out one interval
+  after the lease), the keepalive period, the agent's tick, `grace`, and the
+  launcher's SIGKILL.
+- The coordinator lets a generation that runs without a lost node start only
+  once that node has been silent for `fence_wait` = `stop_bound` + 1 s: its
+  old processes are gone before the new world starts, by construction, not
+  by the backoff's luck. A node that left is fenced for good: the
+  coordinator answers its beats with `fenced` and its agent ends.
+"""
+from __future__ import annotations
+
+from .connections import kernel_timeout
+
+KEEPALIVE_PERIOD = 1.0  # connections.watch_liveness: a probe each second on an idle connection
+KILL_AFTER = 1.0  # the launcher's SIGKILL, a second after the program's (agent/policy.py, escalations)
+SAFETY = 1.0  # on top of the bound: the coordinator's own check runs every interval/2
+
+
+def peer_timeout(interval: float) -> float:
+    """Silence after which a coordinator (or a peer) whose connection is gone is lost."""
+    return max(5 * interval, 5.0)
+
+
+def fence_after(interval: float) -> float:
+    """Age of the lease, with the connection gone, at which an agent stops its node's part of the job:
+    an interval under peer_timeout, and the client's TCP_USER_TIMEOUT (connections.kernel_timeout)."""
+    return kernel_timeout(peer_timeout(interval), interval)
+
+
+def stop_bound(interval: float, grace: float) -> float:
+    """Seconds from the lease by which every process of the job on a cut-off node is gone."""
+    return fence_after(interval) + interval + KEEPALIVE_PERIOD + interval + grace + KILL_AFTER
+
+
+def fence_wait(interval: float, grace: float) -> float:
+    """Silence of a lost node after which a generation without it may start."""
+    return stop_bound(interval, grace) + SAFETY

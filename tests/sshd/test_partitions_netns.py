@@ -1,0 +1,218 @@
+"""Partitions as the world makes them: three sshd nodes, each in its own network namespace on a bridge
+(tests/support/netns.py), one of them cut off by dropped packets or a link set down, then healed.
+
+What must hold (docs/partitions.md): a cut-off node stops every process of the job by itself within
+its stop bound (fence.py), measured from its lease; under min_nodes the survivors' next generation
+starts only after that, on a rendezvous port of its own, and the healed node never comes back into
+it; the coordinator's node cut off fails the job everywhere, with one coordinator. After each, /proc
+of every namespace holds nothing of the job, and the next job starts. The times are bench/partitions.py's.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from fabtrain.node import procfs
+from fabtrain.node.coordination import fence
+from tests.conftest import require
+from tests.support import netns
+from tests.support.procscan import wait_for
+from tests.support.partition_job import GRACE, INTERVAL, MASTER_PORT, NODES, PartitionJob, stopped_at
+from tests.support.sshd import write_cluster
+
+pytestmark = [pytest.mark.ssh, pytest.mark.timeout(300)]
+
+PEER_TIMEOUT = fence.peer_timeout(INTERVAL)
+STOP_BOUND = fence.stop_bound(INTERVAL, GRACE)
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory):
+    why = netns.available()
+    require(why is None, "network namespaces", why or "")
+    cluster = netns.NetnsCluster(tmp_path_factory.mktemp("netns"), len(NODES))
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """The workspaces every job of the module uses: deployed by the first job only."""
+    return tmp_path_factory.mktemp("partition-jobs")
+
+
+def test_a_cut_off_node_under_min_nodes_stops_before_the_smaller_generation_starts(fab, root, net):
+    # node3's trainer takes its whole grace to die (it ignores SIGTERM), as a trainer saving a checkpoint does:
+    # a backoff of 2 s alone would start the smaller world while it still runs.
+    job = PartitionJob(fab, root, net, trainer_args="--ignore-term trainer-2", on_failure="restart",
+                       restart_backoff=2, max_restarts=2, min_nodes=2)
+    try:
+        old_pid = job.run_record("node3", "trainer-2")["program_pid"]
+        cut = net.cut("node3", "drop")  # every packet in and out of node3 dropped: TCP just stops
+        # The survivors' generation 1: started, on a port of its own, as a world of 2.
+        assert wait_for(lambda: job.events("node1", "restarted") and job.events("node2", "restarted"),
+                        timeout=fence.fence_wait(INTERVAL, GRACE) + 20), job.describe()
+        new = [job.run_record(n, f"trainer-{i}") for i, n in ((0, "node1"), (1, "node2"))]
+        started = min(r["started_at"] for r in new)
+        env = {k.decode(): v.decode() for k, v in procfs.environ(new[0]["program_pid"]).items()}
+        assert (env["MASTER_PORT"], env["WORLD_SIZE"], env["FABTRAIN_RESTART_COUNT"]) == (
+            str(MASTER_PORT + 1), "2", "1"), env
+        # node3 fenced itself: its trainer ended, by its own agent, before generation 1 started.
+        assert wait_for(lambda: stopped_at(job, "node3", "trainer-2"), timeout=STOP_BOUND + 5), job.describe()
+        assert procfs.stat(old_pid) is None
+        gone = stopped_at(job, "node3", "trainer-2")
+        lease = job.health("node3")["coordinator"]["lease"]
+        assert gone < started, f"node3's trainer ended {gone - started:.2f} s after generation 1 started"
+        assert gone - lease <= STOP_BOUND, f"node3 stopped {gone - lease:.2f} s after its lease (bound {STOP_BOUND})"
+        (fenced,) = [e for e in job.events("node3", "peer_lost") if e.get("peer") == "node1"]
+        assert "fences itself" in fenced["reason"] and fenced["ts"] - lease >= fence.fence_after(INTERVAL) - 0.1
+        (left,) = job.events("node1", "node_left")
+        assert left["peer"] == "node3" and left["world_size"] == 2, left
+        assert cut < gone
+        # Healed: node3 neither rejoins nor reports; nothing of the job runs there.
+        net.heal("node3")
+        assert wait_for(lambda: not job.job_pids("node3"), timeout=3 * PEER_TIMEOUT + GRACE + 5), job.describe()
+        assert not job.events("node3", "restarted"), job.describe()
+        # If its agent was still there when the link came back, the coordinator refused it as fenced.
+        assert all(e["peer"] == "node3" for e in job.events("node1", "fenced"))
+        health = job.health("node1")
+        assert health["job"]["status"] == "running" and health["job"]["out"] == ["node3"], health["job"]
+        status = job.fab("status")
+        assert "without node3" in status.stdout, status.stdout
+    finally:
+        job.end()
+
+
+def test_a_cut_off_node_in_a_plain_job_fails_it_naming_the_node_and_stops_by_itself(fab, root, net):
+    job = PartitionJob(fab, root, net)
+    try:
+        cut = net.cut("node3", "link")  # its switch port dead: the node runs on, unreachable
+        assert wait_for(lambda: job.events("node1", "job_failed"), timeout=PEER_TIMEOUT + 5), job.describe()
+        failed = job.events("node1", "job_failed")[0]
+        assert "node node3 lost" in failed["reason"], failed
+        assert failed["ts"] - cut <= PEER_TIMEOUT + 2, f"failed {failed['ts'] - cut:.1f} s after the cut"
+        assert wait_for(lambda: stopped_at(job, "node3", "trainer-2"), timeout=STOP_BOUND + 5), job.describe()
+        lease = job.health("node3")["coordinator"]["lease"]
+        assert stopped_at(job, "node3", "trainer-2") - lease <= STOP_BOUND
+        assert wait_for(lambda: not any(job.job_pids(n) for n in ("node1", "node2")), timeout=GRACE + 10), \
+            job.describe()
+        net.heal("node3")
+        assert wait_for(lambda: not job.job_pids("node3"), timeout=3 * PEER_TIMEOUT + GRACE + 5), job.describe()
+        status = job.fab("status")
+        assert "node3" in status.stdout and "running" not in status.stdout.split("node3", 1)[1].split("\n")[0], \
+            status.stdout
+        assert job.fab("kill-all").returncode == 0
+    finally:
+        job.end()
+
+
+def test_the_coordinators_node_cut_off_fails_the_job_everywhere_with_one_coordinator(fab, root, net):
+    job = PartitionJob(fab, root, net)
+    try:
+        net.cut("node1", "drop")
+        assert wait_for(lambda: all(stopped_at(job, n, f"trainer-{i}") for i, n in enumerate(NODES)),
+                        timeout=STOP_BOUND + 5), job.describe()
+        for i, n in ((1, "node2"), (2, "node3")):
+            (lost,) = [e for e in job.events(n, "peer_lost") if e.get("peer") == "node1"]
+            assert "fences itself" in lost["reason"], lost
+            lease = job.health(n)["coordinator"]["lease"]
+            assert stopped_at(job, n, f"trainer-{i}") - lease <= STOP_BOUND
+        assert "lost" in job.events("node1", "job_failed")[0]["reason"]
+        # No election: only node1 ever hosted a coordinator.
+        hosted = [n for n in NODES if (job.health(n).get("coordinator") or {}).get("hosted_here")]
+        assert hosted in (["node1"], []), hosted
+    finally:
+        job.end()
+    # The next job starts as usual on the same nodes.
+    PartitionJob(fab, root, net).end()
+
+
+def test_the_controller_cut_off_leaves_the_job_running_and_kill_all_names_the_node(fab, root, net):
+    job = PartitionJob(fab, root, net)
+    try:
+        net.cut("node2", "controller")  # the laptop off the VPN for node2 only: the nodes still reach each other
+        t0 = time.monotonic()
+        status = job.fab("status", timeout=60)
+        assert time.monotonic() - t0 < 30, "fab status waited past its timeouts"
+        assert status.returncode != 0 and "node2" in status.stdout + status.stderr, status.stdout + status.stderr
+        for args in (("logs",), ("watch", "--timeout", "4")):
+            t0 = time.monotonic()
+            said = job.fab(*args, timeout=60)
+            assert time.monotonic() - t0 < 40 and "node2" in said.stdout + said.stderr, (args, said.stdout + said.stderr)
+        assert not job.events("node1", "job_failed"), job.describe()  # the job goes on untouched
+        killed = job.fab("kill-all", "--grace", "1", timeout=90)
+        said = killed.stdout + killed.stderr
+        assert killed.returncode != 0 and "node2" in said, said
+        # node2's agent lost its coordinator (node1's agent went with kill-all): it fenced itself.
+        assert wait_for(lambda: stopped_at(job, "node2", "trainer-1"), timeout=STOP_BOUND + 5), job.describe()
+        net.heal("node2")
+        again = job.fab("kill-all", "--grace", "1")
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert wait_for(lambda: not any(job.job_pids(n) for n in NODES), timeout=20), job.describe()
+    finally:
+        job.end()
+
+
+def test_copy_data_over_a_capped_link_cut_mid_file_ends_naming_the_node_and_resumes(fab, tmp_path, net):
+    """node3's link capped (tbf) and lossy, then set down mid-file: copy-data ends within ssh's keepalive
+    naming node3 (no hang until TCP gives up), leaves no half-written shard where a trainer reads, and the
+    next copy-data resumes from the partial file and verifies every shard."""
+    import hashlib
+    import os
+    import subprocess
+
+    from tests.conftest import FAB, REPO
+
+    corpus = tmp_path / "corpus.txt"
+    words = [f"w{i}" for i in range(500)]
+    with corpus.open("w") as f:  # ~6 MB: each node's shard ~2 MB, ~16 s at 1 mbit
+        for i in range(120_000):
+            f.write(" ".join(words[(i * 7 + k * 13) % 500] for k in range(8)) + "\n")
+    path = write_cluster(tmp_path / "c.yaml", net, ssh_nodes=[(n, ["trainer"]) for n in NODES],
+                         job={"mode": "collective", "trainer": {"command": "true"},
+                              "data": {"dir": str(tmp_path / "prepared"), "input": str(corpus)},
+                              "watchdog": {"enabled": False}})
+    fab("split-data", cluster=path, check=True)
+    data = tmp_path / "ws-node3" / "data"
+    net.cap("node3", "1mbit")
+    net.cut("node3", "loss", 5)
+    env = {**os.environ, "FABTRAIN_CLUSTER": str(path), "FABTRAIN_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.Popen([FAB, "copy-data"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        def writing():  # rsync writes a shard under a temp name (.train.txt-00002.XXXXXX) until it is whole
+            return data.is_dir() and any(p.name.startswith(".train.txt-") and p.stat().st_size > 100_000
+                                         for p in data.iterdir())
+        assert wait_for(writing, timeout=60), proc.poll()
+        cut = net.cut("node3", "link")
+        out, _ = proc.communicate(timeout=60)
+        took = time.time() - cut
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "node3" in out, out
+    assert took < 40, f"copy-data ended {took:.0f} s after the cut"
+    assert not (data / "train.txt-00002").exists(), "a half-written shard where a trainer reads"
+    net.heal("node3")
+    manifest = json.loads((tmp_path / "prepared" / "MANIFEST.json").read_text())
+    again = fab("copy-data", cluster=path, check=True)
+    for i, n in enumerate(NODES):
+        shard = tmp_path / f"ws-{n}" / "data" / f"train.txt-{i:05d}"
+        assert hashlib.sha256(shard.read_bytes()).hexdigest() == manifest["files"][shard.name]["sha256"]
+    assert re.search(r"^node3: .*verified", again.stdout, re.M), again.stdout
+
+
+def test_thirty_percent_loss_on_a_node_is_no_failure_while_beats_get_through(fab, root, net):
+    job = PartitionJob(fab, root, net)
+    try:
+        net.cut("node3", "loss", 30)  # 30 % of what node3 sends and of what it receives, dropped at random
+        time.sleep(15)
+        assert not any(job.events(n, "job_failed") or job.events(n, "peer_lost") for n in NODES), job.describe()
+        net.heal("node3")
+        assert all(job.run_record(n, f"trainer-{i}").get("program_pid") in job.job_pids(n)
+                   for i, n in enumerate(NODES)), job.describe()
+    finally:
+        job.end()

@@ -1,0 +1,232 @@
+"""Nodes with their own network, on one machine: each sshd node in its own network namespace, and
+partitions made as the world makes them (see /work/shared/NETWORK.md's facts, and docs/partitions.md).
+
+A node is a namespace `fbtp-<pid>-<node>` with one veth pair: its end (`eth0`, an address in
+198.51.100.0/24, a documentation range no real network uses) inside, the other end on a bridge in the
+root namespace, where the tests (the controller) run. The nodes reach each other over the bridge, the
+controller reaches them through the bridge's own address. Every node's sshd listens on its address,
+port 22, inside its namespace; everything `fab` starts there (agents, keepers, trainers) inherits it.
+
+Cuts and heals:
+
+    cluster.cut(node, "link")       the node's veth set down in the root namespace: both ways, for everyone
+    cluster.cut(node, "drop")       nft in the node's namespace: every packet in and out dropped, silently
+    cluster.cut(node, "drop-out")   ... only what the node sends (one way)
+    cluster.cut(node, "drop-in")    ... only what it receives (the other way)
+    cluster.cut(node, "loss", 30)   nft numgen: 30 % of the packets it receives and 30 % of those it sends
+    cluster.cut(node, "controller") nft in the root namespace: the controller's packets to the node dropped;
+                                    the nodes still reach each other (bridged traffic does not pass it)
+    cluster.cap(node, "8mbit")      tbf on the root-side veth: what is sent to the node, capped
+    cluster.heal(node)              every cut and cap of the node undone
+
+Clean-up is the fixture's own business, also when a run is interrupted: `close()` (the fixture's
+finalizer, and atexit) kills every process inside the namespaces and removes them, the bridge and the
+root namespace's nft tables; and every new cluster first sweeps what a run that is gone left behind
+(names carry the pid of the run that made them).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from tests.support.sshd import SSHD, SshdCluster, SshNode
+
+PREFIX = "fbtp"  # every namespace, link and nft table this module makes starts with it
+SUBNET = "198.51.100"
+SSH_PORT = 22
+
+
+def available() -> str | None:
+    """None if this machine can make such nodes, else why not."""
+    for tool in ("ip", "nft", "tc"):
+        if not shutil.which(tool):
+            return f"{tool} is not installed (iproute2, nftables)"
+    probe = subprocess.run(["unshare", "--net", "ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"network namespaces and veth pairs need root: {probe.stderr.strip()}"
+    return None
+
+
+def _run(*argv: str, check: bool = True, ns: str | None = None, input: str | None = None) -> subprocess.CompletedProcess:
+    if ns is not None:
+        argv = ("ip", "netns", "exec", ns, *argv)
+    out = subprocess.run(argv, capture_output=True, text=True, input=input)
+    if check and out.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {out.stderr.strip() or out.stdout.strip()}")
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def pids_in(ns: str) -> list[int]:
+    """Every process inside namespace `ns` (`ip netns pids`)."""
+    out = _run("ip", "netns", "pids", ns, check=False)
+    return [int(p) for p in out.stdout.split() if p.isdigit()]
+
+
+def _remove_namespace(ns: str) -> None:
+    for _ in range(20):
+        pids = pids_in(ns)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+    _run("ip", "netns", "del", ns, check=False)
+
+
+def sweep(only_pid: int | None = None) -> list[str]:
+    """Remove what this module made: of `only_pid`'s run, or of every run whose process is gone."""
+    def stale(name: str) -> bool:
+        m = re.match(rf"{PREFIX}[-_]?[a-z]*[-_]?(\d+)", name)
+        if not m:
+            return False
+        pid = int(m.group(1))
+        return pid == only_pid if only_pid is not None else not _alive(pid)
+
+    removed = []
+    for line in _run("ip", "netns", "list", check=False).stdout.splitlines():
+        ns = line.split()[0] if line.split() else ""
+        if ns.startswith(PREFIX + "-") and stale(ns):
+            _remove_namespace(ns)
+            removed.append(ns)
+    for line in _run("ip", "-o", "link", "show", check=False).stdout.splitlines():
+        m = re.match(r"\d+: ([^:@]+)", line)
+        if m and m.group(1).startswith(PREFIX) and stale(m.group(1)):
+            _run("ip", "link", "del", m.group(1), check=False)
+            removed.append(m.group(1))
+    for line in _run("nft", "list", "tables", check=False).stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2].startswith(PREFIX) and stale(parts[2]):
+            _run("nft", "delete", "table", parts[1], parts[2], check=False)
+            removed.append(parts[2])
+    return removed
+
+
+class NetnsCluster(SshdCluster):
+    """`count` sshd nodes, node1..nodeN, each in its own network namespace on one bridge."""
+
+    def __init__(self, root: Path, count: int = 3):
+        sweep()
+        self.pid = os.getpid()
+        self.slot = self.pid % 15  # a /28 of the range per run: two runs at once do not share addresses
+        base = 16 * self.slot
+        self.bridge = f"{PREFIX}b{self.pid}"
+        self.gateway = f"{SUBNET}.{base + 1}"
+        self.names = [f"node{i + 1}" for i in range(count)]
+        self.ns = {n: f"{PREFIX}-{self.pid}-{n}" for n in self.names}
+        self.veth = {n: f"{PREFIX}{self.pid}n{i + 1}" for i, n in enumerate(self.names)}
+        self.address = {n: f"{SUBNET}.{base + 2 + i}" for i, n in enumerate(self.names)}
+        self.cuts: dict[str, set] = {n: set() for n in self.names}
+        self.closed = False
+        atexit.register(self.close)
+        try:
+            self._make_network()
+            super().__init__(root, count, addresses=[self.address[n] for n in self.names], port=SSH_PORT)
+        except BaseException:
+            self.close()
+            raise
+
+    def _make_network(self) -> None:
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        _run("ip", "addr", "add", f"{self.gateway}/28", "dev", self.bridge)
+        _run("ip", "link", "set", self.bridge, "up")
+        for n in self.names:
+            ns, veth = self.ns[n], self.veth[n]
+            _run("ip", "netns", "add", ns)
+            _run("ip", "link", "add", veth, "type", "veth", "peer", "name", veth + "p")
+            _run("ip", "link", "set", veth + "p", "netns", ns)
+            _run("ip", "link", "set", veth, "master", self.bridge)
+            _run("ip", "link", "set", veth, "up")
+            _run("ip", "link", "set", "lo", "up", ns=ns)
+            _run("ip", "link", "set", veth + "p", "name", "eth0", ns=ns)
+            _run("ip", "addr", "add", f"{self.address[n]}/28", "dev", "eth0", ns=ns)
+            _run("ip", "link", "set", "eth0", "up", ns=ns)
+            _run("ip", "route", "add", "default", "via", self.gateway, ns=ns)
+
+    def command(self, node: SshNode) -> list[str]:
+        return ["ip", "netns", "exec", self.ns[node.name], SSHD, "-D", "-e", "-f", str(node.config)]
+
+    # -- cuts --------------------------------------------------------------------------------
+
+    def _table(self, node: str) -> str:
+        return f"{PREFIX}_{self.pid}_{node}"
+
+    def cut(self, node: str, how: str, percent: int = 30) -> float:
+        """Cut `node` off as `how` says (the module's docstring); returns when (time.time())."""
+        ns, table = self.ns[node], self._table(node)
+        if how == "link":
+            _run("ip", "link", "set", self.veth[node], "down")
+        elif how in ("drop", "drop-in", "drop-out", "loss"):
+            verdict = "drop" if how != "loss" else f"numgen random mod 100 < {int(percent)} drop"
+            rules = []
+            if how in ("drop", "drop-in", "loss"):
+                rules.append(f"chain in {{ type filter hook input priority 0; iifname \"eth0\" {verdict}; }}")
+            if how in ("drop", "drop-out", "loss"):
+                rules.append(f"chain out {{ type filter hook output priority 0; oifname \"eth0\" {verdict}; }}")
+            _run("nft", "-f", "-", ns=ns, input="table inet %s {\n%s\n}\n" % (table, "\n".join(rules)))
+        elif how == "controller":
+            _run("nft", "-f", "-", input="table inet %s {\nchain out { type filter hook output priority 0; ip daddr %s "
+                                          "drop; }\n}\n" % (table, self.address[node]))
+        else:
+            raise ValueError(f"unknown cut {how!r}")
+        self.cuts[node].add(how)
+        return time.time()
+
+    def cap(self, node: str, rate: str = "8mbit") -> None:
+        """What is sent to `node` limited to `rate` (tbf on the root side of its veth)."""
+        _run("tc", "qdisc", "replace", "dev", self.veth[node], "root", "tbf", "rate", rate, "burst", "32kbit",
+             "latency", "400ms")
+        self.cuts[node].add("cap")
+
+    def heal(self, node: str) -> float:
+        """Undo every cut and cap of `node`; returns when (time.time())."""
+        ns, table = self.ns[node], self._table(node)
+        cuts = self.cuts[node]
+        if "link" in cuts:
+            _run("ip", "link", "set", self.veth[node], "up")
+        if cuts & {"drop", "drop-in", "drop-out", "loss"}:
+            _run("nft", "delete", "table", "inet", table, ns=ns, check=False)
+        if "controller" in cuts:
+            _run("nft", "delete", "table", "inet", table, check=False)
+        if "cap" in cuts:
+            _run("tc", "qdisc", "del", "dev", self.veth[node], "root", check=False)
+        cuts.clear()
+        return time.time()
+
+    def pids(self, node: str) -> list[int]:
+        """Every process inside the node's namespace but its sshd listener."""
+        listener = next((n.process.pid for n in self.nodes if n.name == node and n.process), None)
+        return [p for p in pids_in(self.ns[node]) if p != listener]
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for node in getattr(self, "nodes", []):
+            try:
+                self.stop(node)
+            except Exception:  # noqa: BLE001 - clean-up goes on whatever one node did
+                pass
+        for n in self.names:
+            _remove_namespace(self.ns[n])
+        sweep(only_pid=self.pid)
+        _run("ip", "link", "del", self.bridge, check=False)
