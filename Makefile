@@ -104,7 +104,8 @@ stop: venv
 # The unit tests start no daemon and time nothing: they run on every core (pytest-xdist), each file's
 # tests on one worker in their order (a module's fixture may be shared by its tests). The rest run
 # one at a time: they start sshd, Slurm and hundreds of processes, and some hold the machine at 100%
-# CPU on purpose. PYTEST_ARGS go to that second run (a file or -k there).
+# CPU on purpose. PYTEST_ARGS go to that second run (a file or -k there). Each run ends with its
+# slowest tests (--durations), so a run that grows says where.
 test: venv system-deps
-	$(PY) -m pytest -q -p no:cacheprovider -n auto --dist loadfile tests/unit
-	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n auto --dist loadfile --durations=10 tests/unit
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 --ignore=tests/unit $(PYTEST_ARGS)

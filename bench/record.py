@@ -5,8 +5,8 @@
 The file starts with what the figures depend on: the commit measured (and
 whether the tree differed from it), the date, `nproc`, and for each run the
 load average before and after (other work on a shared machine shows in every
-figure). The output also goes to the terminal as it comes. The README's
-performance table quotes these files and nothing else.
+figure). The output also goes to the terminal as it comes. docs/performance.md and
+the README quote these files and nothing else.
 """
 from __future__ import annotations
 

@@ -60,14 +60,16 @@ class CheckedTask(Task):
     def __init__(self, body, numbers: dict[str, Number] | None = None, **kwargs):
         super().__init__(body, **kwargs)
         self.numbers = numbers or {}
+        self.option_help = dict(self.help)
 
     def get_arguments(self, ignore_unknown_help=None):
+        self.help = dict(self.option_help)  # invoke pops each help text it uses: the second call would get none
         args = super().get_arguments(ignore_unknown_help=ignore_unknown_help)
         for arg in args:
             spec = self.numbers.get(arg.attr_name) or self.numbers.get(arg.name)
             if spec is not None:
                 arg.kind = str  # the default keeps its type; a typed value is checked, then cast
-                arg.help = arg.help or spec.describe(arg.default)
+                arg.help = f"{arg.help}: {spec.describe(arg.default)}" if arg.help else spec.describe(arg.default)
         return args
 
 

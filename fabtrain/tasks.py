@@ -10,6 +10,7 @@ import sys
 
 from invoke import Exit, task
 
+from fabtrain.contract.states import STOP_GRACE
 from fabtrain.controller import lifecycle, preflight, report, state
 from fabtrain import taskargs
 from fabtrain.errors import UserError, reader_gone
@@ -26,12 +27,13 @@ __all__ = ["plan", "provision", "check", "deploy", "split_data", "copy_data", "s
            "start_trainers", "status", "watch", "logs", "kill_all", "dashboard", "export"]
 
 
-def fabtask(fn=None, **numbers: Number):
+def fabtask(fn=None, help: dict[str, str] | None = None, **numbers: Number):
     """A task whose user errors end in one line and exit code 2, never a traceback; piped into a reader
     that stops early (`| head`), it stops quietly (exit 141, as SIGPIPE ends other tools);
-    `numbers` are its numeric options, checked when the command line is parsed."""
+    `help` is one line for each option (`fab --help TASK`); `numbers` are its numeric options, checked
+    when the command line is parsed."""
     if fn is None:
-        return lambda body: fabtask(body, **numbers)
+        return lambda body: fabtask(body, help=help, **numbers)
 
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
@@ -47,7 +49,7 @@ def fabtask(fn=None, **numbers: Number):
             raise Exit("interrupted", code=130) from None
         except BrokenPipeError:
             raise Exit(code=reader_gone()) from None
-    return task(wrapper, klass=taskargs.CheckedTask, numbers=numbers)
+    return task(wrapper, klass=taskargs.CheckedTask, numbers=numbers, help=help or {})
 
 
 def session(c):
@@ -60,11 +62,11 @@ def fail_if(failed, message, code=1):
 
 
 def replies_text(replies, ok_text):
-    lines = [f"{r.node}: {ok_text(r.value)}" if r.ok else f"{r.node}: FAILED: {r.error}" for r in replies]
+    lines = [f"{r.node}: {ok_text(r.value)}" if r.ok else report.failed_line(r) for r in replies]
     return "\n".join(lines), any(not r.ok for r in replies)
 
 
-@fabtask
+@fabtask(help={"offline": "ask no node: interfaces shown as <iface of ADDR>, auto ports picked without asking"})
 def plan(c, offline=False):
     """Print the exact commands each node would run (a dry run); asks the nodes their interfaces and free ports unless --offline."""
     s = session(c)
@@ -77,7 +79,9 @@ def plan(c, offline=False):
     print(report.plan_text(make_plan(s.cluster, new_job_id(), network=network), notes, asked=not offline))
 
 
-@fabtask
+@fabtask(help={"venv": "build <workspace>/venv on every node and install the requirements into it",
+               "wheelhouse": "a directory of wheels on this machine: copied to every node and installed from with --no-index",
+               "requirements": "a requirements file on this machine (default: requirements-node.txt)"})
 def provision(c, venv=False, wheelhouse=None, requirements=None):
     """Make the workspace on every node; --venv builds a venv (--requirements FILE), --wheelhouse=DIR installs offline."""
     reqs = lifecycle.read_requirements(requirements) if requirements else None
@@ -87,7 +91,7 @@ def provision(c, venv=False, wheelhouse=None, requirements=None):
     fail_if(failed, "provision failed on some nodes")
 
 
-@fabtask
+@fabtask(help={"bandwidth": "also run a short all-reduce across the nodes and report the bus bandwidth"})
 def check(c, bandwidth=False):
     """Check every node can run the job: python, torch/CUDA, paddle, tools, disk, clock, ports, reachability; --bandwidth adds an all-reduce."""
     s = session(c)
@@ -115,14 +119,15 @@ def deploy(c):
     fail_if(failed, "deploy failed on some nodes")
 
 
-@fabtask
+@fabtask(help={"input": "what to split instead of job.data.input: a file, a directory, a URL of a tarball, or sample",
+               "force": "split again even when the shards of this input are already there"})
 def split_data(c, input=None, force=False):
     """Split job.data.input into one shard per trainer under job.data.dir (prepare.py)."""
     from fabtrain.controller import datacopy
     print(datacopy.split_data(session(c).cluster, input=input, force=force).summary())
 
 
-@fabtask(bwlimit=Number(whole=True, lo=1, hi=10**9, unit="KB/s"))
+@fabtask(help={"bwlimit": "rsync's bandwidth limit per node, in KB/s"}, bwlimit=Number(whole=True, lo=1, hi=10**9, unit="KB/s"))
 def copy_data(c, bwlimit=None):
     """Copy each trainer's shards to its node (rsync), verify sha256, skip what matches; --bwlimit=KBPS."""
     from fabtrain.controller import datacopy
@@ -146,7 +151,7 @@ def _start(c, roles, force, resume_from=None, no_wait=False):
     if refusal:
         for r in result.replies:
             if not r.ok and not report.running_here(r):
-                print(f"{r.node}: FAILED: {r.error}")
+                print(report.failed_line(r))
         raise Exit(refusal, code=1)
     print(report.start_text(result, roles))
     failed = any(not r.ok or r.value["failed"] for r in result.replies)
@@ -154,19 +159,22 @@ def _start(c, roles, force, resume_from=None, no_wait=False):
     fail_if(failed, f"job {result.job_id}: could not start everything{undone}; see `fab status` and `fab logs`")
 
 
-@fabtask
+@fabtask(help={"force": "if a job is running, stop it first (kill-all) and say which",
+               "resume-from": "an earlier job's id: the new job starts from its checkpoints",
+               "no-wait": "on Slurm: return once the job is submitted instead of waiting for it to run"})
 def start_pserver(c, force=False, resume_from=None, no_wait=False):
     """Start the pservers of a new job (--force kills a running job; --resume-from=JOB resumes its checkpoints)."""
     _start(c, ("pserver",), force, resume_from, no_wait)
 
 
-@fabtask
+@fabtask(help={"force": "if a job is running, stop it first (kill-all) and say which",
+               "no-wait": "on Slurm: return once the job is submitted instead of waiting for it to run"})
 def start_trainers(c, force=False, no_wait=False):
     """Start the trainers (of the job whose pservers are up, or a new collective job); --force stops a running job first."""
     _start(c, ("trainer",), force, no_wait=no_wait)
 
 
-@fabtask
+@fabtask(help={"job": "a job id (20261124-045501-5d89); default: the job the nodes started last"})
 def status(c, job=None):
     """Show every process of the job on every node; exit 1 if one failed."""
     s = session(c)
@@ -188,10 +196,12 @@ def status(c, job=None):
     fail_if(failed, "status: the job has failed processes or unreachable nodes")
 
 
-@fabtask(interval=Number(whole=False, lo=0.1, hi=3600, unit="seconds"),
+@fabtask(help={"interval": "seconds between reads of the nodes",
+               "timeout": "give up after this many seconds, with exit code 124", "job": "a job id (20261124-045501-5d89); default: the job the nodes started last"},
+         interval=Number(whole=False, lo=0.1, hi=3600, unit="seconds"),
          timeout=Number(whole=False, lo=0.1, hi=10**7, unit="seconds"))
 def watch(c, interval=1.0, timeout=None, job=None):
-    """Follow the job until it ends: node health, trainer progress, watchdog events; exit 0 finished, 1 failed, 3 killed."""
+    """Follow the job until it ends: node health, trainer progress, watchdog events; exit 0 finished, 1 failed, 3 killed, 124 --timeout."""
     from fabtrain.controller.watch import watch as follow
     s = session(c)
     if s.cluster.scheduler and not job:  # the job submitted last, though it may still be queued
@@ -202,10 +212,16 @@ def watch(c, interval=1.0, timeout=None, job=None):
         raise Exit(code=code)
 
 
-@fabtask(lines=Number(whole=True, lo=0, hi=10**7))
+@fabtask(help={"lines": "how many of each log's last lines to print (with --follow, 0: only new ones)",
+               "follow": "keep printing new lines until the job ends",
+               "stacks": "print instead every thread's Python stack each process had when a hang stopped the job",
+               "job": "a job id (20261124-045501-5d89); default: the job the nodes started last"},
+         lines=Number(whole=True, lo=0, hi=10**7))
 def logs(c, lines=20, follow=False, job=None, stacks=False):
-    """Print the last --lines of every process's log, prefixed [node role-rank]; --follow streams;
-    --stacks prints instead every thread's stack each process had when a hang stopped the job."""
+    """Print the last lines of every process's log, prefixed [node role-rank], or follow them, or the stacks of a hang.
+
+    --lines N of each log (default 20); --follow streams until the job ends; --stacks prints instead
+    every thread's stack each process had when a hang stopped the job."""
     if stacks and follow:
         raise UserError("--stacks and --follow do not go together: stacks are saved once, before a hang's teardown")
     if lines == 0 and not follow and not stacks:
@@ -214,12 +230,12 @@ def logs(c, lines=20, follow=False, job=None, stacks=False):
     lifecycle.require_job(replies, job)
     for r in replies:
         if not r.ok:
-            print(f"{r.node}: FAILED: {r.error}", file=sys.stderr)
+            print(report.failed_line(r), file=sys.stderr)
     fail_if(any(not r.ok for r in replies), "logs: some nodes could not be read")
 
 
-@fabtask(grace=Number(whole=False, lo=0, hi=3600, unit="seconds"))
-def kill_all(c, grace=5.0):
+@fabtask(help={"grace": "seconds between SIGTERM and SIGKILL"}, grace=Number(whole=False, lo=0, hi=3600, unit="seconds"))
+def kill_all(c, grace=STOP_GRACE):
     """Stop every fabtrain process on every node: SIGTERM, --grace seconds, SIGKILL, sweep."""
     if session(c).cluster.scheduler:  # scancel, pending jobs too; each node stops its own processes
         return slurm_tasks.kill_all(session(c), grace=grace)
@@ -228,7 +244,9 @@ def kill_all(c, grace=5.0):
     fail_if(not clean, "kill-all: some processes may still be alive (see above)")
 
 
-@fabtask(port=Number(whole=True, lo=1, hi=65535), interval=Number(whole=False, lo=0.1, hi=3600, unit="seconds"))
+@fabtask(help={"port": "the port to serve on", "host": "the address to serve on (keep 127.0.0.1; use an SSH tunnel)",
+               "interval": "seconds between reads of the nodes", "job": "a job id (20261124-045501-5d89); default: the job the nodes started last"},
+         port=Number(whole=True, lo=1, hi=65535), interval=Number(whole=False, lo=0.1, hi=3600, unit="seconds"))
 def dashboard(c, port=8265, host="127.0.0.1", interval=1.0, job=None):
     """Serve the web dashboard on --host (127.0.0.1) --port (8265); prints its URL with the token."""
     from fabtrain.dashboard.serve import serve
@@ -238,7 +256,11 @@ def dashboard(c, port=8265, host="127.0.0.1", interval=1.0, job=None):
     serve(s, host=host, port=port, interval=interval, job_id=job)
 
 
-@fabtask
+@fabtask(help={"tensorboard": "write every trainer's metrics as TensorBoard event files under this directory",
+               "job": "with --tensorboard: only this job (default: every job the nodes remember)",
+               "k8s": "write the job as Kubernetes manifests into this directory (asks no node)",
+               "k8s-kind": "with --k8s: job (an indexed Job and a Service) or pytorchjob (Kubeflow's)",
+               "slurm": "write the Slurm batch script to this file (submit it with sbatch FILE)"})
 def export(c, tensorboard=None, job=None, k8s=None, k8s_kind="job", slurm=None):
     """Write metrics as TensorBoard files (--tensorboard=DIR, --job ID), or the job as Kubernetes manifests (--k8s=DIR) or a Slurm batch script (--slurm=FILE)."""
     from fabtrain.controller.export import export_tensorboard

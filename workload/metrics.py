@@ -87,11 +87,12 @@ class TrainingLog:
     def heartbeat(self, step, epoch, **extra):
         """A record during long work that is not a training step (evaluation), so the job does not look hung."""
         if self.writer.seconds_since_write() >= self.HEARTBEAT_S:
-            self.writer.write(step=step, epoch=epoch, loss=self.last_loss, samples_per_s=0.0, lr=self.lr, **extra)
+            # no samples_per_s: no training was measured (a 0 would read as the rate the job trained at)
+            self.writer.write(step=step, epoch=epoch, loss=self.last_loss, lr=self.lr, **extra)
 
     def evaluation(self, step, epoch, loss_sum, count, **extra):
         eval_loss = loss_sum / count if count else None
-        self.writer.write(step=step, epoch=epoch, loss=self.last_loss, samples_per_s=0.0, lr=self.lr,
+        self.writer.write(step=step, epoch=epoch, loss=self.last_loss, lr=self.lr,
                           eval_loss=eval_loss, eval_samples=count, **extra)
         print(f"{self.who}: pass {epoch} done at step {step}: eval_loss {eval_loss} on {count} test examples",
               flush=True)

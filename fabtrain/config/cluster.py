@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from fabtrain.contract.states import STOP_GRACE
 from fabtrain.config.checks import (ENV_NAME_RE, HOST_RE, IFACE_RE, IMAGE_RE, INVALID, NAME_RE, ONE_LINE_RE, USER_RE,
                                     Checks, FieldError, kind_of, reported, shown, valid)
 from fabtrain.config.gpus import fit_gpus, parse_gpus, per_node_given
@@ -39,7 +40,7 @@ WEBHOOK_RE = re.compile(r"^https?://[^\s/?#]+[^\s]*$")
 
 _SSH_FIELDS = {"user", "port", "key", "known_hosts", "host_key_policy", "connect_timeout"}
 
-# Every field cluster.yaml may hold, by where it sits (README documents each).
+# Every field cluster.yaml may hold, by where it sits (docs/configuration.md documents each).
 FIELDS: dict[str, set[str]] = {
     "": {"cluster", "nodes", "dist_ips", "scheduler", "job"},
     "cluster": {"name", "workspace", "python", "ssh", "gpus"},
@@ -135,7 +136,7 @@ class WatchdogSpec:
     hang_timeout: float = 120.0
     # Before its first metrics record a process may take this long to start, and every node must join.
     startup_timeout: float = 600.0
-    grace: float = 5.0  # seconds between SIGTERM and SIGKILL
+    grace: float = STOP_GRACE  # seconds between SIGTERM and SIGKILL
     on_failure: str = "kill-job"
     port: int | None = 7180  # the agents' shared store, on the first node
     notify: NotifySpec | None = None

@@ -28,6 +28,7 @@ class EventKind(str, Enum):
     ORPHAN = "orphan"
     ZOMBIE = "zombie"
     STRAGGLER = "straggler"
+    BLAME = "blame"  # after a hang: the rank the others wait for, from every node's ranks (the first node's agent)
     # the job
     FAILURE = "failure"  # a failure the coordinator decides on (on_failure restart): a restart or the end
     JOB_FAILED = "job_failed"

@@ -54,6 +54,10 @@ class JobState(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+# Seconds between SIGTERM and SIGKILL when a job's processes are stopped and nothing else says
+# (cluster.yaml's job.watchdog.grace defaults to it; node ops' kill, a pod's and a Slurm step's stop use it).
+STOP_GRACE = 5.0
+
 # The reason a job ends with when a user ran `fab kill-all`: their own act, so no alert is sent for it.
 KILLED_BY_FAB = "stopped by fab kill-all"
 # Who else stops a job (the first line node ops' kill writes into the job's `killed` marker): on a user's

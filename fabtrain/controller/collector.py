@@ -28,6 +28,7 @@ from typing import Any
 
 from fabtrain.controller import records
 from fabtrain.contract.events import JOB_EVENTS, EventKind
+from fabtrain.contract.jobfolder import EVENTS, HEALTH, LOGS, METRICS
 from fabtrain.controller.jobstate import NodeObservation, Verdict, job_verdict
 from fabtrain.controller.series import NODES, TRAINERS, Series, SeriesBook, SeriesDelta
 from fabtrain.remote import rpc
@@ -77,6 +78,7 @@ class TrainerProgress:
     last: dict = field(default_factory=dict)  # the latest metrics record
     last_ts: float | None = None  # controller time of the latest record
     records: int = 0
+    rate: float | None = None  # samples/s of the latest record that has one (an evaluation's has none)
 
 
 @dataclass
@@ -120,6 +122,7 @@ class TrainerSnapshot:
     last: dict
     last_ts: float | None
     records: int
+    rate: float | None = None  # samples/s of its latest record that has one
 
 
 @dataclass(frozen=True)
@@ -151,9 +154,9 @@ def _file_kind(rel: Any) -> tuple[str, str | None] | None:
     """("events", None), ("metrics", process) or ("logs", process) for a file node ops sent; else None."""
     if not isinstance(rel, str):
         return None
-    if rel == "events.jsonl":
+    if rel == EVENTS:
         return "events", None
-    for kind, suffix in (("metrics", ".jsonl"), ("logs", ".log")):
+    for kind, suffix in ((METRICS, ".jsonl"), (LOGS, ".log")):
         name = rel[len(kind) + 1:-len(suffix)] if rel.startswith(kind + "/") and rel.endswith(suffix) else ""
         if records.NAME_RE.match(name):
             return kind, name
@@ -263,7 +266,7 @@ class Collector:
             try:
                 view.health = records.health(reply["health"])
             except records.Malformed as e:
-                bad.add(("health.json", str(e)))
+                bad.add((HEALTH, str(e)))
         if "gpus" in reply:
             try:
                 view.gpus = records.gpu_holders(reply["gpus"])
@@ -359,6 +362,8 @@ class Collector:
             role = rec.get("role") or name.rsplit("-", 1)[0]
             p = self.progress[name] = TrainerProgress(node, name, role, rec.get("rank"))
         p.last, p.last_ts, p.records = rec, time.time(), p.records + 1
+        if rec.get("samples_per_s") is not None:
+            p.rate = rec["samples_per_s"]
         step = rec.get("step")
         for mark in self.restarts.values():
             if mark["step"] is None and step is not None and (rec.get("ts") or 0) >= mark["ts"]:
@@ -411,7 +416,7 @@ class Collector:
                 nodes.append(NodeSnapshot(n.name, n.host, tuple(n.roles), v.up, v.since, v.error, v.down, v.last_seen,
                                           v.job_id, v.killed, v.health, tuple(v.processes), v.slurm_job, v.gpus))
             observations = [v.observation() for v in self.nodes.values()]
-            progress = {name: TrainerSnapshot(p.node, p.name, p.role, p.rank, dict(p.last), p.last_ts, p.records)
+            progress = {name: TrainerSnapshot(p.node, p.name, p.role, p.rank, dict(p.last), p.last_ts, p.records, p.rate)
                         for name, p in self.progress.items()}
             events = tuple(self.events)
             dropped = {node: d.as_dict() for node, d in self.dropped.items()}

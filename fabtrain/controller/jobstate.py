@@ -106,12 +106,19 @@ class Straggler:
     """A rank the coordinator's agent reported behind the others (the `straggler` event) and still is."""
     node: str
     name: str
-    rate: float  # its steps a second now
-    median: float  # the median rank's
+    rate: float | None = None  # its steps a second now (the step-rate rule)
+    median: float | None = None  # the median rank's
+    # synchronous training (the timings rule): the rank the others wait for, why, and how far off the median
+    rank: int | None = None
+    cause: str | None = None  # "data loading" or "compute"
+    ratio: float | None = None
 
     @property
     def mark(self) -> str:
         """What fab status, fab watch and the dashboard put next to its process."""
+        if self.cause:
+            who = f"rank {self.rank}: " if self.rank is not None else ""
+            return f"STRAGGLER {who}{self.cause} {self.ratio:.1f}x the median"
         return f"STRAGGLER {self.rate:.3g} vs median {self.median:.3g} steps/s"
 
 
@@ -135,6 +142,7 @@ class Verdict:
     stragglers: tuple[Straggler, ...] = ()  # running: the ranks that fell behind and have not caught up
     left: tuple[str, ...] = ()  # min_nodes: the nodes that left the job (node_left events)
     world_size: int | None = None  # min_nodes: the trainers of the smaller world, once a node left
+    blame: str | None = None  # failed or restarting after a hang: the rank(s) the others waited for
 
     def straggler(self, node: str, name: str) -> Straggler | None:
         return next((s for s in self.stragglers if s.node == node and s.name == name), None)
@@ -155,11 +163,12 @@ class Verdict:
 
     def summary(self) -> str:
         """The reason, with what became of the survivors of a failure."""
+        reason = f"{self.reason}; {self.blame}" if self.blame else self.reason
         if self.state != JobState.FAILED or not self.on_failure:
-            return self.reason
+            return reason
         what = "on_failure keep: survivors left running for debugging (fab status, fab kill-all)" if self.kept \
             else f"torn down on every node (on_failure {self.on_failure})"
-        return f"{self.reason}; {what}"
+        return f"{reason}; {what}"
 
     def process(self, node: str, name: str) -> ProcessView | None:
         return next((p for p in self.processes if p.node == node and p.name == name), None)
@@ -235,6 +244,7 @@ class _Facts:
     restart_at: float | None = None  # the restarting event's time + its backoff
     left: set = field(default_factory=set)  # nodes that left the job (min_nodes), as the agents say
     world_size: int | None = None  # the trainers of the smaller world (the smallest an agent says)
+    blame: tuple | None = None  # (every node's ranks?, ts, sentence): the rank(s) the others waited for at a hang
 
 
 def _since_restart(events) -> list[dict]:
@@ -285,6 +295,10 @@ def _facts(nodes: list[NodeObservation]) -> _Facts:
                 f.finished_by.append(n.name)
             elif e["kind"] == EventKind.KEPT:
                 f.kept = True
+        b = (n.agent or {}).get("blame")
+        if b:  # the coordinator's node's (every node's ranks) over a hung node's own
+            said = (b.get("job") is True, n.agent.get("ts") or 0, b["text"])
+            f.blame = max(f.blame or said, said)
         job = (n.agent or {}).get("job") or {}
         if job.get("status") == JobState.FAILED and job.get("pending") is not True:  # pending: may be restarted
             failures.append((float("inf"), job.get("reason") or "failed", job.get("origin") or n.name))
@@ -314,7 +328,8 @@ def _decide(nodes: list[NodeObservation], ours: list[NodeObservation], procs: li
     if facts.restarting is not None:
         return JobState.RESTARTING, facts.restarting, []
     if facts.finished is not None:
-        return JobState.FINISHED, facts.finished, facts.finished_by
+        # Finished is the whole job's state: name every node of it that answered, not only the agents that said so first.
+        return JobState.FINISHED, facts.finished, sorted(set(facts.finished_by) | {n.name for n in ours if n.reachable})
     if not any(n.reachable for n in nodes):
         asked = any(n.reachable is False for n in nodes)
         return JobState.UNKNOWN, "no node reachable" if asked else "no node asked yet", []
@@ -376,8 +391,11 @@ def _stragglers(state: JobState, ours: list[NodeObservation], procs: list[Proces
     found = {}
     for n in (n for n in ours if n.agent_fresh):
         for s in n.agent.get("stragglers") or []:
-            if (s["node"], s["name"]) in live:
-                found[(s["node"], s["name"])] = Straggler(s["node"], s["name"], s["rate"], s["median"])
+            if (s["node"], s["name"]) in live and s.get("cause") and s.get("ratio") is not None:
+                found[(s["node"], s["name"])] = Straggler(s["node"], s["name"], rank=s.get("rank"), cause=s["cause"],
+                                                          ratio=s["ratio"])
+            elif (s["node"], s["name"]) in live and s.get("rate") is not None and s.get("median") is not None:
+                found.setdefault((s["node"], s["name"]), Straggler(s["node"], s["name"], s["rate"], s["median"]))
     return tuple(found[k] for k in sorted(found))
 
 
@@ -405,4 +423,5 @@ def job_verdict(nodes: Iterable[NodeObservation], job_id: str | None = None) -> 
                    cause=_cause(state, reason, procs, facts), startup_deadline=min(deadlines, default=None),
                    restart_at=facts.restart_at if state == JobState.RESTARTING else None,
                    stragglers=_stragglers(state, ours, procs),
-                   left=tuple(sorted(facts.left)), world_size=facts.world_size)
+                   left=tuple(sorted(facts.left)), world_size=facts.world_size,
+                   blame=facts.blame[2] if facts.blame and state in (JobState.FAILED, JobState.RESTARTING) else None)

@@ -28,7 +28,7 @@ from fabtrain.contract.clock import boot_id
 from fabtrain.plan.runtime import PACKAGE_ROOT, runtime_files, runtime_version
 from fabtrain.plan.plan import Network, Plan, make_plan, new_job_id
 from fabtrain.contract.replies import COORDINATOR_LISTENS
-from fabtrain.contract.states import START_FAILED
+from fabtrain.contract.states import START_FAILED, STOP_GRACE
 from fabtrain.plan.ports import configured_ports, needed_ports
 from fabtrain.remote import rpc
 from fabtrain.remote.rsync import Rsync, rsync
@@ -162,8 +162,8 @@ def deploy(session: Session) -> list[Reply]:
             # -R keeps each file's path below the /./ marker: fabtrain/node/... under runtime/<version>.
             runtime = [f"{PACKAGE_ROOT.parent}/./{rel}" for rel in runtime_files()]
             # The runtime's copy runs while the code's does: they go to different folders, and
-            # each is an OpenSSH connection and a remote rsync (0.2-0.6 s here, bench/fanout.py
-            # --profile); one after the other they were most of a one-node deploy's wait.
+            # each is an OpenSSH connection and a remote rsync, whose start-up one after the
+            # other would be most of a one-node deploy's wait (bench/fanout.py --profile).
             with Rsync(t, runtime, f"{t.node.workspace}/runtime/{runtime_version()}", ["-R"]) as runtime_copy:
                 stats = rsync(t, [f"{source}/", f"{tmp}/{CODE_IDENTITY}"], t.node.workspace + "/code",
                               ["--delete", *excludes])
@@ -252,7 +252,7 @@ class StartResult:
         return out
 
 
-def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: float = 5.0,
+def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: float = STOP_GRACE,
           resume_from: str | None = None) -> StartResult:
     cluster = session.cluster
     if cluster.job.mode == "collective" and "pserver" in roles:
@@ -429,7 +429,7 @@ def require_job(replies: list[Reply], job_id: str | None) -> None:
         raise no_job(job_id)
 
 
-def kill_all(session: Session, grace: float = 5.0, by: str = "fab kill-all") -> list[Reply]:
-    """Stop every process of every job on every node; `by` (one of node.states.KILLERS) is who
+def kill_all(session: Session, grace: float = STOP_GRACE, by: str = "fab kill-all") -> list[Reply]:
+    """Stop every process of every job on every node; `by` (one of contract.states.KILLERS) is who
     the job's events and state say stopped it."""
     return session.map(lambda t: rpc.call(t, "kill", {"grace": grace, "by": by}, timeout=grace + 60))

@@ -18,6 +18,7 @@ import math
 import re
 from typing import Any, Callable
 
+from fabtrain.contract import records as fields
 from fabtrain.contract.states import ProcessState
 
 MAX_LINE = 64 * 1024  # characters in one metrics or events line
@@ -164,24 +165,27 @@ def obj(schema: dict[str, Callable], required: tuple = (), extra: Callable | Non
 # -- the records ------------------------------------------------------------------------------------
 
 NAME = text(MAX_NAME)
+# The checker of each type the contract's record tables name (fabtrain/contract/records.py).
+CHECKS = {fields.NUMBER: number, fields.INTEGER: integer, fields.FLAG: flag, fields.NAME: NAME, fields.RANK: rank,
+          fields.STATE: state, fields.SIGNAL: text(32), fields.REASON: text(MAX_REASON), fields.TEXT: text(MAX_TEXT)}
+
+
+def checks(table: dict[str, str], **special: Callable) -> dict[str, Callable]:
+    """The checker of every field of a contract table; `special` for the fields checked more closely."""
+    return {field: CHECKS[kind] for field, kind in table.items()} | special
+
+
 # A hang's (or its teardown's) `stacks`: {process: {"frame": "path:line in function"} | {"why": ...}}.
-STACK = obj({"frame": text(MAX_TEXT), "why": text(MAX_TEXT)}, lenient=True)
-EVENT = obj({"kind": kind, "ts": number, "node": NAME, "name": NAME, "role": NAME, "rank": rank,
-             "reason": text(MAX_REASON), "signal": text(32), "exit_code": integer, "pid": integer,
-             "pids": list_of(integer), "peer": NAME, "origin": NAME, "on_failure": NAME,
-             "generation": integer, "backoff": number, "restarts_left": integer,
-             "stacks": obj({}, extra=STACK, lenient=True)},
+# With several processes (torchrun's ranks), `ranks` says each one's: {pid, rank, frame | why, collective}.
+RANK_STACK = obj({"pid": integer, "rank": integer, "frame": text(MAX_TEXT), "why": text(MAX_TEXT),
+                  "collective": text(MAX_NAME)}, lenient=True)
+STACK = obj({"frame": text(MAX_TEXT), "why": text(MAX_TEXT), "ranks": list_of(RANK_STACK, 1024, lenient=True)},
+            lenient=True)
+EVENT = obj(checks(fields.EVENT, kind=kind, pids=list_of(integer), stacks=obj({}, extra=STACK, lenient=True)),
             required=("kind",), extra=scalar)
-METRIC = obj({"ts": number, "step": number, "epoch": number, "loss": number, "samples_per_s": number,
-              "eval_loss": number, "lr": number, "role": NAME, "rank": rank}, extra=scalar)
-PROCESS = obj({"name": NAME, "state": state, "pid": integer, "program_pid": integer, "exit_code": integer,
-               "signal": text(32), "started_at": number, "uptime": number, "zombies": integer,
-               "last_line": text(MAX_TEXT)}, required=("name", "state"), lenient=True)
-AGENT_PROCESS = obj({"name": NAME, "role": NAME, "rank": rank, "pid": integer, "wrapper_pid": integer,
-                     "state": state, "exit_code": integer, "signal": text(32), "cpu_percent": number,
-                     "rss": number, "children": number, "zombies": integer, "last_progress": number,
-                     "hung": flag, "killed_by_agent": text(MAX_REASON), "gpu_mem": number, "last_record": number},
-                    required=("name",), lenient=True)
+METRIC = obj(checks(fields.METRIC), extra=scalar)
+PROCESS = obj(checks(fields.STATUS_PROCESS), required=("name", "state"), lenient=True)
+AGENT_PROCESS = obj(checks(fields.HEALTH_PROCESS), required=("name",), lenient=True)
 NUMBERS = obj({}, extra=number, lenient=True)
 HEALTH = obj({
     "ts": number, "node": NAME, "job_id": NAME, "interval": number, "zombies": integer, "gpu_error": text(MAX_TEXT),
@@ -189,8 +193,7 @@ HEALTH = obj({
     "gpus": list_of(obj({"index": integer, "name": text(MAX_NAME), "util": number, "mem_used": number,
                          "mem_total": number, "temp": number, "power_w": number}, lenient=True), 64, lenient=True),
     "processes": list_of(AGENT_PROCESS, 1024, lenient=True),
-    "agent": obj({"pid": integer, "rss": number, "cpu_percent": number, "started": number, "restarted": flag,
-                  "keeper_pid": integer}, lenient=True),
+    "agent": obj(checks(fields.HEALTH_AGENT), lenient=True),
     "peers": NUMBERS,
     "job": obj({"status": NAME, "reason": text(MAX_REASON), "origin": NAME, "on_failure": NAME, "kept": flag,
                 "generation": integer, "restarts_left": integer, "pending": flag, "startup_deadline": number,
@@ -202,8 +205,10 @@ HEALTH = obj({
     "orphans": list_of(obj({"pid": integer, "name": NAME, "job_id": NAME, "reason": text(MAX_REASON)},
                            lenient=True), 1024, lenient=True),
     "events": list_of(EVENT, 64, lenient=True),
-    "stragglers": list_of(obj({"node": NAME, "name": NAME, "rate": number, "median": number, "since": number},
-                              required=("node", "name", "rate", "median")), 1024, lenient=True),
+    "blame": obj({"text": text(MAX_REASON), "job": flag}, required=("text",), lenient=True),
+    "stragglers": list_of(obj({"node": NAME, "name": NAME, "rate": number, "median": number, "since": number,
+                               "rank": integer, "cause": NAME, "ratio": number, "seconds": number},
+                              required=("node", "name")), 1024, lenient=True),
 }, required=("ts",), lenient=True)
 GPU_HOLDERS = obj({"source": NAME, "total": integer, "free": integer,
                    "busy": list_of(obj({"index": integer, "by": text(MAX_TEXT)}, required=("index",), lenient=True),

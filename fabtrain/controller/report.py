@@ -17,6 +17,12 @@ from fabtrain.controller.terminal import visible
 from fabtrain.remote.transport import Reply, down_label
 
 
+def failed_line(r: Reply) -> str:
+    """`node: FAILED: why`, the node named once (a node's error already begins with its name)."""
+    why = r.error or "failed"
+    return f"{r.node}: FAILED: {why[len(r.node) + 2:] if why.startswith(f'{r.node}: ') else why}"
+
+
 def table(rows: list[list[str]], header: list[str]) -> str:
     rows = [header] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
@@ -198,7 +204,7 @@ def start_text(result: StartResult, roles: tuple[str, ...]) -> str:
     out = []
     for r in result.replies:
         if not r.ok:
-            out.append(f"{r.node}: FAILED: {r.error}")
+            out.append(failed_line(r))
             continue
         names = ", ".join(f"{s['name']} (pid {s['pid']})" for s in r.value["started"])
         out.append(f"{r.node}: started {names}")
@@ -340,7 +346,7 @@ def kill_text(replies: list[Reply]) -> tuple[str, bool]:
     out, clean = [], True
     for r in replies:
         if not r.ok:
-            out.append(f"{r.node}: FAILED: {r.error}")
+            out.append(failed_line(r))
             clean = False
             continue
         killed = r.value["killed"]

@@ -31,6 +31,7 @@ def _restarting(v: Verdict, now: float) -> str:
     if v.restarts_left is not None:
         more = f"{v.restarts_left} restart{'s' if v.restarts_left != 1 else ''} left after it"
         when = f"{when}, {more}" if when else more
+    cause = f"{cause} ({v.blame})" if v.blame else cause
     return f"JOB RESTARTING after {cause}" + (f": {when}" if when else "")
 
 

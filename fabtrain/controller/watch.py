@@ -77,7 +77,8 @@ def frame(snap: Snapshot, now: float, began: float, fresh: dict | None = None, s
     trainers = [["process", "node", "step", "loss", "samples/s", "last record"]]
     for p in sorted(snap.progress.values(), key=lambda p: (p.role != "trainer", str(p.rank))):
         r = p.last
-        loss, sps = r.get("loss"), r.get("samples_per_s")
+        # samples/s of its last record that has one (the dashboard's number: an evaluation's record has none)
+        loss, sps = r.get("loss"), p.rate if p.rate is not None else r.get("samples_per_s")
         # The record's own time (the node's clock), not when watch first read it: a job
         # that finished an hour ago shows its last record an hour old.
         written = r.get("ts") if isinstance(r.get("ts"), (int, float)) else p.last_ts

@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 from flask import Flask
 
+from fabtrain.contract.states import STOP_GRACE
+
 from .guard import MAX_BODY_BYTES
 
 DEFAULTS: dict[str, Any] = {
@@ -23,7 +25,7 @@ DEFAULTS: dict[str, Any] = {
     "REFRESH_MS": 1000,  # how often the page polls the JSON API
     "STALE_AFTER": 15.0,  # seconds without a metrics record before a running trainer is stale
     "EVENTS_LIMIT": 200,  # default number of events /api/events returns
-    "KILL_GRACE": 5.0,  # seconds between SIGTERM and SIGKILL for the kill button
+    "KILL_GRACE": STOP_GRACE,  # seconds between SIGTERM and SIGKILL for the kill button
 }
 
 

@@ -57,10 +57,12 @@ def _process_json(node: str, p: dict, hp: dict, verdict) -> dict:
         "exit_code": seen.exit_code if seen else p.get("exit_code"),
         "signal": seen.signal if seen else signal_name(signal_of(p.get("exit_code"))),
         "label": process_label(p, seen), "launcher_gone": bool(seen and seen.launcher_gone),
-        "pid": p.get("pid"), "uptime": short(p.get("uptime"), 5),
+        "pid": p.get("pid"), "launcher_pid": p.get("launcher_pid") or hp.get("launcher_pid"),
+        "uptime": short(p.get("uptime"), 5),
         "started_at": number(p.get("started_at")), "zombies": p.get("zombies") or 0,
         "cpu_percent": short(hp.get("cpu_percent"), 3), "rss": number(hp.get("rss")),
         "children": number(hp.get("children")), "last_progress": number(hp.get("last_progress")),
+        "step_rate": short(hp.get("step_rate"), 4),
         "last_line": (p.get("last_line") or "")[-200:],
     }
 
@@ -127,7 +129,12 @@ def job_view(snap, stale_after: float, ended: dict, now: float | None = None) ->
     started_at = min(started) if started else None
     terminal = verdict.state in TERMINAL
     if terminal and job_id is not None:
-        ended.setdefault(job_id, now)
+        # The job's own end (its last event, as the jobs table's duration ends at its last write), not when
+        # this dashboard first saw it ended: a page opened later would count the time between.
+        last_event = max((e["ts"] for e in getattr(snap, "events", ()) if isinstance(e.get("ts"), (int, float))),
+                         default=None)
+        ended.setdefault(job_id, last_event if last_event is not None and started_at is not None
+                         and last_event >= started_at else now)
     ended_at = ended.get(job_id) if terminal else None
     elapsed = ((ended_at or now) - started_at) if started_at is not None else None
     states = {p["name"]: (node, p) for node, p in procs if p["name"] != "agent"}
@@ -219,13 +226,16 @@ def _trainers(snap, states: dict, health_progress: dict, stale_after: float, now
             "name": name, "node": node or (prog.node if prog else None), "rank": process_role(name)[1],
             "state": seen.state.value if seen else p.get("state"), "label": process_label(p, seen) if p else "?",
             "step": number(rec.get("step")), "epoch": number(rec.get("epoch")),
-            "loss": short(rec.get("loss")), "samples_per_s": short(rec.get("samples_per_s"), 5),
+            "loss": short(rec.get("loss")),
+            # its latest record that has a rate (the chart's last point): an evaluation's record has none
+            "samples_per_s": short(getattr(prog, "rate", None) if prog else rec.get("samples_per_s"), 5),
             "lr": short(rec.get("lr"), 4), "ts": ts, "age": short(age, 4),
             "last_progress": number(health_progress.get(name)) or ts,
             "stale": bool(running and age is not None and age > stale_after),
             "records": prog.records if prog else 0,
             # fell behind the median rank and has not caught up (the verdict's, as fab status marks it)
-            "straggler": {"rate": short(behind.rate, 4), "median": short(behind.median, 4), "mark": behind.mark}
+            "straggler": {"rate": short(behind.rate, 4), "median": short(behind.median, 4), "rank": behind.rank,
+                          "cause": behind.cause, "ratio": short(behind.ratio, 3), "mark": behind.mark}
             if behind else None,
         })
     return out

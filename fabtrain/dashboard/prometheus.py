@@ -91,6 +91,14 @@ def render(snap, now: float) -> str:
         w.add("fabtrain_records_dropped_total", "Records from the node dropped as malformed (bad JSON, NaN, "
               "wrong field types, over-long lines) since the dashboard started", {"cluster": cluster_name, "node": n.name},
               d["count"], kind="counter")
+    for s in verdict.stragglers:
+        sl = {"cluster": cluster_name, "node": s.node, "process": s.name,
+              "rank": "" if s.rank is None else str(s.rank), "cause": s.cause or "step rate"}
+        w.add("fabtrain_straggler", "1 for a rank the others wait for (watchdog.straggler): by its data loading or "
+              "compute time against the median rank's (synchronous training), or by its step rate", sl, 1)
+        if s.ratio is not None:
+            w.add("fabtrain_straggler_ratio", "The straggler's data loading or compute time a step over the median "
+                  "rank's", sl, s.ratio)
     jl = {"cluster": cluster_name, "job": verdict.job_id or ""}
     if verdict.restarts:
         w.add("fabtrain_job_restarts_total", "Times the watchdog restarted the job (on_failure restart): its generation",

@@ -28,10 +28,12 @@ import subprocess
 import sys
 import time
 
+from fabtrain.contract.states import STOP_GRACE
 from fabtrain.node import atomic, attempts, launch, ops, procfs
 from fabtrain.node.netcheck import iface_of, resolve
-from fabtrain.contract.events import OUTCOMES, EventKind, read_events
+from fabtrain.contract.events import OUTCOMES, EventKind
 from fabtrain.contract.clock import boot_id
+from fabtrain.contract.jobfolder import JobFolder
 from fabtrain.node.elsewhere import running_elsewhere
 from fabtrain.node.workspace import job_dir
 
@@ -168,13 +170,13 @@ class Stop:
 
 def job_over(jd):
     """The agents already decided how the job ends (failed, finished, kept): a stop now is only its cleanup."""
-    return any(ev.get("kind") in OUTCOMES for ev in read_events(os.path.join(jd, "events.jsonl")))
+    return any(ev.get("kind") in OUTCOMES for ev in JobFolder(jd).read_events())
 
 
 def agent_said_exit(jd, node):
     """This node's agent wrote agent_exit: nothing of the job is left for it to watch."""
     return any(ev.get("kind") == EventKind.AGENT_EXIT and ev.get("node") == node
-               for ev in read_events(os.path.join(jd, "events.jsonl")))
+               for ev in JobFolder(jd).read_events())
 
 
 def stop_node(ws, node, grace, reason, mark=True):
@@ -222,7 +224,7 @@ def wait_for_end(folder, ws, jd, node, grace, stop):
 def node_exit_code(jd, job):
     """0 if every process of this node exited 0, else 1 (the Slurm job then ends FAILED)."""
     for proc in job["processes"]:
-        if launch.read_exit(os.path.join(jd, "run", proc["name"] + ".exit")) != 0:
+        if launch.read_exit(JobFolder(jd).exit_record(proc["name"])) != 0:
             return 1
     return 0
 
@@ -276,7 +278,7 @@ def main(argv):
     for warning in started["warnings"]:
         print("fabtrain: %s" % warning, file=sys.stderr)
     jd = started["job_dir"]
-    wait_for_end(folder, ws, jd, job["node"], float(template.get("grace", 5.0)), stop)
+    wait_for_end(folder, ws, jd, job["node"], float(template.get("grace", STOP_GRACE)), stop)
     return 143 if stop.signal else node_exit_code(jd, job)
 
 

@@ -4,11 +4,11 @@ knows nothing of its pids and its agent's health.json is the word on its process
 
 Slurm's step task writes the machine into job.json (fabtrain/node/allocation.py); node ops read it here.
 """
-import os
 import time
 
 from fabtrain.contract.clock import boot_id
 from fabtrain.contract.states import LIVE
+from fabtrain.contract.jobfolder import JobFolder
 from fabtrain.node import atomic
 
 
@@ -33,10 +33,10 @@ def states_from_health(job, health):
 
 def running_elsewhere(jd):
     """The job in jd runs on another machine and its agent said, lately, that something of it still runs."""
-    job = atomic.read_json(os.path.join(jd, "job.json"), {})
+    job = atomic.read_json(JobFolder(jd).job_json, {})
     if not elsewhere(job):
         return False
-    health = atomic.read_json(os.path.join(jd, "health.json"))
+    health = atomic.read_json(JobFolder(jd).health)
     if not isinstance(health, dict) or not isinstance(health.get("ts"), (int, float)):
         return False
     fresh = time.time() - health["ts"] < max(10.0, 10 * float(health.get("interval") or 1.0))

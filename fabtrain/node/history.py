@@ -11,12 +11,13 @@ import json
 import os
 
 from fabtrain.contract import jobid
-from fabtrain.contract.events import JOB_EVENTS, EventKind, read_events
+from fabtrain.contract.records import SERIES
+from fabtrain.contract.events import JOB_EVENTS, EventKind
+from fabtrain.contract.jobfolder import EVENTS, LOGS, METRICS, JobFolder
 from fabtrain.node import atomic, ops
 
 # The events that tell how a job went, as opposed to the watchdog's running commentary.
 OUTCOME_KINDS = JOB_EVENTS + (EventKind.KILLED,)
-SERIES_KEYS = ("ts", "step", "epoch", "loss", "samples_per_s", "eval_loss", "lr")
 MAX_POINTS = 2000  # per trainer in a `job` reply: a long run is thinned evenly, its last point kept
 MAX_EVENTS = 500
 MAX_JOBS = 500
@@ -42,27 +43,36 @@ def summary(job):
 
 def job_events(jd, kinds=None, limit=None):
     """events.jsonl's records (only `kinds` if given; the last `limit`)."""
-    out = [ev for ev in read_events(os.path.join(jd, "events.jsonl")) if kinds is None or ev.get("kind") in kinds]
+    out = [ev for ev in JobFolder(jd).read_events() if kinds is None or ev.get("kind") in kinds]
     return out[-limit:] if limit else out
 
 
 def metric_files(jd):
-    mdir = os.path.join(jd, "metrics")
+    mdir = JobFolder(jd).metrics
     try:
         return sorted(f[:-6] for f in os.listdir(mdir) if f.endswith(".jsonl"))
     except OSError:
         return []
 
 
-def last_record(path):
-    for line in reversed(ops.tail_lines(path, 5)):
+def last_record(path, lines=5):
+    """The file's last record; its samples_per_s is the latest of the last `lines` that has one
+    (an evaluation's or a heartbeat's record measures no training rate)."""
+    found = None
+    for line in reversed(ops.tail_lines(path, lines)):
         try:
             rec = json.loads(line)
         except ValueError:
             continue
-        if isinstance(rec, dict):
-            return rec
-    return None
+        if not isinstance(rec, dict):
+            continue
+        if found is None:
+            found = rec
+        if isinstance(rec.get("samples_per_s"), (int, float)):
+            if rec is not found:
+                found = dict(found, samples_per_s=rec["samples_per_s"])
+            break
+    return found
 
 
 def started_at(jd):
@@ -72,7 +82,7 @@ def started_at(jd):
     if times:
         return min(times)
     try:
-        return os.path.getmtime(os.path.join(jd, "job.json"))
+        return os.path.getmtime(JobFolder(jd).job_json)
     except OSError:
         return None
 
@@ -80,7 +90,7 @@ def started_at(jd):
 def ended_at(jd):
     """The last time anything of the job was written here (events, metrics, logs)."""
     latest = None
-    for sub in ("events.jsonl", "metrics", "logs"):
+    for sub in (EVENTS, METRICS, LOGS):
         path = os.path.join(jd, sub)
         paths = [os.path.join(path, f) for f in os.listdir(path)] if os.path.isdir(path) else [path]
         for p in paths:
@@ -94,7 +104,7 @@ def ended_at(jd):
 
 def job_entry(ws, job_id):
     jd = os.path.join(ws, "jobs", job_id)
-    job = atomic.read_json(os.path.join(jd, "job.json"), {})
+    job = atomic.read_json(JobFolder(jd).job_json, {})
     status = ops.op_status({"workspace": ws, "job_id": job_id, "health": True})
     return {
         "job_id": job_id,
@@ -103,7 +113,7 @@ def job_entry(ws, job_id):
         "last_write": ended_at(jd),
         "status": status,
         "events": job_events(jd, OUTCOME_KINDS, 200),
-        "last_metrics": {name: last_record(os.path.join(jd, "metrics", name + ".jsonl"))
+        "last_metrics": {name: last_record(JobFolder(jd).metrics_file(name), 20)
                          for name in metric_files(jd)},
     }
 
@@ -145,7 +155,7 @@ def series(path, max_points):
             except ValueError:
                 continue
             if isinstance(rec, dict):
-                out.append({k: rec[k] for k in SERIES_KEYS if k in rec})
+                out.append({k: rec[k] for k in SERIES if k in rec})
     return thin(out, max_points)
 
 
@@ -159,12 +169,12 @@ def op_job(payload):
     entry = job_entry(ws, job_id)
     max_points = int(payload.get("max_points", MAX_POINTS))
     entry["found"] = True
-    entry["series"] = {name: series(os.path.join(jd, "metrics", name + ".jsonl"), max_points)
+    entry["series"] = {name: series(JobFolder(jd).metrics_file(name), max_points)
                        for name in metric_files(jd)}
     entry["events"] = job_events(jd, None, int(payload.get("max_events", MAX_EVENTS)))
     lines = int(payload.get("lines", 50))
     logs = {}
-    ldir = os.path.join(jd, "logs")
+    ldir = JobFolder(jd).logs
     for f in sorted(os.listdir(ldir)) if os.path.isdir(ldir) else []:
         if f.endswith(".log"):
             logs[f[:-4]] = ops.tail_lines(os.path.join(ldir, f), lines)

@@ -6,6 +6,7 @@ import os
 import time
 
 from fabtrain.contract.events import EventKind
+from fabtrain.contract.jobfolder import JobFolder
 
 
 def append_events(path, events):
@@ -22,7 +23,7 @@ def write_kill_events(jobs_root, touched, killed, node, reason):
     """One `killed` event per process (its program and children share it) in each job's events.jsonl."""
     now = time.time()
     for job_id in touched:
-        path = os.path.join(jobs_root, job_id, "events.jsonl")
+        path = JobFolder(os.path.join(jobs_root, job_id)).events
         if not os.path.isdir(os.path.dirname(path)):
             continue
         by_name = {}

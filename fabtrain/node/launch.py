@@ -30,10 +30,11 @@ The program is run under ``stdbuf -oL -eL`` where stdbuf exists, so C stdio
 writes the log a line at a time.
 
 Stacks on request: the program's environment gets ``FABTRAIN_STACKS``
-(``<job_dir>/stacks/<name>.txt``) and ``PYTHONPATH`` led by
-``<job_dir>/stacks/hook``, whose ``sitecustomize.py`` (written here) has a
-Python program register ``faulthandler`` for STACK_SIGNAL, all threads, into
-that file, then imports the user's own ``sitecustomize`` if there is one. The
+(``<job_dir>/stacks/<name>``) and ``PYTHONPATH`` led by
+``<job_dir>/stacks/hook``, whose ``sitecustomize.py`` (written here) has
+every Python process of it (torchrun's workers, forked workers too) register
+``faulthandler`` for STACK_SIGNAL, all threads, into its own file
+``<job_dir>/stacks/<name>.<pid>.txt``, then imports the user's own ``sitecustomize`` if there is one. The
 user's code is unchanged; a program that is not Python, or runs with ``-I``,
 ``-E`` or ``-S``, installs no handler, and the agent (which checks the
 signal's handler in /proc before sending it) leaves it alone.
@@ -57,12 +58,16 @@ STACK_HOOK = """\
 import os, sys
 def _fabtrain_stacks():
     import faulthandler, signal
-    path = os.environ.get("FABTRAIN_STACKS")
-    if path:
+    prefix = os.environ.get("FABTRAIN_STACKS")
+    def register():  # one file a process (every rank of a torchrun, every worker): <prefix>.<pid>.txt
         try:
-            faulthandler.register(signal.SIGRTMIN + %d, file=open(path, "a"), all_threads=True)
+            faulthandler.register(signal.SIGRTMIN + %d, file=open("%%s.%%d.txt" %% (prefix, os.getpid()), "a"),
+                                  all_threads=True)
         except (OSError, ValueError, AttributeError, RuntimeError):
             pass
+    if prefix:
+        register()
+        os.register_at_fork(after_in_child=register)  # a forked child (a DataLoader worker) writes its own
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     from importlib.machinery import PathFinder
@@ -80,8 +85,13 @@ def stack_signal() -> int:
     return signal.SIGRTMIN + STACK_SIGNAL_OFFSET
 
 
-def stacks_path(job_dir: str, name: str) -> str:
-    return os.path.join(job_dir, "stacks", name + ".txt")
+def stacks_prefix(job_dir: str, name: str) -> str:
+    """FABTRAIN_STACKS: each Python process of `name` writes its stacks into ``<prefix>.<pid>.txt``."""
+    return os.path.join(job_dir, "stacks", name)
+
+
+def stacks_path(job_dir: str, name: str, pid: int) -> str:
+    return "%s.%d.txt" % (stacks_prefix(job_dir, name), pid)
 
 
 def _stack_hook(exit_path: str) -> None:
@@ -98,7 +108,7 @@ def _stack_hook(exit_path: str) -> None:
         os.replace(tmp, target)
     except OSError:
         return  # no stacks for this one; it runs all the same
-    os.environ["FABTRAIN_STACKS"] = stacks_path(job_dir, name)
+    os.environ["FABTRAIN_STACKS"] = stacks_prefix(job_dir, name)
     old = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != hook]
     os.environ["PYTHONPATH"] = os.pathsep.join([hook] + old)
 

@@ -13,13 +13,14 @@ import sys
 import time
 
 from fabtrain.contract.launcher import SCRIPT
+from fabtrain.contract.jobfolder import JobFolder
 from fabtrain.node import procfs, spawn
 
 WAIT = 60.0  # seconds node ops' start may take on this node after mpirun reached it
 
 
 def read_job(jd, deadline):
-    path = os.path.join(jd, "job.json")
+    path = JobFolder(jd).job_json
     while True:
         if os.path.exists(os.path.join(jd, SCRIPT)):  # written after job.json: both are there
             with open(path) as f:

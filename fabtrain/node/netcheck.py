@@ -28,6 +28,7 @@ import socket
 import struct
 import time
 
+from fabtrain.contract.jobfolder import JobFolder
 from fabtrain.node import procfs
 from fabtrain.node.hostnames import for_resolver
 
@@ -232,7 +233,7 @@ def claimed_ports(own_workspace, own_job):
     claims = []
     for ws, job in sorted(jobs):
         try:
-            with open(os.path.join(ws, "jobs", job, "job.json")) as f:
+            with open(JobFolder(os.path.join(ws, "jobs", job)).job_json) as f:
                 listens = json.load(f).get("listens") or []
         except (OSError, ValueError, AttributeError):
             continue

@@ -28,7 +28,9 @@ from fabtrain.node.workspace import (check_workspace, claim_workspace, code_refu
                                      snapshot_code, workspace)
 from fabtrain.node.spawn import expand, name_programs, program_of, spawn
 from fabtrain.contract.events import EventKind, read_events
-from fabtrain.contract.states import KILLERS, START_FAILED, ProcessState, read_marker, signal_name, signal_of, state_of
+from fabtrain.contract.states import (KILLERS, START_FAILED, STOP_GRACE, ProcessState, read_marker, signal_name,
+                                      signal_of, state_of)
+from fabtrain.contract.jobfolder import EVENTS, METRICS, JobFolder
 
 PROGRAM_WAIT = 3.0  # seconds a start waits for each launcher to fork its program
 
@@ -51,7 +53,7 @@ def tail_lines(path, n, max_bytes=65536):
 
 def run_records(jd):
     """(name, record) of every run record in a job directory."""
-    run_dir = os.path.join(jd, "run")
+    run_dir = JobFolder(jd).run
     out = []
     for name in sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []:
         if name.endswith(".json"):
@@ -66,13 +68,13 @@ def run_records(jd):
 
 def process_record(jd, name, procs, kids):
     """One job process as node ops' status reports it: its run record, whether it lives, how it ended."""
-    run = atomic.read_json(os.path.join(jd, "run", name + ".json"))
+    run = atomic.read_json(JobFolder(jd).run_record(name))
     if not isinstance(run, dict) or "pid" not in run:
         return {"state": str(ProcessState.NOT_STARTED)}
     launcher, ctime = run["pid"], run.get("create_time")
     info = {"pid": run.get("program_pid") or launcher, "launcher_pid": launcher,
             "started_at": run.get("started_at"), "uptime": None}
-    code = launch.read_exit(os.path.join(jd, "run", name + ".exit"))
+    code = launch.read_exit(JobFolder(jd).exit_record(name))
     alive = procfs.alive(launcher, ctime, procs)
     if code is not None:
         info.update(state=str(state_of(False, exit_code=code)), exit_code=code, signal=signal_name(signal_of(code)))
@@ -110,7 +112,7 @@ def start_agent(agent, job, jd, ws, base_env, warnings, leases=(), tell_listenin
     coordinator cannot listen (another program on job.watchdog.port) has none:
     that fails the start here, before any of the job's processes runs.
     """
-    events = os.path.join(jd, "events.jsonl")
+    events = JobFolder(jd).events
     offset = os.path.getsize(events) if os.path.exists(events) else 0
     p, record = spawn(agent, ws, base_env, leases=leases)
     if (job.get("nodes") or [{}])[0].get("name") != job["node"]:
@@ -147,8 +149,8 @@ def op_start(payload):
         raise UserFacing("%s; nothing of job %s was started here" % (refusal, job["job_id"]))
 
     # Refuse to start over a running job unless told (`--force` kills it first on the controller side),
-    # before anything of the new job exists here. Each record's launcher is read alone: a scan of
-    # /proc on every node of a start at once was CPU the start itself needed.
+    # before anything of the new job exists here. Each record's launcher is read alone, not a scan of
+    # /proc: every node of a start does this at once, and a scan's CPU is what the start itself needs.
     jobs_root = os.path.join(ws, "jobs")
     for other in sorted(os.listdir(jobs_root)) if os.path.isdir(jobs_root) else []:
         if other != job["job_id"]:
@@ -158,7 +160,7 @@ def op_start(payload):
     # The job's GPUs here: leased by its first start on this node, before anything of it runs.
     from fabtrain.node import gpustart
 
-    leases, gpu_warnings = gpustart.take(job, atomic.read_json(os.path.join(jd, "job.json")))
+    leases, gpu_warnings = gpustart.take(job, atomic.read_json(JobFolder(jd).job_json))
     try:
         return _start_leased(payload, job, ws, jd, leases, gpu_warnings)
     finally:
@@ -180,7 +182,7 @@ def _start_leased(payload, job, ws, jd, leases, warnings):
     for rel, text in sorted(job.get("files", {}).items()):  # mpirun's hostfile and ssh config
         make_private_dirs(os.path.dirname(os.path.join(jd, rel)))
         atomic.write(os.path.join(jd, rel), text)
-    atomic.write(os.path.join(jd, "job.json"), json.dumps(job, indent=1))
+    atomic.write(JobFolder(jd).job_json, json.dumps(job, indent=1))
     atomic.write(os.path.join(jd, SCRIPT), launch.source())
     tmp_link = os.path.join(ws, ".current.%d" % os.getpid())
     os.symlink(os.path.join("jobs", job["job_id"]), tmp_link)
@@ -227,35 +229,35 @@ def op_status(payload):
         return {"job_id": None, "processes": []}
     procs = procfs.below(record["pid"] for _, record in run_records(jd))  # the launchers and what they run
     kids = procfs.children_map(procs)
-    job = atomic.read_json(os.path.join(jd, "job.json"), {})
-    health = atomic.read_json(os.path.join(jd, "health.json"))
+    job = atomic.read_json(JobFolder(jd).job_json, {})
+    health = atomic.read_json(JobFolder(jd).health)
     if elsewhere(job):  # a Slurm node's records, read on the login node: its agent knows, not our /proc
         return status_reply(jd, job, states_from_health(job, health), health, payload)
     names = [p["name"] for p in job.get("processes", [])]
-    if os.path.exists(os.path.join(jd, "run", "agent.json")):
+    if os.path.exists(JobFolder(jd).run_record("agent")):
         names.append("agent")
     out = []
     for name in names:
         info = process_record(jd, name, procs, kids)
         info["name"] = name
-        info["last_line"] = (tail_lines(os.path.join(jd, "logs", name + ".log"), 1) or [""])[0][-200:]
+        info["last_line"] = (tail_lines(JobFolder(jd).log(name), 1) or [""])[0][-200:]
         out.append(info)
     return status_reply(jd, job, out, health, payload)
 
 
 def status_reply(jd, job, processes, health, payload):
-    events = tail_lines(os.path.join(jd, "events.jsonl"), 1)
+    events = tail_lines(JobFolder(jd).events, 1)
     try:
         last_event = json.loads(events[0]) if events else None
     except ValueError:
         last_event = None
-    killed_by, stop_reason = read_marker(os.path.join(jd, "killed"))
+    killed_by, stop_reason = read_marker(JobFolder(jd).killed)
     return {
         "job_id": os.path.basename(jd),
         "code": job.get("code"),
         "slurm": job.get("slurm"),  # a job in a Slurm allocation: its Slurm job id and node
         "processes": processes,
-        "killed": os.path.exists(os.path.join(jd, "killed")),
+        "killed": os.path.exists(JobFolder(jd).killed),
         "killed_by": killed_by,
         "stop_reason": stop_reason,  # a failed start's why (all or nothing)
         "health_ts": health.get("ts") if isinstance(health, dict) else None,
@@ -273,7 +275,7 @@ def op_logs(payload):
     node = payload["node"]
     if payload.get("stacks"):
         return print_stacks(jd, node)
-    logs_dir = os.path.join(jd, "logs")
+    logs_dir = JobFolder(jd).logs
     names = sorted(f[:-4] for f in os.listdir(logs_dir) if f.endswith(".log"))
     offsets = {}
     for name in names:
@@ -307,11 +309,23 @@ def op_logs(payload):
 
 
 def print_stacks(jd, node):
-    """The stacks the agent saved before a hang's teardown (stacks/<name>.txt), prefixed [node name]."""
-    sdir = os.path.join(jd, "stacks")
-    names = sorted(f[:-4] for f in os.listdir(sdir) if f.endswith(".txt")) if os.path.isdir(sdir) else []
-    for name in names:
-        for line in tail_lines(os.path.join(sdir, name + ".txt"), 10 ** 4, max_bytes=1 << 20):
+    """The stacks the agent saved before a hang's teardown, prefixed [node name]: every process of a job
+    process wrote its own (stacks/<name>.<pid>.txt, whose first line says its pid and rank); those that
+    never dumped (empty files) are left out."""
+    sdir = JobFolder(jd).stacks
+    files = sorted(f for f in os.listdir(sdir) if f.endswith(".txt")) if os.path.isdir(sdir) else []
+    names = []
+    for f in files:
+        path = os.path.join(sdir, f)
+        try:
+            if not os.path.getsize(path):
+                continue
+        except OSError:
+            continue
+        head, _, pid = f[:-4].rpartition(".")
+        name = head if pid.isdigit() and head else f[:-4]
+        names.append(name)
+        for line in tail_lines(path, 10 ** 4, max_bytes=1 << 20):
             sys.stdout.write("[%s %s] %s\n" % (node, name, line))
     if not names:
         sys.stdout.write("[%s] no stacks saved (they are taken before a hang's teardown)\n" % node)
@@ -366,7 +380,7 @@ def op_kill(payload):
     `killed` events (default: who). "mark": false leaves the marker alone (a job the agents ended).
     """
     ws = workspace(payload)
-    grace = float(payload.get("grace", 5.0))
+    grace = float(payload.get("grace", STOP_GRACE))
     by = payload.get("by") if payload.get("by") in KILLERS else KILLERS[0]
     only, reason = payload.get("job_id"), payload.get("reason")
     jobs_root = os.path.join(ws, "jobs")
@@ -407,7 +421,7 @@ def op_kill(payload):
             # Before any signal: the agents read it (a user's act or a failed start: no restart, no failure).
             why = reason if by == START_FAILED else None  # otherwise `reason` only words the killed events
             if why:
-                append_events(os.path.join(jobs_root, job_id, "events.jsonl"), [{
+                append_events(JobFolder(os.path.join(jobs_root, job_id)).events, [{
                     "ts": time.time(), "node": payload.get("node"), "kind": EventKind.START_FAILED, "reason": why}])
             atomic.write(os.path.join(jobs_root, job_id, "killed"), by + ("\n" + why if why else ""))
     sent, left = stop_all(find, grace)
@@ -478,10 +492,11 @@ def op_collect(payload):
     reply["killed_by"] = status["killed_by"]
     reply["stop_reason"] = status["stop_reason"]
     reply["slurm"] = status["slurm"]
-    reply["health"] = atomic.read_json(os.path.join(jd, "health.json"))
+    reply["health"] = atomic.read_json(JobFolder(jd).health)
     max_bytes = int(payload.get("max_bytes", 1 << 20))
-    wanted = ["events.jsonl"] + ["metrics/" + f for f in sorted(os.listdir(os.path.join(jd, "metrics")))
-                                 if f.endswith(".jsonl")] if os.path.isdir(os.path.join(jd, "metrics")) else ["events.jsonl"]
+    metrics = JobFolder(jd).metrics
+    wanted = [EVENTS] + ([METRICS + "/" + f for f in sorted(os.listdir(metrics)) if f.endswith(".jsonl")]
+                         if os.path.isdir(metrics) else [])
     wanted += [k for k in offsets if k.startswith("logs/") and k not in wanted]
     files = {}
     for rel in wanted:

@@ -20,7 +20,9 @@ import signal
 import sys
 import time
 
-from fabtrain.contract.events import EventKind, read_events
+from fabtrain.contract.states import STOP_GRACE
+from fabtrain.contract.events import EventKind
+from fabtrain.contract.jobfolder import JobFolder
 from fabtrain.node import ops
 from fabtrain.node.spawn import expand
 
@@ -98,7 +100,7 @@ def reap():
 
 def outcome(jd, job, ws):
     # No events (watchdog disabled): the exit codes say it.
-    kinds = {ev.get("kind") for ev in read_events(os.path.join(jd, "events.jsonl"))}
+    kinds = {ev.get("kind") for ev in JobFolder(jd).read_events()}
     if EventKind.JOB_FAILED in kinds:
         return 1
     if EventKind.FINISHED in kinds:
@@ -134,7 +136,7 @@ def run(files, role, index_env, code_dir):
         follower.poll()
         if stop and not stopped:
             stopped = True
-            ops.op_kill({"workspace": ws, "grace": watchdog.get("grace", 5.0), "node": job["node"]})
+            ops.op_kill({"workspace": ws, "grace": watchdog.get("grace", STOP_GRACE), "node": job["node"]})
         if not ops.live_job_processes(jd):
             break
         time.sleep(POLL)

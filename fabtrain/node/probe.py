@@ -13,7 +13,7 @@ import sys
 import time
 
 from fabtrain.contract.clock import boot_id
-from fabtrain.node import gpuinv, procfs
+from fabtrain.node import gpuinv
 from fabtrain.contract.replies import UserFacing
 from fabtrain.node.workspace import check_workspace, claim_workspace, make_private_dirs, workspace
 

@@ -18,6 +18,7 @@ import math
 import re
 from dataclasses import dataclass, replace
 
+from fabtrain.contract.states import STOP_GRACE
 from fabtrain.config.cluster import Cluster, JobSpec, Node, PserverSpec, SSHSettings, WatchdogSpec
 from fabtrain.errors import UserError
 from fabtrain.plan.plan import Network, Plan
@@ -160,7 +161,7 @@ def _pod_template(plan: Plan, spec: PodSpec, name: str, role: str, index_env: st
         box["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}  # a Quantity, as the API writes it
     pod = {"restartPolicy": "Never", "containers": [box],
            # fabtrain.node.pod stops the pod's processes on SIGTERM: the agents' grace, and time to report.
-           "terminationGracePeriodSeconds": math.ceil(plan.watchdog.get("grace", 5)) + 10,
+           "terminationGracePeriodSeconds": math.ceil(plan.watchdog.get("grace", STOP_GRACE)) + 10,
            "volumes": [{"name": "job", "secret": {"secretName": f"{name}-job", "defaultMode": 0o400}}]}
     return {"metadata": {"labels": _labels(plan, name, role)}, "spec": pod}
 

@@ -121,6 +121,8 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
                 # One torchrun a node: its place among the nodes; torchrun gives its workers their own RANK.
                 env = pin | mpi_env(node_rank, len(trainer_nodes), 0, 1) | {
                     "NODE_RANK": str(node_rank), "MASTER_ADDR": master.address, "MASTER_PORT": str(master_port)}
+                if job.trainer.use_gpu:  # its workers' LOCAL_RANK as a device index: the PCI order, as in _trainer_env
+                    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
                 command = _with_torchrun_flags(job.trainer.command)
                 procs.append(_process(cluster, node, "trainer", node_rank, command, values, env, job_id, resume_from))
             else:

@@ -53,7 +53,7 @@ OPEN_TIMEOUT = 60  # for opening a session when the request itself may wait fore
 # binascii, not base64: the base64 module imports re and struct, ~10 ms of every node-side call
 LAUNCHER = "import binascii,sys;exec(binascii.a2b_base64(sys.argv[1]))"
 
-# The oldest Python the node side runs on (README: "Install, and your own project").
+# The oldest Python the node side runs on (docs/getting-started.md: "Install, and your own project").
 NODE_PYTHON_MIN = (3, 8)
 
 # Runs on the node, from the launcher. Everything down to the version check must run on
@@ -220,8 +220,8 @@ def code_frame(idle_exit: float | None) -> bytes:
     """The first thing on a node-side process's stdin: the node code, behind its length.
 
     Each module is compressed on its own, behind a small index: a node that has the code
-    compiled reads the index and unpacks nothing (decompressing and parsing all of it was
-    ~4.5 ms of every node-side call)."""
+    compiled reads the index and unpacks nothing: decompressing and parsing all of it would be
+    paid by every node-side call."""
     index, packed = {}, []
     offset = 0
     for name, (is_package, source) in node_modules().items():

@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from fabtrain.contract.states import STOP_GRACE
 from fabtrain.controller import preflight, state, terminal
 from fabtrain.errors import UserError
 from fabtrain.contract import slurm as slurm_output
@@ -274,7 +275,7 @@ class Cancelled:
     left: list[str]  # Slurm jobs still not ended when fab stopped waiting
 
 
-def cancel_all(session: Session, grace: float = 5.0, wait: float = 60.0) -> Cancelled:
+def cancel_all(session: Session, grace: float = STOP_GRACE, wait: float = 60.0) -> Cancelled:
     """fab kill-all: mark the job killed on every node where it still runs (the agents read it), scancel this
     cluster's Slurm jobs by id, wait until Slurm says they ended. A job that already ended keeps its outcome."""
     nodes = session.cluster.nodes  # stand-ins on one filesystem, reached the same way: one call marks them all

@@ -21,6 +21,7 @@ import json
 import posixpath
 import shlex
 
+from fabtrain.contract.states import STOP_GRACE
 from fabtrain.config.cluster import Cluster
 from fabtrain.config.launcher import is_torchrun
 from fabtrain.plan.plan import Plan, ProcessPlan
@@ -107,7 +108,7 @@ def summary(plan: Plan) -> list[str]:
     return lines
 
 
-def render(cluster: Cluster, plan: Plan, roles: tuple[str, ...], home: str, grace: float = 5.0,
+def render(cluster: Cluster, plan: Plan, roles: tuple[str, ...], home: str, grace: float = STOP_GRACE,
            readable: bool = False) -> str:
     """The batch script, exactly as submitted (sbatch reads it on stdin); `readable`: with the plan's data
     (one JSON line of every node's job.json) summarised instead, for a person (fab plan)."""

@@ -289,7 +289,7 @@ def test_charts_with_nothing_to_show_are_one_line_and_one_point_has_whole_second
     # This job reports a loss but no samples/s, and its nodes have no GPU: one line each, saying so.
     page.wait_for_selector("#chart-sps ~ .empty-line")
     assert page.locator("#chart-sps ~ .empty-line").inner_text() == \
-        'samples/sthis job reports no samples/s (its metrics records have no "samples_per_s" field)'
+        'samples/s of each trainer, every recordthis job reports no samples/s (its metrics records have no "samples_per_s" field)'
     assert page.locator("#chart-gpu ~ .empty-line").inner_text().endswith("no GPUs on these nodes")
     for chart in ("chart-sps", "chart-gpu"):
         assert page.locator(f"#{chart}").locator("xpath=..").bounding_box()["height"] < 60
@@ -304,11 +304,21 @@ def test_charts_with_nothing_to_show_are_one_line_and_one_point_has_whole_second
             const end = Date.now() / 1000, n = 600;
             const x = Array.from({length: n}, (_, i) => end - days * 86400 * (1 - i / (n - 1)));
             state.nodes.node1.cpu = {x, y: x.map((_, i) => 20 + i % 30), last: null};
+            state.job.started_at = x[0];  // a job that has run that long: the node charts start at its start
             state.chartsDirty = true;
             drawCharts();
             return Array.from(document.querySelectorAll('#chart-cpu .xtick text'), t => t.textContent);
         }""", days)
         assert len(ticks) >= 3 and all(re.match(label, t) for t in ticks), (days, ticks)
+    # A node's readings from before the job started are not on its chart.
+    kept = page.evaluate("""() => {
+        const x = state.nodes.node1.cpu.x;
+        state.job.started_at = x[400];
+        state.chartsDirty = true;
+        drawCharts();
+        return document.getElementById('chart-cpu').data.find(t => t.name === 'node1').x.length;
+    }""")
+    assert kept == 200, kept
     # A few steps: whole steps, not halves.
     steps = page.locator("#chart-loss .xtick text").all_text_contents()
     assert steps and all(re.fullmatch(r"\d+", t) for t in steps), steps

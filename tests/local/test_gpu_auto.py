@@ -69,7 +69,7 @@ def test_auto_jobs_get_disjoint_free_gpus_a_third_is_refused_and_sigkill_frees_t
         refused = c.fab("start-trainers", check=False)
         assert refused.returncode == 1
         [line] = [x for x in refused.stdout.splitlines() if "gpus: auto" in x]
-        assert line.startswith("n0: FAILED: n0: gpus: auto needs 1 free GPU, 0 of 4 are free (GPU 0: ")
+        assert line.startswith("n0: FAILED: gpus: auto needs 1 free GPU, 0 of 4 are free (GPU 0: ")
         assert f"{getpass.getuser()} pid {outsider.pid} " in line and "colleagues-training" in line
         owner = {visible_devices(a): a.job_id, visible_devices(b): b.job_id}
         for index, job_id in owner.items():

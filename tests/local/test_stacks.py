@@ -13,6 +13,11 @@ from tests.support.sshd import free_port
 HANG_TIMEOUT = 4
 
 
+def saved(jd, name):
+    """What the processes of `name` dumped (each its own stacks/<name>.<pid>.txt)."""
+    return "".join(p.read_text() for p in sorted((jd / "stacks").glob(name + ".*.txt")))
+
+
 @pytest.mark.parametrize("fault, func", [("--spin", "spin_forever"), ("--block", "wait_for_peer")])
 def test_a_hang_names_the_stuck_function_and_saves_every_ranks_stack(local_job, fault, func):
     job = local_job([("n0", ["trainer"]), ("n1", ["trainer"])], mode="collective", master_port="auto",
@@ -27,14 +32,14 @@ def test_a_hang_names_the_stuck_function_and_saves_every_ranks_stack(local_job, 
     assert re.fullmatch(r".*fakejob\.py:\d+ in " + func, hang["frame"]), hang
     assert wait_for(lambda: not live_marked(job.ws.values()), timeout=HANG_TIMEOUT + 5), "teardown too slow"
     assert time.time() - hang["ts"] < HANG_TIMEOUT + 5
-    stuck = (job.jd("n1") / "stacks" / "trainer-1.txt").read_text()
+    stuck = saved(job.jd("n1"), "trainer-1")
     assert f"in {func}" in stuck and stuck.count("Thread 0x") + stuck.count("Current thread") >= 1, stuck
     if fault == "--spin":
         assert "in sleep_forever" in stuck, stuck  # every thread, not only the main one
     # The other node's rank was torn down for that hang: its stack too, named in its teardown event.
     teardown = next(e for e in job.events("n0") if e["kind"] == "teardown")
     assert "in main" in teardown["stacks"]["trainer-0"]["frame"] or "sleep" in teardown["stacks"]["trainer-0"]["frame"]
-    assert "fakejob.py" in (job.jd("n0") / "stacks" / "trainer-0.txt").read_text()
+    assert "fakejob.py" in saved(job.jd("n0"), "trainer-0")
     out = job.fab("logs", "--stacks", check=True)
     assert f"in {func}" in out.stdout and "trainer-0" in out.stdout, out.stdout
     # The controller keeps both events whole (the dashboard shows their stacks), not as malformed.

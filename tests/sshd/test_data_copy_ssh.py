@@ -192,7 +192,7 @@ def test_a_full_disk_is_reported_by_node_name_and_the_others_finish(fab, data_cl
     try:
         out = fab("copy-data", cluster=path)
         assert out.returncode == 1
-        assert re.search(r"^node2: FAILED: node2: not enough disk for the data: \d+ MiB to copy", out.stdout, re.M), out.stdout
+        assert re.search(r"^node2: FAILED: not enough disk for the data: \d+ MiB to copy", out.stdout, re.M), out.stdout
         assert re.search(r"^node1: 3 files verified, 3 sent", out.stdout, re.M)
         assert re.search(r"^node3: 3 files verified, 3 sent", out.stdout, re.M)
         assert not (small / "train.txt-00001").exists()
@@ -211,7 +211,7 @@ def test_shared_storage_is_only_verified(fab, data_cluster):
     shard = tmp / "prepared" / "train.txt-00002"
     shard.write_bytes(shard.read_bytes() + b"extra\n")
     out = fab("copy-data", cluster=path)
-    assert out.returncode == 1 and re.search(r"node3: FAILED: node3: shared data at .* does not match the manifest: train.txt-00002 mismatch", out.stdout), out.stdout
+    assert out.returncode == 1 and re.search(r"node3: FAILED: shared data at .* does not match the manifest: train.txt-00002 mismatch", out.stdout), out.stdout
 
 
 def test_copy_data_before_split_data_says_what_to_do(fab, data_cluster):

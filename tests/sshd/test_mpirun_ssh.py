@@ -160,15 +160,26 @@ def events_of(jd):
     return [json.loads(line) for line in (jd / "events.jsonl").read_text().splitlines()]
 
 
-def test_a_daemon_that_does_not_leave_when_a_rank_fails_is_ended_by_its_nodes_agent(mpi_job):
+def mpirun_pid(job):
+    run = json.loads((job.jds[0] / "run" / "mpirun-0.json").read_text())
+    return next(iter(procfs.children_map(procfs.scan()).get(run["pid"], ())))
+
+
+# mpirun crashed (SIGSEGV in PMIx_Finalize) in its own abort once; SIGKILL of mpirun is in the test above.
+@pytest.mark.parametrize("mpirun_dies", [None, signal.SIGSEGV], ids=["mpirun-aborts", "mpirun-SEGV-mid-abort"])
+def test_a_daemon_that_does_not_leave_when_a_rank_fails_is_ended_by_its_nodes_agent(mpi_job, mpirun_dies):
     """Open MPI's daemons leave when mpirun ends, unless they cannot hear it (here: stopped; in CI, once
     mpirun crashed in its own abort and node2's daemon stayed). They carry no job marker: the agent
-    knows the one that started its ranks from their run records, and ends it once the job has ended."""
+    knows the one that started its ranks from their run records, and ends it once the job has ended,
+    however mpirun ended."""
     job = mpi_job(300)
     programs = [job.program(rank) for rank in range(3)]
-    daemon = daemon_of(job, 2)
+    mpirun, daemon = mpirun_pid(job), daemon_of(job, 2)
     os.kill(daemon, signal.SIGSTOP)  # node3's daemon can neither stop rank 2 nor leave
     os.kill(programs[1], signal.SIGKILL)
+    if mpirun_dies:  # while its abort runs: once it has begun to take the other ranks down
+        wait_for(lambda: not procfs.alive(programs[0]), timeout=5, interval=0.005)
+        os.kill(mpirun, mpirun_dies)
     assert wait_for(lambda: not job.leftovers(agents=False), timeout=10, interval=0.05), job.describe()
     assert procfs.stat(daemon) is None or procfs.stat(daemon).dead
     orphans = [e for e in events_of(job.jds[2]) if e["kind"] == "orphan"]

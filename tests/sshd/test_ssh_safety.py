@@ -52,7 +52,7 @@ def test_strict_refuses_unknown_host_for_rsync_too(fab, tmp_path, sshd):
     out = fab("deploy", cluster=path)
     assert out.returncode == 1
     assert re.search(r"node1: code \S+ synced", out.stdout), out.stdout
-    assert re.search(r"node2: FAILED: node2: rsync failed: No ED25519 host key is known for .*strict checking", out.stdout), out.stdout
+    assert re.search(r"node2: FAILED: rsync failed: No ED25519 host key is known for .*strict checking", out.stdout), out.stdout
 
 
 def test_accept_new_records_an_unknown_host_once(fab, tmp_path, sshd):
@@ -83,7 +83,7 @@ def test_a_changed_host_key_is_refused_under_both_policies(fab, tmp_path, sshd, 
     line = next(l for l in out.stdout.splitlines() if "HOST KEY CHANGED" in l)
     assert line.startswith("node2 (root@127.0.0.3:") and "ssh-keygen -R" in line
     out = fab("deploy", cluster=path)
-    assert out.returncode == 1 and re.search(r"node2: FAILED: node2: rsync failed: HOST KEY CHANGED", out.stdout), out.stdout
+    assert out.returncode == 1 and re.search(r"node2: FAILED: rsync failed: HOST KEY CHANGED", out.stdout), out.stdout
     assert kh.read_text() == before  # the recorded key was not replaced
 
 

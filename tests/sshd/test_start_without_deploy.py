@@ -39,7 +39,7 @@ def test_a_start_with_no_code_deployed_refuses_in_one_line_and_starts_nothing(fa
     assert out.returncode != 0, said
     for node, ws in workspaces.items():
         if node == "node1":  # the one node with a pserver
-            assert re.search(rf"^{node}: FAILED: {node}: no code deployed to {ws}/code: run `fab deploy` first; "
+            assert re.search(rf"^{node}: FAILED: no code deployed to {ws}/code: run `fab deploy` first; "
                              rf"nothing of job \S+ was started here$", said, re.M), said
         assert not (ws / "jobs").exists() or not any((ws / "jobs").iterdir())
     assert "Traceback" not in said and "warning" not in said

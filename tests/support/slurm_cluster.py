@@ -115,8 +115,10 @@ class SlurmCluster:
         return {**(os.environ if base is None else base), "SLURM_CONF": str(self.conf)}
 
     def run(self, *argv: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
+        # In the cluster's own folder: what a command leaves in its working directory (sbatch's default
+        # slurm-<id>.out) stays out of the checkout.
         return subprocess.run(list(argv), env=self.env(), capture_output=True, text=True, check=check,
-                              timeout=timeout)
+                              timeout=timeout, cwd=self.root)
 
     # -- start -----------------------------------------------------------------------------------
 

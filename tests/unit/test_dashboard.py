@@ -65,7 +65,7 @@ def world(tmp_path_factory):
     for i, node in enumerate(("node0", "node1", "node2")):
         job.health(node, cpu=20.0 + 10 * i, gpus=[gpu(0, 85.0), gpu(1, 70.0)] if node != "node0" else [],
                    processes=[{"name": "trainer-0", "cpu_percent": 97.0, "rss": 1 << 30,
-                               "last_progress": time.time() - 1}] if node == "node1" else [])
+                               "last_progress": time.time() - 1, "step_rate": 12.5}] if node == "node1" else [])
     job.event("node2", kind="hang", role="trainer", rank=1, reason="no progress for 120 s (hang_timeout)", ts=time.time() - 5)
     job.event("node1", kind="started", role="trainer", rank=0, reason="launched", ts=time.time() - 60)
     session = Session(cluster)
@@ -213,6 +213,7 @@ def test_cluster_shows_every_node_its_health_and_processes(client):
     (p,) = n1["processes"]
     assert p["name"] == "trainer-0" and p["state"] == "running" and p["label"] == "running"
     assert p["cpu_percent"] == 97.0 and p["pid"] > 1  # merged from health.json
+    assert p["step_rate"] == 12.5 and p["launcher_pid"] > 1  # the agent's rate; node ops' launcher
     n3 = nodes["node3"]
     assert n3["up"] is False and n3["since"] and "connection refused" in n3["error"] and n3["processes"] == []
 
@@ -253,6 +254,19 @@ def test_metrics_are_downsampled_and_incremental(world, client):
     assert get(client, "/api/metrics?since=abc-99999").get_json()["full"] is True  # unknown cursor: everything
     r = get(client, "/api/metrics?since=../../etc")
     assert r.status_code == 400 and "cursor" in r.get_json()["error"]
+
+
+def test_a_trainers_samples_per_s_is_its_last_rate_and_the_charts_last_point(world, client):
+    """An evaluation's record has no rate: the table keeps the last one, the chart's last point, not 0 or -."""
+    world["job"].metrics("node1", "trainer-0", range(310, 312))
+    rate = json.loads((world["job"].job_dir("node1") / "metrics" / "trainer-0.jsonl").read_text().splitlines()[-1])["samples_per_s"]
+    world["job"].append("node1", "metrics/trainer-0.jsonl", json.dumps(
+        {"ts": time.time(), "role": "trainer", "rank": 0, "step": 312, "epoch": 0, "loss": 1.5, "eval_loss": 1.4}).encode() + b"\n")
+    world["collector"].poll_node("node1")
+    t = {t["name"]: t for t in get(client, "/api/job").get_json()["trainers"]}
+    assert t["trainer-0"]["step"] == 312 and t["trainer-0"]["samples_per_s"] == rate
+    sps = get(client, "/api/metrics").get_json()["trainers"]["trainer-0"]["samples_per_s"]
+    assert (sps["last"] or [sps["x"][-1], sps["y"][-1]])[1] == rate
 
 
 def test_events_newest_first_with_reasons(client):
@@ -491,3 +505,16 @@ def test_metrics_cursor_deltas_rebuild_the_full_series_through_resets():
                  for o, ms in fresh["trainers"].items() for m, s in ms.items()}
         assert client == truth, round_
         assert cursor.export(fake)["trainers"] == fresh["trainers"]  # the cached full reply too
+
+
+def test_the_jobs_list_takes_a_trainers_last_rate_past_its_evaluation_record(tmp_path):
+    """The jobs table's samples/s (the sum of the trainers' last rates) is not 0 once the job ends with an
+    evaluation: a node's `jobs` reply carries the last record with the latest rate of its tail."""
+    from fabtrain.node.history import last_record
+    path = tmp_path / "trainer-0.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"step": 1, "loss": 2.0, "samples_per_s": 900.0}, {"step": 2, "loss": 1.9, "samples_per_s": 950.0},
+        {"step": 2, "loss": 1.9, "evaluated": 10, "of": 20}, {"step": 2, "loss": 1.9, "eval_loss": 1.8}]))
+    assert last_record(str(path), 20) == {"step": 2, "loss": 1.9, "eval_loss": 1.8, "samples_per_s": 950.0}
+    path.write_text(json.dumps({"step": 3, "eval_loss": 1.8}) + "\n")
+    assert last_record(str(path)) == {"step": 3, "eval_loss": 1.8}  # none to take: no rate, not 0

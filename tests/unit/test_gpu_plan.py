@@ -77,3 +77,10 @@ def test_a_wrong_gpus_field_is_one_line_with_its_line_and_exit_2(tmp_path, train
                        env={**os.environ, "FABTRAIN_CLUSTER": str(p)})
     assert r.returncode == 2 and r.stderr.strip().endswith(words) and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["python train.py", "torchrun --nproc-per-node 2 train.py"])
+def test_every_process_given_gpus_counts_them_in_the_pci_order_the_leases_use(command):
+    order = lambda c: {p.env.get("CUDA_DEVICE_ORDER") for n in make_plan(c, "J").nodes for p in n.processes}
+    assert order(cluster({"use_gpu": True, "command": command}, 2, 2)) == {"PCI_BUS_ID"}
+    assert order(cluster({"command": command}, 2, 2)) == {None}  # no GPUs asked for: CUDA's own default

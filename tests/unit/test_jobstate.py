@@ -112,6 +112,23 @@ def test_a_sigkill_without_an_agent_is_failed_everywhere(world):
     assert s["job"]["reason"] == "trainer-1 on node2 killed by SIGKILL" and s["watch_exit"] == watch.EXIT_TIMEOUT
 
 
+def test_a_finished_banner_names_every_node_and_its_time_stops_at_the_jobs_end(world):
+    """node2's agent has not said `finished` yet (it writes its event a moment later): the job is finished,
+    and the banner names every node of it, not the agents that said so first. The header's elapsed time
+    ends at the job's last event, not when the dashboard first saw the end."""
+    job = world["new_job"](5)
+    for node, name, code in (("node1", "trainer-0", 0), ("node2", "trainer-1", 0), ("node0", "pserver-0", 143)):
+        job.exit(node, name, code)
+    end = time.time()  # the job's last event: after the exits
+    for node in ("node0", "node1"):
+        job.event(node, kind="finished", reason="every trainer exited with code 0", ts=end)
+    time.sleep(0.5)  # the dashboard sees the end later than it happened
+    s = four_states(world)
+    assert s["status"] == "finished" and s["job"]["sentence"].endswith("  [node0, node1, node2]"), s["job"]["sentence"]
+    j = s["job"]
+    assert j["ended_at"] == end and abs(j["elapsed"] - (end - j["started_at"])) < 0.01, j
+
+
 def test_a_normal_end_is_finished_everywhere_though_the_pserver_was_stopped(world):
     job = world["new_job"](4)
     for node, name, code in (("node1", "trainer-0", 0), ("node2", "trainer-1", 0), ("node0", "pserver-0", 143)):
@@ -178,7 +195,8 @@ def test_a_straggler_is_marked_alike_in_fab_status_fab_watch_and_the_dashboard_u
     assert s["status_text"].count("STRAGGLER") == 1, s["status_text"]
     assert f"trainer-1 running {mark}" in s["watch_text"] and s["watch_text"].count("STRAGGLER") >= 1, s["watch_text"]
     marks = {t["name"]: t["straggler"] for t in s["job"]["trainers"]}
-    assert marks == {"trainer-0": None, "trainer-1": {"rate": 0.5, "median": 1.0, "mark": mark}}, marks
+    assert marks == {"trainer-0": None, "trainer-1": {"rate": 0.5, "median": 1.0, "rank": None, "cause": None,
+                                                      "ratio": None, "mark": mark}}, marks
 
     for node, name in (("node1", "trainer-0"), ("node2", "trainer-1"), ("node0", "pserver-0")):
         job.exit(node, name, 0 if name.startswith("trainer") else 143)

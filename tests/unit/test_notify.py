@@ -144,3 +144,15 @@ def test_the_prometheus_alert_rules_name_only_metrics_the_dashboard_exports():
     rules = yaml.safe_load((repo / "examples/prometheus-alerts.yml").read_text())["groups"][0]["rules"]
     used = {m for r in rules for m in re.findall(r"\bfabtrain_[a-z_]+", r["expr"])}
     assert used and used <= exported, used - exported
+
+
+def test_a_hang_alert_names_the_rank_to_blame_and_the_coordinators_blame_is_one_too(tmp_path, hook):
+    notify = {"webhook": hook.url, "on": ["hang"]}
+    first, second = job_dir(tmp_path, "node1", notify), job_dir(tmp_path, "node2", notify)
+    said = "rank 3 on node2 stopped stepping at step 12 in `t.py:5 in spin`; ranks 0, 1, 2 wait in all_reduce"
+    second.write("hang", "no progress for 3 s", "trainer-1", frame="/w/t.py:5 in spin", blame=said)
+    first.write("blame", said, "trainer-1", origin="node2", rank=3, step=12)
+    assert wait_for(lambda: len(hook.got) >= 2, timeout=5)
+    texts = sorted(b["text"] for _, b in hook.got)
+    assert texts == [f"fabtrain: job J1 hang trainer-1 on node2: no progress for 3 s [{said}]",
+                     f"fabtrain: job J1 hang trainer-1 on node2: {said}"], texts

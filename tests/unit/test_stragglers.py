@@ -66,3 +66,54 @@ def test_standing_names_a_reported_rank_while_it_stays_behind_and_none_once_it_c
     even = rates(trainer_0=10.0, trainer_1=9.0, trainer_2=10.0)
     _, behind = judge(even, behind, 65, RULE)
     assert standing(even, behind) == []
+
+
+# -- synchronous training: the rank the others wait for, from its timings ---------------------------------
+
+from fabtrain.node.coordination.stragglers import cause_reason, judge_timings, standing_timings, timings_of  # noqa: E402
+
+
+def sync(slow=None, data=0.01, compute=0.05, extra=0.0, ranks=4):
+    """Every rank's mean timings a step when rank `slow` spends `extra` more on data or compute: the
+    others wait that long in their all_reduce."""
+    out = {}
+    for r in range(ranks):
+        t = {"data_time": data, "compute_time": compute, "comm_time": 0.005 + extra}
+        if r == slow[0] if slow else False:
+            t[slow[1]] += extra
+            t["comm_time"] = 0.005
+        t["step_time"] = t["data_time"] + t["compute_time"] + t["comm_time"]
+        out[("node%d" % (r // 2 + 1), "trainer-%d" % (r // 2), r)] = t
+    return out
+
+
+def test_the_rank_the_others_wait_for_is_named_with_its_cause_after_the_window():
+    timings = sync(slow=(1, "data_time"), extra=0.032)
+    behind, found = Behind(), []
+    for t in range(0, 70, 5):
+        f, behind = judge_timings(timings, behind, t, RULE)
+        found += f
+    assert [(c.node, c.name, c.rank, c.cause, c.ratio) for c in found] == [("node1", "trainer-0", 1, "data loading", 4.2)]
+    assert cause_reason(found[0]).startswith("rank 1 on node1: data loading 4.2x the median")
+    assert standing_timings(timings, behind, RULE)[0]["cause"] == "data loading"
+    f, _ = judge_timings(sync(slow=(2, "compute_time"), extra=0.1), Behind(), 0, Rule(share=0.7, window=0))
+    assert [(c.rank, c.cause) for c in f] == [(2, "compute")]
+
+
+def test_ranks_that_are_all_equally_slow_have_no_straggler():
+    for timings in (sync(), sync(data=0.5, compute=2.0), sync(ranks=2)):
+        assert judge_timings(timings, Behind(), 100, Rule(share=0.7, window=0)) == ([], Behind())
+    # slow data on one rank that the others do not wait for (it is hidden): no straggler either
+    hidden = sync()
+    hidden[("node1", "trainer-0", 1)]["data_time"] = 0.04
+    assert judge_timings(hidden, Behind(), 100, Rule(share=0.7, window=0))[0] == []
+
+
+def test_timings_come_from_the_beats_running_trainers():
+    tables = {"node1": {"trainer-0": {"role": "trainer", "state": "running",
+                                      "timing": [[0, 0.01, 0.05, 0.2, 0.26], [1, 0.2, 0.05, 0.005, 0.26], "bad"]},
+                        "pserver-0": {"role": "pserver", "state": "running", "timing": [[9, 1, 1, 1, 3]]}},
+              "node2": {"trainer-1": {"role": "trainer", "state": "exited", "timing": [[2, 1, 1, 1, 3]]}}}
+    assert timings_of(tables) == {
+        ("node1", "trainer-0", 0): {"data_time": 0.01, "compute_time": 0.05, "comm_time": 0.2, "step_time": 0.26},
+        ("node1", "trainer-0", 1): {"data_time": 0.2, "compute_time": 0.05, "comm_time": 0.005, "step_time": 0.26}}

@@ -108,3 +108,21 @@ def test_numeric_options_show_a_value_in_fab_help(project):
 ])
 def test_what_cannot_run_is_one_line_and_exit_2(project, argv, words):
     one_line_exit_2(run(project, *argv), words)
+
+
+def test_every_option_of_every_task_has_a_line_of_help():
+    """`fab --help TASK` says what each option does, and `fab --list` shows each task's first line whole."""
+    for attr in tasks.__all__:
+        task = getattr(tasks, attr)
+        for arg in task.get_arguments():
+            assert arg.help and len(arg.help.split()) >= 3, f"fab --help {attr.replace('_', '-')}: --{arg.name} says nothing"
+        first = task.__doc__.strip().splitlines()[0]
+        assert first.endswith((".", ")")), f"{attr}: fab --list cuts its docstring mid-phrase: {first!r}"
+
+
+def test_watch_says_every_exit_code_it_ends_with():
+    from fabtrain.controller import watch
+    codes = (watch.EXIT_FINISHED, watch.EXIT_FAILED, watch.EXIT_KILLED, watch.EXIT_TIMEOUT)
+    line = tasks.watch.__doc__.strip().splitlines()[0]
+    for code, what in zip(codes, ("finished", "failed", "killed", "--timeout")):
+        assert f"{code} {what}" in line, (code, what, line)

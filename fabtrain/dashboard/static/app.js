@@ -151,7 +151,9 @@ function renderCluster(c) {
       options.push([n.name, p.name]);
       return el("span", {
         class: "chip " + stateClass(p),
-        title: `pid ${p.pid ?? "–"} · ${p.label}` + (p.cpu_percent != null ? ` · cpu ${p.cpu_percent}%` : "") + (p.last_line ? `\n${p.last_line}` : ""),
+        title: `pid ${p.pid ?? "–"}` + (p.launcher_pid != null && p.launcher_pid !== p.pid ? ` (launcher ${p.launcher_pid})` : "")
+          + ` · ${p.label}` + (p.cpu_percent != null ? ` · cpu ${p.cpu_percent}%` : "")
+          + (p.step_rate != null ? ` · ${p.step_rate} steps/s` : "") + (p.last_line ? `\n${p.last_line}` : ""),
         "data-node": n.name, "data-process": p.name, "data-state": p.state,
         onclick: () => selectLog(n.name, p.name),
       }, `${p.name}: ${p.label}`);
@@ -302,6 +304,11 @@ function traces(store, metric, isTime) {
     if (!s) continue;
     let x = s.x, y = s.y;
     if (s.last) { x = x.concat([s.last[0]]); y = y.concat([s.last[1]]); }
+    const since = isTime && state.job && state.job.started_at;
+    if (since) {  // a node's readings from before the job started are not the job's
+      const keep = x.map(t => t >= since);
+      x = x.filter((_, i) => keep[i]); y = y.filter((_, i) => keep[i]);
+    }
     if (isTime) x = x.map(t => new Date(t * 1000));
     out.push({x, y, name: owner, type: "scatter", mode: x.length > 1 ? "lines" : "markers", line: {width: 1.6}});
   }
@@ -393,7 +400,7 @@ function emptyReason(metric, field) {
 const CHARTS = [
   // id, series, metric, title, x title, y title, what it is called when empty, percent
   ["chart-loss", "trainers", "loss", "loss", "step", "loss", "loss", false],
-  ["chart-sps", "trainers", "samples_per_s", "samples/s", "step", "samples/s", "samples/s", false],
+  ["chart-sps", "trainers", "samples_per_s", "samples/s of each trainer, every record", "step", "samples/s", "samples/s", false],
   ["chart-cpu", "nodes", "cpu", "node CPU %", "", "%", "CPU", true],
   ["chart-gpu", "nodes", "gpu", "node GPU utilisation % (mean of the node's GPUs)", "", "%", "GPU", true],
 ];

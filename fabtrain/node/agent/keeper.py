@@ -18,6 +18,7 @@ import time
 from fabtrain.contract.launcher import SCRIPT, is_launcher, launch_command
 from fabtrain.node import atomic, gpulease, launch, procfs
 from fabtrain.contract.states import describe_end
+from fabtrain.contract.jobfolder import JobFolder
 
 _KEEPER = 'if read line; then exit 0; fi; exec "$@" </dev/null'
 MAX_RESTARTS = 5
@@ -26,7 +27,7 @@ MAX_RESTARTS = 5
 class AgentLife:
     def __init__(self, job_dir: str, job: dict, workspace: str):
         self.jd, self.job, self.ws = job_dir, job, workspace
-        self.run_dir = os.path.join(job_dir, "run")
+        self.run_dir = JobFolder(job_dir).run
         self.record_path = os.path.join(self.run_dir, "agent.json")
         self.exit_path = os.path.join(self.run_dir, "agent.exit")
         self.pid = os.getpid()

@@ -21,8 +21,9 @@ from fabtrain.node.coordination.restart import RestartPolicy
 from fabtrain.node.kill import send
 from fabtrain.contract.events import PROCESS_ENDS, RESTARTS, STACK_DUMPS, EventKind
 from fabtrain.contract.states import FINAL, JobState, read_killer, signal_name
+from fabtrain.contract.jobfolder import JobFolder
 
-from fabtrain.node.coordination import stragglers
+from fabtrain.node.coordination import blame, stragglers
 
 from . import policy, snapshot, stacks
 from .events import EventLog
@@ -38,10 +39,11 @@ LIST_PERIOD = 5.0  # s between listings of /proc: a stray of an earlier job is s
 # job's end is known here. It leaves when mpirun ends, unless mpirun dies badly (Open MPI 4.1's mpirun
 # can crash in its own abort): then it would stay forever, without the job marker.
 STARTER_WAIT = 0.5
+BLAME_WAIT = 3.0  # s the coordinator's agent waits, after a hang, for every node's ranks before naming one
 
 
 def load_job(job_dir: str) -> dict:
-    path = os.path.join(job_dir, "job.json")
+    path = JobFolder(job_dir).job_json
     deadline = time.time() + 5
     while True:
         job = read_json(path)
@@ -148,7 +150,7 @@ class Agent:
         self.must_join = tuple(n["name"] for n in self.job.get("nodes", []) if n.get("roles", True))
         self.restarted, self.started, self.pid = restarted, time.time(), os.getpid()
         self.startup_deadline = self.started + self.cfg.startup_timeout
-        self.events = EventLog(os.path.join(self.jd, "events.jsonl"), self.node)
+        self.events = EventLog(JobFolder(self.jd).events, self.node)
         self.life = AgentLife(self.jd, self.job, self.ws)
         floor = self.started if restarted else None
         self.contexts = [ProcessContext(p, self.jd, self.ws, floor) for p in self.job.get("processes", [])]
@@ -161,7 +163,7 @@ class Agent:
         self.watch = PidWatch()
         self.gpus = GpuSampler()
         self.gpu_pids: dict[int, int] = {}
-        self.health = snapshot.Health(os.path.join(self.jd, "health.json"), self.cfg,
+        self.health = snapshot.Health(JobFolder(self.jd).health, self.cfg,
                                       HostSampler(self.ws if os.path.isdir(self.ws) else "/"), self.gpus,
                                       self.events, self.life, self.started, restarted)
         self.link = Link(self.job, self.nodes, self.cfg, restart, self.jd, self._peer_event, self.watch.wake,
@@ -175,7 +177,12 @@ class Agent:
         self.launchers: list = []  # launchers this agent started (a restart): reaped here
         self.straggler_rule = stragglers.rule_of(self.job.get("watchdog"))
         self.behind = stragglers.Behind()
+        self.waited_for = stragglers.Behind()  # the synchronous rule's (by timings)
         self.straggling: list = []  # the ranks reported and still behind (health.json's `stragglers`)
+        self.rank_views: list = []  # this node's ranks at its last dump of stacks (the beats carry them)
+        self.local_blame: dict | None = None  # {"text": the rank to blame, "job": named from every node's ranks}
+        self.blame_since: float | None = None
+        self.blame_done = False
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -272,6 +279,7 @@ class Agent:
                 self.events.write(EventKind.AGENT_ERROR, error)
             self.check_stragglers(now)
             self.write_health(now)
+        self.check_blame(now)
         self.beat(urgent=not tick)
         self.hot = hot_pids(self.pid, self.contexts, self.ledger.orphans, self.markers.marked(), self.kids)
         self.launchers = [p for p in self.launchers if p.poll() is None]  # reap the ones that ended
@@ -289,7 +297,7 @@ class Agent:
                        for ctx in self.contexts),
             strays=tuple(strays(self.procs, self.markers, mine, self.job_id, self.ws, now)),
             orphans_alive=frozenset(o.pid for o in self.ledger.orphans if procfs.alive(o.pid, o.ctime, self.procs)),
-            killed_by=read_killer(os.path.join(self.jd, "killed")), peers=self.link.peers(),
+            killed_by=read_killer(JobFolder(self.jd).killed), peers=self.link.peers(),
             must_join=self.must_join, startup_deadline=self.startup_deadline, disk_full=disk_full(self.jd, self.ws))
 
     # -- execute -------------------------------------------------------------------------------
@@ -300,12 +308,18 @@ class Agent:
         for a in actions:
             if isinstance(a, policy.DumpStacks):
                 frames = stacks.dump(stacks.targets_of(self.contexts, a.names, self.kids), self.jd)
+                self.rank_views = blame.views_of(self.node, frames, self.rank_steps())
+                self.beat(urgent=True)  # the coordinator's agent names the rank to blame from every node's
             elif isinstance(a, policy.Note):
                 fields = a.fields
                 if frames is not None and a.kind in STACK_DUMPS:
                     fields = dict(fields, stacks=frames)
                     if a.name in frames:
                         fields["frame"] = frames[a.name].get("frame") or frames[a.name].get("why")
+                    if a.kind == EventKind.HANG and self.rank_views:
+                        found = blame.judge(self.rank_views)  # this node's ranks; the job's: check_blame
+                        fields["blame"] = found.sentence
+                        self.local_blame = {"text": found.sentence, "job": False} if found.sentence else None
                 self.events.write(a.kind, a.reason, a.name, **fields)
             elif isinstance(a, policy.Stop):
                 self.by_name[a.name].close(a.reason, now, self.procs)
@@ -327,6 +341,7 @@ class Agent:
         self.launchers += new.launchers
         self.started_generation = generation
         self.ledger = policy.relaunched(self.ledger, generation)
+        self.rank_views, self.local_blame, self.blame_since, self.blame_done = [], None, None, False
         self.obs = policy.Observation(now=time.time())
         self.events.write(EventKind.RESTARTED, "generation %d: started %s" % (generation, ", ".join(new.names) or "nothing"),
                           generation=generation)
@@ -335,6 +350,44 @@ class Agent:
                 generation, self.node, "; ".join(new.errors)), "start")
             self.execute(actions, time.time())
         self.beat(urgent=True)
+
+    def rank_steps(self) -> dict:
+        """{name: {rank or None: its last step}} of this node's processes, from their metrics records."""
+        return {ctx.name: {k: r.step for k, r in ctx.progress.ranks.items()} for ctx in self.contexts
+                if ctx.progress is not None}
+
+    def check_blame(self, now: float) -> None:
+        """On the coordinator's node, after a hang anywhere: once every node that ran trainers has sent
+        its ranks' last steps and stacks (its beat after its dump), or BLAME_WAIT after the hang was
+        known here, name the rank(s) the others wait for, job-wide, in one `blame` event."""
+        co = self.link.coordinator
+        st = self.ledger.status
+        if co is None or self.blame_done or policy.HUNG not in (st.reason or "") or \
+                st.status not in (JobState.FAILED, JobState.RESTARTING):
+            return
+        self.blame_since = self.blame_since or now
+        with co.lock:
+            tables = {node: dict(peer.procs) for node, peer in co.board.peers.items() if node not in co.board.out}
+        views, missing = [], []
+        for node, procs in sorted(tables.items()):
+            rows = [row for p in procs.values() if isinstance(p, dict) for row in (p.get("ranks") or [])]
+            if rows:
+                views += blame.from_beat(node, rows)
+            elif any(isinstance(p, dict) and p.get("role") == "trainer" for p in procs.values()):
+                missing.append(node)
+        if missing and now - self.blame_since < BLAME_WAIT:
+            return
+        self.blame_done = True
+        found = blame.judge(views)
+        if not found.sentence:
+            return
+        self.local_blame = {"text": found.sentence, "job": True}
+        first = found.ranks[0] if found.ranks else None
+        self.events.write(EventKind.BLAME, found.sentence + (" (no stacks from %s)" % ", ".join(missing) if missing else ""),
+                          first.name if first else None, origin=first.node if first else None,
+                          rank=first.rank if first else None, step=first.step if first else None,
+                          frame=first.frame if first else None, ranks=len(views),
+                          generation=self.ledger.generation)
 
     def check_stragglers(self, now: float) -> None:
         """On the coordinator's node, once an interval: the straggler rule over every node's step rates,
@@ -347,7 +400,13 @@ class Agent:
             tables = {node: peer.procs for node, peer in co.board.peers.items()}
         rates = stragglers.rates_of(tables)
         found, self.behind = stragglers.judge(rates, self.behind, now, self.straggler_rule)
-        self.straggling = stragglers.standing(rates, self.behind)
+        timings = stragglers.timings_of(tables)
+        causes, self.waited_for = stragglers.judge_timings(timings, self.waited_for, now, self.straggler_rule)
+        self.straggling = stragglers.standing_timings(timings, self.waited_for, self.straggler_rule) + \
+            stragglers.standing(rates, self.behind)
+        for c in causes:
+            self.events.write(EventKind.STRAGGLER, stragglers.cause_reason(c), c.name, role="trainer", rank=c.rank,
+                              origin=c.node, cause=c.cause, ratio=c.ratio, seconds=c.seconds, median=c.median)
         for f in found:
             p = tables.get(f.node, {}).get(f.name, {})
             self.events.write(EventKind.STRAGGLER, stragglers.reason(f, self.straggler_rule), f.name, role=p.get("role"),
@@ -362,13 +421,13 @@ class Agent:
         return self.ledger.status != before
 
     def beat(self, urgent: bool = False) -> None:
-        self.link.send(snapshot.beat(self.job, self.ledger, self.contexts, self.is_done, self.started_generation),
-                       urgent)
+        self.link.send(snapshot.beat(self.job, self.ledger, self.contexts, self.is_done, self.started_generation,
+                                     self.rank_views), urgent)
 
     def write_health(self, now: float) -> None:
         running = self.ledger.status.status == JobState.RUNNING  # a job that ends has no straggler left
         self.health.write(now, self.ledger, self.contexts, self.procs, self.gpu_pids, self.link, self.startup_deadline,
-                          self.straggling if running else [])
+                          self.straggling if running else [], self.local_blame)
 
     # -- the end ------------------------------------------------------------------------------
 
@@ -411,6 +470,8 @@ class Agent:
 
     def finish(self) -> int:
         self.procs = self.table.refresh(self.hot)
+        self.blame_since = -BLAME_WAIT  # whatever came in: the job's end is no time to wait for more
+        self.check_blame(time.time())
         self.write_health(time.time())
         # The outcome as this node heard it (its own final word, else the coordinator's); none: say none.
         status = next((s for s in (self.ledger.status.status, self.link.view.get("status")) if s in FINAL), None)
@@ -421,7 +482,7 @@ class Agent:
 
     def stop(self, why: str) -> int:
         live = [ctx.name for ctx in self.contexts if ctx.live]
-        if live and self.ledger.status.status == JobState.RUNNING and not os.path.exists(os.path.join(self.jd, "killed")):
+        if live and self.ledger.status.status == JobState.RUNNING and not os.path.exists(JobFolder(self.jd).killed):
             actions, self.ledger = policy.fail(self.ledger, self.cfg, "the agent on %s was stopped (%s) while %s "
                                                "still ran" % (self.node, why, ", ".join(live)))
             self.execute(actions, time.time())
@@ -468,7 +529,7 @@ def replay(events, node: str, by_name: dict, generation: int, startup_deadline: 
 
 def held_lease(job_dir: str) -> bool:
     """Whether this node's previous agent had a lease from the coordinator (its last health.json)."""
-    health = read_json(os.path.join(job_dir, "health.json"))
+    health = read_json(JobFolder(job_dir).health)
     coordinator = health.get("coordinator") if isinstance(health, dict) else None
     return bool(isinstance(coordinator, dict) and coordinator.get("lease"))
 
@@ -511,9 +572,20 @@ def facts(ctx: ProcessContext, procs: dict, starter=None) -> policy.ProcFacts:
         name=ctx.name, role=ctx.role, rank=ctx.rank, state=ctx.state, pid=ctx.pid, launcher=ctx.launcher,
         exit_code=ctx.exit_code, launcher_lost=ctx.launcher_lost,
         last_record=progress.last_record if progress else None,
-        last_activity=progress.last_activity if progress else None, stopped_since=ctx.stopped_since,
+        last_activity=progress.last_activity if progress else None, stalled=stalled(progress),
+        stopped_since=ctx.stopped_since,
         term_at=ctx.term_at, kill_signal=ctx.kill_signal, close_reason=ctx.close_reason,
         leftovers=tuple(ctx.leftovers(procs)), zombies=tuple(ctx.zombies), starter=starter)
+
+
+def stalled(progress) -> tuple | None:
+    """(rank, last step, hook's records) of the watched rank that progressed least recently, if any."""
+    ranks = [(k, r) for k, r in progress.ranks.items() if r in progress.watched() and r.changed is not None] \
+        if progress else []
+    if not ranks:
+        return None
+    k, r = min(ranks, key=lambda kr: kr[1].changed)
+    return (k, r.step, r.auto)
 
 
 def strays(procs: dict, markers: Markers, mine: set, job_id: str, workspace: str, now: float) -> list[policy.Stray]:

@@ -23,12 +23,15 @@ import time
 
 from fabtrain.contract.events import EventKind
 from fabtrain.contract.states import stopped_by_user
+from fabtrain.contract.jobfolder import JobFolder
 
 # events.jsonl kinds -> the names cluster.yaml's notify.on uses
 # A restart is told once, when it is decided (`restarting`: the cause, the backoff, the restarts left); a
 # next generation that cannot start is a `failed` of its own.
-KINDS = {EventKind.JOB_FAILED: "failed", EventKind.HANG: "hang", EventKind.RESTARTING: "restart",
-         EventKind.FINISHED: "finished", EventKind.STRAGGLER: "straggler"}
+# A hang is told twice: by the node that saw it (its own ranks' blame), and by the coordinator's node once
+# every node's ranks are in (`blame`: the rank the others wait for, job-wide).
+KINDS = {EventKind.JOB_FAILED: "failed", EventKind.HANG: "hang", EventKind.BLAME: "hang",
+         EventKind.RESTARTING: "restart", EventKind.FINISHED: "finished", EventKind.STRAGGLER: "straggler"}
 JOB_LEVEL = ("failed", "finished", "restart")  # every agent writes these: only nodes[0]'s agent sends
 TRIES = 3
 BACKOFF = (1.0, 2.0)  # seconds between tries: three within about five seconds
@@ -49,7 +52,7 @@ class Notifier:
         nodes = [n.get("name") for n in job.get("nodes") or [] if isinstance(n, dict)]
         self.hosts_coordinator = not nodes or nodes[0] == self.node
         self.report = report
-        self.killed_marker = os.path.join(job_dir, "killed") if job_dir else None
+        self.killed_marker = JobFolder(job_dir).killed if job_dir else None
         self.sent: set = set()
         self.threads: list[threading.Thread] = []
 
@@ -95,7 +98,9 @@ class Notifier:
         where = ev.get("origin") or ev.get("node") or self.node
         subject = (" %s" % ev["name"]) if ev.get("name") else ""
         text = "fabtrain: job %s %s%s on %s: %s" % (self.job_id, what, subject, where, ev.get("reason") or what)
-        if ev.get("frame"):  # a hang: where the stalled rank stood (its main thread's top frame)
+        if ev.get("blame"):  # a hang: the rank the others wait for, as the node that saw it knows
+            text += " [%s]" % ev["blame"]
+        elif ev.get("frame") and ev.get("kind") == EventKind.HANG:  # where the stalled rank stood (its top frame)
             text += " [at %s]" % ev["frame"]
         return {"text": text, "kind": what, "job_id": self.job_id, "cluster": self.cluster, "node": self.node,
                 "event": ev}
@@ -159,7 +164,7 @@ def run(argv: list, data: bytes):
 def from_job_dir(job_dir: str, report):
     """The job's Notifier (job.json beside events.jsonl), or None when it asks for no alerts."""
     try:
-        with open(os.path.join(job_dir, "job.json")) as f:
+        with open(JobFolder(job_dir).job_json) as f:
             job = json.load(f)
     except (OSError, ValueError):
         return None

@@ -20,9 +20,9 @@ from fabtrain.contract.states import (FINAL, JobState, ProcessState, describe_en
 EXIT_ONLY_ROLES = ("mpirun",)  # watched for its exit only: it is silent by design; its ranks are watched for hangs
 HUNG = " hung: "  # in a hang's failure reason, which the coordinator passes on to every node
 ORPHAN_MIN_AGE = 5.0  # a process younger than this may be one node ops is starting right now
-# A child is defunct from its exit until its parent reaps it: a moment, longer on a starved machine
-# (200 nodes' shells on 2 cores took seconds to reap their `sleep`). Only one still defunct this
-# long after the agent first saw it is reported.
+# A child is defunct from its exit until its parent reaps it: a moment, but seconds for a parent
+# that waits for a time slice on a starved machine. Only one still defunct this long after the agent
+# first saw it is reported.
 ZOMBIE_MIN_AGE = 5.0
 
 
@@ -71,6 +71,9 @@ class ProcFacts:
     launcher_lost: bool = False  # the launcher died without recording an exit code
     last_record: float | None = None  # its last new metrics record (None: none yet)
     last_activity: float | None = None  # start, records, log output or CPU time
+    # the rank that progressed least recently among those of its metrics records: (rank or None, its last
+    # step or None, whether its records are the launcher's hook's (only a new step is progress then))
+    stalled: tuple | None = None
     stopped_since: float | None = None
     term_at: float | None = None  # when the agent sent it SIGTERM
     kill_signal: str | None = None
@@ -175,9 +178,9 @@ class Ledger:
     quiet: tuple = ()  # (name, since): pservers waiting in silence for trainers
     coordinator_lost: bool = False
     startup_failed: bool = False
-    # The startup check is done: startup_deadline passed, and the job had come together or failed. Without
-    # it a deadline in the past stayed the agent's next deadline, and once a job had run startup_timeout
-    # every agent stepped every 20 ms (200 local nodes: the machine saturated, the coordinator starved).
+    # The startup check is done: startup_deadline passed, and the job had come together or failed. A
+    # deadline in the past must not stay the agent's next deadline: every agent would step at once,
+    # again and again, for the rest of the job.
     startup_checked: bool = False
     failure_kind: str | None = None  # exit, hang, kill-all, other: whether the coordinator may restart the job
     failure_code: int | None = None
@@ -424,9 +427,16 @@ class _Decision:
             return "stopped (SIGSTOP) for %.0f s; hang_timeout %g s" % (now - min(p.stopped_since, since), timeout)
         if now - since < timeout:
             return None
+        if p.last_record is not None and p.stalled is not None and p.stalled[2]:
+            rank, step, _ = p.stalled
+            return ("no progress for %.0f s: no new metrics record with a new step from %s%s (after its first "
+                    "record only a new step counts, for every rank in its metrics; log output and CPU time do "
+                    "not; hang_timeout %g s)" % (now - since, "rank %s" % rank if rank is not None else "it",
+                                                  " after step %s" % step if step is not None else "", timeout))
         if p.last_record is not None:
-            return ("no progress for %.0f s: no new metrics record (after its first record only new records "
-                    "count; log output and CPU time do not; hang_timeout %g s)" % (now - since, timeout))
+            who = " from rank %s" % p.stalled[0] if p.stalled is not None and p.stalled[0] is not None else ""
+            return ("no progress for %.0f s: no new metrics record%s (after its first record only new records "
+                    "count; log output and CPU time do not; hang_timeout %g s)" % (now - since, who, timeout))
         return "no progress for %.0f s (no metrics record, no log output, no CPU time; hang_timeout %g s)" % (
             now - since, timeout)
 

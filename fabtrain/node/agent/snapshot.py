@@ -11,7 +11,9 @@ import os
 import time
 
 from fabtrain.node import atomic, procfs
+from fabtrain.contract.records import HEALTH_AGENT, HEALTH_PROCESS, record
 from fabtrain.contract.states import FINAL, JobState, signal_name
+from fabtrain.node.coordination import blame
 
 
 def process_view(ctx, ledger, procs: dict, gpu_pids: dict) -> dict:
@@ -21,16 +23,17 @@ def process_view(ctx, ledger, procs: dict, gpu_pids: dict) -> dict:
     if progress is not None:
         last = progress.last_record if progress.last_record is not None else progress.last_activity
     rate = progress.steps.rate() if progress is not None and ctx.live else None
-    return {"name": ctx.name, "role": ctx.role, "rank": ctx.rank, "pid": ctx.pid,
-            "launcher_pid": ctx.launcher, "state": str(ctx.state), "exit_code": ctx.exit_code,
-            "signal": signal_name(ctx.signal),
-            "cpu_percent": progress.cpu_percent if progress and ctx.live else 0.0, "rss": ctx.rss,
-            "children": max(0, len(live_tree) - 1) if ctx.live else 0, "zombies": sum((z[0], z[2]) in ledger.zombies_seen for z in ctx.zombies),  # reported ones
-            "last_progress": round(last, 3) if last else None,
-            "last_record": round(progress.last_record, 3) if progress and progress.last_record else None,
-            "step_rate": round(rate, 3) if rate is not None else None,
-            "hung": ctx.name in ledger.hung, "killed_by_agent": ctx.close_reason,
-            "gpu_mem": sum(gpu_pids.get(p, 0) for p in live_tree) if gpu_pids else None}
+    return record(HEALTH_PROCESS, name=ctx.name, role=ctx.role, rank=ctx.rank, pid=ctx.pid,
+                  launcher_pid=ctx.launcher, state=str(ctx.state), exit_code=ctx.exit_code,
+                  signal=signal_name(ctx.signal),
+                  cpu_percent=progress.cpu_percent if progress and ctx.live else 0.0, rss=ctx.rss,
+                  children=max(0, len(live_tree) - 1) if ctx.live else 0,
+                  zombies=sum((z[0], z[2]) in ledger.zombies_seen for z in ctx.zombies),  # reported ones
+                  last_progress=round(last, 3) if last else None,
+                  last_record=round(progress.last_record, 3) if progress and progress.last_record else None,
+                  step_rate=round(rate, 3) if rate is not None else None,
+                  hung=ctx.name in ledger.hung, killed_by_agent=ctx.close_reason,
+                  gpu_mem=sum(gpu_pids.get(p, 0) for p in live_tree) if gpu_pids else None)
 
 
 class Health:
@@ -54,15 +57,16 @@ class Health:
         return percent
 
     def write(self, now: float, ledger, contexts, procs: dict, gpu_pids: dict, link, startup_deadline: float,
-              straggling: list = ()) -> None:
+              straggling: list = (), blame: dict | None = None) -> None:
         cfg, me, view = self.cfg, procs.get(self.pid), link.view
         processes = [process_view(ctx, ledger, procs, gpu_pids) for ctx in contexts]
         snapshot = {
             "ts": round(now, 3), "node": cfg.node, "job_id": cfg.job_id, "interval": cfg.interval,
             "host": self.host.sample(), "gpus": self.gpus.sample(), "processes": processes,
-            "agent": {"pid": self.pid, "rss": me.rss if me else None, "cpu_percent": self._own_cpu_percent(),
-                      "started": round(self.started, 3), "restarted": self.restarted,
-                      "keeper_pid": self.life.keeper_pid, "launcher_pid": self.life.launcher},
+            "agent": record(HEALTH_AGENT, pid=self.pid, rss=me.rss if me else None,
+                            cpu_percent=self._own_cpu_percent(), started=round(self.started, 3),
+                            restarted=self.restarted, keeper_pid=self.life.keeper_pid,
+                            launcher_pid=self.life.launcher),
             "peers": view.get("peers") or {},
             "job": {"status": ledger.status.status, "reason": ledger.status.reason, "origin": ledger.status.origin,
                     "on_failure": cfg.on_failure, "generation": ledger.generation,
@@ -79,6 +83,8 @@ class Health:
             "zombies": sum(p["zombies"] for p in processes),
             "events": self.events.recent,
             "stragglers": list(straggling),
+            # after a hang: the rank(s) the others wait for; job: every node's ranks (the coordinator's node)
+            "blame": blame,
         }
         if self.gpus.error and self.gpus.error != "no NVIDIA driver":
             snapshot["gpu_error"] = self.gpus.error
@@ -88,12 +94,34 @@ class Health:
             pass  # a full disk: events.jsonl says why
 
 
-def beat(job: dict, ledger, contexts, done: bool, generation: int) -> dict:
+def timing_rows(ctx) -> list:
+    """[rank, data, compute, comm, step time] of each watched rank of a process whose records carry the
+    three timings (means a step over the last seconds): the synchronous straggler rule's input."""
+    rows = []
+    for rank, r in sorted(ctx.progress.ranks.items() if ctx.progress else (), key=lambda kr: str(kr[0])):
+        if r not in ctx.progress.watched():
+            continue
+        t = r.mean_timings()
+        if all(k in t for k in ("data_time", "compute_time", "comm_time")):
+            rows.append([rank, round(t["data_time"], 5), round(t["compute_time"], 5), round(t["comm_time"], 5),
+                         round(t["step_time"], 5) if "step_time" in t else None])
+    return rows
+
+
+def beat(job: dict, ledger, contexts, done: bool, generation: int, rank_views=()) -> dict:
     """The heartbeat the coordinator gets, whole (coordination/protocol.py: a connection carries what
-    changed): `generation` is the one this node last started; `done`: nothing of the job is left here."""
+    changed): `generation` is the one this node last started; `done`: nothing of the job is left here;
+    `rank_views`: each rank's last step and stack at this node's dump of stacks (a hang's), per process."""
     procs = {ctx.name: {"role": ctx.role, "rank": ctx.rank, "state": str(ctx.state), "exit_code": ctx.exit_code,
                         "rate": ctx.progress.steps.rate() if ctx.progress and ctx.live else None}
              for ctx in contexts}
+    for ctx in contexts:
+        rows = timing_rows(ctx) if ctx.live and ctx.role == "trainer" else []
+        if rows:
+            procs[ctx.name]["timing"] = rows
+    for v in rank_views:
+        if v.name in procs:
+            procs[v.name].setdefault("ranks", []).extend(blame.to_beat([v]))
     status = ledger.status
     final = {"status": status.status, "reason": status.reason, "node": status.origin} \
         if status.status in FINAL else None

@@ -21,10 +21,57 @@ from fabtrain.node.atomic import read_json
 from fabtrain.node.coordination.stragglers import StepRate
 from fabtrain.node.kill import send, signal_all, starter, trusted
 from fabtrain.contract.states import ProcessState, signal_of, state_of
+from fabtrain.contract.jobfolder import JobFolder
 
 CPU_PROGRESS = 0.01  # CPU seconds per second (1% of a core) that count as activity
 RATE_WINDOW = 10.0  # seconds of records a step rate is measured over (the straggler rule's input)
 NO_RECORD_WAIT = 2.0  # a launcher that outlives its program this long without recording an exit code is broken
+
+
+TAIL = 64 * 1024  # bytes of new records read at most a step: a program that writes faster is read from its tail
+PARSE_ALL = 16 * 1024  # below this many new bytes every record is read; above, only each rank's last
+TIMINGS = ("step_time", "data_time", "compute_time", "comm_time")
+
+
+class RankSteps:
+    """One rank's records in a metrics file: its last step, when it last made progress, its timings."""
+
+    __slots__ = ("step", "changed", "auto", "timings", "total_steps")
+
+    def __init__(self):
+        self.step = None
+        self.changed: float | None = None
+        self.auto = False
+        self.timings: list = []  # (time, {step_time, data_time, compute_time, comm_time}) over RATE_WINDOW
+        self.total_steps = None
+
+    def take(self, rec: dict, at: float) -> None:
+        """A new record of this rank. From the launcher's hook (``source: "auto"``) only a new step is
+        progress; a record the program writes itself is progress by being written, as it always was."""
+        step = rec.get("step")
+        step = step if isinstance(step, (int, float)) and not isinstance(step, bool) else None
+        self.auto = rec.get("source") == "auto"
+        if not self.auto or (step is not None and step != self.step) or self.changed is None:
+            self.changed = at
+        if step is not None:
+            self.step = step
+        if isinstance(rec.get("total_steps"), int):
+            self.total_steps = rec["total_steps"]
+        t = {k: float(rec[k]) for k in TIMINGS if isinstance(rec.get(k), (int, float))
+             and not isinstance(rec.get(k), bool) and rec[k] >= 0}
+        if t:
+            self.timings.append((at, t))
+            while self.timings and at - self.timings[0][0] > RATE_WINDOW:
+                self.timings.pop(0)
+
+    def mean_timings(self) -> dict:
+        """Each timing's mean over the last RATE_WINDOW seconds of records."""
+        out = {}
+        for k in TIMINGS:
+            xs = [t[k] for _, t in self.timings if k in t]
+            if xs:
+                out[k] = sum(xs) / len(xs)
+        return out
 
 
 class Progress:
@@ -39,6 +86,9 @@ class Progress:
         self.cpu_seen: float | None = None
         self.cpu_percent = 0.0
         self.steps = StepRate(RATE_WINDOW)
+        self.ranks: dict = {}  # rank (the records' `rank`; None: records without one) -> RankSteps
+        self.live_ranks: set | None = None  # the RANKs of the program's live processes (None: not known)
+        self.partial = b""  # the start of a record not yet ended by its newline
 
     def records(self, path: str | None) -> None:
         try:
@@ -46,14 +96,69 @@ class Progress:
         except OSError:
             st = None
         if st is not None and st.st_size < self.records_size:
-            self.records_size = 0  # the program started its file anew
+            self.records_size, self.ranks, self.partial = 0, {}, b""  # the program started its file anew
         if st is None or st.st_size <= self.records_size:
+            self.last_record = self.stalest(self.last_record)
             return
+        at = max(st.st_mtime, self.floor)
+        lines = self.read_new(path, st.st_size)
         self.records_size = st.st_size
-        self.last_record = max(st.st_mtime, self.floor)
-        self.steps.add(self.last_record, last_step(path))
-        self.first_record = self.first_record or self.last_record
-        self.last_activity = max(self.last_activity, self.last_record)
+        self.take(lines, at)
+        self.first_record = self.first_record or at
+        self.last_record = self.stalest(at)
+        self.last_activity = max(self.last_activity, at)
+
+    def read_new(self, path: str, size: int) -> list:
+        """The whole records appended since the last read (at most the last TAIL bytes of them)."""
+        start = max(self.records_size, size - TAIL)
+        try:
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read(size - start)
+        except OSError:
+            return []
+        if start > self.records_size:
+            self.partial = b""
+            data = data.split(b"\n", 1)[1] if b"\n" in data else b""
+        data = self.partial + data
+        complete, _, self.partial = data.rpartition(b"\n")
+        self.partial = self.partial[-TAIL:]
+        return complete.split(b"\n") if complete else []
+
+    def take(self, lines: list, at: float) -> None:
+        """Each rank's records among `lines`: all of them when few, else from the end, each rank's last."""
+        seen: set = set()
+        every = sum(len(x) for x in lines) <= PARSE_ALL
+        for line in (lines if every else reversed(lines)):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(rec, dict):
+                continue
+            rank = rec.get("rank") if isinstance(rec.get("rank"), int) and not isinstance(rec.get("rank"), bool) \
+                else None
+            if not every and rank in seen:
+                continue
+            seen.add(rank)
+            self.ranks.setdefault(rank, RankSteps()).take(rec, at)
+            if not every and self.ranks.keys() <= seen:
+                break
+        steps = [r.step for r in self.watched() if r.step is not None]
+        if steps:
+            self.steps.add(at, min(steps))
+
+    def watched(self) -> list:
+        """The ranks the hang rule watches: those whose process is alive (a rank of a torchrun that has
+        exited is not hung), every one where that is not known."""
+        live = self.live_ranks
+        return [r for k, r in self.ranks.items() if not live or k is None or k in live]
+
+    def stalest(self, default: float | None) -> float | None:
+        """The process's last progress: that of its rank that progressed least recently (the process
+        is hung once ANY of its ranks stops), else the last record."""
+        times = [r.changed for r in self.watched() if r.changed is not None]
+        return min(times) if times else default
 
     def output(self, path: str | None) -> None:
         try:
@@ -70,23 +175,6 @@ class Progress:
         self.cpu_seen = seconds
 
 
-def last_step(path: str):
-    """The ``step`` of the last whole record in a metrics file (None: none to be had)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
-            lines = f.read().split(b"\n")
-    except OSError:
-        return None
-    for line in reversed(lines[1:] if len(lines) > 1 else lines):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        return rec.get("step") if isinstance(rec, dict) else None
-    return None
-
-
 class ProcessContext:
     """One process of the job on this node (a job.json `processes` entry)."""
 
@@ -95,8 +183,8 @@ class ProcessContext:
         self.workspace = workspace
         self.trusted = False  # its record named a live launcher of ours when loaded: its group is ours
         self.launcher_up = False
-        self.run_path = os.path.join(job_dir, "run", self.name + ".json")
-        self.exit_path = os.path.join(job_dir, "run", self.name + ".exit")
+        self.run_path = JobFolder(job_dir).run_record(self.name)
+        self.exit_path = JobFolder(job_dir).exit_record(self.name)
         self.metrics_path = (spec.get("metrics") or "").replace("$WS", workspace) or None
         self.log_path = (spec.get("log") or "").replace("$WS", workspace) or None
         self.floor = floor  # a restarted agent counts progress from its own start
@@ -113,6 +201,7 @@ class ProcessContext:
         self.launcher_lost = False
         self.program_gone_at: float | None = None
         self.progress: Progress | None = None
+        self.rank_of: dict[int, tuple] = {}  # pid -> (create time, its RANK or None)
         self.stopped_since: float | None = None
         self.members: list[int] = []
         self.tree: list[int] = []
@@ -183,10 +272,28 @@ class ProcessContext:
                         if procs[p].dead and procs[p].ppid != 1]
         live_tree = [p for p in self.tree if not procs[p].dead]
         self.rss = sum(procs[p].rss for p in live_tree)
+        self.progress.live_ranks = self._live_ranks(live_tree, procs, now)
         self.progress.records(self.metrics_path)
         self.progress.output(self.log_path)
         if tick or self.progress.cpu_seen is None:
             self.progress.cpu(sum(procs[p].cpu for p in live_tree), now, interval)
+
+    def _live_ranks(self, pids: list, procs: dict, now: float) -> set | None:
+        """The RANKs in the environments of the program's live processes (torchrun's workers each have
+        theirs), each read once (again while the process is young: a fork not yet exec'd shows its
+        parent's); None where none has one."""
+        ranks, cache = set(), {}
+        for pid in pids:
+            seen = self.rank_of.get(pid)
+            ctime = procs[pid].create_time
+            if seen is None or seen[0] != ctime or now - ctime < 2.0:
+                raw = procfs.parse_environ(procfs.environ_raw(pid)).get(b"RANK")
+                seen = (ctime, int(raw) if raw and raw.isdigit() else None)
+            cache[pid] = seen
+            if seen[1] is not None:
+                ranks.add(seen[1])
+        self.rank_of = cache
+        return ranks or None
 
     def _load(self, now: float, procs: dict) -> bool:
         record = read_json(self.run_path)

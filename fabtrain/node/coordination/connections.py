@@ -28,9 +28,9 @@ UNAUTHENTICATED_MAX = 64  # connections still in their handshake, in all (at lea
 UNAUTHENTICATED_PER_ADDRESS = 16  # ... from one address: a flood from one host evicts its own
 # Seconds from accept to a hello that names one of this job's nodes, and then from our challenge to the
 # proof of the secret. An agent sends its hello as it connects, but on a node whose every core is busy
-# (200 agents and their trainers starting on 2 cores) it may wait many seconds for a time slice at
-# either step: 5 s refused agents of a legitimate start, first before the proof and then before the
-# hello. Slow is not hostile; the caps above, not these deadlines, keep a flood from the descriptors.
+# (every agent and trainer of a job starting at once) it may wait many seconds for a time slice at
+# either step, so a few seconds would refuse agents of a legitimate start. Slow is not hostile; the
+# caps above, not these deadlines, keep a flood from the descriptors.
 HELLO_TIMEOUT = 30.0
 PROOF_TIMEOUT = 30.0
 MAX_OUTBUF = 1 << 20  # a peer that does not read is dropped (it reconnects)

@@ -1,4 +1,4 @@
-"""The straggler rule, pure: every rank's step rate in, `straggler` findings out.
+"""The straggler rules, pure: every rank's step rate, or its timings, in; `straggler` findings out.
 
 A rank is a straggler when its step rate stays below `share` of the median
 rank's rate for `window` seconds. The median moves with the job, so a whole
@@ -7,6 +7,11 @@ the others does. Each rank is reported once while it stays behind; once it
 keeps up again it may be reported again later. Rates come from the metrics
 records' ``step`` field (`StepRate`, fed by the agent that reads that rank's
 records); the rule itself sees only numbers, so tests check it as data.
+
+In synchronous training (DDP) every rank steps at the slowest one's pace, so
+rates cannot tell: `judge_timings` names the rank the others wait for from
+each rank's time a step in data loading, compute and collectives (the
+records' ``data_time``, ``compute_time``, ``comm_time``).
 """
 from __future__ import annotations
 
@@ -92,6 +97,106 @@ def rule_of(watchdog: dict) -> Rule | None:
 def reason(f: Finding, rule: Rule) -> str:
     return ("%s on %s runs at %.3g steps/s, below %g of the median rank's %.3g steps/s for %g s or more"
             % (f.name, f.node, f.rate, rule.share, f.median, rule.window))
+
+
+# -- synchronous training: who makes the others wait, and why ------------------------------------------
+
+CAUSES = (("data_time", "data loading"), ("compute_time", "compute"))
+MIN_EXCESS = 0.1  # of the median step time: less extra time a step than this is noise, not a straggler
+
+
+@record
+class Cause:
+    """One rank that makes the others wait in their collectives: what its `straggler` event says."""
+    node: str
+    name: str
+    rank: int | None
+    cause: str  # "data loading" or "compute"
+    ratio: float  # its time for the cause over the median rank's
+    seconds: float  # its time for the cause a step (mean over the window)
+    median: float  # the median rank's
+    since: float
+
+
+def judge_timings(timings: dict, behind: Behind, now: float, rule: Rule) -> tuple[list, Behind]:
+    """`timings`: {(node, name, rank): {"data_time", "compute_time", "comm_time", "step_time"}} (each a
+    mean a step over the last seconds). In synchronous training every rank steps at the slowest one's
+    pace, so rates tell nothing; the one that makes the others wait arrives last at the collective:
+    it waits there least (the least comm_time), and its data loading or compute is far above the
+    median of the other ranks' (at least 1/share of it, and by at least MIN_EXCESS of the median step time), while
+    the others wait in comm about that much longer than it. A job whose ranks are equally slow has
+    none. Reported after `window` seconds, once while it lasts, as `judge` does."""
+    known = {k: t for k, t in timings.items() if all(isinstance(t.get(f), (int, float)) for f, _ in CAUSES)
+             and isinstance(t.get("comm_time"), (int, float))}
+    if len(known) < 2:
+        return [], Behind()
+    found_now = suspect(known, rule)
+    since, reported, found = {}, set(), []
+    if found_now is not None:
+        key, cause, ratio, seconds, mid = found_now
+        since[key] = behind.since.get(key, now)
+        if key in behind.reported:
+            reported.add(key)
+        elif now - since[key] >= rule.window:
+            reported.add(key)
+            found.append(Cause(key[0], key[1], key[2], cause, round(ratio, 2), round(seconds, 4), round(mid, 4),
+                               since[key]))
+    return found, replace(behind, since=since, reported=frozenset(reported))
+
+
+def suspect(known: dict, rule: Rule):
+    """(key, cause, ratio, its seconds, the median's) of the rank that makes the others wait, or None."""
+    key = min(known, key=lambda k: (known[k]["comm_time"], k[0], k[1], k[2] if k[2] is not None else -1))
+    mine = known[key]
+    step = median(t.get("step_time") or sum(t[f] for f, _ in CAUSES) + t["comm_time"] for t in known.values())
+    others_comm = median(t["comm_time"] for k, t in known.items() if k != key)
+    best = None
+    for field, cause in CAUSES:
+        mid = median(t[field] for k, t in known.items() if k != key)  # the others' (with two ranks, the other's)
+        excess = mine[field] - mid
+        if excess < MIN_EXCESS * step or mine[field] * rule.share < mid or others_comm - mine["comm_time"] < excess / 2:
+            continue
+        ratio = mine[field] / mid if mid > 0 else float("inf")
+        if best is None or excess > best[0]:
+            best = (excess, cause, ratio, mine[field], mid)
+    if best is None:
+        return None
+    return key, best[1], min(best[2], 999.0), best[3], best[4]
+
+
+def cause_reason(c: Cause) -> str:
+    """The one sentence: "rank 1 on node2: data loading 4.2x the median"."""
+    who = "rank %s" % c.rank if c.rank is not None else c.name
+    return ("%s on %s: %s %.1fx the median (%.3g s a step vs %.3g s); the other ranks wait for it in their collectives"
+            % (who, c.node, c.cause, c.ratio, c.seconds, c.median))
+
+
+def timings_of(peers: dict) -> dict:
+    """{(node, name, rank): timings} of the running trainers' ranks in the beats' process tables."""
+    out = {}
+    for node, procs in peers.items():
+        for name, p in (procs or {}).items():
+            if not isinstance(p, dict) or p.get("role") != "trainer" or p.get("state") != "running":
+                continue
+            for row in p.get("timing") or []:
+                if isinstance(row, list) and len(row) == 5:
+                    rank, data, compute, comm, step = row
+                    out[(node, name, rank if isinstance(rank, int) else None)] = {
+                        "data_time": data, "compute_time": compute, "comm_time": comm, "step_time": step}
+    return out
+
+
+def standing_timings(timings: dict, behind: Behind, rule: Rule) -> list:
+    """The rank reported by `judge_timings` while it still makes the others wait (health.json's
+    `stragglers`, as `standing` for rates)."""
+    known = {k: t for k, t in timings.items() if all(isinstance(t.get(f), (int, float)) for f, _ in CAUSES)
+             and isinstance(t.get("comm_time"), (int, float))}
+    now = suspect(known, rule) if len(known) >= 2 else None
+    if now is None or now[0] not in behind.reported or now[0] not in behind.since:
+        return []
+    (node, name, rank), cause, ratio, seconds, mid = now
+    return [{"node": node, "name": name, "rank": rank, "cause": cause, "ratio": round(ratio, 2),
+             "seconds": round(seconds, 4), "median": round(mid, 4), "since": round(behind.since[now[0]], 3)}]
 
 
 class StepRate:

@@ -1,0 +1,61 @@
+"""The fields of the records a node writes and the controller reads back, defined once.
+
+Each record is a table, field -> type. The node's writers build their records from these tables
+(`record` refuses a field a table does not name), and the controller's checks
+(fabtrain/controller/records.py) are made from the same tables, so a field the agent writes is a
+field the controller keeps: they cannot drift apart again (an agent once wrote each process's
+`launcher_pid` and `step_rate` while the controller's checks knew only an older `wrapper_pid`, and
+both were dropped on their way to `fab status` and the dashboard).
+
+The types, which the controller's checks turn into checkers:
+
+    number   a finite int or float        integer  an int               flag    true/false
+    name     a short name (node, process) rank     an int, or text      state   a ProcessState's value
+    signal   a signal's name              reason   a sentence           text    a line of text
+"""
+
+NUMBER, INTEGER, FLAG, NAME, RANK, STATE, SIGNAL, REASON, TEXT = (
+    "number", "integer", "flag", "name", "rank", "state", "signal", "reason", "text")
+
+# health.json's "processes": the agent's view of each process of the job on its node.
+HEALTH_PROCESS = {
+    "name": NAME, "role": NAME, "rank": RANK, "pid": INTEGER, "launcher_pid": INTEGER, "state": STATE,
+    "exit_code": INTEGER, "signal": SIGNAL, "cpu_percent": NUMBER, "rss": NUMBER, "children": NUMBER,
+    "zombies": INTEGER,
+    "last_progress": NUMBER,  # when it last showed progress: a metrics record, else CPU or I/O
+    "last_record": NUMBER,  # when it last wrote a metrics record
+    "step_rate": NUMBER,  # steps a second over the straggler window, while it runs
+    "hung": FLAG, "killed_by_agent": REASON, "gpu_mem": NUMBER,
+}
+
+# health.json's "agent": the agent itself.
+HEALTH_AGENT = {"pid": INTEGER, "rss": NUMBER, "cpu_percent": NUMBER, "started": NUMBER, "restarted": FLAG,
+                "keeper_pid": INTEGER, "launcher_pid": INTEGER}
+
+# One process in node ops' `status` and `collect` replies (fabtrain/node/ops.py process_record).
+STATUS_PROCESS = {"name": NAME, "state": STATE, "pid": INTEGER, "program_pid": INTEGER, "launcher_pid": INTEGER,
+                  "exit_code": INTEGER, "signal": SIGNAL, "started_at": NUMBER, "uptime": NUMBER,
+                  "zombies": INTEGER, "last_line": TEXT}
+
+# events.jsonl's named fields (fabtrain.contract.events): an event may carry others, kept where they
+# are plain values. "pids" is a list of integers; "stacks" {process: {"frame"} | {"why"}}.
+EVENT = {"kind": NAME, "ts": NUMBER, "node": NAME, "name": NAME, "role": NAME, "rank": RANK, "reason": REASON,
+         "signal": SIGNAL, "exit_code": INTEGER, "pid": INTEGER, "peer": NAME, "origin": NAME,
+         "on_failure": NAME, "generation": INTEGER, "backoff": NUMBER,
+         "restarts_left": INTEGER, "blame": REASON}
+
+# A trainer's metrics/<name>.jsonl line (the user's program writes it: workload/ shows how); other
+# fields are kept where they are plain values.
+METRIC = {"ts": NUMBER, "step": NUMBER, "epoch": NUMBER, "loss": NUMBER, "samples_per_s": NUMBER,
+          "eval_loss": NUMBER, "lr": NUMBER, "role": NAME, "rank": RANK}
+# The metrics the run history keeps of a past job, a series each.
+SERIES = tuple(field for field, kind in METRIC.items() if kind == NUMBER)
+
+
+def record(fields, **values):
+    """A record of table `fields` (every field of it, None where not given); a field the table does not
+    name is a bug in the writer, and raises."""
+    unknown = set(values) - set(fields)
+    if unknown:
+        raise TypeError("not fields of this record: %s" % ", ".join(sorted(unknown)))
+    return {field: values.get(field) for field in fields}

@@ -1,0 +1,64 @@
+"""Stragglers in synchronous training, on real gloo jobs (torchrun, CPU): every rank steps at the slowest one's
+pace, so the rank the others wait for is named from its timings, with its cause: a slow Dataset, or less CPU
+(a cgroup's CPU quota). A job whose ranks are equally slow has none."""
+import os
+from pathlib import Path
+
+from tests.conftest import require, require_import
+from tests.support.procscan import wait_for
+from tests.support.sshd import free_port
+
+WINDOW = 3
+
+
+def start(local_job, per_node, args, folder=None):
+    require_import("torch", "torch", "installed by `make test` (requirements-test.txt)")
+    job = local_job([("n0", ["trainer"])], folder=folder, mode="collective", master_port="auto",
+                    trainer={"per_node": per_node,
+                             "command": f"torchrun --max-restarts=0 tests/programs/sync_ranks.py {args}"},
+                    watchdog={"interval": 0.5, "hang_timeout": 60, "grace": 1, "startup_timeout": 300,
+                              "port": free_port(["127.0.0.1"]), "straggler": {"share": 0.7, "window": WINDOW}})
+    job.fab("deploy", "start-trainers", check=True)
+    return job
+
+
+def stragglers(job):
+    return [e for e in job.events("n0") if e["kind"] == "straggler"]
+
+
+def test_a_rank_with_a_slow_dataset_is_named_for_its_data_loading(local_job):
+    job = start(local_job, 2, "--width 64 --slow-data 1:0.004")
+    found = wait_for(lambda: stragglers(job), timeout=150, interval=0.5)
+    assert found, (job.events("n0"), job.health("n0"))
+    ev = found[0]
+    assert ev["rank"] == 1 and ev["cause"] == "data loading" and ev["ratio"] >= 2, ev
+    assert ev["reason"].startswith("rank 1 on n0: data loading "), ev
+    out = job.fab("status")
+    assert "STRAGGLER rank 1: data loading" in out.stdout, out.stdout
+
+
+def test_a_rank_with_less_cpu_is_named_for_its_compute_and_equal_ranks_name_none(local_job):
+    """Rank 1 moves itself into a cgroup capped at 10% of a core (cgroup v1's cpu controller)."""
+    root = Path("/sys/fs/cgroup/cpu")
+    require(os.access(root / "cgroup.procs", os.W_OK), "a writable cgroup cpu controller",
+            "the test caps one rank's CPU with a cgroup (run as root where /sys/fs/cgroup/cpu is writable)")
+    cgroup = root / f"fabtrain-test-{os.getpid()}"
+    cgroup.mkdir()
+    try:
+        (cgroup / "cpu.cfs_period_us").write_text("100000")
+        (cgroup / "cpu.cfs_quota_us").write_text("10000")
+        job = start(local_job, 2, f"--width 512 --cgroup 1:{cgroup}")
+        found = wait_for(lambda: stragglers(job), timeout=150, interval=0.5)
+        assert found, (job.events("n0"), job.health("n0"))
+        assert found[0]["rank"] == 1 and found[0]["cause"] == "compute" and found[0]["ratio"] >= 1.5, found[0]
+        out = job.fab("status")
+        assert "STRAGGLER rank 1: compute" in out.stdout, out.stdout
+        job.fab("kill-all", "--grace", "1")
+    finally:
+        wait_for(lambda: not (cgroup / "cgroup.procs").read_text().strip(), timeout=10)
+        cgroup.rmdir()
+    # The same job without the cap: ranks equally fast, nobody named.
+    equal = start(local_job, 2, "--width 512", folder="equal")
+    assert wait_for(lambda: any((p.get("step_rate") or 0) > 0 for p in (equal.health("n0") or {}).get("processes", [])),
+                    timeout=150, interval=0.5), equal.health("n0")
+    assert not wait_for(lambda: stragglers(equal), timeout=4 * WINDOW, interval=0.5), stragglers(equal)
