@@ -27,8 +27,9 @@ class SlurmBackend(Backend):
     NAME = "scheduler"
 
     def plan(self, session: Session, offline: bool = False) -> None:
-        """The batch script exactly as `fab start-trainers` would submit it (ports drawn again at submit)."""
-        print(jobs.prepare(session, _roles(session))[1], end="")
+        """The batch script as `fab start-trainers` would submit it, the plan's data summarised (ports drawn again at
+        submit; `fab export --slurm` writes it whole)."""
+        print(jobs.prepare(session, _roles(session), readable=True)[1], end="")
 
     def export(self, session: Session, path: str, **options) -> None:
         """fab export --slurm FILE: the batch script, to submit by hand with sbatch."""
@@ -52,18 +53,16 @@ class SlurmBackend(Backend):
 
     def _check_slurm(self, session: Session) -> bool:
         problems = jobs.check_tools(session)
-        shared = None if problems else jobs.check_shared(session)
-        if shared and not shared.startswith("shared filesystem not checked"):
-            problems.append(shared)
+        problems += [] if problems else jobs.check_resources(session)
+        nodes = None if problems else jobs.check_nodes(session)
+        problems += nodes.problems if nodes else []
         spec = session.cluster.scheduler
         print(f"slurm: {spec.nodes} nodes, partition {spec.partition or '(default)'}, "
               f"commands {jobs.SlurmCommands(session).where()}: " + ("ok" if not problems else "PROBLEMS"))
         for p in problems:
             print(f"  {p}")
-        if shared and not problems:
-            print(f"  {shared}")
-        elif not problems:
-            print(f"  the workspace is shared: every node read a token written here, with {session.cluster.nodes[0].python}")
+        if nodes and not problems:
+            print(f"  {nodes.said}")
         return not problems
 
     def start(self, session: Session, roles: tuple[str, ...], force: bool = False, resume_from: str | None = None,

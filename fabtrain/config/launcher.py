@@ -27,6 +27,10 @@ def check_launcher(cluster, fail: Callable[[str, str], UserError]) -> None:
     job = cluster.job
     if job.launcher != "mpirun":
         return
+    if cluster.scheduler is not None:
+        raise fail("job.launcher", "mpirun is not run inside a Slurm allocation: its ranks would start outside "
+                                   "fabtrain's agents (no hang rule, no teardown); use launcher: fabtrain, which "
+                                   "starts every rank under them")
     if job.mode != "collective":
         raise fail("job.launcher", "mpirun starts the ranks of a collective job: set job.mode: collective")
     if is_torchrun(job.trainer.command):

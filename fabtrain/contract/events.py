@@ -38,6 +38,7 @@ class EventKind(str, Enum):
     RESTARTING = "restarting"
     RESTARTED = "restarted"
     START_FAILED = "start_failed"  # node ops: the start failed on some node, all of it was stopped
+    ATTEMPT = "attempt"  # a requeued Slurm job's next attempt began here (fabtrain/node/attempts.py)
     # the coordinator and the other nodes
     NOT_JOINED = "not_joined"
     PEER_LOST = "peer_lost"

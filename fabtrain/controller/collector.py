@@ -34,7 +34,7 @@ from fabtrain.controller.series import NODES, TRAINERS, Series, SeriesBook, Seri
 from fabtrain.remote import rpc
 from fabtrain.errors import UserError
 from fabtrain.contract import jobid
-from fabtrain.node import progress as hook
+from fabtrain.contract import progress as hook
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import NodeError
 

@@ -64,7 +64,10 @@ def check(session: Session, timeout: float | None = None) -> list[NodeCheck]:
 
     def probe(t: Transport):
         t0 = time.time()
-        result = rpc.call(t, "probe", {"cluster": cluster.name}, timeout=timeout)
+        # A Slurm cluster's stand-ins are the login node's view of the shared workspace: its GPUs are not the
+        # allocation's (fab check asks the partition and the allocation's nodes: slurm/jobs.py).
+        payload = {"cluster": cluster.name, **({"torch_cuda": False} if cluster.scheduler else {})}
+        result = rpc.call(t, "probe", payload, timeout=timeout)
         return result, t0, time.time()
 
     checks = []
@@ -87,7 +90,7 @@ def check(session: Session, timeout: float | None = None) -> list[NodeCheck]:
         uses_workload = any("workload." in cmd for cmd in commands)
         if uses_workload and not result["torch"]:
             c.problems.append("torch not installed (the reference workload needs it)")
-        if cluster.job.trainer.use_gpu and "trainer" in node.roles and not result["gpus"]:
+        if cluster.job.trainer.use_gpu and "trainer" in node.roles and not result["gpus"] and not cluster.scheduler:
             c.problems.append("use_gpu is set but torch sees no GPU")
         if result.get("workspace_conflict"):
             c.problems.append(result["workspace_conflict"])

@@ -20,7 +20,7 @@ from fabtrain.controller.report import human_bytes
 from fabtrain.contract.states import JobState, ProcessState
 from fabtrain.controller.terminal import visible
 from fabtrain.controller.verdict_text import duration_text
-from fabtrain.node import progress as hook
+from fabtrain.contract import progress as hook
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import down_label
 

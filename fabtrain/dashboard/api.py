@@ -20,7 +20,7 @@ from fabtrain.controller.series import NODES, TRAINERS
 from fabtrain.controller.verdict_text import sentence
 from fabtrain.contract.events import CAUSES, NODE_CAUSES, EventKind
 from fabtrain.contract.states import TERMINAL, JobState, ProcessState, signal_name, signal_of
-from fabtrain.node import progress as hook
+from fabtrain.contract import progress as hook
 from fabtrain.remote.transport import down_label
 
 __all__ = ["number", "short", "process_role", "process_label", "cluster_view", "job_view",

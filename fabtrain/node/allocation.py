@@ -32,8 +32,11 @@ import sys
 
 from fabtrain.contract import states
 from fabtrain.contract.clock import boot_id
+from fabtrain.contract.events import OUTCOMES
+from fabtrain.contract.jobfolder import JobFolder
 from fabtrain.contract.states import ENDED, read_killer
-from fabtrain.node import atomic, hosted
+from fabtrain.node import atomic, attempts, hosted, launch, ops
+from fabtrain.node.elsewhere import running_elsewhere
 from fabtrain.node.netcheck import iface_of, resolve
 from fabtrain.node.workspace import job_dir
 
@@ -92,8 +95,22 @@ def place(env, iface, granted):
     return env
 
 
-def node_part(template, index, hosts, secret, environ):
-    """(job.json, agent spec) of node `index` of the allocation, from the plan of every node."""
+def bind_cpus(processes, cpus, per_rank):
+    """Each process of the node its own `per_rank` of the CPUs Slurm bound the step to for each of its ranks
+    (`ranks`: torchrun's), as FABTRAIN_CPUS, which the launcher applies, in the node's process order; a process
+    beyond the mask keeps the whole of it."""
+    at = 0
+    for proc in processes:
+        want = per_rank * int(proc.get("ranks", 1))
+        share = cpus[at:at + want]
+        at += want
+        if len(share) == want:
+            proc["env"][launch.CPUS_ENV] = ",".join(str(c) for c in share)
+
+
+def node_part(template, index, hosts, secret, environ, cpus=None):
+    """(job.json, agent spec) of node `index` of the allocation, from the plan of every node. `cpus`: the CPUs
+    Slurm bound this task to (its affinity mask, by default)."""
     addresses = [a for _, a in hosts]
     if len(template["nodes"]) != len(hosts):
         raise RuntimeError("the plan has %d nodes, the allocation %d" % (len(template["nodes"]), len(hosts)))
@@ -109,6 +126,9 @@ def node_part(template, index, hosts, secret, environ):
     granted = [g for g in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
     for proc in job["processes"]:
         place(proc["env"], iface, granted)
+    if template.get("cpus_per_rank"):
+        bind_cpus(job["processes"], sorted(os.sched_getaffinity(0)) if cpus is None else cpus,
+                  int(template["cpus_per_rank"]))
     job["slurm"] = {"job_id": environ.get("SLURM_JOB_ID"), "node": environ.get("SLURMD_NODENAME") or hosts[index][0],
                     "nodes": [n for n, _ in hosts]}
     # Which machine runs it: a reader elsewhere (fab on the login node) cannot ask /proc about these pids.
@@ -117,13 +137,25 @@ def node_part(template, index, hosts, secret, environ):
 
 
 def op_mark_killed(payload):
-    """`fab kill-all` on a Slurm job, before scancel: the agents read the marker and call it a kill, not a failure."""
-    ws = os.path.abspath(os.path.expanduser(payload["workspace"]))
-    jd = job_dir(ws, payload.get("job_id"))
+    """`fab kill-all` on a Slurm job, before scancel: the agents read the marker and call it a kill, not a failure.
+    Only a job that still runs is marked: one that ended (finished, failed, stopped for the time limit) keeps
+    what happened. `workspaces`: every stand-in's (they share the login node's filesystem: one call marks all).
+    The reply names, for each, the Slurm job its job ran as (a script submitted by hand too)."""
+    return {"nodes": [mark_killed(ws) for ws in payload.get("workspaces") or [payload["workspace"]]]}
+
+
+def mark_killed(workspace):
+    ws = os.path.abspath(os.path.expanduser(workspace))
+    jd = job_dir(ws)
     if not jd or not os.path.isdir(jd):
         return {"marked": None}
-    open(os.path.join(jd, KILLED), "a").close()
-    return {"marked": os.path.basename(jd)}
+    job = atomic.read_json(JobFolder(jd).job_json, {})
+    slurm = job.get("slurm") if isinstance(job, dict) and isinstance(job.get("slurm"), dict) else {}
+    decided = any(ev.get("kind") in OUTCOMES for ev in JobFolder(jd).read_events())
+    ended = decided or not (ops.live_job_processes(jd) or running_elsewhere(jd))
+    if not ended:
+        open(os.path.join(jd, KILLED), "a").close()
+    return {"marked": None if ended else os.path.basename(jd), "slurm_job": slurm.get("job_id")}
 
 
 def job_over(jd, node):
@@ -222,6 +254,9 @@ class SlurmStep(hosted.Host):
         self.node = job["node"]
         print("fabtrain job %s: %s is %s (Slurm node %s)" % (job["job_id"], job["node"], platform.node(),
                                                               job["slurm"]["node"]), flush=True)
+        if not start_attempt(self.folder, os.path.abspath(os.path.expanduser(job["workspace"])), job, template,
+                             self.environ):
+            raise SystemExit(1)
         return job, agent, template["roles"]
 
     def sigterm(self, jd):
@@ -229,6 +264,23 @@ class SlurmStep(hosted.Host):
 
     def warned(self, jd):
         return time_limit_stop() if os.path.exists(os.path.join(self.folder, TIME_LIMIT)) else None
+
+
+def start_attempt(folder, ws, job, template, environ):
+    """A requeued job's next Slurm attempt (attempts.py); False: no attempt is left, the job failed here."""
+    attempt, allowed = attempts.attempt_of(environ), int(template.get("attempts", 1))
+    said, refused = attempts.begin(job_dir(ws, job["job_id"]), job["node"], attempt, allowed,
+                                   attempts.cause(folder, environ.get("SLURM_JOB_ID"), attempt))
+    if said:
+        attempts.record(folder, attempt, allowed, said)
+    if refused:
+        print("fabtrain: %s: no attempt left (%s): scheduler.requeue allows %d attempts in all"
+              % (job["node"], said, allowed), file=sys.stderr, flush=True)
+        return False
+    if said:
+        print("fabtrain: %s: %s" % (job["node"], said), flush=True)
+        attempts.restarts_before(job, attempt)
+    return True
 
 
 def main(argv):

@@ -14,7 +14,8 @@ from fabtrain.contract import jobid
 from fabtrain.contract.records import SERIES
 from fabtrain.contract.events import JOB_EVENTS, EventKind
 from fabtrain.contract.jobfolder import EVENTS, LOGS, METRICS, JobFolder
-from fabtrain.node import atomic, ops, progress
+from fabtrain.contract import progress
+from fabtrain.node import atomic, ops
 
 # The events that tell how a job went, as opposed to the watchdog's running commentary.
 OUTCOME_KINDS = JOB_EVENTS + (EventKind.KILLED,)

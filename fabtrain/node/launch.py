@@ -215,6 +215,19 @@ def _on_path(name: str) -> bool:
     return False
 
 
+CPUS_ENV = "FABTRAIN_CPUS"  # the CPUs this process is bound to (a Slurm step's share of its mask: allocation.py)
+
+
+def _bind_cpus(cpus) -> None:
+    """In the program's child, before exec: run on these CPUs only (a list like "2,3"), or say why not."""
+    if not cpus:
+        return
+    try:
+        os.sched_setaffinity(0, [int(c) for c in cpus.split(",")])
+    except (OSError, ValueError) as e:
+        os.write(2, ("fabtrain launch: cannot bind to CPUs %s: %s\n" % (cpus, getattr(e, "strerror", e))).encode())
+
+
 def _start(program, exit_path: str = "") -> int:
     parent = os.getpid()
     if _on_path("stdbuf"):
@@ -231,6 +244,7 @@ def _start(program, exit_path: str = "") -> int:
             signal.signal(sig, signal.SIG_DFL)
         if exit_path.endswith(".exit"):
             _stack_hook(exit_path)
+        _bind_cpus(os.environ.get(CPUS_ENV))
         os.execvp(program[0], program)
     except OSError as e:
         os.write(2, ("fabtrain launch: cannot run %s: %s\n" % (program[0], e.strerror)).encode())

@@ -35,7 +35,7 @@ framework logs as a number.
 A program's own records win: once the file holds a record of the program's
 for this rank (no ``"source": "auto"``, and its ``rank`` this one or none),
 this rank writes no more, and the views drop a trainer's auto records once it
-has its own (`row` says which trainer a record belongs to).
+has its own (contract/progress.py's `row` says which trainer a record belongs to).
 ``FABTRAIN_INSTRUMENT=0`` (job.watchdog.instrument: false) turns it all off.
 
 The hook never changes what the program computes, its random numbers or its
@@ -52,6 +52,8 @@ QUIET = 0.1  # seconds without a step after which a step left pending is written
 # the same step, marked "between_steps", so the watchdog sees it busy rather than hung.
 BETWEEN_STEPS = 5.0
 ENV_METRICS = "FABTRAIN_METRICS"
+# These two are the contract's (fabtrain/contract/progress.py), copied: the hook runs inside the user's
+# program, which cannot import fabtrain; tests/unit/test_contract.py holds them equal.
 ENV_INSTRUMENT = "FABTRAIN_INSTRUMENT"  # "0": no instrumentation (job.watchdog.instrument: false)
 HOOK_NAME = "_fabtrain_progress"  # this module's name in a program (the file node ops writes)
 AUTO = "auto"
@@ -66,25 +68,6 @@ PARTS = ("data_time", "comm_time", "forward_time", "backward_time", "optimizer_t
 DATA, COMM, FORWARD, BACKWARD, OPTIMIZER = range(len(PARTS))
 DRIVERS = ("lightning", "transformers")  # frameworks whose callbacks write the records (their own step)
 MAX_NAMES = 32  # a framework's logged names kept in one record
-
-
-def row(process, rec):
-    """The trainer a metrics record of `process`'s file belongs to, for the views.
-
-    A program's own records and the auto records of the process fabtrain
-    started (or of local rank 0 among its descendants: torchrun's first
-    worker) are the process's; another descendant's auto records are its own
-    trainer, ``<process>.rank<rank>`` (torchrun's other workers)."""
-    if rec.get("source") != AUTO or not rec.get("child") or rec.get("local_rank") in (None, 0):
-        return process
-    r = rec.get("rank")
-    return "%s.rank%s" % (process, r) if isinstance(r, int) and not isinstance(r, bool) else process
-
-
-def process_of(name):
-    """The process a trainer of the views is (row's inverse): "trainer-0.rank3" -> "trainer-0"."""
-    process, sep, rank = name.rpartition(".rank")
-    return process if sep and rank.isdigit() else name
 
 
 def enabled(environ=os.environ):

@@ -29,10 +29,12 @@ def prepare(proc, ws, base_env, generation=0):
     """The argv, environment and working directory of a process spec on this node ($WS and ~ expanded).
 
     `generation` is the job's restart count (0 at `fab start-*`, g for the
-    agents' g-th restart): programs read it as torchrun's workers do.
+    agents' g-th restart), after the Slurm attempts before this one
+    (`restarts_before`, attempts.py): programs read it as torchrun's workers do.
     """
     env = dict(base_env)
-    env.update(FABTRAIN_RESTART_COUNT=str(generation), TORCHELASTIC_RESTART_COUNT=str(generation))
+    count = str(generation + int(proc.get("restarts_before", 0)))
+    env.update(FABTRAIN_RESTART_COUNT=count, TORCHELASTIC_RESTART_COUNT=count)
     for k, v in proc["env"].items():
         v = expand(v, ws)
         if k == "PATH":

@@ -21,7 +21,7 @@ from fabtrain.config.launcher import is_torchrun
 from fabtrain.plan.mpirun import with_mpirun
 from fabtrain.plan.ports import AddressSlots, needed_ports, pserver_layout, port_uses, resolved_ports
 from fabtrain.plan.spec import NodePlan, Plan, ProcessPlan, launch_argv
-from fabtrain.node import progress
+from fabtrain.contract import progress
 
 
 def new_job_id(now: float | None = None) -> str:

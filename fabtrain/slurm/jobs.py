@@ -9,6 +9,7 @@ SSH nodes.
 """
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import threading
@@ -16,13 +17,15 @@ import time
 from dataclasses import dataclass
 
 from fabtrain.contract.states import STOP_GRACE
-from fabtrain.controller import preflight, state
+from fabtrain.controller import preflight, state, terminal
 from fabtrain.errors import UserError
+from fabtrain.contract import slurm as slurm_output
 from fabtrain.plan.plan import Plan, make_plan, new_job_id
 from fabtrain.remote import rpc
+from fabtrain.remote.transport import NodeError
 from fabtrain.remote.session import Session
 from fabtrain.slurm.commands import TOOLS, SlurmCommands
-from fabtrain.slurm.script import absolute as script_absolute, job_folder, job_name, render
+from fabtrain.slurm.script import absolute as script_absolute, job_folder, job_name, render, sbatch_options
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE")
@@ -59,12 +62,14 @@ class Submitted:
 
 
 def prepare(session: Session, roles: tuple[str, ...], job_id: str | None = None,
-            resume_from: str | None = None) -> tuple[Plan, str]:
-    """The plan and its batch script: `auto` ports drawn here (no node is there to ask before the allocation)."""
+            resume_from: str | None = None, readable: bool = False) -> tuple[Plan, str]:
+    """The plan and its batch script: `auto` ports drawn here (no node is there to ask before the allocation).
+    `readable`: the plan's data summarised (fab plan)."""
     cluster = session.cluster
     network = preflight.choose_ports(cluster, {})
     plan = make_plan(cluster, job_id or new_job_id(), resume_from=resume_from, network=network)
-    return plan, render(cluster, plan, roles, SlurmCommands(session).home(), grace=cluster.job.watchdog.grace)
+    return plan, render(cluster, plan, roles, SlurmCommands(session).home(), grace=cluster.job.watchdog.grace,
+                        readable=readable)
 
 
 def make_job_folder(session: Session, job_id: str) -> str:
@@ -95,7 +100,7 @@ def submit(session: Session, roles: tuple[str, ...], resume_from: str | None = N
     else:
         raise UserError("no job is waiting for trainers: run `fab start-pserver start-trainers` to start a new job")
     # The next job works in the same node workspaces: one job of the cluster at a time, as on SSH nodes.
-    queued = our_jobs(session)
+    queued = our_jobs(session, {current(session)} - {None})
     if queued and force:
         cancel_all(session)
     elif queued:
@@ -113,6 +118,7 @@ def submit(session: Session, roles: tuple[str, ...], resume_from: str | None = N
     slurm_job = out.stdout.strip().split(";")[0]
     if not ID_RE.match(slurm_job):
         raise UserError(f"sbatch answered {out.stdout.strip()[:80]!r}, not a job id")
+    record_jobs(session, recorded_jobs(session) + [slurm_job])
     state.save(cluster.name, job_id=job_id, roles=list(every), cluster=cluster.path, resume_from=resume_from,
                slurm_job=slurm_job, network={"ports": plan.ports, "auto": list(plan.auto_ports), "ifaces": {}})
     return Submitted(job_id, slurm_job, plan, script)
@@ -158,6 +164,12 @@ def _shown(session: Session, ran: set[tuple[str, str]], job_id: str | None) -> t
     job, slurm_job = max(ran)
     st = slurm_state(session, slurm_job)
     line = st.line()
+    if st.state == "NODE_FAIL":
+        lost = lost_node(session, job, slurm_job)
+        line += f" (node {lost} failed)" if lost else ""
+    attempt = current_attempt(session, job)
+    if attempt:
+        line += f"; {attempt}"
     if stopped_for_time_limit(session, job):
         line += f" (its programs were stopped {session.cluster.scheduler.term_before} s before its time limit)"
     return st, line
@@ -222,14 +234,38 @@ def submitted_job(session: Session) -> str | None:
     return saved.get("job_id") if saved.get("slurm_job") else None
 
 
-def our_jobs(session: Session) -> list[str]:
-    """Every queued or running Slurm job of this cluster's name, this user's (pending ones too; not those
-    already completing)."""
-    out = SlurmCommands(session).run(["squeue", "-h", "--me", "-n", job_name(session.cluster), "-o", "%i",
-                                      "-t", "PENDING,RUNNING,SUSPENDED,CONFIGURING,REQUEUED"])
-    if not out.ok:
+SUBMITTED = ".slurm"  # the controller's file of this cluster's Slurm job ids: {"jobs": [...]}
+LIVE_STATES = "PENDING,RUNNING,SUSPENDED,CONFIGURING,REQUEUED,REQUEUE_HOLD,REQUEUE_FED,RESIZING"
+
+
+def recorded_jobs(session: Session) -> list[str]:
+    """The Slurm jobs this cluster's fabtrain jobs were submitted as, not yet seen ended (the controller's state)."""
+    jobs = state.load_file(session.cluster.name, SUBMITTED).get("jobs")
+    return [j for j in jobs if isinstance(j, str) and ID_RE.match(j)] if isinstance(jobs, list) else []
+
+
+def record_jobs(session: Session, jobs: list[str]) -> None:
+    state.save_file(session.cluster.name, SUBMITTED, {"jobs": sorted(set(jobs), key=_order)})
+
+
+def _order(slurm_job: str) -> tuple[int, str]:
+    return int(slurm_job.split("_")[0]), slurm_job
+
+
+def our_jobs(session: Session, also: set[str] = frozenset()) -> list[str]:
+    """Which of the Slurm jobs this cluster submitted (and `also`: those its nodes name) are queued or running.
+    By id, never by name: a job of the same name submitted from elsewhere is not this cluster's."""
+    ids = sorted(set(recorded_jobs(session)) | set(also), key=_order)
+    if not ids:
+        return []
+    out = SlurmCommands(session).run(["squeue", "-h", "-j", ",".join(ids), "-o", "%i", "-t", LIVE_STATES])
+    if not out.ok and "Invalid job id" not in out.stderr:
         raise UserError(f"squeue: {out.error()}")
-    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    live = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    if not out.ok:  # an id Slurm forgot (MinJobAge) fails the whole list: ask for each one alone
+        live = [j for j in ids if slurm_state(session, j).state in LIVE_STATES.split(",")]
+    record_jobs(session, [j for j in recorded_jobs(session) if j in live])
+    return live
 
 
 @dataclass
@@ -240,13 +276,19 @@ class Cancelled:
 
 
 def cancel_all(session: Session, grace: float = STOP_GRACE, wait: float = 60.0) -> Cancelled:
-    """fab kill-all: mark the job killed on every node (the agents read it), scancel, wait until Slurm says ended."""
-    ids = sorted(set(our_jobs(session)) | ({current(session)} - {None}), key=lambda j: int(j.split("_")[0]))
-    replies = session.map(lambda t: rpc.call(t, "mark_killed", {}, timeout=60))
-    marked = [r.node for r in replies if r.ok and r.value.get("marked")]
-    commands = SlurmCommands(session)
+    """fab kill-all: mark the job killed on every node where it still runs (the agents read it), scancel this
+    cluster's Slurm jobs by id, wait until Slurm says they ended. A job that already ended keeps its outcome."""
+    nodes = session.cluster.nodes  # stand-ins on one filesystem, reached the same way: one call marks them all
+    try:
+        said = rpc.call(session.transport(nodes[0]), "mark_killed", {"workspaces": [n.workspace for n in nodes]},
+                        timeout=60)["nodes"]
+    except NodeError as e:
+        raise UserError(f"kill-all: cannot mark the job killed in the workspaces ({e}); nothing was cancelled") from None
+    marked = [n.name for n, r in zip(nodes, said) if r.get("marked")]
+    named = {r["slurm_job"] for r in said if isinstance(r.get("slurm_job"), str) and ID_RE.match(r["slurm_job"])}
+    ids = our_jobs(session, named)
     if ids:
-        out = commands.run(["scancel", *ids])
+        out = SlurmCommands(session).run(["scancel", *ids])
         if not out.ok and "already completing or completed" not in out.stderr:
             raise UserError(f"scancel: {out.error()}")
     deadline = time.monotonic() + grace + wait
@@ -254,8 +296,29 @@ def cancel_all(session: Session, grace: float = STOP_GRACE, wait: float = 60.0) 
         states = [slurm_state(session, j) for j in ids]
         left = [s.job for s in states if not s.ended and s.state != "UNKNOWN"]
         if not left or time.monotonic() > deadline:
+            record_jobs(session, [j for j in recorded_jobs(session) if j in left])
             return Cancelled(states, marked, left)
-        time.sleep(0.3)
+        time.sleep(0.1)
+
+
+def lost_node(session: Session, job_id: str, slurm_job: str) -> str | None:
+    """The Slurm node srun said it lost (`srun: error: Node failure on n3`, in the job's output), or None."""
+    commands = SlurmCommands(session)
+    out = commands.run(["grep", "-h", "--", slurm_output.NODE_FAILURE,
+                        f"{job_folder(session.cluster, job_id, commands.home())}/slurm-{slurm_job}.out"])
+    lost = slurm_output.lost_node(out.stdout) if out.ok else None
+    return terminal.visible(lost) if lost else None
+
+
+def current_attempt(session: Session, job_id: str) -> str | None:
+    """"attempt 2 of 4: requeued after preemption" once a requeued job's next Slurm attempt started, else None."""
+    commands = SlurmCommands(session)
+    out = commands.run(["cat", "--", f"{job_folder(session.cluster, job_id, commands.home())}/{slurm_output.ATTEMPT_FILE}"])
+    try:
+        said = json.loads(out.stdout).get("line") if out.ok else None
+    except (ValueError, AttributeError):
+        return None
+    return terminal.visible(said) if isinstance(said, str) else None
 
 
 def stopped_for_time_limit(session: Session, job_id: str) -> bool:
@@ -287,31 +350,159 @@ def check_tools(session: Session) -> list[str]:
     return problems
 
 
-def check_shared(session: Session, wait: int = 10) -> str | None:
-    """A token written here must be read on every node of a short allocation, by the cluster's python
-    at the same path: the filesystem fabtrain assumes the login and compute nodes share. A problem, or None."""
+# Run by the cluster's python on every node of a short allocation (fab check): the token written on the login node,
+# the interpreter, the frameworks' versions, and which of the job's programs its PATH lacks. One JSON line a node.
+NODE_CHECK = """
+import json, os, platform, shutil, sys
+from importlib import metadata
+def version(*dists):
+    for d in dists:
+        try:
+            return metadata.version(d)
+        except Exception:
+            pass
+programs = json.loads(sys.argv[2])
+path = os.environ.get("PATH", "")
+print(json.dumps({"token": open(sys.argv[1]).read(), "node": os.environ.get("SLURMD_NODENAME"),
+                  "python": platform.python_version(), "torch": version("torch"),
+                  "paddle": version("paddlepaddle", "paddlepaddle-gpu"),
+                  "missing": [p for p, where in programs if not shutil.which(p, path=where.replace("$PATH", path))]}))
+"""
+
+
+@dataclass
+class NodesCheck:
+    problems: list[str]
+    said: str  # what every node answered (or that no allocation was free to ask), when nothing is wrong
+
+
+def frameworks(commands: list[str]) -> list[str]:
+    """The frameworks the job's commands use: torch (torchrun, torch.distributed, the reference workload), paddle."""
+    text = " ".join(commands)
+    used = []
+    if "torch" in text or "workload." in text:
+        used.append("torch")
+    if "paddle" in text:
+        used.append("paddle")
+    return used
+
+
+def check_nodes(session: Session, wait: int = 10) -> NodesCheck:
+    """What the start needs, asked of every node of a short allocation (`srun --immediate`): a token written here
+    read there (the shared filesystem fabtrain assumes), the cluster's python at the same path, the frameworks
+    the commands use (one version on every node), and each process's program on its PATH."""
     cluster, commands = session.cluster, SlurmCommands(session)
     folder = f"{job_folder(cluster, 'check', commands.home())}"
     token = secrets.token_hex(8)
     python = script_absolute(cluster.nodes[0].python, commands.home())
     made = commands.run(["sh", "-c", 'mkdir -p -m 700 "$1" && printf %s "$2" > "$1/token"', "sh", folder, token])
     if not made.ok:
-        return f"cannot write {folder}/token: {made.error()}"
+        return NodesCheck([f"cannot write {folder}/token: {made.error()}"], "")
+    plan = make_plan(cluster, "check", network=preflight.choose_ports(cluster, {}))
+    # A program named by a relative path is found from the job's code folder at the start: not asked here.
+    programs = sorted({(p.argv[0], script_absolute(p.env.get("PATH", "$PATH"), commands.home()).replace(
+        ":~/", f":{commands.home()}/")) for n in plan.nodes for p in n.processes
+        if "/" not in p.argv[0] or p.argv[0].startswith("/")})
     spec = cluster.scheduler
     argv = ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", f"--immediate={wait}", f"--job-name={job_name(cluster)}-check",
             *([f"--partition={spec.partition}"] if spec.partition else []),
             *([f"--account={spec.account}"] if spec.account else []), "--time=1",
-            python, "-I", "-S", "-c", "import sys; print(open(sys.argv[1]).read())", f"{folder}/token"]
+            python, "-I", "-c", NODE_CHECK, f"{folder}/token", json.dumps(programs)]
     out = commands.run(argv, timeout=wait + 60)
     if not out.ok:
         if "Unable to allocate resources" in out.stderr or "Immediate" in out.stderr:
-            return f"shared filesystem not checked: {spec.nodes} nodes were not free within {wait} s"
-        return f"{python} on the compute nodes could not read {folder}/token: {out.error()}"
-    seen = out.stdout.split()
-    if len(seen) != spec.nodes or set(seen) != {token}:
-        return (f"{folder} is not shared with the compute nodes: {sum(t == token for t in seen)} of {spec.nodes} "
-                "read the token written here (fabtrain needs the workspace on a shared filesystem)")
-    return None
+            return NodesCheck([], f"nodes not checked: {spec.nodes} nodes were not free within {wait} s")
+        return NodesCheck([f"{python} on the compute nodes could not read {folder}/token: {out.error()}"], "")
+    seen = []
+    for line in out.stdout.splitlines():
+        try:
+            said = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(said, dict) and isinstance(said.get("missing"), list):
+            seen.append(said)
+    shared = sum(s.get("token") == token for s in seen)
+    if len(seen) != spec.nodes or shared != spec.nodes:
+        return NodesCheck([f"{folder} is not shared with the compute nodes: {shared} of {spec.nodes} read the token "
+                           "written here (fabtrain needs the workspace on a shared filesystem)"], "")
+    problems = []
+    commands_ = [cluster.job.trainer.command] + (
+        [cluster.job.pserver.command] if cluster.job.mode == "pserver" else [])
+    for s in seen:
+        node = terminal.visible(str(s.get("node")))
+        for program in s["missing"]:
+            problems.append(f"{terminal.visible(str(program))} is not on the PATH of {python} on {node}: the job's "
+                            "start would fail there (install it into that environment, or set cluster.python)")
+        for framework in frameworks(commands_):
+            if not s.get(framework):
+                problems.append(f"{framework} is not installed for {python} on {node} (the command uses it)")
+    said = [f"python {seen[0].get('python')}"]
+    for key in ("python", "torch", "paddle"):
+        versions = sorted({str(s.get(key)) for s in seen})
+        if len(versions) > 1:
+            problems.append(f"{key} differs across the nodes: " + ", ".join(
+                f"{terminal.visible(str(s.get('node')))} {terminal.visible(str(s.get(key)))}" for s in seen))
+        elif key != "python" and seen[0].get(key):
+            said.append(f"{key} {terminal.visible(str(seen[0][key]))}")
+    return NodesCheck(problems, f"the workspace is shared: every node read a token written here, with {python} "
+                                f"({', '.join(said)}), and found the job's programs")
+
+
+def check_resources(session: Session) -> list[str]:
+    """What the job asks of each node (CPUs, memory, GPUs of a type) against the partition's nodes (sinfo):
+    fewer nodes that have it than scheduler.nodes means the job would stay PENDING."""
+    cluster, spec = session.cluster, session.cluster.scheduler
+    plan = make_plan(cluster, "check", network=preflight.choose_ports(cluster, {}))
+    options = dict(o.split("=", 1) if "=" in o else (o, "") for o in sbatch_options(cluster, "", plan))
+    cpus = int(options.get("--cpus-per-task", "0") or 0)
+    mem = _megabytes(spec.mem_per_node) if spec.mem_per_node else 0
+    if not (cpus or mem or spec.gpus_per_node):
+        return []
+    out = SlurmCommands(session).run(["sinfo", "-h", "-N", "-o", "%N|%c|%m|%G|%P",
+                                      *([f"--partition={spec.partition}"] if spec.partition else [])])
+    if not out.ok:
+        return [f"sinfo: {out.error()}"]
+    nodes = {}
+    for line in out.stdout.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) == 5 and (spec.partition or fields[4].endswith("*")):
+            nodes[fields[0]] = fields
+    short = []
+    if cpus:
+        fit = [n for n, f in nodes.items() if f[1].isdigit() and int(f[1]) >= cpus]
+        if len(fit) < spec.nodes:
+            short.append(f"{cpus} CPUs (scheduler.cpus_per_rank x its processes)")
+    if mem:
+        fit = [n for n, f in nodes.items() if f[2].rstrip("+").isdigit() and int(f[2].rstrip("+")) >= mem]
+        if len(fit) < spec.nodes:
+            short.append(f"{spec.mem_per_node} of memory")
+    if spec.gpus_per_node:
+        fit = [n for n, f in nodes.items() if _gpus(f[3], spec.gpu_type) >= spec.gpus_per_node]
+        if len(fit) < spec.nodes:
+            short.append(f"{spec.gpus_per_node} GPUs" + (f" of type {spec.gpu_type}" if spec.gpu_type else ""))
+    if not short:
+        return []
+    return [f"scheduler: the job asks each of {spec.nodes} nodes for {' and '.join(short)}, but fewer nodes of "
+            f"partition {spec.partition or '(default)'} have that: the job would stay PENDING"]
+
+
+def _megabytes(size: str) -> int:
+    unit = size[-1] if size[-1] in "KMGT" else "M"
+    number = int(size.rstrip("KMGT"))
+    return {"K": number // 1024, "M": number, "G": number * 1024, "T": number * 1024 * 1024}[unit]
+
+
+def _gpus(gres: str, kind: str | None) -> int:
+    """GPUs of `kind` (any kind: None) in sinfo's %G: "gpu:fake:2(S:0),gpu:a100:4" -> 2 for fake."""
+    total = 0
+    for item in re.split(r",(?![^(]*\))", gres):
+        parts = item.split("(")[0].split(":")
+        if parts[0] != "gpu" or len(parts) < 2:
+            continue
+        count = parts[-1]
+        if count.isdigit() and (kind is None or (len(parts) == 3 and parts[1] == kind)):
+            total += int(count)
+    return total
 
 
 def describe(submitted: Submitted) -> str:

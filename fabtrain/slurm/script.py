@@ -7,6 +7,13 @@ secret into a 0600 file when the job starts. It then runs one step task a
 node, `python -m fabtrain.node.allocation <job folder>`, from the deployed
 runtime, and passes Slurm's time-limit warning (SIGUSR1 to the batch shell,
 `--signal=B:USR1@term_before`) on as the job folder's `time-limit` file.
+
+The job is submitted `--no-requeue` unless `scheduler.requeue` allows more
+Slurm attempts; each attempt runs this script again (SLURM_RESTART_COUNT),
+and fabtrain/node/attempts.py makes it the next attempt of the same job.
+With `continue_after_time_limit` the shell requeues the job itself once the
+programs stopped for the time limit (`requeue-cause-<K>` says why to the next
+attempt) instead of idling the nodes until Slurm's TIMEOUT.
 """
 from __future__ import annotations
 
@@ -16,7 +23,8 @@ import shlex
 
 from fabtrain.contract.states import STOP_GRACE
 from fabtrain.config.cluster import Cluster
-from fabtrain.plan.plan import Plan
+from fabtrain.config.launcher import is_torchrun
+from fabtrain.plan.plan import Plan, ProcessPlan
 from fabtrain.plan.runtime import runtime_dir
 
 PLAN_END = "FABTRAIN_PLAN"
@@ -41,43 +49,78 @@ def job_folder(cluster: Cluster, job_id: str, home: str) -> str:
     return f"{cluster_workspace(cluster, home)}/slurm/{job_id}"
 
 
-def template(plan: Plan, roles: tuple[str, ...], grace: float) -> dict:
-    """Every node's job.json and agent spec, in the allocation's node order: what allocation.py reads."""
+def ranks_of(cluster: Cluster, proc: ProcessPlan) -> int:
+    """How many ranks a process runs: torchrun runs trainer.per_node of them, any other process one."""
+    return cluster.job.trainer.per_node if proc.role == "trainer" and is_torchrun(cluster.job.trainer.command) else 1
+
+
+def template(cluster: Cluster, plan: Plan, roles: tuple[str, ...], grace: float) -> dict:
+    """Every node's job.json and agent spec, in the allocation's node order: what allocation.py reads;
+    `attempts`: how many Slurm attempts the job may have (scheduler.requeue + 1); `cpus_per_rank`: each
+    rank's share of the CPUs Slurm binds a node's step to (a process of several ranks says `ranks`)."""
+    spec = cluster.scheduler
     nodes = []
     for n in plan.nodes:
         job = plan.job_json(n.node)
+        if spec.cpus_per_rank:
+            for proc, planned in zip(job["processes"], n.processes):
+                if ranks_of(cluster, planned) > 1:
+                    proc["ranks"] = ranks_of(cluster, planned)
         job["watchdog"].get("coordinator", {}).pop("secret", None)
         nodes.append({"job": job, "agent": plan.agent_process(n.node) if plan.watchdog.get("enabled") else None})
-    return {"job_id": plan.job_id, "cluster": plan.cluster, "roles": list(roles), "grace": grace, "nodes": nodes}
+    return {"job_id": plan.job_id, "cluster": plan.cluster, "roles": list(roles), "grace": grace,
+            "attempts": spec.requeue + 1, "cpus_per_rank": spec.cpus_per_rank, "nodes": nodes}
 
 
-def sbatch_options(cluster: Cluster, folder: str) -> list[str]:
+def sbatch_options(cluster: Cluster, folder: str, plan: Plan | None = None) -> list[str]:
     spec = cluster.scheduler
+    # --open-mode=append: each attempt's output follows the last one's (Slurm's "DUE TO PREEMPTION" line too).
     options = [f"--job-name={job_name(cluster)}", f"--nodes={spec.nodes}", "--ntasks-per-node=1",
-               f"--output={folder}/slurm-%j.out"]
+               f"--output={folder}/slurm-%j.out", "--open-mode=append",
+               "--requeue" if spec.requeue else "--no-requeue"]
     if spec.partition:
         options.append(f"--partition={spec.partition}")
     if spec.account:
         options.append(f"--account={spec.account}")
     if spec.time:
         options.append(f"--time={spec.time}")
-    if spec.gpus_per_node:
-        options.append(f"--gpus-per-node={spec.gpus_per_node}")
+    if spec.gpus:
+        options.append(f"--gpus-per-node={spec.gpus}")
+    if spec.cpus_per_rank:
+        # One step task a node runs every process of that node: it gets their ranks' CPUs together.
+        ranks = max((sum(ranks_of(cluster, p) for p in n.processes) for n in plan.nodes), default=1) if plan else 1
+        options.append(f"--cpus-per-task={spec.cpus_per_rank * ranks}")
+    if spec.mem_per_node:
+        options.append(f"--mem={spec.mem_per_node}")
+    if spec.exclusive:
+        options.append("--exclusive")
     if spec.term_before:
         options.append(f"--signal=B:USR1@{spec.term_before}")
     return options + list(spec.sbatch)
 
 
-def render(cluster: Cluster, plan: Plan, roles: tuple[str, ...], home: str, grace: float = STOP_GRACE) -> str:
-    """The batch script, exactly as submitted (sbatch reads it on stdin)."""
+def summary(plan: Plan) -> list[str]:
+    """The plan's data as a person reads it: each node's processes and commands (fab plan)."""
+    lines = []
+    for n in plan.nodes:
+        for p in n.processes:
+            lines.append(f"#   node{n.node_index} {p.name}: {shlex.join(p.argv)}")
+    return lines
+
+
+def render(cluster: Cluster, plan: Plan, roles: tuple[str, ...], home: str, grace: float = STOP_GRACE,
+           readable: bool = False) -> str:
+    """The batch script, exactly as submitted (sbatch reads it on stdin); `readable`: with the plan's data
+    (one JSON line of every node's job.json) summarised instead, for a person (fab plan)."""
     spec = cluster.scheduler
     folder = job_folder(cluster, plan.job_id, home)
     first = plan.nodes[0]
     runtime = absolute(runtime_dir().replace("$WS", first.workspace), home)
     python = absolute(first.python, home)
     q = shlex.quote
+    data = json.dumps(template(cluster, plan, roles, grace), separators=(",", ":"))
     lines = ["#!/bin/sh",
-             *(f"#SBATCH {o}" for o in sbatch_options(cluster, folder)),
+             *(f"#SBATCH {o}" for o in sbatch_options(cluster, folder, plan)),
              f"# fabtrain job {plan.job_id} of cluster {cluster.name}: {plan.mode} mode on {spec.nodes} nodes;",
              "# every node starts its part through fabtrain's launcher and agent (fabtrain/node/allocation.py).",
              "# Needs `fab deploy` first: the code and runtime on the filesystem the nodes share.",
@@ -85,8 +128,11 @@ def render(cluster: Cluster, plan: Plan, roles: tuple[str, ...], home: str, grac
              f"folder={q(folder)}",
              'mkdir -p "$folder" || exit 1',
              f"cat > \"$folder/plan.json\" <<'{PLAN_END}'",
-             json.dumps(template(plan, roles, grace), separators=(",", ":")),
+             *([f"# (every node's job.json as one JSON line, {len(data)} bytes: what runs is, in short:)",
+                *summary(plan)] if readable else [data]),
              PLAN_END,
+             "# A Slurm attempt after the first (requeued) starts from nothing of the last one's stop.",
+             'rm -f "$folder/time-limit"',
              "# The agents' secret: drawn here, read by each node from the shared folder, never on a command line.",
              "[ -s \"$folder/secret\" ] || od -An -N16 -tx1 /dev/urandom | tr -d ' \\n' > \"$folder/secret\" || exit 1",
              "# Slurm's warning before the time limit (--signal=B:USR1): every node stops its programs, SIGTERM first.",
@@ -98,8 +144,13 @@ def render(cluster: Cluster, plan: Plan, roles: tuple[str, ...], home: str, grac
              "step=$!",
              "# wait returns early when the trap runs: wait again until the step has ended.",
              'while :; do wait "$step"; code=$?; kill -0 "$step" 2>/dev/null || break; done',
-             "# Stopped for the time limit: Slurm ends the job at it, so its state says TIMEOUT, as without fabtrain.",
-             '[ -e "$folder/time-limit" ] && while :; do sleep 60; done',
+             *(["# Stopped for the time limit: the job goes on as its next Slurm attempt (continue_after_time_limit).",
+                '[ -e "$folder/time-limit" ] && echo "time limit" > '
+                '"$folder/requeue-cause-$((${SLURM_RESTART_COUNT:-0} + 2))" && '
+                'scontrol requeue "$SLURM_JOB_ID" && exit 0']
+               if spec.continue_after_time_limit else
+               ["# Stopped for the time limit: Slurm ends the job at it, so its state says TIMEOUT, as without fabtrain.",
+                '[ -e "$folder/time-limit" ] && while :; do sleep 60; done']),
              'exit "$code"',
              ""]
     return "\n".join(lines)

@@ -16,6 +16,7 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -94,6 +95,12 @@ class SlurmCluster:
     nodes: tuple[str, ...] = ("n1", "n2", "n3")
     procs: list[subprocess.Popen] = field(default_factory=list)
     munge_dir: Path | None = None
+    # GPUs as GRES on stand-in device files (two a node, type "fake") and two CPUs a node bound by task/affinity:
+    # Slurm's own binding (CUDA_VISIBLE_DEVICES, the CPU mask), without a GPU.
+    resources: bool = False
+    # A second partition "high" on the same nodes whose jobs preempt (requeue) those of "debug".
+    preemption: bool = False
+    slurmd_timeout: int = 300  # Slurm's default
 
     @property
     def conf(self) -> Path:
@@ -166,7 +173,8 @@ class SlurmCluster:
             "AuthType=auth/munge", "CredType=cred/munge",
             f"AuthInfo=socket={self.socket}",
             f"SlurmctldPort={ctld_port}",
-            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
+            "ProctrackType=proctrack/linuxproc", f"TaskPlugin=task/{'affinity' if self.resources else 'none'}",
+            "MpiDefault=none",
             "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
             "SlurmdParameters=config_overrides", "ReturnToService=2",
@@ -176,11 +184,28 @@ class SlurmCluster:
             "SlurmctldDebug=info", "SlurmdDebug=info",
             # Short waits, so a cancelled or failed job leaves the nodes at once.
             "KillWait=5", "MinJobAge=300", "InactiveLimit=0", "MessageTimeout=10",
+            # How long slurmctld waits for a silent slurmd before it marks the node DOWN (a lost node's test).
+            f"SlurmdTimeout={self.slurmd_timeout}",
             "SchedulerParameters=sched_interval=1", "SchedulerType=sched/backfill",
         ]
+        resources = "CPUs=1"
+        if self.resources:
+            for i in range(2):  # stand-ins for /dev/nvidiaK: char devices slurmd can stat
+                device = r / f"fakegpu{i}"
+                if not device.exists():
+                    os.mknod(device, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+            (r / "gres.conf").write_text(f"NodeName={','.join(self.nodes)} Name=gpu Type=fake File={r}/fakegpu[0-1]\n")
+            lines.append("GresTypes=gpu")
+            resources = "CPUs=2 Gres=gpu:fake:2"
         for name, port in zip(self.nodes, node_ports):
-            lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs=1 RealMemory=1000")
-        lines.append(f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES State=UP MaxTime=INFINITE")
+            lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} {resources} "
+                         "RealMemory=1000")
+        if self.preemption:
+            lines += ["PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE"]
+        lines.append(f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES State=UP MaxTime=INFINITE"
+                     + (" PriorityTier=1" if self.preemption else ""))
+        if self.preemption:
+            lines.append(f"PartitionName=high Nodes={','.join(self.nodes)} State=UP MaxTime=INFINITE PriorityTier=2")
         (r / "state").mkdir(exist_ok=True)
         self.conf.write_text("\n".join(lines) + "\n")
 

@@ -94,3 +94,10 @@ def test_a_running_job_is_read_from_the_refusals_code_never_from_its_words():
     bad = Reply("n0", False, error=coded.error, code=JOB_RUNNING, detail={"job_id": "../x", "processes": []})
     assert report.running_here(bad) is None
     assert refused(UserFacing("plain")) == {"ok": False, "error": "plain"}
+
+
+def test_the_progress_hooks_copy_of_the_record_names_is_the_contracts():
+    """The hook runs inside the user's program and cannot import fabtrain: its copy must not drift."""
+    from fabtrain.contract import progress as contract
+    from fabtrain.node import progress as hook
+    assert (hook.AUTO, hook.ENV_INSTRUMENT) == (contract.AUTO, contract.ENV_INSTRUMENT)

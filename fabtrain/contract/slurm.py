@@ -1,0 +1,20 @@
+"""What a Slurm job's folder says between its attempts and to the controller: the lines Slurm writes into
+the job's output when it ends a job early, and the file that names the attempt running.
+
+The node side (fabtrain/node/attempts.py) reads the output to say why a requeued job's next attempt
+began; the controller (fabtrain/slurm/jobs.py) reads it to name a lost node next to Slurm's state.
+"""
+import re
+
+# slurmstepd's line when Slurm ends a job early: "*** JOB 7 ON n1 CANCELLED AT <time> DUE TO PREEMPTION ***"
+# (NODE FAILURE adds ", SEE SLURMCTLD LOG FOR DETAILS").
+DUE_RE = re.compile(r"\*\*\* JOB \d+ ON (\S+) CANCELLED AT \S+ DUE TO ([A-Z ]+?)(?:, [^*]*)? \*\*\*")
+NODE_FAILURE = "srun: error: Node failure on "  # srun's word on which node it lost
+NODE_FAILURE_RE = re.compile(re.escape(NODE_FAILURE) + r"(\S+)")
+ATTEMPT_FILE = "attempt.json"  # in the job folder: {"attempt", "attempts", "line"} of the attempt running
+
+
+def lost_node(text):
+    """The Slurm node srun said it lost (its last such line in a job's output), or None."""
+    found = NODE_FAILURE_RE.findall(text)
+    return found[-1] if found else None

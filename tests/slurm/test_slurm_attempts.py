@@ -1,0 +1,160 @@
+"""Slurm's own lifecycle on the real cluster: a requeued job resumes as its next attempt; what happened stays
+what happened after `fab kill-all`; kill-all knows this cluster's Slurm jobs by id, not by name."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.conftest import require
+from tests.support.procscan import wait_for
+from tests.support.slurm_cluster import SlurmCluster, slurm_missing
+from tests.support.slurm_job import SlurmJob
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """The tests' Slurm cluster with a second partition, "high", whose jobs preempt (requeue) those of "debug"."""
+    missing = slurm_missing()
+    require(not missing, "slurm-wlm and munge", f"apt-get could not install {' '.join(missing)}")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), preemption=True).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def job(slurm, tmp_path_factory):
+    j = SlurmJob(tmp_path_factory.mktemp("project"), slurm)
+    j.configure("python resumable.py --period 0.2 --steps 40")
+    j.fab("deploy", check=True)
+    yield j
+    j.fab("kill-all")
+
+
+@pytest.fixture(autouse=True)
+def no_job_left_behind(job, slurm):
+    yield
+    slurm.run("scancel", "--full", "--quiet", f"--user={os.getuid()}", check=False)
+    wait_for(lambda: not slurm.run("squeue", "-h", check=False).stdout.strip(), timeout=20)
+
+
+def starts(job, i: int) -> list[dict]:
+    path = job.jd(i) / "checkpoints" / f"trainer-{i}.starts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_scontrol_requeue_mid_job_resumes_from_the_checkpoint_as_attempt_2(job):
+    job.configure("python resumable.py --period 0.2 --steps 40", scheduler={"requeue": 2})
+    job.submit()
+    assert job.running(), job.describe()
+    assert wait_for(lambda: all(len((job.jd(i) / "metrics" / f"trainer-{i}.jsonl").read_text().splitlines()) >= 5
+                                for i in range(3)), timeout=30), job.describe()
+    assert job.slurm.run("scontrol", "requeue", job.slurm_job).returncode == 0
+    requeued_and_back(job)
+    assert wait_for(lambda: all(len(starts(job, i)) == 2 for i in range(3)), timeout=60), job.describe()
+    for i in range(3):
+        first, second = starts(job, i)
+        assert first == {"restart_count": "0", "from_step": 0}
+        assert second["restart_count"] == "1" and second["from_step"] >= 5, second  # from its checkpoint
+    assert job.wait_state("COMPLETED", "FAILED", "CANCELLED", timeout=60) == "COMPLETED", job.describe()
+    status = job.fab("status")
+    assert status.returncode == 0 and f"job {job.job_id}: finished" in status.stdout, status.stdout
+    assert f"slurm job {job.slurm_job}: COMPLETED, exit code 0:0; attempt 2 of 3: requeued by scontrol requeue" \
+        in status.stdout, \
+        status.stdout
+    # The first attempt's end is kept apart, never read as the second's.
+    assert (job.jd(0) / "attempts" / "1" / "events.jsonl").exists()
+    assert [e["kind"] for e in job.events(0)][0] == "attempt"
+
+
+def requeued_and_back(job, timeout: float = 30) -> None:
+    """The job went back to PENDING; Slurm's hold before it runs again (BeginTime) lifted as an admin would."""
+    assert job.wait_state("PENDING", timeout=timeout) == "PENDING", job.describe()
+    job.slurm.run("scontrol", "update", f"jobid={job.slurm_job}", "StartTime=now")
+
+
+def test_a_job_preempted_by_a_higher_partition_is_requeued_and_resumes(job, slurm):
+    job.configure("python resumable.py --period 0.2 --steps 30", scheduler={"requeue": 1})
+    job.submit()
+    assert job.running(), job.describe()
+    assert wait_for(lambda: len((job.jd(0) / "metrics" / "trainer-0.jsonl").read_text().splitlines()) >= 3,
+                    timeout=30), job.describe()
+    high = slurm.run("sbatch", "--parsable", "--partition=high", "--nodes=1", f"--output={job.root}/high-%j.out",
+                     "--wrap=sleep 1").stdout.strip()
+    requeued_and_back(job)
+    assert wait_for(lambda: all(len(starts(job, i)) == 2 for i in range(3)), timeout=60), job.describe()
+    assert [s["restart_count"] for s in starts(job, 1)] == ["0", "1"] and starts(job, 1)[1]["from_step"] >= 3
+    assert job.wait_state("COMPLETED", "FAILED", "CANCELLED", timeout=60) == "COMPLETED", job.describe()
+    status = job.fab("status")
+    assert status.returncode == 0 and f"job {job.job_id}: finished" in status.stdout, status.stdout
+    assert "attempt 2 of 2: requeued after preemption (preempted by Slurm)" in status.stdout, status.stdout
+    assert high
+
+
+def test_with_continue_after_time_limit_the_job_goes_on_as_its_next_attempt(job):
+    # As in test_slurm.py's time-limit test: the warning comes 15 to 45 s after the start of a 1-minute job.
+    job.configure("python resumable.py --period 0.2", scheduler={"time": "1", "term_before": 15, "requeue": 1,
+                                                                 "continue_after_time_limit": True})
+    job.submit()
+    assert job.running(), job.describe()
+    requeued_and_back(job, timeout=80)  # at the warning the batch shell requeued it: no idle wait for TIMEOUT
+    assert wait_for(lambda: all(len(starts(job, i)) == 2 for i in range(3)), timeout=60), job.describe()
+    assert starts(job, 0)[1]["restart_count"] == "1" and starts(job, 0)[1]["from_step"] > 0
+    assert [(job.jd(0) / "attempts" / "1" / "run" / f"trainer-0.exit").read_text().strip()] == ["143"]  # SIGTERM
+    status = job.fab("status")
+    assert "attempt 2 of 2: requeued at the time limit" in status.stdout, status.stdout
+    assert job.slurm_state() == "RUNNING"
+    job.fab("kill-all", check=True)
+
+
+def test_a_requeue_past_scheduler_requeue_fails_the_job_saying_so(job):
+    job.configure("python resumable.py --period 0.2", scheduler={"requeue": 1})
+    job.submit()
+    assert job.running(), job.describe()
+    for attempt in (2, 3):
+        assert job.slurm.run("scontrol", "requeue", job.slurm_job).returncode == 0
+        requeued_and_back(job)
+        if attempt == 2:
+            assert wait_for(lambda: len(starts(job, 0)) == 2, timeout=60), job.describe()
+    assert job.wait_state("FAILED", "COMPLETED", "CANCELLED", timeout=60) == "FAILED", job.describe()
+    status = job.fab("status")
+    assert status.returncode == 1, status.stdout
+    assert "Slurm started attempt 3, but scheduler.requeue allows 2 attempts" in status.stdout, status.stdout
+    assert len(starts(job, 0)) == 2  # attempt 3 started nothing
+
+
+def test_kill_all_after_the_end_keeps_what_happened(job):
+    job.configure("python resumable.py --period 0.1 --steps 5")
+    job.submit()
+    assert job.wait_state("COMPLETED", "FAILED", "CANCELLED", timeout=60) == "COMPLETED", job.describe()
+    before = job.fab("status")
+    assert before.returncode == 0 and "finished" in before.stdout, before.stdout
+    job.fab("kill-all", check=True)
+    after = job.fab("status")
+    assert after.returncode == 0 and f"job {job.job_id}: finished" in after.stdout, after.stdout
+    assert "kill-all" not in after.stdout, after.stdout
+
+    job.configure("python resumable.py --period 0.1 --steps 5 --no-such-flag")  # exits 2 at once
+    job.submit()
+    assert job.wait_state("FAILED", "COMPLETED", "CANCELLED", timeout=60) == "FAILED", job.describe()
+    before = job.fab("status")
+    assert before.returncode == 1 and "exited with code 2" in before.stdout, before.stdout
+    job.fab("kill-all", check=True)
+    after = job.fab("status")
+    assert after.returncode == 1 and "exited with code 2" in after.stdout, after.stdout
+    assert "kill-all" not in after.stdout, after.stdout
+
+
+def test_kill_all_cancels_this_clusters_jobs_by_id_never_a_same_named_job_from_elsewhere(job, slurm):
+    other = slurm.run("sbatch", "--parsable", "--job-name=fabtrain-slurmtest", "--nodes=1",
+                      f"--output={job.root}/other-%j.out", "--wrap=sleep 300").stdout.strip()
+    assert wait_for(lambda: "RUNNING" in slurm.run("squeue", "-h", "-j", other, "-o", "%T").stdout, timeout=20)
+    job.configure("python resumable.py --period 0.2", nodes=2)
+    out = job.fab("start-trainers", check=True)  # the same-named job does not block the start
+    job.job_id, job.slurm_job = out.stdout.split("job ")[1].split(":")[0], out.stdout.split("slurm job ")[1].split()[0]
+    out = job.fab("kill-all", check=True)
+    assert f"slurm job {job.slurm_job}: CANCELLED" in out.stdout and f"slurm job {other}:" not in out.stdout, out.stdout
+    assert "RUNNING" in slurm.run("squeue", "-h", "-j", other, "-o", "%T").stdout  # untouched
+    out = job.fab("kill-all", check=True)
+    assert "no Slurm job of this cluster is queued or running" in out.stdout, out.stdout
