@@ -7,8 +7,8 @@ handles one beat from each node, and the agent runs the straggler check once.
   beats   the baseline: one interval's beats, each as the coordinator gets it (the frame's MAC
           checked and parsed, the board updated, the reply built and sealed), every rank's step
           rate in its beat; no straggler check
-  check   the agent's own `check_stragglers` (fabtrain/node/agent/loop.py, the method itself, on a
-          stand-in agent holding that coordinator): the board's tables under its lock, the rule
+  check   the agent's own `check_stragglers` (fabtrain/node/agent/jobjudge.py, the method itself, on
+          the agent's JobJudge, given that coordinator): the board's tables under its lock, the rule
           (`stragglers.judge`) over every rank's rate, and what health.json will say (`standing`);
           one rank runs at half the others' rate, so it is found and then stays reported
 
@@ -31,7 +31,7 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
-from fabtrain.node.agent.loop import Agent  # noqa: E402
+from fabtrain.node.agent.jobjudge import JobJudge  # noqa: E402
 from fabtrain.node.coordination import stragglers  # noqa: E402
 from fabtrain.node.coordination.server import Coordinator  # noqa: E402
 from fabtrain.node.coordination.protocol import Channel  # noqa: E402
@@ -42,7 +42,7 @@ SECRET = "s" * 32
 
 
 def job(nodes: int, ranks: int):
-    """A coordinator that knows every node, the sealed beats of one interval, and a stand-in agent."""
+    """A coordinator that knows every node, the sealed beats of one interval, and the agent's JobJudge."""
     names = [f"node{i}" for i in range(nodes)]
     co = Coordinator("job", "127.0.0.1", 0, names, INTERVAL, 5.0, secret=SECRET)
     pairs = {x: (Channel(SECRET, "job", x, "a" * 32, "b" * 32, "agent"),
@@ -71,15 +71,13 @@ def job(nodes: int, ranks: int):
         for x in names:
             answer(x, beat(x, 1 + rnd))
     written = []
-    agent = SimpleNamespace(link=SimpleNamespace(coordinator=co), straggler_rule=stragglers.Rule(0.7, 60.0),
-                            ledger=SimpleNamespace(status=SimpleNamespace(status=JobState.RUNNING)),
-                            behind=stragglers.Behind(), straggling=[],
-                            events=SimpleNamespace(write=lambda *a, **k: written.append(a[0])))
-    return names, beat, answer, agent, written
+    judge = JobJudge(names[0], None, SimpleNamespace(write=lambda *a, **k: written.append(a[0])))
+    judge.straggler_rule = stragglers.Rule(0.7, 60.0)
+    return names, beat, answer, co, judge, written
 
 
 def measure(nodes: int, ranks: int, intervals: int, rounds: int = 5) -> str:
-    names, beat, answer, agent, written = job(nodes, ranks)
+    names, beat, answer, co, judge, written = job(nodes, ranks)
     per = intervals // rounds
     beats_cpu, check_cpu = [], []
     t_fake = 1000.0  # the check's clock: one interval a call
@@ -93,11 +91,11 @@ def measure(nodes: int, ranks: int, intervals: int, rounds: int = 5) -> str:
         beats_cpu.append((time.process_time() - t0) / per)
         t0 = time.process_time()
         for _ in range(per):
-            Agent.check_stragglers(agent, t_fake)
+            judge.check_stragglers(co, JobState.RUNNING, t_fake)
             t_fake += INTERVAL
         check_cpu.append((time.process_time() - t0) / per)
     beats, check = statistics.median(beats_cpu), statistics.median(check_cpu)
-    found = agent.straggling
+    found = judge.straggling
     return (f"{nodes} nodes x {ranks} trainer(s) = {nodes * ranks:>4} ranks: beats {1e6 * beats:8.1f} us CPU an interval "
             f"({1e6 * beats / nodes:.1f} us a beat), check {1e6 * check:7.1f} us CPU an interval "
             f"(min {1e6 * min(check_cpu):.1f}, max {1e6 * max(check_cpu):.1f}); check / beats = {check / beats:.3f}; "

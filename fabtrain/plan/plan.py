@@ -101,22 +101,9 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
     trainer_rank = {id(n): i for i, n in enumerate(trainer_nodes)}  # by identity: Node.__eq__ is slow at 1,000
     node_plans = []
     for index, node in enumerate(cluster.nodes):
-        procs: list[ProcessPlan] = []
         pin = iface_env(cluster, node, network)
-        for pnode, prank, port in pservers:
-            if pnode is not node:
-                continue
-            values = common | {"port": port, "rank": prank, "trainer_id": "", "node_rank": index,
-                               "data_dir": _data_dir(cluster)}
-            env = pin | _paddle_v2_env(cluster, values) | mpi_env(prank, len(pservers), prank % job.pserver.per_node,
-                                                                    job.pserver.per_node) | {
-                "TRAINING_ROLE": "PSERVER",
-                "PADDLE_PORT": str(port),
-                "POD_IP": node.address,
-                "PADDLE_TRAINERS_NUM": str(world_size),
-                "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(pserver_endpoints),
-            }
-            procs.append(_process(cluster, node, "pserver", prank, job.pserver.command, values, env, job_id, resume_from))
+        procs = _pserver_processes(cluster, node, index, pservers, pserver_endpoints, common, pin, job_id,
+                                   resume_from)
 
         if (node_rank := trainer_rank.get(id(node))) is not None:
             if torchrun:
@@ -146,6 +133,30 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
         master=f"{master.address}:{master_port}",
         ports={k: ports[k] for k in needed_ports(cluster)},  # only those this mode uses
         auto_ports=network.auto if network else (), listens=tuple(port_uses(cluster, ports))))
+
+
+def _pserver_processes(cluster: Cluster, node, index: int, pservers: list, pserver_endpoints: tuple, common: dict,
+                       pin: dict, job_id: str, resume_from: str | None) -> list[ProcessPlan]:
+    """The parameter servers of the plan (`pservers`: (node, pserver rank, port)) that run on `node`, the
+    `index`th node of the cluster; `common`: the values every process's command may use; `pin`: the
+    node's interface pinning."""
+    job = cluster.job
+    procs: list[ProcessPlan] = []
+    for pnode, prank, port in pservers:
+        if pnode is not node:
+            continue
+        values = common | {"port": port, "rank": prank, "trainer_id": "", "node_rank": index,
+                           "data_dir": _data_dir(cluster)}
+        env = pin | _paddle_v2_env(cluster, values) | mpi_env(prank, len(pservers), prank % job.pserver.per_node,
+                                                                job.pserver.per_node) | {
+            "TRAINING_ROLE": "PSERVER",
+            "PADDLE_PORT": str(port),
+            "POD_IP": node.address,
+            "PADDLE_TRAINERS_NUM": str(common["world_size"]),
+            "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(pserver_endpoints),
+        }
+        procs.append(_process(cluster, node, "pserver", prank, job.pserver.command, values, env, job_id, resume_from))
+    return procs
 
 
 def _launched(cluster: Cluster, plan: Plan) -> Plan:

@@ -6,6 +6,8 @@ once through the coordinator (coordination.py); see docs/watchdog.md.
 
     loop.py        the run loop: observe, decide, execute
     policy.py      the rules, pure: observation + ledger in, actions out
+    progress.py    the hang rule's reading of progress (pure; policy.py asks it)
+    jobjudge.py    the ranks judged: the rank to blame after a hang, the stragglers
     supervisor.py  process contexts: find, poll and stop a job process (through fabtrain/node/kill.py,
                    as `fab kill-all` does)
     link.py        the coordinator: hosting it on the first node, the client, its status lines

@@ -23,10 +23,9 @@ from fabtrain.contract.events import PROCESS_ENDS, RESTARTS, STACK_DUMPS, EventK
 from fabtrain.contract.states import FINAL, JobState, read_disruption, read_killer, signal_name
 from fabtrain.contract.jobfolder import JobFolder
 
-from fabtrain.node.coordination import blame, stragglers
-
 from . import policy, snapshot, stacks
 from .events import EventLog
+from .jobjudge import JobJudge
 from .keeper import AgentLife
 from .link import Link
 from .relaunch import relaunch
@@ -39,7 +38,6 @@ LIST_PERIOD = 5.0  # s between listings of /proc: a stray of an earlier job is s
 # job's end is known here. It leaves when mpirun ends, unless mpirun dies badly (Open MPI 4.1's mpirun
 # can crash in its own abort): then it would stay forever, without the job marker.
 STARTER_WAIT = 0.5
-BLAME_WAIT = 3.0  # s the coordinator's agent waits, after a hang, for every node's ranks before naming one
 
 
 def load_job(job_dir: str) -> dict:
@@ -175,14 +173,7 @@ class Agent:
         self.final_at: float | None = None  # when this agent first saw the job's end (epoch)
         self.started_generation = 0  # the job's generation this node last started (beats carry it)
         self.launchers: list = []  # launchers this agent started (a restart): reaped here
-        self.straggler_rule = stragglers.rule_of(self.job.get("watchdog"))
-        self.behind = stragglers.Behind()
-        self.waited_for = stragglers.Behind()  # the synchronous rule's (by timings)
-        self.straggling: list = []  # the ranks reported and still behind (health.json's `stragglers`)
-        self.rank_views: list = []  # this node's ranks at its last dump of stacks (the beats carry them)
-        self.local_blame: dict | None = None  # {"text": the rank to blame, "job": named from every node's ranks}
-        self.blame_since: float | None = None
-        self.blame_done = False
+        self.judge = JobJudge(self.node, self.job.get("watchdog"), self.events)  # blame and stragglers
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -277,9 +268,9 @@ class Agent:
             error = self.life.check_keeper()
             if error:
                 self.events.write(EventKind.AGENT_ERROR, error)
-            self.check_stragglers(now)
+            self.judge.check_stragglers(self.link.coordinator, self.ledger.status.status, now)
             self.write_health(now)
-        self.check_blame(now)
+        self.judge.check_blame(self.link.coordinator, self.ledger, now)
         self.beat(urgent=not tick)
         self.hot = hot_pids(self.pid, self.contexts, self.ledger.orphans, self.markers.marked(), self.kids)
         self.launchers = [p for p in self.launchers if p.poll() is None]  # reap the ones that ended
@@ -309,7 +300,7 @@ class Agent:
         for a in actions:
             if isinstance(a, policy.DumpStacks):
                 frames = stacks.dump(stacks.targets_of(self.contexts, a.names, self.kids), self.jd)
-                self.rank_views = blame.views_of(self.node, frames, self.rank_steps())
+                self.judge.dumped(frames, self.contexts)
                 self.beat(urgent=True)  # the coordinator's agent names the rank to blame from every node's
             elif isinstance(a, policy.Note):
                 fields = a.fields
@@ -317,10 +308,8 @@ class Agent:
                     fields = dict(fields, stacks=frames)
                     if a.name in frames:
                         fields["frame"] = frames[a.name].get("frame") or frames[a.name].get("why")
-                    if a.kind == EventKind.HANG and self.rank_views:
-                        found = blame.judge(self.rank_views)  # this node's ranks; the job's: check_blame
-                        fields["blame"] = found.sentence
-                        self.local_blame = {"text": found.sentence, "job": False} if found.sentence else None
+                    if a.kind == EventKind.HANG and self.judge.rank_views:
+                        fields["blame"] = self.judge.blame_here()  # this node's ranks; the job's: check_blame
                 self.events.write(a.kind, a.reason, a.name, **fields)
             elif isinstance(a, policy.Stop):
                 self.by_name[a.name].close(a.reason, now, self.procs)
@@ -342,7 +331,7 @@ class Agent:
         self.launchers += new.launchers
         self.started_generation = generation
         self.ledger = policy.relaunched(self.ledger, generation)
-        self.rank_views, self.local_blame, self.blame_since, self.blame_done = [], None, None, False
+        self.judge.new_generation()
         self.obs = policy.Observation(now=time.time())
         self.events.write(EventKind.RESTARTED, "generation %d: started %s" % (generation, ", ".join(new.names) or "nothing"),
                           generation=generation)
@@ -351,67 +340,6 @@ class Agent:
                 generation, self.node, "; ".join(new.errors)), "start")
             self.execute(actions, time.time())
         self.beat(urgent=True)
-
-    def rank_steps(self) -> dict:
-        """{name: {rank or None: its last step}} of this node's processes, from their metrics records."""
-        return {ctx.name: {k: r.step for k, r in ctx.progress.ranks.items()} for ctx in self.contexts
-                if ctx.progress is not None}
-
-    def check_blame(self, now: float) -> None:
-        """On the coordinator's node, after a hang anywhere: once every node that ran trainers has sent
-        its ranks' last steps and stacks (its beat after its dump), or BLAME_WAIT after the hang was
-        known here, name the rank(s) the others wait for, job-wide, in one `blame` event."""
-        co = self.link.coordinator
-        st = self.ledger.status
-        if co is None or self.blame_done or policy.HUNG not in (st.reason or "") or \
-                st.status not in (JobState.FAILED, JobState.RESTARTING):
-            return
-        self.blame_since = self.blame_since or now
-        with co.lock:
-            tables = {node: dict(peer.procs) for node, peer in co.board.peers.items() if node not in co.board.out}
-        views, missing = [], []
-        for node, procs in sorted(tables.items()):
-            rows = [row for p in procs.values() if isinstance(p, dict) for row in (p.get("ranks") or [])]
-            if rows:
-                views += blame.from_beat(node, rows)
-            elif any(isinstance(p, dict) and p.get("role") == "trainer" for p in procs.values()):
-                missing.append(node)
-        if missing and now - self.blame_since < BLAME_WAIT:
-            return
-        self.blame_done = True
-        found = blame.judge(views)
-        if not found.sentence:
-            return
-        self.local_blame = {"text": found.sentence, "job": True}
-        first = found.ranks[0] if found.ranks else None
-        self.events.write(EventKind.BLAME, found.sentence + (" (no stacks from %s)" % ", ".join(missing) if missing else ""),
-                          first.name if first else None, origin=first.node if first else None,
-                          rank=first.rank if first else None, step=first.step if first else None,
-                          frame=first.frame if first else None, ranks=len(views),
-                          generation=self.ledger.generation)
-
-    def check_stragglers(self, now: float) -> None:
-        """On the coordinator's node, once an interval: the straggler rule over every node's step rates,
-        which the beats carry (the coordinator itself does no more work a beat)."""
-        co = self.link.coordinator
-        if co is None or self.straggler_rule is None or self.ledger.status.status != JobState.RUNNING:
-            self.straggling = []
-            return
-        with co.lock:
-            tables = {node: peer.procs for node, peer in co.board.peers.items()}
-        rates = stragglers.rates_of(tables)
-        found, self.behind = stragglers.judge(rates, self.behind, now, self.straggler_rule)
-        timings = stragglers.timings_of(tables)
-        causes, self.waited_for = stragglers.judge_timings(timings, self.waited_for, now, self.straggler_rule)
-        self.straggling = stragglers.standing_timings(timings, self.waited_for, self.straggler_rule) + \
-            stragglers.standing(rates, self.behind)
-        for c in causes:
-            self.events.write(EventKind.STRAGGLER, stragglers.cause_reason(c), c.name, role="trainer", rank=c.rank,
-                              origin=c.node, cause=c.cause, ratio=c.ratio, seconds=c.seconds, median=c.median)
-        for f in found:
-            p = tables.get(f.node, {}).get(f.name, {})
-            self.events.write(EventKind.STRAGGLER, stragglers.reason(f, self.straggler_rule), f.name, role=p.get("role"),
-                              rank=p.get("rank"), origin=f.node, rate=f.rate, median=f.median)
 
     def _take_messages(self) -> bool:
         """Take in the coordinator's lines; True if the job's status changed."""
@@ -423,12 +351,12 @@ class Agent:
 
     def beat(self, urgent: bool = False) -> None:
         self.link.send(snapshot.beat(self.job, self.ledger, self.contexts, self.is_done, self.started_generation,
-                                     self.rank_views), urgent)
+                                     self.judge.rank_views), urgent)
 
     def write_health(self, now: float) -> None:
         running = self.ledger.status.status == JobState.RUNNING  # a job that ends has no straggler left
         self.health.write(now, self.ledger, self.contexts, self.procs, self.gpu_pids, self.link, self.startup_deadline,
-                          self.straggling if running else [], self.local_blame)
+                          self.judge.straggling if running else [], self.judge.local_blame)
 
     # -- the end ------------------------------------------------------------------------------
 
@@ -471,8 +399,7 @@ class Agent:
 
     def finish(self) -> int:
         self.procs = self.table.refresh(self.hot)
-        self.blame_since = -BLAME_WAIT  # whatever came in: the job's end is no time to wait for more
-        self.check_blame(time.time())
+        self.judge.check_blame(self.link.coordinator, self.ledger, time.time(), waiting=False)
         self.write_health(time.time())
         # The outcome as this node heard it (its own final word, else the coordinator's); none: say none.
         status = next((s for s in (self.ledger.status.status, self.link.view.get("status")) if s in FINAL), None)

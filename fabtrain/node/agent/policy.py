@@ -11,6 +11,7 @@ import signal
 from fabtrain.node.structs import record, replace
 
 from fabtrain.node.agent.actions import DumpStacks, Escalate, KillLauncher, Note, Relaunch, Signal, Stop
+from fabtrain.node.agent.progress import first_to_stall, hang_reason, progress_at
 from fabtrain.node.coordination import fence
 from fabtrain.node.coordination.connections import hung_timeout
 from fabtrain.contract.events import EventKind
@@ -304,18 +305,6 @@ def on_status(msg: dict, job_id: str, ledger: Ledger, cfg: Config, now: float = 
     return [note], ledger
 
 
-def progress_at(p: ProcFacts, ledger: Ledger) -> float | None:
-    """When the process last made progress, by the hang rule.
-
-    After its first metrics record, only new records count. Before it (its
-    startup, and a process that never writes metrics) any activity counts:
-    a record, log output, CPU time.
-    """
-    t = p.last_record if p.last_record is not None else p.last_activity
-    quiet = dict(ledger.quiet).get(p.name)
-    return max(t, quiet) if t is not None and quiet is not None else t
-
-
 def next_deadline(obs: Observation, ledger: Ledger, cfg: Config) -> float | None:
     """The soonest moment a rule may fire without anything else happening."""
     times = []
@@ -400,14 +389,12 @@ class _Decision:
                 quiet[p.name] = now
                 self.update(quiet=tuple(sorted(quiet.items())))
                 continue
-            reason = self._hang_reason(p, now)
+            reason = hang_reason(p, self.ledger, self.cfg.hang_timeout, now)
             if reason is None:
                 continue
             self.update(hung=self.ledger.hung | {p.name})
             self.dump_stacks()
-            first = min((q for q in self.obs.procs if q.live and q.role not in EXIT_ONLY_ROLES
-                          and progress_at(q, self.ledger) is not None),
-                        key=lambda q: progress_at(q, self.ledger), default=p)
+            first = first_to_stall(self.obs.procs, self.ledger, EXIT_ONLY_ROLES, default=p)
             if cfg.on_failure == "keep":
                 self.note(EventKind.HANG, reason + "; not killed: on_failure is keep", p, pid=p.pid, first=first.name)
             else:
@@ -421,28 +408,6 @@ class _Decision:
             return
         self.update(stacks_taken=True)
         self.actions.append(DumpStacks(tuple(p.name for p in self.obs.procs if p.live and p.term_at is None)))
-
-    def _hang_reason(self, p: ProcFacts, now: float) -> str | None:
-        timeout = self.cfg.hang_timeout
-        since = progress_at(p, self.ledger)
-        if since is None:
-            return None
-        if p.stopped_since is not None and now - min(p.stopped_since, since) >= timeout:
-            return "stopped (SIGSTOP) for %.0f s; hang_timeout %g s" % (now - min(p.stopped_since, since), timeout)
-        if now - since < timeout:
-            return None
-        if p.last_record is not None and p.stalled is not None and p.stalled[2]:
-            rank, step, _ = p.stalled
-            return ("no progress for %.0f s: no new metrics record with a new step from %s%s (after its first "
-                    "record only a new step counts, for every rank in its metrics; log output and CPU time do "
-                    "not; hang_timeout %g s)" % (now - since, "rank %s" % rank if rank is not None else "it",
-                                                  " after step %s" % step if step is not None else "", timeout))
-        if p.last_record is not None:
-            who = " from rank %s" % p.stalled[0] if p.stalled is not None and p.stalled[0] is not None else ""
-            return ("no progress for %.0f s: no new metrics record%s (after its first record only new records "
-                    "count; log output and CPU time do not; hang_timeout %g s)" % (now - since, who, timeout))
-        return "no progress for %.0f s (no metrics record, no log output, no CPU time; hang_timeout %g s)" % (
-            now - since, timeout)
 
     # -- startup -----------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from fabtrain.contract.events import EventKind
 from fabtrain.contract.states import FINAL, LIVE, LOST, JobState, ProcessState
 
 from .connections import hung_timeout
+from .fence import Departures
 from .protocol import compact
 from .restart import RestartPolicy
 from .roster import Roster
@@ -111,9 +112,7 @@ class Board:
         self.restart_due: float | None = None  # monotonic: every node's part of the generation started by then
         self.restart_start: float | None = None  # monotonic: when the agents start the generation (backoff over)
         self.out: frozenset = frozenset()  # nodes that left the job (min_nodes): no generation waits for them
-        self.left_at: dict = {}  # node that left -> the generation it left at; why
-        self.left_why: dict = {}
-        self.told_fenced: set = set()  # nodes whose beats were answered `fenced` (the event once a node)
+        self.departed = Departures()  # when and why each of them left; which were told (fence.py)
         self.peers: dict[str, Peer] = {}
         self.roster = Roster()
         self.spoke = 0  # peers that are nodes of the job
@@ -219,7 +218,7 @@ class Board:
         if out == self.out:
             return False
         self.out = out
-        self.left_at[node], self.left_why[node] = st["generation"], reason
+        self.departed.leave(node, st["generation"], reason)
         peer = self.peers.get(node)
         # Its agent stops everything of the job there within the fence's bound of its last beat: no
         # generation without it starts before then (fence.py).
@@ -227,21 +226,17 @@ class Board:
         if peer is not None:  # its processes are no longer the job's: they count for nothing
             self._count(peer, {})
             peer.had_procs = False
-        g, world = st["generation"], layout.world_size(out)
         left = "%s left the job (%s)" % (node, reason)
         # A generation no agent has started yet (its backoff is not over) runs without the node;
         # otherwise the nodes that started it with the node in their world start the next one.
         if st["status"] == JobState.RESTARTING and self.restart_start is not None and now < self.restart_start - 1.0 \
                 and self.restart_start >= not_before:
-            changed = self._set_status(JobState.RESTARTING, st["reason"], st["node"], wall, g, st["backoff"])
+            changed = self._set_status(JobState.RESTARTING, st["reason"], st["node"], wall, st["generation"],
+                                       st["backoff"])
         else:
             changed = self._decide({"kind": "left"}, left, node, now, wall, not_before)
         if self.status["status"] == JobState.RESTARTING:
-            events.append(Event(EventKind.NODE_LEFT, node, "%s; generation %d runs on %d of %d nodes without %s (WORLD_SIZE %d)"
-                                % (left, self.status["generation"], layout.nodes_left(out), len(layout.trainer_nodes),
-                                   ", ".join(sorted(out)), world),
-                                {"world_size": world, "nodes_left": layout.nodes_left(out),
-                                 "generation": self.status["generation"]}))
+            events.append(_node_left(node, left, self.status["generation"], layout, out))
         return changed
 
     def _restarted(self, wall: float) -> bool:
@@ -335,16 +330,9 @@ class Board:
         if "done" in msg:
             peer.done = bool(msg["done"])
         self.roster.set(node, wall, peer.done, peer.lost)
-        events = []
-        if node not in self.told_fenced:
-            self.told_fenced.add(node)
-            events.append(Event(EventKind.FENCED, node, "refused a beat from %s: it left the job at generation %s; its "
-                                "agent is told it is fenced out and ends" % (node, self.left_at.get(node, "?")),
-                                {"generation": self.status["generation"]}))
-        reply = {"op": "fenced", "job_id": self.job_id, "node": node, "generation": self.status["generation"],
-                 "reason": "%s left the job at generation %s (%s); a node that left never rejoins it" % (
-                     node, self.left_at.get(node, "?"), self.left_why.get(node, "lost")), "ack": msg.get("seq")}
-        return Outcome(reply, False, events)
+        g = self.status["generation"]
+        reply, first = self.departed.refusal(self.job_id, node, g, msg.get("seq"))
+        return Outcome(reply, False, [Event(EventKind.FENCED, node, first, {"generation": g})] if first else [])
 
     def check_peers(self, now: float, wall: float, connected=()) -> list[Event]:
         """Mark lost the agents silent for peer_timeout whose connection is gone, or for hung_timeout
@@ -399,31 +387,48 @@ class Board:
         board = cls(job_id, nodes, peer_timeout, restart)
         status = saved.get("status")
         if isinstance(status, dict) and status.get("status") in (JobState.RUNNING, JobState.RESTARTING) + FINAL:
-            board.status.update({k: status.get(k) for k in ("status", "reason", "node", "ts")})
-            g = status.get("generation")
-            board.status["generation"] = g if isinstance(g, int) and not isinstance(g, bool) and g >= 0 else 0
-            board.status["restarts_left"] = board.restart.restarts_left(board.status["generation"])
-            board.status["backoff"] = status.get("backoff")
-            out = status.get("out")
-            board.out = frozenset(n for n in out if isinstance(n, str)) if isinstance(out, list) else frozenset()
-            if board.out and board.restart.layout is not None:
-                board.status.update(out=sorted(board.out), world_size=board.restart.layout.world_size(board.out))
-            if board.status["status"] == JobState.RESTARTING:  # a fresh deadline, as peers get a fresh peer_timeout
-                board.restart_due = now + board.restart.start_deadline(board.status["generation"])
+            _restore_status(board, status, now)
         peers = saved.get("peers")
         for name, p in (peers if isinstance(peers, dict) else {}).items():
-            if not isinstance(p, dict):
-                continue
-            # A restarted coordinator gives every known peer a fresh peer_timeout.
-            procs = p.get("procs") if isinstance(p.get("procs"), dict) else {}
-            peer = board._join(name, now)
-            peer.ts, peer.done, peer.lost = p.get("ts"), bool(p.get("done")), bool(p.get("lost"))
-            board._expect(peer, p.get("expected") if isinstance(p.get("expected"), int) else None)
-            board._count(peer, {k: v for k, v in procs.items() if isinstance(v, dict)})
-            peer.had_procs = bool(p.get("had_procs"))
-            peer.generation = p.get("generation") if isinstance(p.get("generation"), int) else 0
-            board.roster.set(name, peer.ts, peer.done, peer.lost)
+            if isinstance(p, dict):
+                _restore_peer(board, name, p, now)
         return board
+
+
+def _restore_status(board: Board, status: dict, now: float) -> None:
+    """The job's status of a saved board, into the restored `board`."""
+    board.status.update({k: status.get(k) for k in ("status", "reason", "node", "ts")})
+    g = status.get("generation")
+    board.status["generation"] = g if isinstance(g, int) and not isinstance(g, bool) and g >= 0 else 0
+    board.status["restarts_left"] = board.restart.restarts_left(board.status["generation"])
+    board.status["backoff"] = status.get("backoff")
+    out = status.get("out")
+    board.out = frozenset(n for n in out if isinstance(n, str)) if isinstance(out, list) else frozenset()
+    if board.out and board.restart.layout is not None:
+        board.status.update(out=sorted(board.out), world_size=board.restart.layout.world_size(board.out))
+    if board.status["status"] == JobState.RESTARTING:  # a fresh deadline, as peers get a fresh peer_timeout
+        board.restart_due = now + board.restart.start_deadline(board.status["generation"])
+
+
+def _restore_peer(board: Board, name: str, p: dict, now: float) -> None:
+    """One peer of a saved board (SAVED), into the restored `board`."""
+    # A restarted coordinator gives every known peer a fresh peer_timeout.
+    procs = p.get("procs") if isinstance(p.get("procs"), dict) else {}
+    peer = board._join(name, now)
+    peer.ts, peer.done, peer.lost = p.get("ts"), bool(p.get("done")), bool(p.get("lost"))
+    board._expect(peer, p.get("expected") if isinstance(p.get("expected"), int) else None)
+    board._count(peer, {k: v for k, v in procs.items() if isinstance(v, dict)})
+    peer.had_procs = bool(p.get("had_procs"))
+    peer.generation = p.get("generation") if isinstance(p.get("generation"), int) else 0
+    board.roster.set(name, peer.ts, peer.done, peer.lost)
+
+
+def _node_left(node: str, left: str, generation: int, layout, out: frozenset) -> Event:
+    """The event of `node` leaving the job (`left`: that it left, and why) while `generation` starts without it."""
+    world = layout.world_size(out)
+    return Event(EventKind.NODE_LEFT, node, "%s; generation %d runs on %d of %d nodes without %s (WORLD_SIZE %d)"
+                 % (left, generation, layout.nodes_left(out), len(layout.trainer_nodes), ", ".join(sorted(out)), world),
+                 {"world_size": world, "nodes_left": layout.nodes_left(out), "generation": generation})
 
 
 SAVED = ("ts", "done", "lost", "procs", "expected", "had_procs", "generation")  # what a restored board needs of a peer

@@ -53,3 +53,30 @@ def stop_bound(interval: float, grace: float) -> float:
 def fence_wait(interval: float, grace: float) -> float:
     """Silence of a lost node after which a generation without it may start."""
     return stop_bound(interval, grace) + SAFETY
+
+
+class Departures:
+    """The nodes that left the job (min_nodes), fenced out of it for good: the generation each left at
+    and why, and which were told so (the coordinator answers each of their beats with `fenced`)."""
+
+    def __init__(self):
+        self.left_at: dict = {}  # node -> the generation it left at
+        self.left_why: dict = {}  # node -> why
+        self.told: set = set()  # nodes whose beats were answered `fenced` (the event once a node)
+
+    def leave(self, node: str, generation: int, reason: str) -> None:
+        self.left_at[node], self.left_why[node] = generation, reason
+
+    def refusal(self, job_id: str, node: str, generation: int, seq) -> tuple[dict, str | None]:
+        """The `fenced` answer to a beat from `node`, which left; and the event's reason the first time
+        its beat is refused (None after)."""
+        left_at = self.left_at.get(node, "?")
+        reason = None
+        if node not in self.told:
+            self.told.add(node)
+            reason = ("refused a beat from %s: it left the job at generation %s; its agent is told it is fenced "
+                      "out and ends" % (node, left_at))
+        reply = {"op": "fenced", "job_id": job_id, "node": node, "generation": generation,
+                 "reason": "%s left the job at generation %s (%s); a node that left never rejoins it" % (
+                     node, left_at, self.left_why.get(node, "lost")), "ack": seq}
+        return reply, reason
