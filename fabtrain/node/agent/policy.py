@@ -11,7 +11,7 @@ import signal
 from fabtrain.node.structs import record, replace
 
 from fabtrain.node.agent.actions import DumpStacks, Escalate, KillLauncher, Note, Relaunch, Signal, Stop
-from fabtrain.node.agent.progress import first_to_stall, hang_reason, progress_at
+from fabtrain.node.agent.hangrule import first_to_stall, hang_reason, progress_at
 from fabtrain.node.coordination import fence
 from fabtrain.node.coordination.connections import hung_timeout
 from fabtrain.contract.events import EventKind
