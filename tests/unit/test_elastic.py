@@ -114,6 +114,16 @@ def test_no_generation_without_a_lost_node_starts_before_its_fence_ends():
     assert b.check_peers(2.5, 2000) == []
     b.check_peers(5.5, 2000)
     assert b.status["generation"] == 2 and b.status["out"] == ["n3"] and b.restart_start == pytest.approx(wait)
+    # One whose start is still far off waits for the fence instead: the same generation, no restart spent,
+    # its start moved to the fence's end (the agents take the remaining backoff: policy.restarting).
+    b = board(backoff=8.0)
+    beat(b, "n2", 1, failure={"reason": "trainer-0 on n2 exited 1", "kind": "exit", "generation": 0})
+    assert b.restart_start == 9.0
+    beat(b, "n1", 5.5)
+    beat(b, "n2", 5.5)
+    b.check_peers(5.5, 2000)
+    assert b.status["generation"] == 1 and b.status["out"] == ["n3"] and b.restart_start == pytest.approx(wait)
+    assert b.status["backoff"] == pytest.approx(wait - 5.5) and b.status["restarts_left"] == b.restart.restarts_left(1)
 
 
 def test_a_node_lost_while_running_restarts_smaller_and_a_second_loss_fails_naming_min_nodes():

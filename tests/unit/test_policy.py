@@ -343,3 +343,19 @@ def test_an_agent_restarted_on_a_node_cut_off_still_fences_itself():
     assert coordinator_lost(link.peers(), CFG)
     fresh = Link(job, ["n1", "n2"], CFG, RestartPolicy.never(), "/nonexistent", None, None)
     assert not coordinator_lost(fresh.peers(), CFG)
+
+
+def test_a_restart_whose_start_the_coordinator_moves_later_starts_then_and_the_same_status_again_moves_nothing():
+    """A lost node's fence may move the pending generation's start (board._leave): the agents take the remaining
+    backoff of the status with a new ts, once; the same status comes with every reply and must not push it on."""
+    cfg = replace(CFG, on_failure="restart")
+    first = {"op": "status", "job_id": "J", "status": "restarting", "generation": 1, "backoff": 8.0, "ts": 100.0}
+    _, ledger = on_status(first, "J", Ledger(), cfg, 100.0)
+    assert (ledger.generation, ledger.restart_at) == (1, 108.0)
+    assert on_status(first, "J", ledger, cfg, 103.0)[1].restart_at == 108.0  # the same status, again
+    moved = dict(first, backoff=6.0, ts=103.0)  # at 103 the start moves to 109
+    _, ledger = on_status(moved, "J", ledger, cfg, 103.0)
+    assert ledger.restart_at == 109.0
+    assert on_status(moved, "J", ledger, cfg, 105.0)[1].restart_at == 109.0
+    earlier = dict(first, backoff=1.0, ts=106.0)  # never earlier than it was
+    assert on_status(earlier, "J", ledger, cfg, 106.0)[1].restart_at == 109.0

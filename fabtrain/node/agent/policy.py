@@ -111,6 +111,7 @@ class Ledger:
     failure_code: int | None = None
     generation: int = 0  # the job's generation this agent works on (the one it runs, or is about to start)
     restart_at: float | None = None  # restarting: when the backoff ends (epoch)
+    restart_ts: float | None = None  # the `ts` of the coordinator's restarting status that set restart_at
     pending: bool = False  # our failure may be restarted: the coordinator's word on it is still to come
     stacks_taken: bool = False  # this generation's stacks were dumped (once: before a hang's teardown)
 
@@ -164,7 +165,16 @@ def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list
     a failure the coordinator itself declared is final.
     """
     g = msg.get("generation")
-    if cfg.on_failure != "restart" or not isinstance(g, int) or g <= ledger.generation:
+    if cfg.on_failure != "restart" or not isinstance(g, int) or g < ledger.generation:
+        return [], ledger
+    if g == ledger.generation:
+        # The coordinator moved the start of the generation this node waits for (a lost node's fence,
+        # fence.py): a status with a new `ts` says so, once (the same status comes with every reply);
+        # later only, never earlier, and only before it started here.
+        if ledger.status.status == JobState.RESTARTING and ledger.restart_at is not None and \
+                msg.get("ts") != ledger.restart_ts:
+            later = now + float(msg.get("backoff") or 0.0)
+            return [], replace(ledger, restart_at=max(ledger.restart_at, later), restart_ts=msg.get("ts"))
         return [], ledger
     if ledger.status.status == JobState.FINISHED or (ledger.status.status == JobState.FAILED and ledger.failure is None):
         return [], ledger
@@ -175,7 +185,8 @@ def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list
         cause, g, " (%s left after it)" % left if isinstance(left, int) else "", backoff),
         fields={"origin": msg.get("node"), "generation": g, "backoff": backoff, "restarts_left": left})
     return [note], replace(ledger, status=Status(JobState.RESTARTING, cause, msg.get("node")), generation=g, failure=None,
-                           failure_kind=None, failure_code=None, restart_at=now + backoff, acted=False, pending=False)
+                           failure_kind=None, failure_code=None, restart_at=now + backoff, restart_ts=msg.get("ts"),
+                           acted=False, pending=False)
 
 
 def replay_restart(ev: dict, now: float) -> Ledger:

@@ -227,12 +227,15 @@ class Board:
             self._count(peer, {})
             peer.had_procs = False
         left = "%s left the job (%s)" % (node, reason)
-        # A generation no agent has started yet (its backoff is not over) runs without the node;
+        # A generation no agent has started yet (its backoff is not over) runs without the node, once the
+        # node's fence allows (its start moves later if need be: the agents take the remaining backoff);
         # otherwise the nodes that started it with the node in their world start the next one.
-        if st["status"] == JobState.RESTARTING and self.restart_start is not None and now < self.restart_start - 1.0 \
-                and self.restart_start >= not_before:
+        if st["status"] == JobState.RESTARTING and self.restart_start is not None and now < self.restart_start - 1.0:
+            later = max(0.0, not_before - self.restart_start)
+            self.restart_start += later
+            self.restart_due = self.restart_due + later if self.restart_due is not None else None
             changed = self._set_status(JobState.RESTARTING, st["reason"], st["node"], wall, st["generation"],
-                                       st["backoff"])
+                                       round(self.restart_start - now, 3))
         else:
             changed = self._decide({"kind": "left"}, left, node, now, wall, not_before)
         if self.status["status"] == JobState.RESTARTING:
