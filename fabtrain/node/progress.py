@@ -204,7 +204,10 @@ class Reporter:
             self.fail("reading a batch", e)
 
     def backward(self, tensor, seconds, t0):
-        self.loss_tensor = tensor
+        # Detached: a tensor kept with its graph keeps the graph's nodes alive, and autograd then reuses
+        # a leaf's cached gradient accumulator, with its old shape, for the next forward (a program that
+        # swaps a leaf's data between steps, as the reference pserver trainer does, fails its backward).
+        self.loss_tensor = tensor.detach() if hasattr(tensor, "detach") else tensor
         self.add(BACKWARD, seconds, t0)
 
     def step(self, optimizer=None, report=True):

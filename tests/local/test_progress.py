@@ -198,3 +198,18 @@ def test_a_torchrun_ddp_job_shows_every_rank_in_every_view(local_job, tmp_path):
             assert acc.Scalars("train/loss")[-1].step == 64
     finally:
         session.close()
+
+
+@pytest.mark.timeout(300)
+def test_the_hook_keeps_no_graph_alive_a_program_that_swaps_a_leafs_data_between_steps_runs_as_without_it(tmp_path):
+    """A program that gives a leaf new data of another shape each step (the reference pserver trainer's sparse
+    rows) fails its backward if anything keeps the last step's graph alive: autograd then reuses the leaf's
+    cached gradient accumulator, with the old shape."""
+    program = ["tests/programs/swapped_leaf.py"]
+    off = launched(tmp_path / "off", program, tmp_path / "off.jsonl", FABTRAIN_INSTRUMENT="0")
+    assert off.returncode == 0 and off.stdout.startswith("grad sum"), off.stderr
+    on = launched(tmp_path / "on", program, tmp_path / "on.jsonl")
+    assert on.returncode == 0, on.stderr
+    assert on.stdout == off.stdout and on.stderr == ""
+    recs = read_records(tmp_path / "on.jsonl")
+    assert recs and recs[-1]["step"] == 30 and recs[-1]["loss"] > 0, recs[-1:]
