@@ -42,7 +42,7 @@ system-deps:
 	command -v cc >/dev/null || [ -x /usr/bin/cc ] || missing="$$missing gcc"; \
 	command -v slurmctld >/dev/null || [ -x /usr/sbin/slurmctld ] || missing="$$missing slurm-wlm"; \
 	command -v munged >/dev/null || [ -x /usr/sbin/munged ] || missing="$$missing munge"; \
-	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
+	command -v kubectl >/dev/null || [ -x /usr/bin/kubectl ] || missing="$$missing kubernetes-client"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

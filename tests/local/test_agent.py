@@ -316,12 +316,12 @@ PROCESS_KEYS = {"name", "role", "rank", "pid", "state", "exit_code", "cpu_percen
 
 
 def test_a_job_is_starting_until_its_trainers_first_record_with_no_threat_of_the_startup_allowance(local_job):
-    """Real agents, trainers that load silently for a while before their first metrics record: fab status
-    says the job is starting, waiting for which trainers, and threatens no startup failure (startup_timeout
-    fails only nodes that never joined and processes that never started); then running once they have
-    written."""
+    """Real agents, trainers that load silently for a while before their first metrics record (they print
+    nothing either: a printed line is a sign of life): fab status says the job is starting, waiting for which
+    trainers, and threatens no startup failure (startup_timeout fails only nodes that never joined and
+    processes that never started); then running once they have written."""
     job = local_job([("n0", ["trainer"]), ("n1", ["trainer"])], mode="collective",
-                    trainer={"command": f"{FAKE} --warmup 8"},
+                    trainer={"command": f"{FAKE} --warmup 8 --silent-start"},
                     watchdog={"interval": 0.5, "startup_timeout": 300, "port": free_port(["127.0.0.1"])})
     job.fab("deploy", "start-trainers", check=True)
     said = re.compile(r"^job starting: waiting for the first metrics record of trainer-0, trainer-1$", re.M)

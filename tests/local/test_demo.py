@@ -197,6 +197,7 @@ def test_system_deps_asks_apt_for_what_is_missing(tmp_path):
     expected |= {"chromium"} if not os.path.exists("/usr/bin/chromium") else set()
     expected |= {"iproute2"} if not any(os.path.exists(p) for p in ("/usr/sbin/ip", "/sbin/ip")) else set()
     for package, path in (("openmpi-bin", "/usr/bin/mpirun"), ("libopenmpi-dev", "/usr/bin/mpicc"),
-                          ("slurm-wlm", "/usr/sbin/slurmctld"), ("munge", "/usr/sbin/munged"), ("gcc", "/usr/bin/cc")):
+                          ("slurm-wlm", "/usr/sbin/slurmctld"), ("munge", "/usr/sbin/munged"), ("gcc", "/usr/bin/cc"),
+                          ("nftables", "/usr/sbin/nft"), ("kubernetes-client", "/usr/bin/kubectl")):
         expected |= {package} if not os.path.exists(path) else set()
     assert {p for p in install[1:] if not p.startswith("-")} == expected

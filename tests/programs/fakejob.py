@@ -57,6 +57,7 @@ def main():
                 "--slow", "--burn")
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--warmup", type=float, default=0.0)
+    ap.add_argument("--silent-start", action="store_true", help="print nothing before the first step")
     args = ap.parse_args()
 
     if mine(args.ignore_term) is not None:
@@ -84,7 +85,8 @@ def main():
     stuck = [(f, int(a[0]) if a else 0) for f, a in stuck if a is not None]
 
     metrics = open(os.environ["FABTRAIN_METRICS"], "a") if os.environ.get("FABTRAIN_METRICS") else None
-    print(f"{me} started pid {os.getpid()} argv {sys.argv[1:]}", flush=True)
+    if not args.silent_start:  # a printed line is a sign of life: the job is running, not starting
+        print(f"{me} started pid {os.getpid()} argv {sys.argv[1:]}", flush=True)
     time.sleep(args.warmup)
     step = 0
     while role != "trainer" or not args.steps or step < args.steps:
