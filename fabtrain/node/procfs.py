@@ -317,10 +317,11 @@ def children_map(procs: dict[int, Proc]) -> dict[int, list[int]]:
     return kids
 
 
-def descendants(pid: int, kids: dict[int, list[int]]) -> list[int]:
+def descendants(pid: int, kids: dict[int, list[int]], breadth_first: bool = False) -> list[int]:
+    """pid's descendants; breadth first: each after its parent (the order a stack dump names them in)."""
     out, todo, seen = [], list(kids.get(pid, ())), {pid}
     while todo:
-        p = todo.pop()
+        p = todo.pop(0 if breadth_first else -1)
         if p in seen:
             continue
         seen.add(p)

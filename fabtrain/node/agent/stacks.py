@@ -201,15 +201,7 @@ def targets_of(contexts, names, kids: dict) -> list:
 
 def tree(pid: int, kids: dict) -> list:
     """pid's descendants, breadth first (each after its parent)."""
-    out, todo, seen = [], list(kids.get(pid, ())), {pid}
-    while todo:
-        p = todo.pop(0)
-        if p in seen:
-            continue
-        seen.add(p)
-        out.append(p)
-        todo.extend(kids.get(p, ()))
-    return out
+    return procfs.descendants(pid, kids, breadth_first=True)
 
 
 def _size(path: str) -> int:
