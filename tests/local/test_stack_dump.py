@@ -42,10 +42,13 @@ def test_every_python_process_answers_into_its_own_file_and_a_stopped_one_is_not
     try:
         os.kill(stopped.pid, signal.SIGSTOP)
         wait_for(lambda: procfs.stat(stopped.pid).state == "T", timeout=5)
+        # A cap far above what an answer takes: had the stopped program been waited for, the dump would take all of it.
+        cap = 10
         t0 = time.monotonic()
-        out = stacks.dump([("trainer-0", [run.pid] + run_kids), ("trainer-1", [stopped.pid] + stopped_kids)], job_dir)
+        out = stacks.dump([("trainer-0", [run.pid] + run_kids), ("trainer-1", [stopped.pid] + stopped_kids)], job_dir,
+                          wait=cap)
         took = time.monotonic() - t0
-        assert took < stacks.WAIT + 0.2, took  # the stopped program cost nothing beyond the running ones' answers
+        assert took < cap / 2, took  # the stopped program cost nothing beyond the running ones' answers
         assert out["trainer-1"]["why"] == f"no stack: pid {stopped.pid} is stopped (SIGSTOP) and cannot answer", out
         assert out["trainer-0"]["frame"].endswith("in work_forever"), out
         # the program and its forked child each wrote its own file, under its own first line
@@ -57,10 +60,12 @@ def test_every_python_process_answers_into_its_own_file_and_a_stopped_one_is_not
         os.kill(run.pid, signal.SIGSTOP)
         for k in run_kids:
             os.kill(k, signal.SIGSTOP)
-        wait_for(lambda: procfs.stat(run.pid).state == "T", timeout=5)
+        # SIGSTOP reaches each process on its own: every one must be stopped before the dump looks
+        assert wait_for(lambda: all(procfs.stat(p).state == "T" for p in [run.pid] + run_kids), timeout=5)
         t0 = time.monotonic()
-        stacks.dump([("trainer-0", [run.pid] + run_kids)], job_dir)
-        assert time.monotonic() - t0 < 0.1
+        out = stacks.dump([("trainer-0", [run.pid] + run_kids)], job_dir, wait=cap)
+        assert time.monotonic() - t0 < cap / 2
+        assert out["trainer-0"]["why"] == f"no stack: pid {run.pid} is stopped (SIGSTOP) and cannot answer", out
     finally:
         for p, kids in ((run, run_kids), (stopped, stopped_kids)):
             for pid in [p.pid] + kids:

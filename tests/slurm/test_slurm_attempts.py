@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
@@ -71,6 +72,12 @@ def test_scontrol_requeue_mid_job_resumes_from_the_checkpoint_as_attempt_2(job):
 def requeued_and_back(job, timeout: float = 30) -> None:
     """The job went back to PENDING; Slurm's hold before it runs again (BeginTime) lifted as an admin would."""
     assert job.wait_state("PENDING", timeout=timeout) == "PENDING", job.describe()
+    # Slurm's hold is there for a reason: each slurmd revoked the last attempt's credential at the requeue, to
+    # the second, and refuses (fails the job: "Job credential revoked") a launch whose credential is of that
+    # same second. An admin lifts it after the old allocation is gone, in a later second.
+    assert wait_for(lambda: "COMPLETING" not in job.slurm.run("scontrol", "show", "job", "-o", job.slurm_job,
+                                                              check=False).stdout, timeout=30), job.describe()
+    time.sleep(1.5)
     job.slurm.run("scontrol", "update", f"jobid={job.slurm_job}", "StartTime=now")
 
 

@@ -127,7 +127,7 @@ def test_rsync_refuses_a_bastion_whose_key_is_unknown_under_strict(fab, tmp_path
     out = fab("deploy", cluster=path, env={"HOME": str(home)})
     assert out.returncode == 1
     line, = [l for l in out.stdout.splitlines() if l.startswith("inner:")]
-    assert line == (f"inner: FAILED: inner: rsync failed: No ED25519 host key is known for {bastion} "
+    assert line == (f"inner: FAILED: rsync failed: No ED25519 host key is known for {bastion} "
                     "and you have requested strict checking."), out.stdout
     out = fab("status", cluster=path, env={"HOME": str(home)})  # and Fabric's connection, the same
     assert out.returncode == 1 and f"unknown host key for {bastion}" in out.stdout, out.stdout
