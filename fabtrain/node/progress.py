@@ -25,9 +25,12 @@ last step on file within ``INTERVAL``)::
 ``step`` counts optimizer steps (``torch.optim``'s global step hooks,
 ``paddle.optimizer``'s ``step``), or is the framework's own global step.
 ``data_time`` is time in a DataLoader's ``__next__``; ``comm_time`` time in
-``torch.distributed``'s collectives called from Python (a DDP's gradient
-all-reduce runs in its C++ reducer during ``backward()``: it is part of
-``backward_time`` and of ``compute_time``); ``compute_time`` is the rest.
+``torch.distributed``'s collectives called from Python, and the time a
+``backward()`` waits at its end, once its computation is done, for DDP's or
+FSDP's gradient collectives (their reducer runs in C++: `_mark_compute_end`
+says when the computation ended); ``compute_time`` is the rest. In
+synchronous training that wait is the time a rank waits for the slowest one:
+what names a straggler (fabtrain/node/coordination/stragglers.py).
 The loss is read only where that costs no device synchronisation: the
 tensor ``backward()`` was called on when it is on the CPU, or what a
 framework logs as a number.
@@ -203,12 +206,17 @@ class Reporter:
         except Exception as e:
             self.fail("reading a batch", e)
 
-    def backward(self, tensor, seconds, t0):
+    def backward(self, tensor, seconds, t0, waited=0.0):
+        """A backward() call of `seconds`, `waited` of them at its end for gradient collectives (DDP's, FSDP's:
+        they are comm_time, not compute)."""
         # Detached: a tensor kept with its graph keeps the graph's nodes alive, and autograd then reuses
         # a leaf's cached gradient accumulator, with its old shape, for the next forward (a program that
         # swaps a leaf's data between steps, as the reference pserver trainer does, fails its backward).
         self.loss_tensor = tensor.detach() if hasattr(tensor, "detach") else tensor
-        self.add(BACKWARD, seconds, t0)
+        waited = min(max(0.0, waited), seconds)
+        self.add(BACKWARD, seconds - waited, t0)
+        if waited:
+            self.add(COMM, waited, t0)
 
     def step(self, optimizer=None, report=True):
         """An optimizer step ended: close the step's timing; write a record if one is due (`report`:
@@ -455,11 +463,20 @@ def _instrument_torch(torch):
     base.__next__ = _wraps(orig_next, __next__)
 
     orig_backward = torch.Tensor.backward
+    engine = _autograd_engine(torch)
 
     def backward(self, *args, **kwargs):
         t0 = perf()
-        out = orig_backward(self, *args, **kwargs)
-        r.backward(self, perf() - t0, t0)
+        compute_end, handle = [], None
+        if engine is not None and getattr(self, "grad_fn", None) is not None:
+            handle = _mark_compute_end(engine, self.grad_fn, compute_end, perf)
+        try:
+            out = orig_backward(self, *args, **kwargs)
+        finally:
+            if handle is not None:
+                handle.remove()
+        end = perf()
+        r.backward(self, end - t0, t0, end - compute_end[0] if compute_end else 0.0)
         return out
     torch.Tensor.backward = _wraps(orig_backward, backward)
 
@@ -474,6 +491,35 @@ def _instrument_torch(torch):
             DDP.forward = _wraps(DDP.forward, _timed(DDP.forward, FORWARD))
         except ImportError:
             pass
+
+
+def _autograd_engine(torch):
+    """The autograd engine, where it takes end-of-backward callbacks (as DDP and FSDP queue theirs); else None."""
+    try:
+        engine = torch.autograd.Variable._execution_engine
+    except AttributeError:
+        return None
+    return engine if callable(getattr(engine, "queue_callback", None)) else None
+
+
+def _mark_compute_end(engine, grad_fn, into, perf):
+    """When a backward's computation ends, before what runs after it: DDP's and FSDP's end-of-backward
+    callbacks wait there for their gradient collectives (the time a rank waits for the slowest one). The
+    root's pre-hook runs first in the backward and queues our callback then, ahead of theirs (queued once
+    their last gradient is ready): it notes the time into `into`. Nothing of the gradients is touched."""
+    def note():
+        into.append(perf())
+
+    def pre_hook(grad_outputs):
+        try:
+            engine.queue_callback(note)
+        except Exception:  # no callback this time: the whole backward counts as compute
+            pass
+        return None
+    try:
+        return grad_fn.register_prehook(pre_hook)
+    except Exception:  # a node that takes no hook: as above
+        return None
 
 
 def _timed(orig, part):

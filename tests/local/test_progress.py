@@ -9,6 +9,7 @@ twice).
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -88,6 +89,34 @@ def test_the_hook_reports_a_plain_loop_and_changes_nothing_of_it(tmp_path):
     said = [line for line in broken.stderr.splitlines() if line.startswith("fabtrain progress:")]
     assert len(said) == 1 and "Is a directory" in said[0] and "the program goes on" in said[0], broken.stderr
     assert len(broken.stderr.splitlines()) == 1, broken.stderr  # no traceback
+
+
+@pytest.mark.timeout(300)
+def test_a_ddp_job_of_three_ranks_computes_the_same_with_the_hook_and_its_all_reduce_wait_is_comm_time(tmp_path):
+    """DDP's gradient all-reduce runs in its C++ reducer at the end of backward(): the hook marks where the
+    backward's computation ends (an end-of-backward callback ahead of DDP's) and counts the rest as comm_time.
+    Three ranks, so DDP averages by a factor that is not a power of two: any change to the arithmetic shows."""
+    def run(tag, **env):
+        out_dir = tmp_path / tag / "out"
+        out_dir.mkdir(parents=True)
+        argv = ["-m", "torch.distributed.run", "--nproc-per-node=3", "--master-port", str(free_port()),
+                "tests/programs/ddp_min.py", str(out_dir)]
+        done = launched(tmp_path / tag, argv, tmp_path / f"{tag}.jsonl", **env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines = sorted(re.findall(r"rank (\d)/3 step (\d+) loss (\S+?)(?=rank|\n|$)", done.stdout))  # 3 ranks, 1 stdout
+        assert len(lines) == 3 * 20, done.stdout
+        return lines, [json.loads((out_dir / f"rank-{r}.json").read_text()) for r in range(3)]
+
+    off = run("off", FABTRAIN_INSTRUMENT="0")
+    on = run("on")
+    assert on == off  # every rank's losses and final weights, bit for bit (json floats round-trip exactly)
+    assert not (tmp_path / "off.jsonl").exists()
+    recs = [r for r in read_records(tmp_path / "on.jsonl") if not r.get("between_steps")]
+    assert {r["rank"] for r in recs} == {0, 1, 2} and all(r["child"] for r in recs), recs[:3]
+    for r in recs:
+        assert all(r[k] >= 0 for k in TIMINGS) and r["comm_time"] > 0, r  # every step waits for the all-reduce
+        assert abs(r["step_time"] - (r["data_time"] + r["compute_time"] + r["comm_time"])) < 1e-3, r
+    assert max(r["step"] for r in recs) == 20
 
 
 @pytest.mark.timeout(300)

@@ -1,5 +1,6 @@
-"""A hung torchrun job (gloo, CPU) on two local nodes: one rank spins forever while the others wait in their
-all_reduce. The hang is caught by steps (torchrun's own monitor loop, which wakes every 0.1 s, is no
+"""A hung torchrun job (gloo, CPU) on two local nodes, of a script that knows nothing of fabtrain (its steps come
+from the launcher's progress hook): one rank spins forever while the others wait in their all_reduce. The hang
+is caught by steps (torchrun's own monitor loop, which wakes every 0.1 s, is no
 progress), every Python process of every rank dumps its own stack, and the rank the others wait for is named,
 with its node, step and frame, in the events, `fab status` and health.json."""
 import json
@@ -36,7 +37,7 @@ def test_a_torchrun_rank_that_spins_is_caught_by_steps_and_named(local_job):
     # Caught by steps: within hang_timeout of the ranks' last new steps (the spinner's is the newest: the
     # others' come at most 0.5 s, the hook's pace, before it).
     spun = [r for r in records(job, "n1", "trainer-1") if r.get("rank") == SPIN]
-    assert spun and spun[-1]["step"] == 12, spun[-3:]
+    assert spun and spun[-1]["step"] == 12 and spun[-1]["source"] == "auto", spun[-3:]
     late = hang["ts"] - spun[-1]["ts"]
     assert HANG_TIMEOUT - 1 <= late < HANG_TIMEOUT + 3, late
     assert "new step" in hang["reason"], hang

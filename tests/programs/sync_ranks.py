@@ -1,19 +1,19 @@
-"""A synchronous data-parallel job on gloo (torchrun or plain processes) whose ranks write per-rank records
-as the launcher's progress hook does: ``source: "auto"``, ``step``, ``rank``, ``local_rank`` and the means
-of ``step_time``, ``data_time``, ``compute_time``, ``comm_time`` over the steps since the last record (the
-first step at once, then at most every 0.5 s), all into one $FABTRAIN_METRICS.
+"""A synchronous data-parallel job on gloo (torchrun or plain processes) that knows nothing of fabtrain: what
+fabtrain knows of its ranks comes from the launcher's progress hook alone (per-rank records of ``step`` and of
+``data_time``, ``compute_time``, ``comm_time``; docs/progress.md).
 
-    python sync_ranks.py [--steps N] [--spin RANK:STEP] [--slow-data RANK:SECONDS] [--cgroup RANK:DIR]
+    python sync_ranks.py [--steps N] [--ddp] [--spin RANK:STEP] [--slow-data RANK:SECONDS] [--cgroup RANK:DIR]
 
 Each step: a batch from a DataLoader (its Dataset's __getitem__ sleeps --slow-data seconds on that
-rank), forward and backward of a small linear model, then one all_reduce of the flattened gradients
-(the collective every rank waits in for the last one), then the optimizer's step. --spin: that rank
-writes its record of that step and spins in Python forever, while the others wait in their all_reduce.
---cgroup: that rank moves itself into a cgroup whose CPU quota the test set: it has less CPU than the
-others.
+rank), forward and backward of a small linear model, then the gradients' all-reduce (the collective every
+rank waits in for the last one), then the optimizer's step. The all-reduce is one ``dist.all_reduce`` of the
+flattened gradients called here (as Horovod-style loops do), or, with --ddp, DistributedDataParallel's own
+(its C++ reducer, at the end of ``backward()``). --spin: that rank spins in Python forever after that step,
+while the others wait in their all-reduce. --cgroup: that rank moves itself into a cgroup whose CPU quota the
+test set: it has less CPU than the others.
 """
 import argparse
-import json
+import contextlib
 import os
 import time
 from datetime import timedelta
@@ -27,6 +27,7 @@ ap.add_argument("--spin", default=None)
 ap.add_argument("--slow-data", default=None)
 ap.add_argument("--cgroup", default=None, help="RANK:DIR: that rank moves itself into the cgroup DIR (a CPU cap)")
 ap.add_argument("--width", type=int, default=256)
+ap.add_argument("--ddp", action="store_true", help="DistributedDataParallel's all-reduce instead of one of ours")
 args = ap.parse_args()
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=300))
@@ -60,37 +61,23 @@ def spin_forever():
 
 
 model = torch.nn.Sequential(torch.nn.Linear(args.width, args.width), torch.nn.ReLU(), torch.nn.Linear(args.width, 1))
+if args.ddp:
+    model = torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.001)
 loader = iter(torch.utils.data.DataLoader(Data(), batch_size=16, num_workers=0))
-out = open(os.environ["FABTRAIN_METRICS"], "a", buffering=1) if os.environ.get("FABTRAIN_METRICS") else None
-sums, count, last_write = [0.0] * 4, 0, 0.0
 for step in range(1, args.steps + 1):
-    t0 = time.perf_counter()
     x, y = next(loader)
-    t1 = time.perf_counter()
-    loss = torch.nn.functional.mse_loss(model(x), y)
     opt.zero_grad()
+    with model.no_sync() if args.ddp else contextlib.nullcontext():  # accumulated: DDP all-reduces once a step
+        for _ in range(3):  # a few passes, so compute outweighs the bookkeeping
+            torch.nn.functional.mse_loss(model(x), y).backward()
+    loss = torch.nn.functional.mse_loss(model(x), y)
     loss.backward()
-    for _ in range(3):  # a few passes, so compute outweighs the bookkeeping
-        torch.nn.functional.mse_loss(model(x), y).backward()
-    t2 = time.perf_counter()
-    flat = torch.cat([p.grad.flatten() for p in model.parameters()])
-    dist.all_reduce(flat)
-    t3 = time.perf_counter()
+    if not args.ddp:
+        flat = torch.cat([p.grad.flatten() for p in model.parameters()])
+        dist.all_reduce(flat)
     opt.step()
-    t4 = time.perf_counter()
-    for i, v in enumerate((t4 - t0, t1 - t0, t2 - t1, t3 - t2)):
-        sums[i] += v
-    count += 1
-    spin = rank == spin_rank and step == spin_step
-    if out and (step == 1 or spin or time.monotonic() - last_write >= 0.5):
-        last_write = time.monotonic()
-        out.write(json.dumps({"ts": time.time(), "step": step, "rank": rank, "local_rank": local_rank,
-                              "source": "auto", "framework": "test", "loss": round(loss.item(), 6),
-                              "step_time": sums[0] / count, "data_time": sums[1] / count,
-                              "compute_time": sums[2] / count, "comm_time": sums[3] / count}) + "\n")
-        sums, count = [0.0] * 4, 0
-    if spin:
+    if rank == spin_rank and step == spin_step:
         print(f"rank {rank}: spinning at step {step}", flush=True)
         spin_forever()
 if step % 50 == 0 or step == args.steps:

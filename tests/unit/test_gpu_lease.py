@@ -114,10 +114,13 @@ def test_a_start_in_a_private_tmp_is_refused_in_one_line_naming_the_lease_direct
                "job = {'job_id': 'J', 'processes': [{'env': {'CUDA_VISIBLE_DEVICES': 'auto:0'}}]}\n"
                "try:\n    gpustart.take(job, None, {gpuinv.STANDIN_ENV: sys.argv[1]})\n"
                "except UserFacing as e:\n    print(e)\nelse:\n    print('leased')\n")
-    script = 'mount --bind "$1" /tmp && cd "$2" && exec "$3" -c "$4" "$5"'
+    # The checkout may itself be under /tmp (a CI clone): it is bound at /mnt first (in the namespace only), and
+    # the interpreter is the real one (the program needs only the standard library and the checkout).
+    script = 'mount --bind "$2" /mnt && mount --bind "$1" /tmp && cd /mnt && exec "$3" -c "$4" "$5"'
     with open(standin) as inventory:  # handed over as a descriptor: its folder is hidden under the private /tmp
         done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
-                               str(private), os.getcwd(), sys.executable, program, f"/dev/fd/{inventory.fileno()}"],
+                               str(private), os.getcwd(), os.path.realpath(sys.executable), program,
+                               f"/dev/fd/{inventory.fileno()}"],
                               capture_output=True, text=True, timeout=60, pass_fds=[inventory.fileno()])
     assert done.returncode == 0, done.stderr
     [line] = done.stdout.splitlines()
