@@ -97,8 +97,9 @@ def _number(v):
         return None
     if isinstance(v, (int, float)):
         return v if _finite(v) else None
-    device = getattr(v, "device", None)
-    if device is not None and getattr(device, "type", "cpu") != "cpu":
+    device = getattr(v, "device", None)  # torch: a torch.device; paddle: a string ("cpu", "gpu:0")
+    if device is not None and (str(device).split(":")[0] if isinstance(device, str) else getattr(
+            device, "type", "cpu")) != "cpu":
         return None
     try:
         if getattr(v, "numel", None) is not None and v.numel() != 1:
@@ -322,6 +323,8 @@ class Reporter:
             with self.lock:
                 now = self.perf()
                 if self.n and (not due_only or (now - self.last_write >= INTERVAL and now - self.step_end >= QUIET)):
+                    if self.framework not in DRIVERS:  # (a driving framework's callbacks read theirs)
+                        self._read_loss()  # the last step's loss, not the one of the last record written
                     self._write(now)
                 elif due_only and self.steps and now - self.last_write >= BETWEEN_STEPS and self.active is not None \
                         and self.active > self.last_write:

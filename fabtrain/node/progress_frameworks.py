@@ -149,6 +149,14 @@ def paddle(core, paddle):
             step._fabtrain = True
             return step
         cls.step = make(orig)
+    orig_backward = paddle.Tensor.backward
+
+    def backward(self, *args, **kwargs):
+        t0 = perf()
+        out = orig_backward(self, *args, **kwargs)
+        r.backward(self, perf() - t0, t0)
+        return out
+    paddle.Tensor.backward = core._wraps(orig_backward, backward)
     try:
         from paddle.io import DataLoader
         orig_iter = DataLoader.__iter__

@@ -177,6 +177,9 @@ def test_the_page_shows_a_live_job_follows_a_fault_and_kills_with_the_token(live
     page.goto(url + "/")
     page.wait_for_function("() => document.querySelectorAll('#nodes tbody tr[data-node]').length === 3")
 
+    # Nobody picked a log yet: the panel follows the first trainer's, whose lines are its progress.
+    page.wait_for_function("() => /step \\d+ epoch \\d+ loss/.test(document.getElementById('log').textContent)")
+    assert page.locator("#log-select").input_value() == "node1/trainer-0"
     # A log line, following: click the process in the cluster table.
     # (the table is redrawn at every refresh: on a loaded machine a chip seldom stays put long enough
     # for a pointer click, so the click event goes to it directly)
@@ -184,6 +187,7 @@ def test_the_page_shows_a_live_job_follows_a_fault_and_kills_with_the_token(live
     page.wait_for_function("() => /step \\d+ epoch \\d+ loss/.test(document.getElementById('log').textContent)")
     first = page.inner_text("#log").splitlines()[-1]
     page.wait_for_function(f"() => document.getElementById('log').textContent.trim().split('\\n').pop() !== {json.dumps(first)}")
+    assert page.locator("#log-select").input_value() == "node2/trainer-1"  # a refresh keeps what was picked
     _artifacts().joinpath("dashboard-running.png").write_bytes(page.screenshot(full_page=True))
 
     # The kill button without the token: refused, the job goes on.

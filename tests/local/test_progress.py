@@ -8,12 +8,8 @@ the output, numerics or RNG; break the program; count a program's own records
 twice).
 """
 import json
-import os
 import re
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -21,38 +17,16 @@ from fabtrain.config.cluster import load_cluster
 from fabtrain.controller.collector import Collector
 from fabtrain.controller.export import export_tensorboard
 from fabtrain.dashboard import create_app
-from fabtrain.contract.launcher import SCRIPT
-from fabtrain.node import launch, progress
 from fabtrain.remote.session import Session
 from fabtrain.contract.states import JobState
-from tests.support import REPO
 from tests.support.local_job import LocalJob  # noqa: F401  (the local_job fixture's jobs)
+from tests.support.launched import launched, read_records
 from workload.ddp import free_port
 
 TOKEN = "t0k3n-for-progress-0123456789abcdef"
 HOST = "127.0.0.1:8265"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Host": HOST}
 TIMINGS = ("step_time", "data_time", "compute_time", "comm_time")
-
-
-def read_records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def launched(tmp_path: Path, argv: list[str], metrics, **env) -> subprocess.CompletedProcess:
-    """argv through the real launcher, in a job directory laid out as node ops lays it out."""
-    jd = tmp_path / "job"
-    hook = Path(launch.hook_dir(str(jd)))
-    hook.mkdir(parents=True, exist_ok=True)
-    (jd / "run").mkdir(exist_ok=True)
-    for name, text in progress.sources().items():
-        (hook / name).write_text(text)
-    (jd / SCRIPT).write_text(launch.source())
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FABTRAIN_", "RANK", "LOCAL_RANK", "PYTHON"))}
-    clean.update(FABTRAIN_METRICS=str(metrics), FABTRAIN_RANK="0", **env)
-    return subprocess.run([sys.executable, "-I", "-S", str(jd / SCRIPT), "--exit", str(jd / "run" / "t.exit"),
-                           "--", sys.executable, *argv], cwd=REPO, env=clean, capture_output=True, text=True,
-                          timeout=280)
 
 
 @pytest.mark.timeout(600)

@@ -1,5 +1,6 @@
-"""Progress from unchanged Lightning and Hugging Face Trainer programs (docs/progress.md): the
-framework's own step, what it logs, its total steps, in the records and the views."""
+"""Progress from unchanged Lightning, Hugging Face Trainer, accelerate and paddle programs (docs/progress.md):
+the framework's own step, what it logs, its total steps, in the records and the views; the same results with the
+hook as without it."""
 import importlib.util
 import json
 
@@ -11,6 +12,7 @@ from fabtrain.controller.export import export_tensorboard
 from fabtrain.dashboard import create_app
 from fabtrain.remote.session import Session
 from tests.conftest import require
+from tests.support.launched import launched, read_records
 from workload.ddp import free_port
 
 pytestmark = pytest.mark.timeout(900)
@@ -84,3 +86,36 @@ def test_a_hugging_face_trainer_reports_its_steps_logs_and_total(local_job, tmp_
     (t,) = rows.values()
     assert t["step"] == 20 and t["total_steps"] == 20 and t["loss"] > 0
     assert series["trainer-0"]["loss"]["x"][-1] == 20 and scalars["trainer-0"]["train/loss"][-1][0] == 20
+
+
+def test_an_accelerate_loop_reports_its_steps_loss_and_what_it_logs_and_computes_the_same(tmp_path):
+    installed("accelerate")
+    loop = ["tests/programs/accelerate_loop.py", "30"]
+    off = launched(tmp_path / "off", loop, tmp_path / "off.jsonl", FABTRAIN_INSTRUMENT="0")
+    on = launched(tmp_path / "on", loop, tmp_path / "on.jsonl")
+    assert on.returncode == off.returncode == 0, on.stderr + off.stderr
+    assert on.stdout == off.stdout and on.stdout.startswith("weights")  # its weights, bit for bit
+    recs = read_records(tmp_path / "on.jsonl")
+    assert recs and all(r["framework"] == "accelerate" and r["source"] == "auto" for r in recs), recs[:2]
+    last = recs[-1]
+    assert last["step"] == 30 and last["lr"] == 0.05 and last["samples_per_s"] > 0, last
+    # what it logs, under its own names; the loss is the last step's (the tensor backward() ran on)
+    assert last["loss"] == pytest.approx(last["train_loss"], rel=1e-6) and last["abs_weight"] > 0, last
+    assert all(k in last for k in ("data_time", "compute_time", "comm_time", "backward_time")), last
+
+
+def test_a_paddle_loop_reports_its_steps_loss_and_lr_and_computes_the_same(tmp_path):
+    installed("paddle")
+    # paddle_dp.py alone is a world of one (init_parallel_env does nothing without a cluster's environment)
+    run = ["tests/programs/paddle_dp.py", str(tmp_path)]
+    off = launched(tmp_path / "off", run, tmp_path / "off.jsonl", FABTRAIN_INSTRUMENT="0")
+    weights_off = (tmp_path / "paddle-rank-0.json").read_text()
+    on = launched(tmp_path / "on", run, tmp_path / "on.jsonl")
+    assert on.returncode == off.returncode == 0, on.stderr[-2000:] + off.stderr[-2000:]
+    assert on.stdout == off.stdout and (tmp_path / "paddle-rank-0.json").read_text() == weights_off
+    recs = read_records(tmp_path / "on.jsonl")
+    assert recs and all(r["framework"] == "paddle" and r["source"] == "auto" for r in recs), recs[:2]
+    last = recs[-1]
+    printed = float(on.stdout.strip().splitlines()[-1].rsplit(" ", 1)[1])  # "paddle rank 0/1 step 9 loss 0.1331"
+    assert last["step"] == 10 and last["lr"] == 0.1 and round(last["loss"], 4) == printed, (last, printed)
+    assert last["backward_time"] > 0 and last["optimizer_time"] > 0, last

@@ -1,11 +1,17 @@
-"""Processes started as node ops start them (spawn, the real launcher), without a cluster around them."""
+"""Processes started as node ops start them (spawn, the real launcher), without a cluster around them; and a
+program run through the launcher and its progress hook (`launched`): what the hook writes, and what the program
+prints, with the hook and without it."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 from fabtrain.contract.launcher import SCRIPT, launch_command
-from fabtrain.node import atomic, launch
+from fabtrain.node import atomic, launch, progress
+from tests.support import REPO
 
 
 def make_job_dir(jd: str) -> str:
@@ -26,3 +32,23 @@ def process_spec(jd: str, name: str, argv: list[str], env: dict | None = None) -
 def plain_env() -> dict:
     """This process's environment without fabtrain's variables: what node ops hand to spawn."""
     return {k: v for k, v in os.environ.items() if not k.startswith("FABTRAIN_")}
+
+
+def read_records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def launched(tmp_path: Path, argv: list[str], metrics, **env) -> subprocess.CompletedProcess:
+    """argv through the real launcher, in a job directory laid out as node ops lays it out."""
+    jd = tmp_path / "job"
+    hook = Path(launch.hook_dir(str(jd)))
+    hook.mkdir(parents=True, exist_ok=True)
+    (jd / "run").mkdir(exist_ok=True)
+    for name, text in progress.sources().items():
+        (hook / name).write_text(text)
+    (jd / SCRIPT).write_text(launch.source())
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FABTRAIN_", "RANK", "LOCAL_RANK", "PYTHON"))}
+    clean.update(FABTRAIN_METRICS=str(metrics), FABTRAIN_RANK="0", **env)
+    return subprocess.run([sys.executable, "-I", "-S", str(jd / SCRIPT), "--exit", str(jd / "run" / "t.exit"),
+                           "--", sys.executable, *argv], cwd=REPO, env=clean, capture_output=True, text=True,
+                          timeout=280)

@@ -27,6 +27,7 @@ const state = {
   nodes: {},             // node -> metric -> {x: [], y: [], last}
   chartsDirty: true,
   log: null,             // {node, process, offset}
+  logPicked: false,      // someone chose the log to show (else the first trainer's is followed)
   lastOk: null,
   job: null,
   inFlight: false,
@@ -446,9 +447,16 @@ function updateLogOptions(options) {
   select.replaceChildren(el("option", {value: ""}, "choose a process…"),
     ...want.map(v => el("option", {value: v}, v.replace("/", " · "))));
   select.value = want.includes(current) ? current : "";
+  // Until someone picks (or clears) a process, the panel follows the first trainer's log: a program that
+  // writes no metrics shows its progress there, as the head of `fab logs` would.
+  if (!state.log && !state.logPicked) {
+    const first = options.find(([, p]) => p.startsWith("trainer")) || options[0];
+    if (first) selectLog(first[0], first[1], false);
+  }
 }
 
-function selectLog(node, process) {
+function selectLog(node, process, picked = true) {
+  state.logPicked = state.logPicked || picked;
   state.log = {node, process, offset: null};
   document.getElementById("log-select").value = `${node}/${process}`;
   document.getElementById("log").textContent = "loading…";
@@ -563,6 +571,7 @@ function noToken(why) {
 document.getElementById("kill").addEventListener("click", kill);
 document.getElementById("log-select").addEventListener("change", e => {
   const v = e.target.value;
+  state.logPicked = true;
   if (!v) { state.log = null; return; }
   const [node, process] = v.split("/");
   selectLog(node, process);
