@@ -27,7 +27,7 @@ last step on file within ``INTERVAL``)::
 ``data_time`` is time in a DataLoader's ``__next__``; ``comm_time`` time in
 ``torch.distributed``'s collectives called from Python, and the time a
 ``backward()`` waits at its end, once its computation is done, for DDP's or
-FSDP's gradient collectives (their reducer runs in C++: `_mark_compute_end`
+FSDP's gradient collectives (their reducer runs in C++: progress_frameworks' `_mark_compute_end`
 says when the computation ended); ``compute_time`` is the rest. In
 synchronous training that wait is the time a rank waits for the slowest one:
 what names a straggler (fabtrain/node/coordination/stragglers.py).
@@ -435,108 +435,6 @@ def _wraps(orig, wrapper):
     return functools.wraps(orig)(wrapper)
 
 
-@_guarded("instrumenting torch")
-def _instrument_torch(torch):
-    r = REPORTER
-    perf = r.perf
-    from torch.optim import optimizer as optim_mod
-
-    def pre(optimizer, args, kwargs):
-        r.opt_t0 = perf()
-
-    def post(optimizer, args, kwargs):
-        t0 = getattr(r, "opt_t0", None)
-        if t0 is not None:
-            r.add(OPTIMIZER, perf() - t0, t0)
-            r.opt_t0 = None
-        r.step(optimizer, report=r.framework not in DRIVERS)
-
-    optim_mod.register_optimizer_step_pre_hook(pre)
-    optim_mod.register_optimizer_step_post_hook(post)
-
-    from torch.utils.data import dataloader
-    base = dataloader._BaseDataLoaderIter
-    orig_next = base.__next__
-
-    def __next__(self):
-        t0 = perf()
-        batch = orig_next(self)
-        r.batch(perf() - t0, t0, batch)
-        return batch
-    base.__next__ = _wraps(orig_next, __next__)
-
-    orig_backward = torch.Tensor.backward
-    engine = _autograd_engine(torch)
-
-    def backward(self, *args, **kwargs):
-        t0 = perf()
-        compute_end, handle = [], None
-        if engine is not None and getattr(self, "grad_fn", None) is not None:
-            handle = _mark_compute_end(engine, self.grad_fn, compute_end, perf)
-        try:
-            out = orig_backward(self, *args, **kwargs)
-        finally:
-            if handle is not None:
-                handle.remove()
-        end = perf()
-        r.backward(self, end - t0, t0, end - compute_end[0] if compute_end else 0.0)
-        return out
-    torch.Tensor.backward = _wraps(orig_backward, backward)
-
-    dist = getattr(torch, "distributed", None)
-    if dist is not None and getattr(dist, "is_available", lambda: False)():
-        for name in COLLECTIVES:
-            orig = getattr(dist, name, None)
-            if callable(orig):
-                setattr(dist, name, _wraps(orig, _timed(orig, COMM)))
-        try:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-            DDP.forward = _wraps(DDP.forward, _timed(DDP.forward, FORWARD))
-        except ImportError:
-            pass
-
-
-def _autograd_engine(torch):
-    """The autograd engine, where it takes end-of-backward callbacks (as DDP and FSDP queue theirs); else None."""
-    try:
-        engine = torch.autograd.Variable._execution_engine
-    except AttributeError:
-        return None
-    return engine if callable(getattr(engine, "queue_callback", None)) else None
-
-
-def _mark_compute_end(engine, grad_fn, into, perf):
-    """When a backward's computation ends, before what runs after it: DDP's and FSDP's end-of-backward
-    callbacks wait there for their gradient collectives (the time a rank waits for the slowest one). The
-    root's pre-hook runs first in the backward and queues our callback then, ahead of theirs (queued once
-    their last gradient is ready): it notes the time into `into`. Nothing of the gradients is touched."""
-    def note():
-        into.append(perf())
-
-    def pre_hook(grad_outputs):
-        try:
-            engine.queue_callback(note)
-        except Exception:  # no callback this time: the whole backward counts as compute
-            pass
-        return None
-    try:
-        return grad_fn.register_prehook(pre_hook)
-    except Exception:  # a node that takes no hook: as above
-        return None
-
-
-def _timed(orig, part):
-    r = REPORTER
-    perf = r.perf
-
-    def call(*args, **kwargs):
-        t0 = perf()
-        out = orig(*args, **kwargs)
-        r.add(part, perf() - t0, t0)
-        return out
-    return call
-
-
 def _frameworks():
     """progress_frameworks.py: beside this file in a program (node ops writes both), else the package's."""
     if __name__ != HOOK_NAME:
@@ -559,7 +457,7 @@ def _framework(kind):
     return instrument
 
 
-INSTRUMENT = {"torch": _instrument_torch, **{kind: _framework(kind) for kind in FRAMEWORKS[1:]}}
+INSTRUMENT = {kind: _framework(kind) for kind in FRAMEWORKS}
 
 
 class _Finder:

@@ -1,4 +1,4 @@
-"""What Lightning, Hugging Face's Trainer, accelerate and paddle add to the progress records.
+"""What torch, Lightning, Hugging Face's Trainer, accelerate and paddle add to the progress records.
 
 Loaded by the hook (progress.py) only once the program imports one of them;
 each function here gets the hook module (`core`) and the framework's module,
@@ -7,6 +7,108 @@ step, what it logs, its total steps) goes into the rank's records. A failure
 here is the hook's: said once in the rank's log, and the program goes on.
 Standard library only (the framework's classes come from the module given).
 """
+
+
+def torch(core, torch):
+    """torch's optimizer steps (global hooks: every optimizer), DataLoader batches, backward(), DDP's forward and
+    the collectives called through torch.distributed, timed."""
+    r = core.REPORTER
+    perf = r.perf
+    from torch.optim import optimizer as optim_mod
+
+    def pre(optimizer, args, kwargs):
+        r.opt_t0 = perf()
+
+    def post(optimizer, args, kwargs):
+        t0 = getattr(r, "opt_t0", None)
+        if t0 is not None:
+            r.add(core.OPTIMIZER, perf() - t0, t0)
+            r.opt_t0 = None
+        r.step(optimizer, report=r.framework not in core.DRIVERS)
+
+    optim_mod.register_optimizer_step_pre_hook(pre)
+    optim_mod.register_optimizer_step_post_hook(post)
+
+    from torch.utils.data import dataloader
+    base = dataloader._BaseDataLoaderIter
+    orig_next = base.__next__
+
+    def __next__(self):
+        t0 = perf()
+        batch = orig_next(self)
+        r.batch(perf() - t0, t0, batch)
+        return batch
+    base.__next__ = core._wraps(orig_next, __next__)
+
+    orig_backward = torch.Tensor.backward
+    engine = _autograd_engine(torch)
+
+    def backward(self, *args, **kwargs):
+        t0 = perf()
+        compute_end, handle = [], None
+        if engine is not None and getattr(self, "grad_fn", None) is not None:
+            handle = _mark_compute_end(engine, self.grad_fn, compute_end, perf)
+        try:
+            out = orig_backward(self, *args, **kwargs)
+        finally:
+            if handle is not None:
+                handle.remove()
+        end = perf()
+        r.backward(self, end - t0, t0, end - compute_end[0] if compute_end else 0.0)
+        return out
+    torch.Tensor.backward = core._wraps(orig_backward, backward)
+
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and getattr(dist, "is_available", lambda: False)():
+        for name in core.COLLECTIVES:
+            orig = getattr(dist, name, None)
+            if callable(orig):
+                setattr(dist, name, core._wraps(orig, _timed(r, orig, core.COMM)))
+        try:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            DDP.forward = core._wraps(DDP.forward, _timed(r, DDP.forward, core.FORWARD))
+        except ImportError:
+            pass
+
+
+def _autograd_engine(torch):
+    """The autograd engine, where it takes end-of-backward callbacks (as DDP and FSDP queue theirs); else None."""
+    try:
+        engine = torch.autograd.Variable._execution_engine
+    except AttributeError:
+        return None
+    return engine if callable(getattr(engine, "queue_callback", None)) else None
+
+
+def _mark_compute_end(engine, grad_fn, into, perf):
+    """When a backward's computation ends, before what runs after it: DDP's and FSDP's end-of-backward
+    callbacks wait there for their gradient collectives (the time a rank waits for the slowest one). The
+    root's pre-hook runs first in the backward and queues our callback then, ahead of theirs (queued once
+    their last gradient is ready): it notes the time into `into`. Nothing of the gradients is touched."""
+    def note():
+        into.append(perf())
+
+    def pre_hook(grad_outputs):
+        try:
+            engine.queue_callback(note)
+        except Exception:  # no callback this time: the whole backward counts as compute
+            pass
+        return None
+    try:
+        return grad_fn.register_prehook(pre_hook)
+    except Exception:  # a node that takes no hook: as above
+        return None
+
+
+def _timed(r, orig, part):
+    perf = r.perf
+
+    def call(*args, **kwargs):
+        t0 = perf()
+        out = orig(*args, **kwargs)
+        r.add(part, perf() - t0, t0)
+        return out
+    return call
 
 
 def _safe(r):
