@@ -78,6 +78,26 @@ DISRUPTED = "disrupted"
 LOST, ENDED = "lost", "ended"
 
 
+class FailureKind(str, Enum):
+    """What kind of failure an agent reports to the coordinator (its beat's `failure.kind`): whether the job
+    may restart after it, or go on without the node (min_nodes)."""
+    EXIT = "exit"  # a program exited non-zero, or was killed by a signal nobody of fabtrain's sent
+    HANG = "hang"  # the hang rule (docs/watchdog.md)
+    LOST = LOST  # the node's platform took it (an eviction, a preemption of one node): its part comes back
+    ENDED = ENDED  # the platform ended the whole job (the `disrupted` marker): failed with that cause
+    START = "start"  # the node could not start its part (a restart's generation, or the first start)
+    LEFT = "left"  # the coordinator's own: a node left the job (lost, or could not start) under min_nodes
+    KILL_ALL = "kill-all"  # the user's stop (fab kill-all, the dashboard's Kill): never restarted
+    OTHER = "other"  # anything else (an agent stopped while its processes ran): never restarted
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# After these the coordinator restarts the job under on_failure: restart (LEFT too, under min_nodes).
+RESTARTABLE = (FailureKind.EXIT, FailureKind.HANG, FailureKind.LOST)
+
+
 def read_disruption(jd):
     """(kind, cause) of a job folder's `disrupted` marker, (None, None) if none."""
     try:

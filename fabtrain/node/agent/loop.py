@@ -20,7 +20,7 @@ from fabtrain.node.atomic import read_json
 from fabtrain.node.coordination.restart import RestartPolicy
 from fabtrain.node.kill import send
 from fabtrain.contract.events import PROCESS_ENDS, RESTARTS, STACK_DUMPS, EventKind
-from fabtrain.contract.states import FINAL, JobState, read_disruption, read_killer, signal_name
+from fabtrain.contract.states import FINAL, FailureKind, JobState, read_disruption, read_killer, signal_name
 from fabtrain.contract.jobfolder import JobFolder
 
 from . import policy, snapshot, stacks
@@ -337,7 +337,7 @@ class Agent:
                           generation=generation)
         if new.errors:
             actions, self.ledger = policy.fail(self.ledger, self.cfg, "restart %d on %s: %s" % (
-                generation, self.node, "; ".join(new.errors)), "start")
+                generation, self.node, "; ".join(new.errors)), FailureKind.START)
             self.execute(actions, time.time())
         self.beat(urgent=True)
 
@@ -450,7 +450,7 @@ def stopped_failure(jd, node, why, live):
     kind, cause = read_disruption(jd)
     if cause:
         return "node %s %s" % (node, cause), kind
-    return "the agent on %s was stopped (%s) while %s still ran" % (node, why, ", ".join(live)), "other"
+    return "the agent on %s was stopped (%s) while %s still ran" % (node, why, ", ".join(live)), FailureKind.OTHER
 
 
 # -- observe: what the policy is given -------------------------------------------------------------

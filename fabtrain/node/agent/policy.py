@@ -16,7 +16,7 @@ from fabtrain.node.agent.hangrule import first_to_stall, hang_reason, progress_a
 from fabtrain.node.coordination import fence
 from fabtrain.node.coordination.connections import hung_timeout
 from fabtrain.contract.events import EventKind
-from fabtrain.contract.states import FINAL, LOST, JobState, describe_end, signal_name, signal_of, stopped_by
+from fabtrain.contract.states import FINAL, RESTARTABLE, FailureKind, JobState, describe_end, signal_name, signal_of, stopped_by
 
 EXIT_ONLY_ROLES = ("mpirun",)  # watched for its exit only: it is silent by design; its ranks are watched for hangs
 HUNG = " hung: "  # in a hang's failure reason, which the coordinator passes on to every node
@@ -107,7 +107,7 @@ class Ledger:
     # deadline in the past must not stay the agent's next deadline: every agent would step at once,
     # again and again, for the rest of the job.
     startup_checked: bool = False
-    failure_kind: str | None = None  # exit, hang, kill-all, other: whether the coordinator may restart the job
+    failure_kind: FailureKind | None = None  # whether the coordinator may restart the job
     failure_code: int | None = None
     generation: int = 0  # the job's generation this agent works on (the one it runs, or is about to start)
     restart_at: float | None = None  # restarting: when the backoff ends (epoch)
@@ -137,7 +137,7 @@ def decide(obs: Observation, ledger: Ledger, cfg: Config) -> tuple[list, Ledger]
     return d.actions, d.ledger
 
 
-def fail(ledger: Ledger, cfg: Config, reason: str, kind: str = "other", exit_code: int | None = None
+def fail(ledger: Ledger, cfg: Config, reason: str, kind: FailureKind = FailureKind.OTHER, exit_code: int | None = None
          ) -> tuple[list, Ledger]:
     """Something on this node failed the job (first failure wins).
 
@@ -146,11 +146,11 @@ def fail(ledger: Ledger, cfg: Config, reason: str, kind: str = "other", exit_cod
     cannot start (kind start) fails it then.
     """
     status = ledger.status.status
-    if status in FINAL or (status == JobState.RESTARTING and kind not in ("kill-all", "start")):
+    if status in FINAL or (status == JobState.RESTARTING and kind not in (FailureKind.KILL_ALL, FailureKind.START)):
         return [], ledger
     # Under on_failure restart an exit or a hang is a `failure` until the coordinator says what
     # follows (`restarting`, or `job_failed` from on_status): `fab status` must not call it the end.
-    pending = cfg.on_failure == "restart" and kind in ("exit", "hang", LOST)
+    pending = cfg.on_failure == "restart" and kind in RESTARTABLE
     note = Note(EventKind.FAILURE if pending else EventKind.JOB_FAILED, reason,
                 fields={"origin": cfg.node, "on_failure": cfg.on_failure, "generation": ledger.generation})
     return [note], replace(ledger, failure=reason, failure_kind=kind, failure_code=exit_code, pending=pending,
@@ -276,7 +276,7 @@ class _Decision:
         self.actions.append(Note(kind, reason, p.name if p else None,
                                  {k: v for k, v in fields.items() if v is not None}))
 
-    def fail(self, reason: str, kind: str = "other", exit_code: int | None = None) -> None:
+    def fail(self, reason: str, kind: FailureKind = FailureKind.OTHER, exit_code: int | None = None) -> None:
         actions, self.ledger = fail(self.ledger, self.cfg, reason, kind, exit_code)
         self.actions += actions
 
@@ -300,14 +300,14 @@ class _Decision:
             elif self.obs.killed_by:
                 why = stopped_by(self.obs.killed_by)
                 self.note(EventKind.EXITED, "%s: %s" % (how, why), p, exit_code=p.exit_code, signal=sig, pid=p.pid)
-                self.fail("%s on %s: %s" % (p.name, self.cfg.node, why), "kill-all")
+                self.fail("%s on %s: %s" % (p.name, self.cfg.node, why), FailureKind.KILL_ALL)
             elif self.obs.disrupted[1]:  # not the program's failure: the node's (a lost node, or the job's end)
                 self.note(EventKind.EXITED, "%s: %s" % (how, self.obs.disrupted[1]), p, exit_code=p.exit_code, signal=sig, pid=p.pid)
                 self.fail("node %s %s" % (self.cfg.node, self.obs.disrupted[1]), self.obs.disrupted[0])
             else:
                 self.note(EventKind.EXITED, how, p, exit_code=p.exit_code, signal=sig, pid=p.pid)
                 if p.exit_code != 0:
-                    self.fail("%s on %s %s" % (p.name, self.cfg.node, how), "exit", p.exit_code)
+                    self.fail("%s on %s %s" % (p.name, self.cfg.node, how), FailureKind.EXIT, p.exit_code)
 
     # -- hangs -------------------------------------------------------------------------------
 
@@ -334,7 +334,7 @@ class _Decision:
             else:
                 self.note(EventKind.HANG, reason, p, signal="SIGTERM", pid=p.pid, first=first.name)
                 self.actions.append(Stop(p.name, "hang: " + reason))
-            self.fail("%s on %s%s%s" % (p.name, cfg.node, HUNG, reason), "hang")
+            self.fail("%s on %s%s%s" % (p.name, cfg.node, HUNG, reason), FailureKind.HANG)
 
     def dump_stacks(self) -> None:
         """Once a generation, before anything of it is stopped for a hang: every live process's stacks."""
@@ -477,12 +477,12 @@ class _Decision:
             return
         if obs.killed_by:
             self.fail("%s during the restart to generation %d: the job is not restarted"
-                      % (stopped_by(obs.killed_by), ledger.generation), "kill-all")
+                      % (stopped_by(obs.killed_by), ledger.generation), FailureKind.KILL_ALL)
             return
         if coordinator_lost(obs.peers, cfg):
             age = obs.peers.lease_age if obs.peers.lease_age is not None else obs.peers.silent_for
             self.fail("cannot restart: coordinator %s (agent of %s) unreachable for %.0f s"
-                      % (cfg.coordinator, cfg.coordinator_node, age), "start")
+                      % (cfg.coordinator, cfg.coordinator_node, age), FailureKind.START)
             return
         left = any(p.live or p.leftovers for p in obs.procs) or ledger.orphans
         if left or obs.now < ledger.restart_at:

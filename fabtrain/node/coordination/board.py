@@ -34,7 +34,7 @@ from fabtrain.node.structs import as_dict, factory, record
 from typing import NamedTuple
 
 from fabtrain.contract.events import EventKind
-from fabtrain.contract.states import FINAL, LIVE, LOST, JobState, ProcessState
+from fabtrain.contract.states import FINAL, LIVE, FailureKind, JobState, ProcessState
 
 from .connections import hung_timeout
 from .fence import Departures
@@ -182,9 +182,10 @@ class Board:
         if failure.get("generation", 0) != generation or node in self.out:
             return False  # of an older generation, already acted on (or of one this board never started)
         reason = _text(failure.get("reason"), "failed") or "failed"
-        if failure.get("kind") in ("start", LOST) and self.restart.layout is not None:  # min_nodes: on without it
+        if failure.get("kind") in (FailureKind.START, FailureKind.LOST) and self.restart.layout is not None:
+            # min_nodes: the job goes on without it
             return self._leave(node, reason, now, wall, events)
-        if failure.get("kind") == LOST and node in self.peers:  # its platform took it: silent now, not lost
+        if failure.get("kind") == FailureKind.LOST and node in self.peers:  # its platform took it: silent now, not lost
             self.peers[node].done = True
         return self._decide(failure, reason, node, now, wall)
 
@@ -237,7 +238,7 @@ class Board:
             changed = self._set_status(JobState.RESTARTING, st["reason"], st["node"], wall, st["generation"],
                                        round(self.restart_start - now, 3))
         else:
-            changed = self._decide({"kind": "left"}, left, node, now, wall, not_before)
+            changed = self._decide({"kind": FailureKind.LEFT}, left, node, now, wall, not_before)
         if self.status["status"] == JobState.RESTARTING:
             events.append(_node_left(node, left, self.status["generation"], layout, out))
         return changed

@@ -12,7 +12,7 @@ node that left (kind ``left``) restarts the job too, on the nodes that are left.
 """
 from __future__ import annotations
 
-from fabtrain.contract.states import LOST
+from fabtrain.contract.states import RESTARTABLE, FailureKind
 from fabtrain.node.structs import record
 
 from . import fence
@@ -20,8 +20,6 @@ from .elastic import Layout
 
 BACKOFF_CAP = 300.0  # the doubling stops here (or at restart_backoff, if that is larger)
 START_WINDOW = 15.0  # after backoff + teardown, how long every node has to report its part started
-# A lost node (kind `lost`: its platform took it, an eviction) restarts too: the platform brings its part back.
-RESTARTABLE = ("exit", "hang", LOST)
 
 
 @record
@@ -79,9 +77,9 @@ class RestartPolicy:
         if not self.enabled:
             return Decision(False, generation)
         kind, code = failure.get("kind"), failure.get("exit_code")
-        if kind not in RESTARTABLE and not (kind == "left" and self.layout is not None):
+        if kind not in RESTARTABLE and not (kind == FailureKind.LEFT and self.layout is not None):
             return Decision(False, generation, why_not="not a restartable failure (only an exit, a hang or a lost node is)")
-        if kind == "exit" and self.exit_codes is not None and code not in self.exit_codes:
+        if kind == FailureKind.EXIT and self.exit_codes is not None and code not in self.exit_codes:
             return Decision(False, generation, why_not="exit code %s is not in restart_on_exit_codes %s"
                             % (code, list(self.exit_codes)))
         if generation >= self.max_restarts:
