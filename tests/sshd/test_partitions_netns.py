@@ -1,5 +1,6 @@
 """Partitions as the world makes them: three sshd nodes, each in its own network namespace on a bridge
-(tests/support/netns.py), one of them cut off by dropped packets or a link set down, then healed.
+(tests/support/netns.py), one of them cut off by dropped packets (both ways, one way, 30 % at random) or a link
+set down, then healed.
 
 What must hold (docs/partitions.md): a cut-off node stops every process of the job by itself within
 its stop bound (fence.py), measured from its lease; under min_nodes the survivors' next generation
@@ -10,7 +11,9 @@ of every namespace holds nothing of the job, and the next job starts. The times 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import time
 
 import pytest
@@ -88,10 +91,13 @@ def test_a_cut_off_node_under_min_nodes_stops_before_the_smaller_generation_star
         job.end()
 
 
-def test_a_cut_off_node_in_a_plain_job_fails_it_naming_the_node_and_stops_by_itself(fab, root, net):
+@pytest.mark.parametrize("how", ["link", "drop-out"])
+def test_a_cut_off_node_in_a_plain_job_fails_it_naming_the_node_and_stops_by_itself(fab, root, net, how):
     job = PartitionJob(fab, root, net)
     try:
-        cut = net.cut("node3", "link")  # its switch port dead: the node runs on, unreachable
+        # link: its switch port dead, the node runs on, unreachable. drop-out: one way, what it sends is lost (it
+        # still hears the others, but no TCP connection of its own gets an answer through).
+        cut = net.cut("node3", how)
         assert wait_for(lambda: job.events("node1", "job_failed"), timeout=PEER_TIMEOUT + 5), job.describe()
         failed = job.events("node1", "job_failed")[0]
         assert "node node3 lost" in failed["reason"], failed
@@ -207,14 +213,26 @@ def test_copy_data_over_a_capped_link_cut_mid_file_ends_naming_the_node_and_resu
     assert re.search(r"^node3: .*verified", again.stdout, re.M), again.stdout
 
 
-def test_thirty_percent_loss_on_a_node_is_no_failure_while_beats_get_through(fab, root, net):
-    job = PartitionJob(fab, root, net)
+def test_thirty_percent_loss_on_a_node_is_no_failure_while_beats_get_through_and_a_hang_is_still_a_hang(fab, root, net):
+    hang_timeout = 6
+    job = PartitionJob(fab, root, net, hang_timeout=hang_timeout)
     try:
         net.cut("node3", "loss", 30)  # 30 % of what node3 sends and of what it receives, dropped at random
         time.sleep(15)
         assert not any(job.events(n, "job_failed") or job.events(n, "peer_lost") for n in NODES), job.describe()
-        net.heal("node3")
         assert all(job.run_record(n, f"trainer-{i}").get("program_pid") in job.job_pids(n)
                    for i, n in enumerate(NODES)), job.describe()
+        # Still lossy: node3's trainer stops stepping (SIGSTOP), and that is a hang, named, not a lost node.
+        pid = job.run_record("node3", "trainer-2")["program_pid"]
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.time()
+        assert wait_for(lambda: job.events("node3", "hang"), timeout=hang_timeout + 10), job.describe()
+        assert job.events("node3", "hang")[0]["ts"] - stopped < hang_timeout + 4, job.describe()
+        failed = wait_for(lambda: job.events("node1", "job_failed"), timeout=2 * PEER_TIMEOUT)
+        assert failed, job.describe()
+        assert "trainer-2 on node3 hung" in failed[0]["reason"] and "lost" not in failed[0]["reason"], failed
+        assert not any(job.events(n, "peer_lost") for n in NODES), job.describe()
+        net.heal("node3")
+        assert wait_for(lambda: not any(job.job_pids(n) for n in NODES), timeout=GRACE + 15), job.describe()
     finally:
         job.end()
