@@ -35,7 +35,9 @@ HEALTH_AGENT = {"pid": INTEGER, "rss": NUMBER, "cpu_percent": NUMBER, "started":
 # One process in node ops' `status` and `collect` replies (fabtrain/node/ops.py process_record).
 STATUS_PROCESS = {"name": NAME, "state": STATE, "pid": INTEGER, "program_pid": INTEGER, "launcher_pid": INTEGER,
                   "exit_code": INTEGER, "signal": SIGNAL, "started_at": NUMBER, "uptime": NUMBER,
-                  "zombies": INTEGER, "last_line": TEXT}
+                  "zombies": INTEGER, "last_line": TEXT,
+                  "left_behind": INTEGER,  # its processes still alive under its launcher after its exit
+                  "reason": REASON}  # why it ended where no exit code says (its launcher died)
 
 # events.jsonl's named fields (fabtrain.contract.events): an event may carry others, kept where they
 # are plain values. "pids" is a list of integers; "stacks" {process: {"frame"} | {"why"}}.

@@ -243,6 +243,8 @@ def _process_rows(obs: NodeObservation, verdict: Verdict, now: float) -> list[li
         state = view.label if view else p["state"]
         if p.get("zombies"):
             state += f" +{p['zombies']} zombie"
+        if p.get("left_behind"):
+            state += f" +{p['left_behind']} left behind"
         uptime = f"{p['uptime']:.0f}s" if p.get("uptime") else ""
         a = seen.get(p["name"], {})
         agent_state = a.get("state", "")
@@ -284,6 +286,9 @@ def _node_notes(obs: NodeObservation, value: dict, now: float) -> tuple[list[str
         sum(p.get("zombies") or 0 for p in obs.processes)
     if zombies:
         notes.append(f"{obs.name}: {zombies} ZOMBIE process(es): defunct children not reaped by their parent")
+    for p in obs.processes:
+        if p.get("reason"):  # an end no exit code says (node ops: its launcher died without one)
+            notes.append(f"{obs.name}: {p['name']}: {visible(p['reason'])}")
     for o in h.get("orphans") or []:
         notes.append(f"{obs.name}: ORPHAN pid {o.get('pid')} ({o.get('name')}): {o.get('reason')}; being killed")
     for lost in (h.get("coordinator") or {}).get("lost") or []:

@@ -236,3 +236,47 @@ def test_thirty_percent_loss_on_a_node_is_no_failure_while_beats_get_through_and
         assert wait_for(lambda: not any(job.job_pids(n) for n in NODES), timeout=GRACE + 15), job.describe()
     finally:
         job.end()
+
+
+def test_deploy_over_a_capped_link_cut_mid_file_ends_naming_the_node_and_the_next_deploy_completes(fab, tmp_path, net):
+    """The project's code to node3 over a capped (tbf) link set down mid-file: `fab deploy` ends within ssh's
+    keepalive naming node3, no half-written file is under its final name, and once healed the next deploy ships
+    it whole."""
+    import hashlib
+    import os
+    import subprocess
+
+    from tests.conftest import FAB, REPO
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("print('hello')\n")
+    blob = os.urandom(2_000_000)  # incompressible: ~16 s at 1 mbit
+    (project / "weights.bin").write_bytes(blob)
+    path = write_cluster(tmp_path / "c.yaml", net, ssh_nodes=[(n, ["trainer"]) for n in NODES],
+                         job={"mode": "collective", "code": "project", "trainer": {"command": "python train.py"},
+                              "watchdog": {"enabled": False}})
+    ws3 = tmp_path / "ws-node3"
+    net.cap("node3", "1mbit")
+    env = {**os.environ, "FABTRAIN_CLUSTER": str(path), "FABTRAIN_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.Popen([FAB, "deploy"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        def writing():  # rsync writes the file under a temp name (.weights.bin.XXXXXX) until it is whole
+            return ws3.is_dir() and any(p.name.startswith(".weights.bin.") and p.stat().st_size > 100_000
+                                        for p in ws3.rglob(".weights.bin.*"))
+        assert wait_for(writing, timeout=60), proc.poll()
+        cut = net.cut("node3", "link")
+        out, _ = proc.communicate(timeout=60)
+        took = time.time() - cut
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        net.heal("node3")
+    assert proc.returncode != 0 and "node3" in out, out
+    assert took < 40, f"deploy ended {took:.0f} s after the cut"
+    assert all(p.read_bytes() == blob for p in ws3.rglob("weights.bin")), "a half-written file under its name"
+    again = fab("deploy", cluster=path, check=True)
+    shipped = [p for p in ws3.rglob("weights.bin") if "code" in p.parts]
+    assert shipped and all(hashlib.sha256(p.read_bytes()).digest() == hashlib.sha256(blob).digest()
+                           for p in shipped), (shipped, again.stdout)
