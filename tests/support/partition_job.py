@@ -77,6 +77,15 @@ class PartitionJob:
         for n in NODES:
             out += [f"{n} {e['kind']}: {e.get('reason')}" for e in self.events(n)[-12:]]
             out.append(f"{n} pids {self.job_pids(n)}")
+            for pid in self.job_pids(n):  # what each is, and under whom
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+                    with open(f"/proc/{pid}/stat") as f:
+                        parent = f.read().rsplit(")", 1)[1].split()[1]
+                except OSError:
+                    continue
+                out.append(f"{n}   {pid} (parent {parent}): {cmd}")
         return "\n".join(out)
 
     def end(self):
