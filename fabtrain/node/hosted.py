@@ -39,6 +39,7 @@ Standard library only.
 import os
 import signal
 import sys
+import threading
 import time
 
 from fabtrain.node import launch, ops, procfs
@@ -49,6 +50,7 @@ from fabtrain.node.structs import record
 from fabtrain.node.workspace import job_dir
 
 POLL = 0.2
+STOPPING_POLL = 0.05
 AGENT_EXIT_WAIT = 10  # seconds an agent that wrote agent_exit may take to be gone
 STOPPED = 128 + signal.SIGTERM  # what a part stopped before the job ended exits with
 
@@ -146,15 +148,22 @@ def forget_earlier_part(jd, job):
 
 
 class Signals:
-    """The SIGTERM the platform sends (its stop); SIGHUP ignored, as the launcher does."""
+    """The SIGTERM the platform sends (its stop); SIGHUP ignored, as the launcher does. `wait` returns at
+    once when it comes: a stop starts within the signal's delivery, not the next poll."""
 
     def __init__(self):
         self.got = None
+        self.came = threading.Event()
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     def _on_signal(self, signum, frame):
         self.got = signum
+        self.came.set()
+
+    def wait(self, seconds):
+        if self.came.wait(seconds):
+            self.came.clear()  # taken: the next wait waits again
 
 
 def follow(host, signals, ws, jd, node, grace):
@@ -183,7 +192,8 @@ def follow(host, signals, ws, jd, node, grace):
                         os.kill(pid, signal.SIGKILL)
                     except OSError:
                         pass
-        time.sleep(POLL)
+        # Once stopping, what is left is looked at more often: the platform waits for this process to end.
+        signals.wait(POLL if stopped is None else STOPPING_POLL)
 
 
 def run(host):
