@@ -18,7 +18,11 @@ import time
 
 import pytest
 
+from fabtrain.config.cluster import load_cluster
+from fabtrain.controller.collector import Collector
+from fabtrain.dashboard import create_app
 from fabtrain.node import procfs
+from fabtrain.remote.session import Session
 from fabtrain.node.coordination import fence
 from tests.conftest import require
 from tests.support import netns
@@ -29,6 +33,9 @@ from tests.support.sshd import write_cluster
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(300)]
 
 PEER_TIMEOUT = fence.peer_timeout(INTERVAL)
+TOKEN = "t0k3n-for-partitions-0123456789abcdef"
+HOST = "127.0.0.1:8265"
+AUTH = {"Authorization": f"Bearer {TOKEN}", "Host": HOST}
 STOP_BOUND = fence.stop_bound(INTERVAL, GRACE)
 
 
@@ -140,6 +147,10 @@ def test_the_coordinators_node_cut_off_fails_the_job_everywhere_with_one_coordin
 
 def test_the_controller_cut_off_leaves_the_job_running_and_kill_all_names_the_node(fab, root, net):
     job = PartitionJob(fab, root, net)
+    session = Session(load_cluster(str(job.path)))
+    collector = Collector(session, job_id=job.job_id)
+    dashboard = create_app({"COLLECTOR": collector, "DASHBOARD_TOKEN": TOKEN, "ALLOWED_HOSTS": [HOST],
+                            "TESTING": True}).test_client()
     try:
         net.cut("node2", "controller")  # the laptop off the VPN for node2 only: the nodes still reach each other
         t0 = time.monotonic()
@@ -151,16 +162,29 @@ def test_the_controller_cut_off_leaves_the_job_running_and_kill_all_names_the_no
             said = job.fab(*args, timeout=60)
             assert time.monotonic() - t0 < 40 and "node2" in said.stdout + said.stderr, (args, said.stdout + said.stderr)
         assert not job.events("node1", "job_failed"), job.describe()  # the job goes on untouched
+        # The dashboard's collector: a poll answers within its timeout, node2 shown unreachable, the others up.
+        t0 = time.monotonic()
+        collector.poll()
+        assert time.monotonic() - t0 < 40, "the dashboard's poll waited past its timeouts"
+        nodes = {n["name"]: n for n in dashboard.get("/api/cluster", headers=AUTH).get_json()["nodes"]}
+        assert nodes["node2"]["up"] is False and nodes["node2"]["down"] in ("unreachable", "no reply"), nodes["node2"]
+        assert nodes["node1"]["up"] and nodes["node3"]["up"], nodes
+        assert {p["name"]: p["state"] for p in nodes["node1"]["processes"]}["trainer-0"] == "running", nodes
         killed = job.fab("kill-all", "--grace", "1", timeout=90)
         said = killed.stdout + killed.stderr
         assert killed.returncode != 0 and "node2" in said, said
         # node2's agent lost its coordinator (node1's agent went with kill-all): it fenced itself.
         assert wait_for(lambda: stopped_at(job, "node2", "trainer-1"), timeout=STOP_BOUND + 5), job.describe()
         net.heal("node2")
+        collector.poll()  # healed: the dashboard reaches node2 again, and sees what its agent did
+        node2 = {n["name"]: n for n in dashboard.get("/api/cluster", headers=AUTH).get_json()["nodes"]}["node2"]
+        assert node2["up"] is True and node2["job_id"] == job.job_id, node2
+        assert {p["name"]: p["state"] for p in node2["processes"]}["trainer-1"] != "running", node2
         again = job.fab("kill-all", "--grace", "1")
         assert again.returncode == 0, again.stdout + again.stderr
         assert wait_for(lambda: not any(job.job_pids(n) for n in NODES), timeout=20), job.describe()
     finally:
+        session.close()
         job.end()
 
 
