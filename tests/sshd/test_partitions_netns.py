@@ -194,9 +194,8 @@ def test_copy_data_over_a_capped_link_cut_mid_file_ends_naming_the_node_and_resu
     next copy-data resumes from the partial file and verifies every shard."""
     import hashlib
     import os
-    import subprocess
 
-    from tests.conftest import FAB, REPO
+    from tests.conftest import FAB
 
     corpus = tmp_path / "corpus.txt"
     words = [f"w{i}" for i in range(500)]
@@ -212,19 +211,8 @@ def test_copy_data_over_a_capped_link_cut_mid_file_ends_naming_the_node_and_resu
     net.cap("node3", "1mbit")
     net.cut("node3", "loss", 5)
     env = {**os.environ, "FABTRAIN_CLUSTER": str(path), "FABTRAIN_STATE_DIR": str(tmp_path / "state")}
-    proc = subprocess.Popen([FAB, "copy-data"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    try:
-        def writing():  # rsync writes a shard under a temp name (.train.txt-00002.XXXXXX) until it is whole
-            return data.is_dir() and any(p.name.startswith(".train.txt-") and p.stat().st_size > 100_000
-                                         for p in data.iterdir())
-        assert wait_for(writing, timeout=60), proc.poll()
-        cut = net.cut("node3", "link")
-        out, _ = proc.communicate(timeout=60)
-        took = time.time() - cut
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    # rsync writes a shard under a temp name (.train.txt-00002.XXXXXX) until it is whole
+    proc, out, took = cut_mid_file(net, [FAB, "copy-data"], env, data, ".train.txt-")
     assert proc.returncode != 0 and "node3" in out, out
     assert took < 40, f"copy-data ended {took:.0f} s after the cut"
     assert not (data / "train.txt-00002").exists(), "a half-written shard where a trainer reads"
@@ -268,9 +256,8 @@ def test_deploy_over_a_capped_link_cut_mid_file_ends_naming_the_node_and_the_nex
     it whole."""
     import hashlib
     import os
-    import subprocess
 
-    from tests.conftest import FAB, REPO
+    from tests.conftest import FAB
 
     project = tmp_path / "project"
     project.mkdir()
@@ -283,19 +270,9 @@ def test_deploy_over_a_capped_link_cut_mid_file_ends_naming_the_node_and_the_nex
     ws3 = tmp_path / "ws-node3"
     net.cap("node3", "1mbit")
     env = {**os.environ, "FABTRAIN_CLUSTER": str(path), "FABTRAIN_STATE_DIR": str(tmp_path / "state")}
-    proc = subprocess.Popen([FAB, "deploy"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    try:
-        def writing():  # rsync writes the file under a temp name (.weights.bin.XXXXXX) until it is whole
-            return ws3.is_dir() and any(p.name.startswith(".weights.bin.") and p.stat().st_size > 100_000
-                                        for p in ws3.rglob(".weights.bin.*"))
-        assert wait_for(writing, timeout=60), proc.poll()
-        cut = net.cut("node3", "link")
-        out, _ = proc.communicate(timeout=60)
-        took = time.time() - cut
+    try:  # rsync writes the file under a temp name (.weights.bin.XXXXXX) until it is whole
+        proc, out, took = cut_mid_file(net, [FAB, "deploy"], env, ws3, ".weights.bin.")
     finally:
-        if proc.poll() is None:
-            proc.kill()
         net.heal("node3")
     assert proc.returncode != 0 and "node3" in out, out
     assert took < 40, f"deploy ended {took:.0f} s after the cut"
@@ -304,3 +281,25 @@ def test_deploy_over_a_capped_link_cut_mid_file_ends_naming_the_node_and_the_nex
     shipped = [p for p in ws3.rglob("weights.bin") if "code" in p.parts]
     assert shipped and all(hashlib.sha256(p.read_bytes()).digest() == hashlib.sha256(blob).digest()
                            for p in shipped), (shipped, again.stdout)
+
+
+def cut_mid_file(net, argv, env, folder, temp_prefix):
+    """Run `argv` (a fab task whose rsync writes to node3), set node3's link down once a file under `folder`
+    named `temp_prefix`* (rsync's temp name) holds 100 kB: (the finished process, its output, seconds from
+    the cut to its end)."""
+    import subprocess
+
+    from tests.conftest import REPO
+
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def writing():
+            return folder.is_dir() and any(p.name.startswith(temp_prefix) and p.stat().st_size > 100_000
+                                           for p in folder.rglob(temp_prefix + "*"))
+        assert wait_for(writing, timeout=60), proc.poll()
+        cut = net.cut("node3", "link")
+        out, _ = proc.communicate(timeout=60)
+        return proc, out, time.time() - cut
+    finally:
+        if proc.poll() is None:
+            proc.kill()
