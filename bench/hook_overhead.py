@@ -1,9 +1,13 @@
 """The progress hook's cost: a small DDP job's throughput with the hook on against off, in one run.
 
     .venv/bin/python bench/hook_overhead.py [--repeats 4] [--steps 300]   # a few minutes on 2 CPU cores
+    python3 bench/hook_overhead.py --device cuda [--width 256] [--batch 16]   # on a GPU machine
 
-Each job is `torchrun --nproc-per-node 2` (gloo, one torch thread a rank) of an
-unchanged DDP training script (a DataLoader, an MLP, SGD), started as the
+Each job is `torchrun` of an unchanged DDP training script (a DataLoader, an
+MLP, SGD): on the CPU 2 ranks, gloo, one torch thread a rank; with `--device
+cuda` a rank per GPU, NCCL, the data on the GPU from the start and torch's
+sync debug mode set to "error" in the timed steps (a wait for the device in
+the hook fails the hook, and the bench says so). Each is started as the
 launcher starts a job's programs: `PYTHONPATH` led by a hook folder holding the
 launcher's sitecustomize.py and the progress hook's files as node ops writes
 them. "on" has `FABTRAIN_METRICS` set (each rank appends its records there);
@@ -11,8 +15,9 @@ them. "on" has `FABTRAIN_METRICS` set (each rank appends its records there);
 The jobs alternate on, off, on, off... so load from other work falls on both
 alike. A job's throughput is rank 0's steps a second over the steps after a
 warm-up, timed by the script itself (its wall clock between two steps that
-DDP keeps in step across ranks). Prints every job's figure, the medians and
-their ratio (on / off; the target is >= 0.99, docs/progress.md).
+DDP keeps in step across ranks). Every loss that rank 0's records show must
+be one rank 0 computed. Prints every job's figure, the medians and their
+ratio (on / off; the target is >= 0.99, docs/progress.md).
 """
 import os
 import sys
@@ -39,30 +44,47 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-steps, warmup = int(sys.argv[1]), int(sys.argv[2])
-dist.init_process_group("gloo")
+steps, warmup, width, layers, batch = (int(a) for a in sys.argv[1:6])
+device, sync_debug = sys.argv[6], sys.argv[7]
+cuda = device == "cuda"
+dist.init_process_group("nccl" if cuda else "gloo")
+if cuda:
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 torch.manual_seed(0)
-x = torch.randn(32 * (steps + 1), 128)
+# On a GPU the data is there from the start: the loop then has no host-device copy, and any wait
+# for the device inside it is the hook's (torch's sync debug mode raises on one, below).
+x = torch.randn(batch * dist.get_world_size() * (steps + 1), 128, device=device)
 data = TensorDataset(x, x.sum(1, keepdim=True))
-loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data, shuffle=False))
-model = DDP(torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)))
+loader = DataLoader(data, batch_size=batch, sampler=DistributedSampler(data, shuffle=False))
+hidden = [m for _ in range(layers) for m in (torch.nn.Linear(width, width), torch.nn.ReLU())]
+model = torch.nn.Sequential(torch.nn.Linear(128, width), torch.nn.ReLU(), *hidden, torch.nn.Linear(width, 1))
+model = model.to(device)
+model = DDP(model)
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 t0 = c0 = None
+losses = []
 for i, (source, target) in enumerate(loader):
     if i == warmup:
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode(sync_debug)
         t0, c0 = time.perf_counter(), time.process_time()
     loss = torch.nn.functional.mse_loss(model(source), target)
     opt.zero_grad()
     loss.backward()
     opt.step()
+    losses.append(loss.detach())
     if i + 1 == steps:
         break
+if cuda:
+    torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
 if dist.get_rank() == 0:
-    print(json.dumps({"steps_per_s": (steps - warmup) / (time.perf_counter() - t0),
-                      "cpu_per_step": (time.process_time() - c0) / (steps - warmup)}), flush=True)
+    print(json.dumps({"steps_per_s": (steps - warmup) / elapsed, "cpu_per_step": cpu / (steps - warmup),
+                      "losses": torch.stack(losses).tolist()}), flush=True)
 dist.destroy_process_group()
 '''
-
 
 def hook_folder(root: Path) -> Path:
     """The launcher's sitecustomize.py and the hook's files, as a started job has them."""
@@ -74,23 +96,32 @@ def hook_folder(root: Path) -> Path:
     return hook
 
 
-def job(root: Path, hook: Path, on: bool, steps: int, n: int) -> dict:
+def job(root: Path, hook: Path, on: bool, n: int, args: argparse.Namespace) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FABTRAIN_", "PYTHON", "RANK", "LOCAL_RANK"))}
     env.update(PYTHONPATH=str(hook), OMP_NUM_THREADS="1", FABTRAIN_METRICS=str(root / f"metrics-{n}.jsonl"),
                FABTRAIN_RANK="0")
     if not on:
         env["FABTRAIN_INSTRUMENT"] = "0"
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    out = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
-                          str(free_port()), str(root / "train.py"), str(steps), str(WARMUP)],
+    out = subprocess.run([torchrun, "--nproc-per-node", str(args.ranks), "--master-addr", "127.0.0.1",
+                          "--master-port", str(free_port()), str(root / "train.py"), str(args.steps), str(WARMUP),
+                          str(args.width), str(args.layers), str(args.batch), args.device, args.sync_debug],
                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise SystemExit(f"bench: a job exited {out.returncode}: {out.stderr[-2000:]}")
+    if "fabtrain progress:" in out.stderr:  # the hook failed (a wait for the device under sync debug mode)
+        raise SystemExit(f"bench: the hook failed in a job: {out.stderr[-2000:]}")
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     written = root / f"metrics-{n}.jsonl"
-    records = written.read_text().splitlines() if written.exists() else []
+    records = [json.loads(line) for line in written.read_text().splitlines()] if written.exists() else []
     if on and not records or not on and records:
         raise SystemExit(f"bench: the hook was {'on' if on else 'off'} yet {len(records)} records were written")
+    # Every loss a record of rank 0 shows is one that rank 0 computed (on a GPU, read a record late).
+    shown = [r["loss"] for r in records if r.get("rank") in (0, "0") and "loss" in r]
+    wrong = [v for v in shown if v not in figures["losses"]]
+    if on and (not shown or wrong):
+        raise SystemExit(f"bench: rank 0's records show {len(shown)} losses, {len(wrong)} of them none it computed")
+    figures["losses_shown"] = len(shown)
     return figures
 
 
@@ -122,7 +153,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=4, help="jobs with the hook on, and as many off")
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: NCCL, a rank per GPU, torch's sync debug mode on in the timed steps")
+    ap.add_argument("--width", type=int, default=256, help="the MLP's hidden width")
+    ap.add_argument("--layers", type=int, default=0, help="hidden width x width layers")
+    ap.add_argument("--batch", type=int, default=16, help="samples a rank a step")
+    ap.add_argument("--sync-debug", choices=("error", "warn", "default"), default="error",
+                    help="torch.cuda.set_sync_debug_mode in the timed steps (cuda only)")
     args = ap.parse_args()
+    if args.device == "cuda":
+        import torch
+        args.ranks = torch.cuda.device_count()
+        if not args.ranks:
+            raise SystemExit("bench: --device cuda, but torch sees no GPU")
+    else:
+        args.ranks = 2
     with tempfile.TemporaryDirectory(prefix="hook-bench-") as tmp:
         root = Path(tmp)
         (root / "train.py").write_text(SCRIPT)
@@ -130,13 +175,17 @@ def main() -> None:
         runs = {True: [], False: []}
         for n in range(2 * args.repeats):
             on = n % 2 == 0
-            runs[on].append(job(root, hook, on, args.steps, n))
+            runs[on].append(job(root, hook, on, n, args))
             print(f"job {n + 1}: hook {'on ' if on else 'off'} {runs[on][-1]['steps_per_s']:8.1f} steps/s, "
-                  f"rank 0 CPU {runs[on][-1]['cpu_per_step'] * 1e3:.3f} ms a step", flush=True)
+                  f"rank 0 CPU {runs[on][-1]['cpu_per_step'] * 1e3:.3f} ms a step"
+                  + (f", {runs[on][-1]['losses_shown']} losses in its records, each one it computed" if on else ""),
+                  flush=True)
     on, off = (statistics.median(r["steps_per_s"] for r in runs[k]) for k in (True, False))
     cpu_on, cpu_off = (statistics.median(r["cpu_per_step"] for r in runs[k]) for k in (True, False))
+    backend = "NCCL" if args.device == "cuda" else "gloo"
     print(f"median steps/s over {args.repeats} jobs each ({args.steps - WARMUP} steps timed a job, torchrun, "
-          f"2 ranks, gloo): hook on {on:.1f}, hook off {off:.1f}")
+          f"{args.ranks} rank{'s' if args.ranks > 1 else ''}, {backend}, width {args.width}, {args.layers} hidden layers, batch {args.batch}): "
+          f"hook on {on:.1f}, hook off {off:.1f}")
     print(f"ratio on/off: {on / off:.3f} (target >= 0.99)")
     print(f"rank 0 CPU a step, median: hook on {cpu_on * 1e3:.3f} ms, off {cpu_off * 1e3:.3f} ms: "
           f"ratio off/on {cpu_off / cpu_on:.3f}")

@@ -1,6 +1,6 @@
 """Run a benchmark and keep its raw output in bench/results/<name>.txt.
 
-    .venv/bin/python bench/record.py NAME [--runs K] -- COMMAND...
+    .venv/bin/python bench/record.py NAME [--runs K] [--copied-from COMMIT] -- COMMAND...
 
 The file starts with what the figures depend on: the commit measured (and
 whether the tree differed from it), the date, `nproc`, and for each run the
@@ -30,11 +30,15 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def header(command: list[str], runs: int) -> str:
-    # bench/results/ itself is left out: it is what this run writes.
-    dirty = git("status", "--porcelain", "--untracked-files=normal", "--", ".", ":(exclude)bench/results")
+def header(command: list[str], runs: int, copied_from: str | None) -> str:
+    if copied_from:  # a copy of a clean tree on a machine without its history (the GPU machine)
+        commit = copied_from
+    else:
+        # bench/results/ itself is left out: it is what this run writes.
+        dirty = git("status", "--porcelain", "--untracked-files=normal", "--", ".", ":(exclude)bench/results")
+        commit = f"{git('rev-parse', 'HEAD')}{' (with uncommitted changes)' if dirty else ''}"
     return "".join([
-        f"commit: {git('rev-parse', 'HEAD')}{' (with uncommitted changes)' if dirty else ''}\n",
+        f"commit: {commit}\n",
         f"date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}\n",
         f"nproc: {os.cpu_count()}\n",
         f"command: {' '.join(command)}   ({runs} run{'s' if runs > 1 else ''})\n",
@@ -43,9 +47,11 @@ def header(command: list[str], runs: int) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 usage="record.py NAME [--runs K] -- COMMAND...")
+                                 usage="record.py NAME [--runs K] [--copied-from COMMIT] -- COMMAND...")
     ap.add_argument("name")
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--copied-from", metavar="COMMIT",
+                    help="the tree is a copy, without git, of this commit's clean tree (checked where it was copied)")
     # Everything after the first -- is the command, its own flags included.
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -61,7 +67,7 @@ def main() -> int:
             out.flush()
             sys.stdout.write(text)
             sys.stdout.flush()
-        emit(header(command, args.runs))
+        emit(header(command, args.runs, args.copied_from))
         for run in range(1, args.runs + 1):
             emit(f"\n--- run {run} of {args.runs}: load average before {loadavg()}\n")
             t0 = time.time()

@@ -32,7 +32,8 @@ says when the computation ended); ``compute_time`` is the rest. In
 synchronous training that wait is the time a rank waits for the slowest one:
 what names a straggler (fabtrain/node/coordination/stragglers.py).
 The loss is read only where that costs no device synchronisation: the
-tensor ``backward()`` was called on when it is on the CPU, or what a
+tensor ``backward()`` was called on, at once on the CPU and through an
+asynchronous copy read a record later on a CUDA device, or what a
 framework logs as a number.
 
 A program's own records win: once the file holds a record of the program's
@@ -155,6 +156,7 @@ class Reporter:
         self.active = None  # perf time of the latest timed call (a batch, a forward, a collective, ...)
         self.values = {}  # loss, lr, epoch, total_steps, the framework's names: the latest known
         self.loss_tensor = None
+        self.loss_copy = None  # a CUDA loss on its way to the host: (tensor, host copy, its event)
         self.optimizer = None  # the last one stepped: its lr is read when a record is written
         self.samples_seen = False  # a batch's size was read: samples/s can be said
         # What happened since the last step's end, by PARTS index (the step it belongs to takes it when it
@@ -277,12 +279,33 @@ class Reporter:
             if _finite(lr):
                 self.values["lr"] = lr
 
-    def _read_loss(self):
-        t, self.loss_tensor = self.loss_tensor, None
-        if t is not None:
-            value = _number(t.detach()) if hasattr(t, "detach") else _number(t)
+    def _read_loss(self, program_thread=True):
+        """The loss of the last backward(): read at once on the CPU. On a CUDA device reading it at once
+        would wait for the device, so a copy to pinned host memory is started on the program's stream and
+        read at a later record, once its event says it has landed: the loss a record shows is then the one
+        of a step up to one INTERVAL earlier. `program_thread`: False on the writer thread, whose current
+        stream is not the program's (a copy there could read the tensor before it is computed)."""
+        if self.loss_copy is not None and self.loss_copy[2].query():
+            value, self.loss_copy = _number(self.loss_copy[1]), None
             if value is not None:
                 self.values["loss"] = value
+        t = self.loss_tensor
+        if t is None:
+            return
+        value = _number(t)
+        if value is not None:
+            self.values["loss"] = value
+        elif program_thread and self.loss_copy is None and getattr(t, "is_cuda", False) is True and \
+                t.numel() == 1 and t.is_floating_point():
+            cuda = sys.modules["torch"].cuda
+            stream = cuda.current_stream(t.device)
+            landed = cuda.Event()
+            # t is kept until the copy has landed, so its memory is not reused before the copy reads it.
+            self.loss_copy = (t, t.reshape(()).to("cpu", non_blocking=True), landed)
+            landed.record(stream)
+        elif not program_thread:
+            return  # left for the program's next step
+        self.loss_tensor = None
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -324,7 +347,7 @@ class Reporter:
                 now = self.perf()
                 if self.n and (not due_only or (now - self.last_write >= INTERVAL and now - self.step_end >= QUIET)):
                     if self.framework not in DRIVERS:  # (a driving framework's callbacks read theirs)
-                        self._read_loss()  # the last step's loss, not the one of the last record written
+                        self._read_loss(program_thread=False)  # the last step's, not the last record's
                     self._write(now)
                 elif due_only and self.steps and now - self.last_write >= BETWEEN_STEPS and self.active is not None \
                         and self.active > self.last_write:
