@@ -166,6 +166,7 @@ def main() -> None:
         args.ranks = torch.cuda.device_count()
         if not args.ranks:
             raise SystemExit("bench: --device cuda, but torch sees no GPU")
+        print(f"GPUs: {args.ranks} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
     else:
         args.ranks = 2
     with tempfile.TemporaryDirectory(prefix="hook-bench-") as tmp:
