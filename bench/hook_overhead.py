@@ -12,8 +12,8 @@ launcher starts a job's programs: `PYTHONPATH` led by a hook folder holding the
 launcher's sitecustomize.py and the progress hook's files as node ops writes
 them. "on" has `FABTRAIN_METRICS` set (each rank appends its records there);
 "off" the same with `FABTRAIN_INSTRUMENT=0` (job.watchdog.instrument: false).
-The jobs alternate on, off, on, off... so load from other work falls on both
-alike. A job's throughput is rank 0's steps a second over the steps after a
+The jobs go on, off, off, on, on, off, off, on... so load from other work, and
+a machine that warms up or slows down, falls on both alike. A job's throughput is rank 0's steps a second over the steps after a
 warm-up, timed by the script itself (its wall clock between two steps that
 DDP keeps in step across ranks). Every loss that rank 0's records show must
 be one rank 0 computed. Prints every job's figure, the medians and their
@@ -175,7 +175,7 @@ def main() -> None:
         hook = hook_folder(root / "job")
         runs = {True: [], False: []}
         for n in range(2 * args.repeats):
-            on = n % 2 == 0
+            on = n % 4 in (0, 3)  # on, off, off, on, ...: a drift in the machine falls on both alike
             runs[on].append(job(root, hook, on, n, args))
             print(f"job {n + 1}: hook {'on ' if on else 'off'} {runs[on][-1]['steps_per_s']:8.1f} steps/s, "
                   f"rank 0 CPU {runs[on][-1]['cpu_per_step'] * 1e3:.3f} ms a step"
