@@ -107,7 +107,9 @@ stop: venv
 # tests on one worker in their order (a module's fixture may be shared by its tests). The rest run
 # one at a time: they start sshd, Slurm and hundreds of processes, and some hold the machine at 100%
 # CPU on purpose. PYTEST_ARGS go to that second run (a file or -k there). Each run ends with its
-# slowest tests (--durations), so a run that grows says where.
+# slowest tests (--durations), so a run that grows says where. The tests run with Python's bytecode
+# caches, as a user's install has them: an image that sets PYTHONDONTWRITEBYTECODE would have every
+# one of the suite's thousands of fab, node-ops, agent and launcher processes compile its modules.
 test: venv system-deps
-	$(PY) -m pytest -q -p no:cacheprovider -n auto --dist loadfile --durations=10 tests/unit
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 --ignore=tests/unit $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider -n auto --dist loadfile --durations=10 tests/unit
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider --durations=25 --ignore=tests/unit $(PYTEST_ARGS)

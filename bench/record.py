@@ -30,6 +30,14 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+def user_env() -> dict[str, str]:
+    """The environment the command runs in: this one, as a user's machine has it. A shell that sets
+    PYTHONDONTWRITEBYTECODE (a sandbox, a CI image) makes every Python process of fab, node ops, the
+    agents and launchers compile its modules from source on each start: a cost a user, whose pip
+    install compiled them once, never pays."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def header(command: list[str], runs: int, copied_from: str | None) -> str:
     if copied_from:  # a copy of a clean tree on a machine without its history (the GPU machine)
         commit = copied_from
@@ -42,6 +50,7 @@ def header(command: list[str], runs: int, copied_from: str | None) -> str:
         f"date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}\n",
         f"nproc: {os.cpu_count()}\n",
         f"command: {' '.join(command)}   ({runs} run{'s' if runs > 1 else ''})\n",
+        "python: bytecode caches written and read, as on a user's machine (PYTHONDONTWRITEBYTECODE unset)\n",
     ])
 
 
@@ -71,7 +80,8 @@ def main() -> int:
         for run in range(1, args.runs + 1):
             emit(f"\n--- run {run} of {args.runs}: load average before {loadavg()}\n")
             t0 = time.time()
-            proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    env=user_env())
             for line in proc.stdout:
                 emit(line)
             code = proc.wait()
