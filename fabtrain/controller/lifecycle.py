@@ -344,6 +344,13 @@ def stop_incomplete_start(session: Session, result: StartResult, grace: float) -
         return
     result.why = f"the start failed: {'; '.join(result.failures())}"
     payload = {"grace": grace, "job_id": result.job_id, "reason": result.why, "by": START_FAILED}
+    # Every node's marker before any node's signal: a trainer that dies because another node's pserver was
+    # stopped is then read by its agent as stopped, not as a failure of its own. Only the nodes that answered
+    # the start are marked first (one that did not would hold the stop up for its timeout twice); the stop
+    # marks the others.
+    answered = {r.node for r in result.replies if r.ok}
+    session.map(lambda t: rpc.call(t, "kill", {**payload, "signal": False}, timeout=60),
+                [n for n in session.cluster.nodes if n.name in answered])
     result.undone = session.map(lambda t: rpc.call(t, "kill", payload, timeout=grace + 60))
 
 

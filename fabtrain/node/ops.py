@@ -383,7 +383,9 @@ def op_kill(payload):
     "by" (one of states.KILLERS) is who stops it: the first line of each job's `killed` marker. With
     "job_id", only that job's processes; with "by" a failed start (all or nothing), "reason" says why:
     the marker's next line, and a `start_failed` event says it first. Otherwise "reason" words the
-    `killed` events (default: who). "mark": false leaves the marker alone (a job the agents ended).
+    `killed` events (default: who). "mark": false leaves the marker alone (a job the agents ended);
+    "signal": false only marks (the controller marks every node before it stops any: a process that
+    dies because another node's was stopped is then read as stopped, not as a failure of its own).
     """
     ws = workspace(payload)
     grace = float(payload.get("grace", STOP_GRACE))
@@ -426,10 +428,15 @@ def op_kill(payload):
         if os.path.isdir(os.path.join(jobs_root, job_id)):
             # Before any signal: the agents read it (a user's act or a failed start: no restart, no failure).
             why = reason if by == START_FAILED else None  # otherwise `reason` only words the killed events
+            marker = os.path.join(jobs_root, job_id, "killed")
+            if why and read_marker(marker) == (by, why):
+                continue  # marked so by the stop's marking pass: its event is said once
             if why:
                 append_events(JobFolder(os.path.join(jobs_root, job_id)).events, [{
                     "ts": time.time(), "node": payload.get("node"), "kind": EventKind.START_FAILED, "reason": why}])
-            atomic.write(os.path.join(jobs_root, job_id, "killed"), by + ("\n" + why if why else ""))
+            atomic.write(marker, by + ("\n" + why if why else ""))
+    if payload.get("signal", True) is False:  # marking only: every node is marked before any node signals
+        return {"killed": [], "left": [], "late": [], "untrusted": untrusted}
     sent, left = stop_all(find, grace)
     # With their programs gone, the launchers record the exit codes and exit; a stuck one gets SIGKILL.
     deadline = time.time() + 2

@@ -296,7 +296,8 @@ def test_a_start_refused_on_one_node_stops_the_rest_of_the_job_at_once(fresh):
                 assert pid is None or gone(pid), f"{name} on {node}: pid {pid} alive: {stat(pid)}"
     for node in ("node1", "node3"):
         said = [e for e in job.events(node) if e["kind"] == "start_failed"]
-        assert said and "node2:" in said[0]["reason"] and "writable by group" in said[0]["reason"], job.describe()
+        assert len(said) == 1 and "node2:" in said[0]["reason"] and "writable by group" in said[0]["reason"], \
+            job.describe()
         assert "job_failed" not in job.kinds(node)  # the agents did not take it for a failure of their own
     stopped = {e["name"]: e for e in job.events("node1") if e["kind"] == "killed"}
     assert stopped["pserver-0"]["signal"] == "SIGKILL" and "node2:" in stopped["pserver-0"]["reason"], stopped
