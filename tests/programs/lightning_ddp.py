@@ -3,8 +3,9 @@
     torchrun --nproc-per-node=2 lightning_ddp.py MAX_STEPS
 
 A LightningModule that logs `train_loss` each step, a DataLoader, Trainer(strategy="ddp") on the
-CPU with the world torchrun gives it; no checkpoints, no logger files.
+CPU with the world torchrun gives it (its processes a node, its nodes); no checkpoints, no logger files.
 """
+import os
 import sys
 
 import pytorch_lightning as pl
@@ -31,7 +32,9 @@ if __name__ == "__main__":
     torch.manual_seed(0)
     x = torch.randn(512, 8)
     data = DataLoader(TensorDataset(x, (x ** 2).sum(1, keepdim=True)), batch_size=8)
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=int(sys.argv[1]), logger=False,
+    devices = int(os.environ.get("LOCAL_WORLD_SIZE", 2))
+    trainer = pl.Trainer(accelerator="cpu", devices=devices, num_nodes=int(os.environ.get("WORLD_SIZE", 2)) // devices,
+                         strategy="ddp", max_steps=int(sys.argv[1]), logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(Squares(), data)
     print(f"done at step {trainer.global_step}", flush=True)
