@@ -3,21 +3,13 @@ rank reports through the launcher's hook, and the dashboard's views and the Tens
 every rank."""
 import json
 import re
-import time
 
 import pytest
 
-from fabtrain.config.cluster import load_cluster
-from fabtrain.controller.collector import Collector
-from fabtrain.controller.export import export_tensorboard
-from fabtrain.dashboard import create_app
-from fabtrain.remote.session import Session
 from tests.support.sshd import write_cluster
+from tests.support.views import progress_views
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(600)]
-TOKEN = "t0k3n-for-progress-0123456789abcdef"
-HOST = "127.0.0.1:8265"
-AUTH = {"Authorization": f"Bearer {TOKEN}", "Host": HOST}
 
 
 def test_a_torchrun_ddp_script_reports_every_rank_across_ssh_nodes(fab, tmp_path, sshd):
@@ -35,23 +27,9 @@ def test_a_torchrun_ddp_script_reports_every_rank_across_ssh_nodes(fab, tmp_path
         recs = [json.loads(x) for x in lines]
         assert {r["rank"] for r in recs} == {rank} and recs[-1]["step"] == 48, recs[-1]  # 3 epochs of 16 batches
         assert all(r["source"] == "auto" and r["child"] and r["local_rank"] == 0 for r in recs)
-    session = Session(load_cluster(str(path)))
-    try:
-        collector = Collector(session, job_id=job_id)
-        collector.poll()
-        client = create_app({"COLLECTOR": collector, "DASHBOARD_TOKEN": TOKEN, "ALLOWED_HOSTS": [HOST],
-                             "TESTING": True}).test_client()
-        rows = {t["name"]: t for t in client.get("/api/job", headers=AUTH).get_json()["trainers"]}
-        assert set(rows) == {"trainer-0", "trainer-1"} and {t["step"] for t in rows.values()} == {48}
-        assert all(t["data_time"] > 0 and t["loss"] > 0 and not t["stale"] for t in rows.values()), rows
-        series = client.get("/api/metrics", headers=AUTH).get_json()["trainers"]
-        assert all(series[name]["loss"]["x"][-1] == 48 for name in rows)
-        exported = export_tensorboard(session, str(tmp_path / "tb"), job_id)
-        assert sorted(r.split(":")[0] for r in exported.runs) == [f"{job_id}/trainer-0", f"{job_id}/trainer-1"]
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-        for name in rows:
-            acc = EventAccumulator(str(tmp_path / "tb" / job_id / name))
-            acc.Reload()
-            assert acc.Scalars("train/loss")[-1].step == 48 and acc.Scalars("time/data")[-1].value > 0
-    finally:
-        session.close()
+    rows, series, scalars = progress_views(path, job_id, tmp_path)
+    assert set(rows) == {"trainer-0", "trainer-1"} and {t["step"] for t in rows.values()} == {48}
+    assert all(t["data_time"] > 0 and t["loss"] > 0 and not t["stale"] for t in rows.values()), rows
+    assert all(series[name]["loss"]["x"][-1] == 48 for name in rows)
+    for name in rows:  # each trainer's own TensorBoard run
+        assert scalars[name]["train/loss"][-1][0] == 48 and scalars[name]["time/data"][-1][1] > 0, scalars[name].keys()
