@@ -12,13 +12,17 @@ have ended (every process there but sshd's):
              ignores SIGTERM (it takes the whole grace, as one that saves a checkpoint does)
   coord      every packet of node1 (the coordinator's node) dropped, kill-job
   loss       30 % of node3's packets dropped both ways (nft numgen) for 30 s: a false failure or not
+  one_way    what node3 sends dropped (nft, its output only), then, in a second job, what it receives
+  hang_loss  30 % loss on node3 and its trainer stopped (SIGSTOP): a hang caught as one, or a lost node
+  controller the controller's packets to node2 dropped (nft in the root namespace): fab status and
+             fab kill-all against the job, which goes on; healed, a second fab kill-all
 
 The baseline each figure is held against, measured in the same run: the node's lease (its agent's
 newest answered beat, health.json's coordinator.lease); the ratio is the stop's distance from the
 lease against fence.stop_bound, the bound docs/partitions.md states. Writes
 bench/results/partitions-<commit>.txt (the header: commit, date, nproc, load).
 
-    .venv/bin/python bench/partitions.py
+    .venv/bin/python bench/partitions.py [--only SCENARIO ...]
 """
 from __future__ import annotations
 
@@ -28,7 +32,9 @@ from pathlib import Path
 # Run as a script, bench/ is sys.path[0], where bench/copy.py would shadow the stdlib's copy.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
+import argparse  # noqa: E402
 import os  # noqa: E402
+import signal  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -140,7 +146,87 @@ def lossy(fab, root, net, out, seconds=30.0) -> None:
     wait_for(lambda: not any(job.job_pids(n) for n in NODES), timeout=20)
 
 
+def one_way(fab, root, net, out) -> None:
+    """node3's outgoing packets dropped, then (a second job) its incoming ones: TCP gets no answer either way."""
+    for how, what in (("drop-out", "what node3 sends"), ("drop-in", "what node3 receives")):
+        job = PartitionJob(fab, root, net)
+        cut = net.cut("node3", how)
+        wait_for(lambda: job.events("node1", "job_failed") and stopped_at(job, "node3", "trainer-2"),
+                 timeout=BOUND + 10)
+        failed = job.events("node1", "job_failed")
+        out(f"one_way ({how}: {what} dropped): " + (f"job failed {failed[0]['ts'] - cut:.2f} s after the cut: "
+                                                  f"{failed[0]['reason'][:90]}" if failed else "job not failed"))
+        out(f"one_way ({how}): " + stop_line(job, "node3", "trainer-2", cut))
+        out(f"one_way ({how}): left running after heal: {left_after_heal(job, net)}; "
+            f"kill-all exit {job.fab('kill-all').returncode}")
+
+
+def hang_under_loss(fab, root, net, out, hang_timeout=6, lossy_for=10.0) -> None:
+    """30 % loss on node3, then its trainer stopped (SIGSTOP) under the loss: caught as a hang, or taken for a lost node."""
+    job = PartitionJob(fab, root, net, hang_timeout=hang_timeout)
+    net.cut("node3", "loss", 30)
+    time.sleep(lossy_for)
+    before = sum(len(job.events(n, "peer_lost")) + len(job.events(n, "job_failed")) for n in NODES)
+    pid = job.run_record("node3", "trainer-2")["program_pid"]
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.time()
+    wait_for(lambda: job.events("node1", "job_failed") and stopped_at(job, "node3", "trainer-2"),
+             timeout=hang_timeout + 4 * fence.peer_timeout(INTERVAL))
+    hang = job.events("node3", "hang")
+    failed = job.events("node1", "job_failed")
+    out(f"hang_loss: 30 % both ways on node3 for {lossy_for:.0f} s: {before} peer_lost or job_failed events; "
+        f"then node3's trainer stopped (SIGSTOP), the loss still on")
+    out(f"hang_loss: hang caught {hang[0]['ts'] - stopped:.2f} s after the SIGSTOP (hang_timeout {hang_timeout} s)"
+        if hang else "hang_loss: no hang event on node3")
+    out(f"hang_loss: job failed {failed[0]['ts'] - stopped:.2f} s after the SIGSTOP: {failed[0]['reason'][:90]}"
+        if failed else "hang_loss: job not failed")
+    gone = stopped_at(job, "node3", "trainer-2")
+    out(f"hang_loss: node3: trainer-2 stopped {gone - stopped:.2f} s after the SIGSTOP; peer_lost events: "
+        f"{sum(len(job.events(n, 'peer_lost')) for n in NODES)}" if gone else "hang_loss: node3's trainer not stopped")
+    out(f"hang_loss: left running after heal: {left_after_heal(job, net)}; kill-all exit {job.fab('kill-all').returncode}")
+
+
+def controller(fab, root, net, out) -> None:
+    """The controller's packets to node2 dropped (the laptop off the VPN for it; the nodes still reach each other)."""
+    job = PartitionJob(fab, root, net)
+    pid = job.run_record("node2", "trainer-1")["program_pid"]
+
+    def timed(*args):
+        t0 = time.monotonic()
+        said = job.fab(*args, timeout=120)
+        text = said.stdout + said.stderr
+        named = next((line.strip() for line in text.splitlines() if "node2" in line), "node2 not named")
+        return f"{time.monotonic() - t0:.2f} s, exit {said.returncode}: {named[:130]}"
+
+    net.cut("node2", "controller")
+    out(f"controller: fab status {timed('status')}")
+    out(f"controller: fab logs {timed('logs')}")
+    untouched = not any(job.events(n, "job_failed") for n in NODES) and pid in job.job_pids("node2")
+    out(f"controller: the job untouched after them: {'yes' if untouched else 'no'}")
+    killed = time.time()
+    out(f"controller: fab kill-all --grace 1 {timed('kill-all', '--grace', '1')}")
+    # node2 is left to its agent, whose coordinator went with kill-all on node1: it fences itself.
+    wait_for(lambda: stopped_at(job, "node2", "trainer-1"), timeout=BOUND + 10)
+    gone = stopped_at(job, "node2", "trainer-1")
+    out(f"controller: node2's trainer-1 stopped {gone - killed:.2f} s after kill-all began (its agent fenced itself)"
+        if gone else "controller: node2's trainer-1 not seen stopped")
+    net.heal("node2")
+    out("controller: left running after heal, before the second kill-all: "
+        + ", ".join(f"{n} {len(job.job_pids(n))}" for n in NODES))
+    out(f"controller: healed: fab kill-all --grace 1 {timed('kill-all', '--grace', '1')}")
+    wait_for(lambda: not any(job.job_pids(n) for n in NODES), timeout=20)
+    out(f"controller: left running after the second kill-all: {sum(len(job.job_pids(n)) for n in NODES)}")
+
+
+SCENARIOS = {"plain": plain, "min_nodes": min_nodes, "coord": coordinator, "loss": lossy, "one_way": one_way,
+             "hang_loss": hang_under_loss, "controller": controller}
+
+
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="+", choices=SCENARIOS, metavar="SCENARIO",
+                    help=f"run only these, in this order (of: {', '.join(SCENARIOS)})")
+    args = ap.parse_args()
     why = netns.available()
     if why:
         print(f"partitions: {why}", file=sys.stderr)
@@ -151,15 +237,15 @@ def main() -> int:
             f.write(line + "\n")
             f.flush()
             print(line, flush=True)
-        f.write(header([sys.executable, "bench/partitions.py"], 1))
+        f.write(header([sys.executable, "bench/partitions.py", *sys.argv[1:]], 1, None))
         out(f"load average before: {loadavg()}; stop bound {BOUND:.0f} s, fence_wait "
             f"{fence.fence_wait(INTERVAL, GRACE):.0f} s, peer_timeout {fence.peer_timeout(INTERVAL):.0f} s")
         net = netns.NetnsCluster(Path(tmp) / "net", len(NODES))
         try:
             fab = runner(Path(tmp) / "state")
             (Path(tmp) / "jobs").mkdir()
-            for scenario in (plain, min_nodes, coordinator, lossy):
-                scenario(fab, Path(tmp) / "jobs", net, out)
+            for name in args.only or SCENARIOS:
+                SCENARIOS[name](fab, Path(tmp) / "jobs", net, out)
         finally:
             net.close()
         out(f"load average after: {loadavg()}")
