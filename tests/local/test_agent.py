@@ -3,12 +3,10 @@ itself on local nodes (no SSH): health.json, its size and CPU, orphans of an
 old job, a coordinator that comes up after the other agents."""
 from __future__ import annotations
 
-import gc
 import json
 import re
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +17,6 @@ from fabtrain.controller import records
 from fabtrain.node import procfs
 from fabtrain.node.agent import samplers
 from fabtrain.node.coordination.client import Client
-from fabtrain.node.coordination.connections import LINUX_TCP_OPTIONS
 from fabtrain.node.coordination.server import Coordinator
 from tests.conftest import REPO
 from tests.support.procscan import live_marked, wait_for
@@ -206,29 +203,6 @@ def test_beats_carry_what_changed_and_a_new_connection_starts_whole():
 def in_child(code: str) -> subprocess.Popen:
     """`code` in a Python of its own, so a test can stop and kill it as the world would."""
     return subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
-
-
-def test_both_ends_of_a_beat_connection_resend_a_lost_beat_without_doubling_the_wait():
-    """Linux's thin-stream linear timeouts on the agent's socket and the coordinator's: under packet loss a
-    beat's resends stay one retransmission timeout apart (docs/partitions.md), where doubling them would
-    leave peer_timeout without a beat after a few losses in a row."""
-    co = Coordinator("j1", "127.0.0.1", 0, ["a"], 0.2, 1.0)
-    co.start()
-    assert co.wait_listening(5)
-    client = Client("127.0.0.1", co.port, 0.2, lambda msg: None, job_id="j1", node="a", peer_timeout=1.0)
-    client.update(beat("a"))
-    client.start()
-    try:
-        assert wait_for(lambda: client.acked_seq >= 1 and "a" in co.connections.by_node, timeout=10)
-        agent_end = [o for o in gc.get_objects() if isinstance(o, socket.socket) and o.fileno() >= 0 and
-                     o.getsockname() == co.connections.by_node["a"].sock.getpeername()]
-        assert len(agent_end) == 1, agent_end
-        for end in (agent_end[0], co.connections.by_node["a"].sock):
-            assert end.getsockopt(socket.IPPROTO_TCP, LINUX_TCP_OPTIONS["TCP_THIN_LINEAR_TIMEOUTS"]) == 1
-            assert end.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) > 0
-    finally:
-        client.stop()
-        co.stop()
 
 
 def test_a_stopped_coordinator_keeps_its_agents_and_a_killed_one_is_gone_at_once():

@@ -14,9 +14,10 @@ import collections
 import errno
 import selectors
 import socket
-import sys
 import time
 from collections.abc import Callable  # not typing: its import is ~5 ms of every agent's start
+
+from fabtrain.contract.events import EventKind
 
 from fabtrain.contract.events import EventKind
 
@@ -48,10 +49,6 @@ def kernel_timeout(peer_timeout: float, interval: float) -> float:
     return max(2.0, peer_timeout - interval)
 
 
-# <netinet/tcp.h> values Python's socket module does not name.
-LINUX_TCP_OPTIONS = {"TCP_THIN_LINEAR_TIMEOUTS": 16}
-
-
 def watch_liveness(sock: socket.socket, timeout: float) -> None:
     """Let the kernel close `sock` once the other side's kernel has not answered for `timeout` seconds.
 
@@ -62,19 +59,12 @@ def watch_liveness(sock: socket.socket, timeout: float) -> None:
     a network cut or a host that is down ends it within `timeout`, and a process
     that died ends it at once (its kernel closes the socket). Where the platform
     lacks an option, the coordinator's silence limits still apply.
-
-    Beats are a thin stream (a few small packets in flight): Linux's linear
-    timeouts keep a lost beat's resends at one retransmission timeout apart
-    for the first six, where TCP's doubling would leave 6 s without a beat
-    after five losses in a row, longer than `peer_timeout` on a lossy link
-    whose beats do get through.
     """
     options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
     for name, value in (("TCP_KEEPIDLE", 1), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", max(1, int(timeout))),
-                        ("TCP_USER_TIMEOUT", int(timeout * 1000)), ("TCP_THIN_LINEAR_TIMEOUTS", 1)):
-        option = getattr(socket, name, LINUX_TCP_OPTIONS.get(name) if sys.platform.startswith("linux") else None)
-        if option is not None:
-            options.append((socket.IPPROTO_TCP, option, value))
+                        ("TCP_USER_TIMEOUT", int(timeout * 1000))):
+        if hasattr(socket, name):
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
     for level, option, value in options:
         try:
             sock.setsockopt(level, option, value)
