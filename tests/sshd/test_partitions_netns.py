@@ -250,6 +250,31 @@ def test_thirty_percent_loss_on_a_node_is_no_failure_while_beats_get_through_and
         job.end()
 
 
+def test_a_node_whose_beats_connection_is_blocked_stays_in_the_job_on_its_pulses(fab, root, net):
+    """node3's TCP to the coordinator's port dropped, its datagrams not (coordination/pulse.py): the
+    connection the beats ride is gone for three times fence_after, and neither node3 fences nor the
+    coordinator loses it; healed, node3's beats come on a new connection and the job goes on."""
+    job = PartitionJob(fab, root, net)
+    try:
+        pid = job.run_record("node3", "trainer-2")["program_pid"]
+        answered = job.health("node3")["coordinator"].get("pulses", 0)
+        net.cut("node3", "tcp-port", port=7180)
+        assert wait_for(lambda: not job.health("node3")["coordinator"]["connected"], timeout=3 * PEER_TIMEOUT), \
+            job.describe()
+        time.sleep(3 * fence.fence_after(INTERVAL))
+        assert job.health("node3")["coordinator"]["pulses"] > answered, job.describe()
+        assert not any(job.events(n, "job_failed") or job.events(n, "peer_lost") for n in NODES), job.describe()
+        assert pid in job.job_pids("node3"), job.describe()
+        net.heal("node3")
+        assert wait_for(lambda: job.health("node3")["coordinator"]["connected"], timeout=3 * PEER_TIMEOUT), \
+            job.describe()
+        assert all(job.health(n)["job"]["status"] == "running" for n in NODES), job.describe()
+        assert pid in job.job_pids("node3"), job.describe()
+        assert not any(job.events(n, "job_failed") or job.events(n, "peer_lost") for n in NODES), job.describe()
+    finally:
+        job.end()
+
+
 def test_deploy_over_a_capped_link_cut_mid_file_ends_naming_the_node_and_the_next_deploy_completes(fab, tmp_path, net):
     """The project's code to node3 over a capped (tbf) link set down mid-file: `fab deploy` ends within ssh's
     keepalive naming node3, no half-written file is under its final name, and once healed the next deploy ships

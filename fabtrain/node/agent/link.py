@@ -129,6 +129,7 @@ class Link:
                 "last_contact": round(c.last_contact_epoch, 3) if c and c.last_contact_epoch else None,
                 "lease": round(c.lease_epoch, 3) if c and c.lease_epoch else None,
                 "fenced": (self.fenced or {}).get("reason"),
+                "pulses": c.pulser.answered if c else 0,  # answered pulses (coordination/pulse.py)
                 "error": (c.error if c else None) or (co.bind_error if co else None),
                 "lost": view.get("lost") or [], "done": view.get("done") or []}
 

@@ -64,7 +64,8 @@ class Outcome(NamedTuple):
 
 @record(frozen=False)
 class Peer:
-    seen: float  # monotonic, of the last beat
+    seen: float  # monotonic, of the last beat or pulse (pulse.py)
+    beat_seen: float = 0.0  # monotonic, of the last beat: a pulse carries no news, so it cannot stand in for long
     ts: float | None = None  # epoch, of the last beat
     done: bool = False  # nothing of the job is left on that node: it may go quiet
     lost: bool = False
@@ -92,6 +93,20 @@ def beat_error(msg: dict) -> str | None:
     expected = msg.get("trainers_expected")
     if expected is not None and (not isinstance(expected, int) or isinstance(expected, bool)):
         return "beat's trainers_expected is not a number"
+    return None
+
+
+def _silence(name: str, p: Peer, open_: bool, now: float, peer_timeout: float) -> str | None:
+    """Why the peer `name` is lost now, or None: silent for peer_timeout with its connection gone, for
+    hung_timeout with it open (slow is not lost), or no beat for hung_timeout though pulses come."""
+    hung = hung_timeout(peer_timeout)
+    if now - p.seen >= (hung if open_ else peer_timeout):
+        return ("no heartbeat from the agent on %s for %.0f s while its connection stayed open (hung_timeout %.0f s)"
+                % (name, now - p.seen, hung) if open_ else
+                "no heartbeat from the agent on %s for %.0f s (peer_timeout %.0f s)" % (name, now - p.seen, peer_timeout))
+    if now - p.beat_seen >= hung:
+        return ("no beat from the agent on %s for %.0f s, though its pulses come: its connection to the coordinator "
+                "cannot be kept (hung_timeout %.0f s)" % (name, now - p.beat_seen, hung))
     return None
 
 
@@ -252,7 +267,7 @@ class Board:
         return self._set_status(JobState.RUNNING, None, None, wall)
 
     def _join(self, node: str, now: float) -> Peer:
-        peer = self.peers[node] = Peer(seen=now)
+        peer = self.peers[node] = Peer(seen=now, beat_seen=now)
         self.spoke += node in self.node_set
         return peer
 
@@ -288,7 +303,8 @@ class Board:
         if peer.lost:
             peer.lost = False  # it came back; the job's status stays what it is
             events.append(Event(EventKind.PEER_BACK, node, "agent on %s beats again" % node))
-        peer.seen, peer.ts = now, wall
+        peer.seen = peer.beat_seen = now
+        peer.ts = wall
         # A field the beat leaves out did not change since the sender's last beat (protocol.beat_changes).
         if "done" in msg:
             peer.done = bool(msg["done"])
@@ -330,7 +346,8 @@ class Board:
     def _fenced(self, peer: Peer, node: str, msg: dict, now: float, wall: float) -> Outcome:
         """A beat from a node that left the job: it counts for nothing (no failure, no process, no
         generation), and the answer tells its agent it is fenced out for good, so it stops and ends."""
-        peer.seen, peer.ts = now, wall
+        peer.seen = peer.beat_seen = now
+        peer.ts = wall
         if "done" in msg:
             peer.done = bool(msg["done"])
         self.roster.set(node, wall, peer.done, peer.lost)
@@ -338,20 +355,26 @@ class Board:
         reply, first = self.departed.refusal(self.job_id, node, g, msg.get("seq"))
         return Outcome(reply, False, [Event(EventKind.FENCED, node, first, {"generation": g})] if first else [])
 
+    def pulse(self, node: str, now: float) -> bool:
+        """A pulse from `node` (pulse.py): it is still there. True if it is answered: not once it is lost
+        or left, so its lease runs out and it fences itself."""
+        peer = self.peers.get(node)
+        if peer is None or peer.lost or node in self.out:
+            return False
+        peer.seen = now
+        return True
+
     def check_peers(self, now: float, wall: float, connected=()) -> list[Event]:
         """Mark lost the agents silent for peer_timeout whose connection is gone, or for hung_timeout
-        while it is in `connected` (the nodes with an open connection); a lost node fails a running job."""
+        while it is in `connected` (the nodes with an open connection), or whose beats have not come for
+        hung_timeout while their pulses do; a lost node fails a running job."""
         events = []
         for name, p in self.peers.items():
-            open_ = name in connected
-            if p.done or p.lost or now - p.seen < (self.hung_timeout if open_ else self.peer_timeout):
+            reason = None if p.done or p.lost else _silence(name, p, name in connected, now, self.peer_timeout)
+            if reason is None:
                 continue
             p.lost = True
             self.roster.set(name, wall, p.done, True)
-            reason = ("no heartbeat from the agent on %s for %.0f s while its connection stayed open "
-                      "(hung_timeout %.0f s)" % (name, now - p.seen, self.hung_timeout) if open_ else
-                      "no heartbeat from the agent on %s for %.0f s (peer_timeout %.0f s)" % (
-                          name, now - p.seen, self.peer_timeout))
             events.append(Event(EventKind.PEER_LOST, name, reason))
             if name not in self.out:
                 self._leave(name, "node %s lost: %s" % (name, reason), now, wall, events)
@@ -388,15 +411,19 @@ class Board:
         """The board a previous coordinator of this job saved, or None (another job's, or unreadable)."""
         if not isinstance(saved, dict) or saved.get("job_id") != job_id:
             return None
-        board = cls(job_id, nodes, peer_timeout, restart)
-        status = saved.get("status")
-        if isinstance(status, dict) and status.get("status") in (JobState.RUNNING, JobState.RESTARTING) + FINAL:
-            _restore_status(board, status, now)
-        peers = saved.get("peers")
-        for name, p in (peers if isinstance(peers, dict) else {}).items():
-            if isinstance(p, dict):
-                _restore_peer(board, name, p, now)
-        return board
+        return _restored(cls(job_id, nodes, peer_timeout, restart), saved, now)
+
+
+def _restored(board: Board, saved: dict, now: float) -> Board:
+    """`board`, new, given the status and peers of `saved`."""
+    status = saved.get("status")
+    if isinstance(status, dict) and status.get("status") in (JobState.RUNNING, JobState.RESTARTING) + FINAL:
+        _restore_status(board, status, now)
+    peers = saved.get("peers")
+    for name, p in (peers if isinstance(peers, dict) else {}).items():
+        if isinstance(p, dict):
+            _restore_peer(board, name, p, now)
+    return board
 
 
 def _restore_status(board: Board, status: dict, now: float) -> None:

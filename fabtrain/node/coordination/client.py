@@ -17,6 +17,7 @@ from fabtrain.contract.events import EventKind
 
 from ..hostnames import for_resolver
 from . import protocol
+from .pulse import Pulser, pulse_period
 from .connections import HELLO_TIMEOUT, hung_timeout, kernel_timeout, watch_liveness
 from .protocol import Channel, LineReader, ProtocolError
 
@@ -78,6 +79,9 @@ class Client(threading.Thread):
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._stopping = threading.Event()
+        # Pulses (pulse.py) renew the lease while beats are late: from an interval on, when one is due.
+        self.pulser = Pulser(for_resolver(host), port, pulse_period(interval), interval, self._lease_age,
+                             self._pulse_answered)
 
     def update(self, beat: dict, urgent: bool = False) -> int:
         beat = dict(beat)
@@ -102,7 +106,18 @@ class Client(threading.Thread):
 
     def stop(self) -> None:
         self._stopping.set()
+        self.pulser.stop()
         self._wake()
+
+    def _lease_age(self) -> float | None:
+        lease = self.lease
+        return None if lease is None else time.monotonic() - lease
+
+    def _pulse_answered(self, mono: float, wall: float) -> None:
+        """The coordinator answered a pulse sent at `mono`: the lease runs from then (pulse.py)."""
+        with self.lock:
+            if self.lease is None or mono > self.lease:
+                self.lease, self.lease_epoch = mono, wall
 
     def _drain(self) -> None:
         try:
@@ -112,6 +127,7 @@ class Client(threading.Thread):
             pass
 
     def run(self) -> None:
+        self.pulser.start()
         backoff = 0.1
         while not self._stopping.is_set():
             if self.job_id is None or self.node is None:  # the hello names them: wait for the first beat
@@ -207,6 +223,7 @@ class Client(threading.Thread):
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         silent_since = time.monotonic()
         sent: dict = {}  # the last beat sent on this connection: the next one carries what changed since
+        pulsing = False  # the pulser uses this connection's session (the older one until the first answer)
         try:
             while not self._stopping.is_set():
                 with self.lock:
@@ -229,6 +246,9 @@ class Client(threading.Thread):
                         return
                     for raw in reader.feed(data):
                         msg = channel.open(raw)
+                        if not pulsing:  # the coordinator has taken our proof: pulses of this session from now on
+                            self.pulser.session(self.node, channel.session, channel.pulse_key)
+                            pulsing = True
                         silent_since = time.monotonic()
                         self.last_contact, self.last_contact_epoch = silent_since, time.time()
                         if isinstance(msg.get("ack"), int):

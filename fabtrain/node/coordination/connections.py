@@ -19,8 +19,6 @@ from collections.abc import Callable  # not typing: its import is ~5 ms of every
 
 from fabtrain.contract.events import EventKind
 
-from fabtrain.contract.events import EventKind
-
 from . import protocol
 from .protocol import Channel, LineReader
 

@@ -203,6 +203,9 @@ class Channel:
                  side: str):
         assert side in ("agent", "coordinator")
         key = _mac(_key(secret), "session", job_id, node, agent_nonce, coordinator_nonce).encode()
+        # The key of this session's pulses (pulse.py): datagrams, so not the frames' key and order.
+        self.session = agent_nonce
+        self.pulse_key = _mac(_key(secret), "pulse", job_id, node, agent_nonce, coordinator_nonce).encode()
         mine = side.encode()
         self._sealing = _frame_hmac(key, mine)
         self._opening = _frame_hmac(key, b"coordinator" if mine == b"agent" else b"agent")

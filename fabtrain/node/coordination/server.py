@@ -19,9 +19,7 @@ from collections.abc import Callable
 
 from fabtrain.contract.events import EventKind
 
-from fabtrain.contract.events import EventKind
-
-from . import protocol
+from . import protocol, pulse
 from .board import Board, Event, Outcome
 from .restart import RestartPolicy
 from .connections import Conn, Connections, descriptors_for, hung_timeout, kernel_timeout
@@ -29,6 +27,7 @@ from .protocol import Channel, ProtocolError
 
 BIND_WAIT = 3.0  # how long a busy port is retried before the coordinator gives up
 _WAKE = object()  # the selector key of stop()'s wake-up pipe
+_PULSES = object()  # ... of the datagram socket (pulse.py)
 
 
 class Coordinator(threading.Thread):
@@ -49,6 +48,7 @@ class Coordinator(threading.Thread):
         self.restart = restart
         self.board = Board(job_id, nodes, peer_timeout, restart)
         self.restored = False
+        self.desk = pulse.Desk(nodes)
         self.bound = False
         self.bind_error: str | None = None
         self.settled = threading.Event()  # set once the port is ours, or given up on
@@ -180,8 +180,14 @@ class Coordinator(threading.Thread):
         self._server = s
         self.port = s.getsockname()[1]  # the one the kernel chose, for port 0
         self._sel.register(s, selectors.EVENT_READ, None)
+        if self.desk.bind(self.host, self.port, s.family):  # beats alone keep leases where it cannot
+            self._sel.register(self.desk.sock, selectors.EVENT_READ, _PULSES)
         self.bound, self.bind_error = True, None
         return True
+
+    def _pulse(self, node: str) -> bool:
+        with self.lock:
+            return self.board.pulse(node, time.monotonic())
 
     def run(self) -> None:
         deadline = time.monotonic() + self.bind_wait
@@ -204,7 +210,9 @@ class Coordinator(threading.Thread):
             for key, mask in self._sel.select(timeout=period):
                 if key.data is _WAKE:
                     continue  # stop(): the loop's condition sees it
-                if key.data is None:
+                if key.data is _PULSES:
+                    self.desk.answer(self._pulse, self.connections.note_refusal)
+                elif key.data is None:
                     self.connections.accept(self._server)
                 else:
                     self._serve(key.data, mask)
@@ -214,9 +222,10 @@ class Coordinator(threading.Thread):
                 if self.check_peers():
                     self._broadcast()
         self.connections.close_all()
-        if self._server:
-            self._sel.unregister(self._server)
-            self._server.close()
+        for sock in (self._server, self.desk.sock):
+            if sock:
+                self._sel.unregister(sock)
+                sock.close()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -267,6 +276,7 @@ class Coordinator(threading.Thread):
             if msg.get("op") != "auth":
                 raise ProtocolError("first frame is %r, not auth" % str(msg.get("op"))[:40])
             self.connections.authenticated(conn, kernel_timeout(self.peer_timeout, self.interval))
+            self.desk.session(conn.node, conn.channel.session, conn.channel.pulse_key)
             return False
         if msg.get("node") != conn.node:
             raise ProtocolError("a beat for node %r on %s's connection" % (str(msg.get("node"))[:40], conn.node))

@@ -1,0 +1,222 @@
+"""Pulses: small authenticated datagrams beside the beats' connection, that renew a node's lease.
+
+Beats go one at a time over one TCP connection (client.py). On a lossy link
+that is fragile: a lost segment is sent again after TCP's retransmission
+timeout, which doubles with each loss (0.2, 0.4, 0.8, 1.6 s ...), so at 30 %
+loss both ways a beat now and then waits longer than `fence_after`, the
+kernel gives the connection up (TCP_USER_TIMEOUT), and a node whose link
+still carries most packets fences itself or is lost (bench/partitions.py,
+scenario `loss`: 3 of 8 runs failed the job before pulses). A pulse is one
+datagram each way, sent again every `pulse_period` while the beats are late,
+each on its own: the chance that every one of them is lost within
+`fence_after` is what bounds a false failure (at 30 % loss each way and a
+quarter-interval period, 16 tries, each getting through 49 % of the time:
+0.51 ** 16, about 2e-5), not the backoff of one connection.
+
+    agent -> coordinator   <64 hex: HMAC(pulse key, "agent " + body)> {"node", "s": <agent nonce>, "p": <n>}
+    coordinator -> agent   <64 hex: HMAC(pulse key, "coordinator " + body)> {"s", "p"}
+
+The pulse key is taken from the secret and both nonces of the agent's newest
+authenticated connection (protocol.Channel), so only this job's agent and
+coordinator can make one; the coordinator keeps it after that connection
+ends, which is when pulses matter. `p` counts up within a session: a pulse
+replayed, forged, or naming no node of the job is refused, and counted like
+any refused line; one of an older session is dropped unanswered. A pulse renews what a beat does: the coordinator's
+`seen` of the node, and the agent's lease (the send time of the newest pulse
+answered, never later than the coordinator's `seen`, so fence.py's bounds
+hold unchanged). It carries no news: a node whose beats have not come for
+`hung_timeout` is lost though its pulses come (board.py), and the
+coordinator stops answering a node that is lost or left, so its lease runs out.
+"""
+from __future__ import annotations
+
+import hmac
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from . import protocol
+from .protocol import ProtocolError
+
+MAX_PULSE = 512  # a pulse is ~130 bytes; anything longer is refused before it is parsed
+_MAC_LEN = 64
+
+
+def pulse_period(interval: float) -> float:
+    """Seconds between pulses while the beats are late: a quarter of the beat interval."""
+    return max(0.05, interval / 4)
+
+
+def seal(key: bytes, side: bytes, msg: dict) -> bytes:
+    body = protocol.compact(msg).encode()
+    return hmac.new(key, side + b" " + body, "sha256").hexdigest().encode() + b" " + body
+
+
+def body_of(data: bytes) -> dict:
+    """A pulse's message, parsed but not yet authenticated (the coordinator needs its node to find the key)."""
+    if len(data) > MAX_PULSE:
+        raise ProtocolError("datagram of %d bytes (at most %d)" % (len(data), MAX_PULSE))
+    _, _, body = data.partition(b" ")
+    msg = protocol.parse(body, MAX_PULSE)
+    if not isinstance(msg.get("s"), str) or type(msg.get("p")) is not int:
+        raise ProtocolError("not a pulse")
+    return msg
+
+
+def verify(key: bytes, side: bytes, data: bytes) -> None:
+    """Raise ProtocolError unless `data` was sealed with `key` by `side`."""
+    mac, _, body = data.partition(b" ")
+    want = hmac.new(key, side + b" " + body, "sha256").hexdigest().encode()
+    if len(mac) != _MAC_LEN or not hmac.compare_digest(mac, want):
+        raise ProtocolError("bad MAC on a pulse (forged, or from another session)")
+
+
+class Stale(ProtocolError):
+    """A pulse of one of the job's nodes from a session the coordinator does not hold (yet, or any
+    more: the agent reconnects, or the coordinator restarted). Dropped without a word: it comes in
+    the course of things, and is never answered."""
+
+
+class Desk:
+    """The coordinator's side: each node's newest session, and the answer to a pulse."""
+
+    def __init__(self, nodes):
+        self.nodes = frozenset(nodes)
+        self.sessions: dict[str, list] = {}  # node -> [agent nonce, pulse key, last pulse number taken]
+        self.sock: socket.socket | None = None
+
+    def bind(self, host: str, port: int, family: int) -> bool:
+        """Take the coordinator's port number for pulses (UDP). False where another program holds it:
+        the agents' pulses then go unanswered, and beats alone keep the leases."""
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            return False
+        sock.setblocking(False)
+        self.sock = sock
+        return True
+
+    def answer(self, live: Callable[[str], bool], refused: Callable[[str], None]) -> None:
+        """Answer the pulses waiting on the socket: each from a node `live` says is still in the job;
+        `refused` is told of every datagram that is not a pulse of a session we know."""
+        for _ in range(256):  # a burst is drained, but connections are served between bursts
+            try:
+                data, addr = self.sock.recvfrom(MAX_PULSE + 1)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # an ICMP error of an earlier reply: that agent is unreachable for now
+                continue
+            try:
+                node, reply = self.take(data)
+            except Stale:
+                continue
+            except ProtocolError as e:
+                refused("%s from %s:%s" % (e, addr[0], addr[1]))
+                continue
+            if live(node):
+                try:
+                    self.sock.sendto(reply, addr)
+                except OSError:
+                    pass
+
+    def session(self, node: str, agent_nonce: str, key: bytes) -> None:
+        """`node` authenticated a new connection: its pulses from now on are of this session."""
+        self.sessions[node] = [agent_nonce, key, 0]
+
+    def take(self, data: bytes) -> tuple[str, bytes]:
+        """(node, the reply to seal-send back) for one datagram, or ProtocolError."""
+        msg = body_of(data)
+        node = msg.get("node")
+        known = self.sessions.get(node) if isinstance(node, str) else None
+        if known is None or msg["s"] != known[0]:
+            if node in self.nodes:
+                raise Stale(node)
+            raise ProtocolError("a pulse for %r, not a node of this job" % str(node)[:40])
+        verify(known[1], b"agent", data)
+        if msg["p"] <= known[2]:
+            raise ProtocolError("pulse %d of %s replayed or reordered (last %d)" % (msg["p"], node, known[2]))
+        known[2] = msg["p"]
+        return node, seal(known[1], b"coordinator", {"s": msg["s"], "p": msg["p"]})
+
+
+class Pulser(threading.Thread):
+    """The agent's side: while the lease is older than `late` (the beats are not being answered), a
+    pulse every `period`; each answer calls `renewed(monotonic, epoch)` with the pulse's send time."""
+
+    def __init__(self, host: str, port: int, period: float, late: float,
+                 lease_age: Callable[[], float | None], renewed: Callable[[float, float], None]):
+        super().__init__(name="coordinator-pulses", daemon=True)
+        self.where, self.period, self.late = (host, port), period, late
+        self.lease_age, self.renewed = lease_age, renewed
+        self.lock = threading.Lock()
+        self.current: tuple | None = None  # (node, agent nonce, key) of the newest session
+        self.number = 0
+        self.sent: dict[int, tuple[float, float]] = {}  # pulse number -> (monotonic, epoch) sent, unanswered
+        self.stopping = threading.Event()
+        self.answered = 0  # pulses answered (health and tests)
+
+    def session(self, node: str, agent_nonce: str, key: bytes) -> None:
+        with self.lock:
+            self.current, self.number, self.sent = (node, agent_nonce, key), 0, {}
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def run(self) -> None:
+        try:
+            family = socket.getaddrinfo(*self.where, type=socket.SOCK_DGRAM)[0]
+            sock = socket.socket(family[0], socket.SOCK_DGRAM)
+            sock.connect(family[4])  # only the coordinator's answers come in
+        except OSError:
+            return  # no address for it now: the beats alone, as before pulses (the client says why)
+        with sock:
+            due = time.monotonic()
+            while not self.stopping.is_set():
+                now = time.monotonic()
+                if now >= due:
+                    due = now + self.period
+                    self._send(sock)
+                ready, _, _ = select.select([sock], [], [], max(0.0, due - time.monotonic()))
+                if ready:
+                    self._receive(sock)
+
+    def _send(self, sock: socket.socket) -> None:
+        age = self.lease_age()
+        with self.lock:
+            if self.current is None or age is None or age < self.late:
+                return
+            node, nonce, key = self.current
+            self.number += 1
+            self.sent[self.number] = (time.monotonic(), time.time())
+            if len(self.sent) > 64:  # unanswered ones this old no longer renew anything worth having
+                del self.sent[min(self.sent)]
+            data = seal(key, b"agent", {"node": node, "s": nonce, "p": self.number})
+        try:
+            sock.send(data)
+        except OSError:
+            pass  # unreachable now (an ICMP error of an earlier pulse): the next one tries again
+
+    def _receive(self, sock: socket.socket) -> None:
+        try:
+            data = sock.recv(MAX_PULSE + 1)
+        except OSError:
+            return
+        with self.lock:
+            if self.current is None:
+                return
+            _, nonce, key = self.current
+            try:
+                msg = body_of(data)
+                verify(key, b"coordinator", data)
+            except ProtocolError:
+                return  # not our coordinator's, or an old session's: nothing renews
+            sent = self.sent.get(msg["p"]) if msg["s"] == nonce else None
+            if sent is None:
+                return
+            self.sent = {n: at for n, at in self.sent.items() if n > msg["p"]}
+            self.answered += 1
+        self.renewed(*sent)
