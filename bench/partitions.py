@@ -135,6 +135,7 @@ def coordinator(fab, root, net, out) -> None:
 def lossy(fab, root, net, out, seconds=30.0) -> None:
     """30 % of node3's packets dropped, both ways, for `seconds`: a false failure, or none."""
     job = PartitionJob(fab, root, net)
+    pulses = (job.health("node3").get("coordinator") or {}).get("pulses", 0)
     net.cut("node3", "loss", 30)
     t0 = time.time()
     # A failure decided anywhere: the coordinator's (node1) or a node that fenced itself (node3's agent).
@@ -142,7 +143,8 @@ def lossy(fab, root, net, out, seconds=30.0) -> None:
     failed = sorted((e for n in NODES for e in job.events(n, "job_failed")), key=lambda e: e["ts"])
     out(f"loss: 30 % both ways on node3 for {seconds:.0f} s: " + (
         f"job failed {failed[0]['ts'] - t0:.1f} s in, on {failed[0].get('node')}: {failed[0]['reason'][:100]}"
-        if failed else "no failure"))
+        if failed else "no failure") + "; node3's pulses answered meanwhile: %s" % (
+        (job.health("node3").get("coordinator") or {}).get("pulses", 0) - pulses))
     net.heal("node3")
     job.fab("kill-all", "--grace", "1")
     wait_for(lambda: not any(job.job_pids(n) for n in NODES), timeout=20)
