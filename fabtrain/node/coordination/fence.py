@@ -1,12 +1,15 @@
 """Fencing, pure: how long a node cut off from the coordinator may still run the job, and how long the
 coordinator waits before a generation without it starts.
 
-A node's agent holds a **lease**: the moment it sent the newest beat the
-coordinator has answered (its monotonic clock). The coordinator's view of the
-same node is the moment it received that node's last beat, which is never
-earlier, so a duration counted from the lease on the node ends no later than
-the same duration counted on the coordinator from the last beat (both clocks
-run at the same rate; drift is parts per million).
+A node's agent holds a **lease**: the moment it sent the newest beat or
+pulse (pulse.py) the coordinator has answered (its monotonic clock). The
+coordinator's view of the same node is the moment it received that node's
+last beat or pulse, which is never earlier, so a duration counted from the
+lease on the node ends no later than the same duration counted on the
+coordinator from the last beat (both clocks run at the same rate; drift is
+parts per million). A pulse is answered only while the node is in the job,
+so the lease of a node the coordinator lost runs out as if it had heard
+nothing.
 
 - The agent **fences** (stops every process of the job on its node, as a
   teardown: SIGTERM, `grace`, SIGKILL, the launcher a second later) once its

@@ -155,6 +155,7 @@ class Pulser(threading.Thread):
         self.lock = threading.Lock()
         self.current: tuple | None = None  # (node, agent nonce, key) of the newest session
         self.number = 0
+        self.due = 0.0  # monotonic: the next pulse, once the lease is late
         self.sent: dict[int, tuple[float, float]] = {}  # pulse number -> (monotonic, epoch) sent, unanswered
         self.stopping = threading.Event()
         self.answered = 0  # pulses answered (health and tests)
@@ -166,32 +167,49 @@ class Pulser(threading.Thread):
     def stop(self) -> None:
         self.stopping.set()
 
+    def _socket(self) -> socket.socket | None:
+        """A datagram socket connected to the coordinator (only its answers come in), once its name resolves."""
+        while not self.stopping.is_set():
+            try:
+                family, _, _, _, address = socket.getaddrinfo(*self.where, type=socket.SOCK_DGRAM)[0]
+                sock = socket.socket(family, socket.SOCK_DGRAM)
+            except OSError:  # no address for it yet: the client's connection says why; beats alone meanwhile
+                self.stopping.wait(1.0)
+                continue
+            try:
+                sock.connect(address)
+                return sock
+            except OSError:
+                sock.close()
+                self.stopping.wait(1.0)
+        return None
+
     def run(self) -> None:
-        try:
-            family = socket.getaddrinfo(*self.where, type=socket.SOCK_DGRAM)[0]
-            sock = socket.socket(family[0], socket.SOCK_DGRAM)
-            sock.connect(family[4])  # only the coordinator's answers come in
-        except OSError:
-            return  # no address for it now: the beats alone, as before pulses (the client says why)
+        sock = self._socket()
+        if sock is None:
+            return
         with sock:
-            due = time.monotonic()
             while not self.stopping.is_set():
-                now = time.monotonic()
-                if now >= due:
-                    due = now + self.period
-                    self._send(sock)
-                ready, _, _ = select.select([sock], [], [], max(0.0, due - time.monotonic()))
+                ready, _, _ = select.select([sock], [], [], self._pulse_if_due(sock))
                 if ready:
                     self._receive(sock)
 
-    def _send(self, sock: socket.socket) -> None:
+    def _pulse_if_due(self, sock: socket.socket) -> float:
+        """Send a pulse if one is due; the seconds until one may be. While the beats are on time this
+        thread wakes about once a lease (not every period), so a healthy job pays next to nothing."""
         age = self.lease_age()
+        now = time.monotonic()
         with self.lock:
-            if self.current is None or age is None or age < self.late:
-                return
+            if self.current is None or age is None:
+                return self.period
+            if age < self.late:
+                return max(0.01, self.late - age)
+            if now < self.due:
+                return self.due - now
+            self.due = now + self.period
             node, nonce, key = self.current
             self.number += 1
-            self.sent[self.number] = (time.monotonic(), time.time())
+            self.sent[self.number] = (now, time.time())
             if len(self.sent) > 64:  # unanswered ones this old no longer renew anything worth having
                 del self.sent[min(self.sent)]
             data = seal(key, b"agent", {"node": node, "s": nonce, "p": self.number})
@@ -199,6 +217,7 @@ class Pulser(threading.Thread):
             sock.send(data)
         except OSError:
             pass  # unreachable now (an ICMP error of an earlier pulse): the next one tries again
+        return self.period
 
     def _receive(self, sock: socket.socket) -> None:
         try:
