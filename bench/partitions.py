@@ -43,7 +43,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.record import RESULTS, git, header, loadavg  # noqa: E402
+from fabtrain.config.cluster import load_cluster  # noqa: E402
+from fabtrain.controller.collector import Collector  # noqa: E402
+from fabtrain.dashboard import create_app  # noqa: E402
 from fabtrain.node import procfs  # noqa: E402
+from fabtrain.remote.session import Session  # noqa: E402
 from fabtrain.node.coordination import fence  # noqa: E402
 from tests.support import netns  # noqa: E402
 from tests.support.partition_job import GRACE, INTERVAL, NODES, PartitionJob, stopped_at  # noqa: E402
@@ -202,9 +206,27 @@ def controller(fab, root, net, out) -> None:
         named = next((line.strip() for line in text.splitlines() if "node2" in line), "node2 not named")
         return f"{time.monotonic() - t0:.2f} s, exit {said.returncode}: {named[:130]}"
 
+    session = Session(load_cluster(str(job.path)))
+    collector = Collector(session, job_id=job.job_id)
+    token = "bench-token-0123456789abcdef0123456789"
+    dashboard = create_app({"COLLECTOR": collector, "DASHBOARD_TOKEN": token, "ALLOWED_HOSTS": ["127.0.0.1:8265"],
+                            "TESTING": True}).test_client()
+
+    def polled() -> str:
+        """The dashboard's collector polls once; what its /api/cluster then says of node2."""
+        t0 = time.monotonic()
+        collector.poll()
+        took = time.monotonic() - t0
+        nodes = {n["name"]: n for n in dashboard.get("/api/cluster", headers={
+            "Authorization": f"Bearer {token}", "Host": "127.0.0.1:8265"}).get_json()["nodes"]}
+        return "poll %.2f s; node2 up %s (%s); node1 up %s, node3 up %s" % (
+            took, nodes["node2"]["up"], nodes["node2"].get("down") or "-", nodes["node1"]["up"], nodes["node3"]["up"])
+
     net.cut("node2", "controller")
     out(f"controller: fab status {timed('status')}")
     out(f"controller: fab logs {timed('logs')}")
+    out(f"controller: fab watch --timeout 4 {timed('watch', '--timeout', '4')}")
+    out(f"controller: dashboard {polled()}")
     untouched = not any(job.events(n, "job_failed") for n in NODES) and pid in job.job_pids("node2")
     out(f"controller: the job untouched after them: {'yes' if untouched else 'no'}")
     killed = time.time()
@@ -215,6 +237,8 @@ def controller(fab, root, net, out) -> None:
     out(f"controller: node2's trainer-1 stopped {gone - killed:.2f} s after kill-all began (its agent fenced itself)"
         if gone else "controller: node2's trainer-1 not seen stopped")
     net.heal("node2")
+    out(f"controller: healed: dashboard {polled()}")
+    session.close()
     out("controller: left running after heal, before the second kill-all: "
         + ", ".join(f"{n} {len(job.job_pids(n))}" for n in NODES))
     out(f"controller: healed: fab kill-all --grace 1 {timed('kill-all', '--grace', '1')}")

@@ -33,7 +33,7 @@ from fabtrain.plan.ports import configured_ports, needed_ports
 from fabtrain.remote import rpc
 from fabtrain.remote.rsync import Rsync, rsync
 from fabtrain.remote.session import Session
-from fabtrain.remote.transport import NO_REPLY, Reply, Transport
+from fabtrain.remote.transport import NO_REPLY, UNREACHABLE, Reply, Transport
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 CODE_IDENTITY = ".fabtrain-code.json"  # beside the code on each node: which code it is
@@ -438,5 +438,16 @@ def require_job(replies: list[Reply], job_id: str | None) -> None:
 
 def kill_all(session: Session, grace: float = STOP_GRACE, by: str = "fab kill-all") -> list[Reply]:
     """Stop every process of every job on every node; `by` (one of contract.states.KILLERS) is who
-    the job's events and state say stopped it."""
-    return session.map(lambda t: rpc.call(t, "kill", {"grace": grace, "by": by}, timeout=grace + 60))
+    the job's events and state say stopped it.
+
+    Every node's jobs are marked before any node's are signalled, as a failed start's stop does: a
+    trainer that dies because another node's rank was stopped is then read by its agent as stopped by
+    `by`, not as a failure of its own (which would write a failure, or restart under on_failure:
+    restart). A node the marking pass could not reach is not tried again: it would hold the stop up
+    for its connect timeout twice; its reply is that pass's, and the caller names it."""
+    payload = {"grace": grace, "by": by}
+    marked = session.map(lambda t: rpc.call(t, "kill", {**payload, "signal": False}, timeout=60))
+    unreached = {r.node: r for r in marked if not r.ok and r.kind == UNREACHABLE}
+    stopped = {r.node: r for r in session.map(lambda t: rpc.call(t, "kill", payload, timeout=grace + 60),
+                                              [n for n in session.cluster.nodes if n.name not in unreached])}
+    return [unreached.get(n.name) or stopped[n.name] for n in session.cluster.nodes]
