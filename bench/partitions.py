@@ -14,15 +14,16 @@ have ended (every process there but sshd's):
   loss       30 % of node3's packets dropped both ways (nft numgen) for 30 s: a false failure or not
   one_way    what node3 sends dropped (nft, its output only), then, in a second job, what it receives
   hang_loss  30 % loss on node3 and its trainer stopped (SIGSTOP): a hang caught as one, or a lost node
-  controller the controller's packets to node2 dropped (nft in the root namespace): fab status and
-             fab kill-all against the job, which goes on; healed, a second fab kill-all
+  controller the controller's packets to node2 dropped (nft in the root namespace): fab status, logs,
+             watch, the dashboard's poll and fab kill-all against the job, which goes on; healed, the
+             dashboard again and a second fab kill-all
 
 The baseline each figure is held against, measured in the same run: the node's lease (its agent's
 newest answered beat, health.json's coordinator.lease); the ratio is the stop's distance from the
-lease against fence.stop_bound, the bound docs/partitions.md states. Writes
-bench/results/partitions-<commit>.txt (the header: commit, date, nproc, load).
+lease against fence.stop_bound, the bound docs/partitions.md states. It prints; bench/record.py keeps
+the output in bench/results/ with its header (commit, date, nproc, load), as for every bench:
 
-    .venv/bin/python bench/partitions.py [--only SCENARIO ...]
+    .venv/bin/python bench/record.py partitions-<commit> -- .venv/bin/python bench/partitions.py [--only SCENARIO ...]
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ import time  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.record import RESULTS, git, header, loadavg  # noqa: E402
+from bench.record import loadavg  # noqa: E402
 from fabtrain.config.cluster import load_cluster  # noqa: E402
 from fabtrain.controller.collector import Collector  # noqa: E402
 from fabtrain.dashboard import create_app  # noqa: E402
@@ -259,13 +260,9 @@ def main() -> int:
     if why:
         print(f"partitions: {why}", file=sys.stderr)
         return 2
-    path = RESULTS / f"partitions-{git('rev-parse', '--short', 'HEAD')}.txt"
-    with tempfile.TemporaryDirectory() as tmp, path.open("w") as f:
+    with tempfile.TemporaryDirectory() as tmp:
         def out(line: str) -> None:
-            f.write(line + "\n")
-            f.flush()
             print(line, flush=True)
-        f.write(header([sys.executable, "bench/partitions.py", *sys.argv[1:]], 1, None))
         out(f"load average before: {loadavg()}; stop bound {BOUND:.0f} s, fence_wait "
             f"{fence.fence_wait(INTERVAL, GRACE):.0f} s, peer_timeout {fence.peer_timeout(INTERVAL):.0f} s")
         net = netns.NetnsCluster(Path(tmp) / "net", len(NODES))
@@ -277,7 +274,6 @@ def main() -> int:
         finally:
             net.close()
         out(f"load average after: {loadavg()}")
-    print(f"written: {path.relative_to(REPO)}")
     return 0
 
 
