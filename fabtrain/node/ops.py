@@ -429,8 +429,8 @@ def op_kill(payload):
             # Before any signal: the agents read it (a user's act or a failed start: no restart, no failure).
             why = reason if by == START_FAILED else None  # otherwise `reason` only words the killed events
             marker = os.path.join(jobs_root, job_id, "killed")
-            if why and read_marker(marker) == (by, why):
-                continue  # marked so by the stop's marking pass: its event is said once
+            if read_marker(marker) == (by, why):
+                continue  # marked so by the stop's marking pass: its event is said once, its time kept
             if why:
                 append_events(JobFolder(os.path.join(jobs_root, job_id)).events, [{
                     "ts": time.time(), "node": payload.get("node"), "kind": EventKind.START_FAILED, "reason": why}])

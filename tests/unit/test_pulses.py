@@ -54,6 +54,20 @@ def test_without_pulses_a_node_whose_connection_is_gone_is_lost_after_peer_timeo
     assert [e.node for e in b.check_peers(now=5.0, wall=105)] == ["n1"]
 
 
+def test_a_pulse_that_says_its_agent_fences_itself_loses_the_node_at_the_next_check():
+    """One way: what n1 sends gets here, what we send does not. Its pulses still come, and say that its
+    lease is past fence_after with its connection gone: it is lost now, not when its agent has ended."""
+    b = Board("j1", ["n0", "n1"], peer_timeout=5)
+    b.beat(beat("n0"), now=0, wall=100)
+    b.beat(beat("n1"), now=0, wall=100)
+    assert b.pulse("n1", now=2.0)
+    assert b.check_peers(now=2.1, wall=102, connected={"n0"}) == []
+    assert not b.pulse("n1", now=4.1, fencing=True)  # not answered: nothing renews its lease
+    events = b.check_peers(now=4.2, wall=104, connected={"n0"})
+    assert [(e.kind, e.node) for e in events] == [("peer_lost", "n1")]
+    assert "says it has had no answer from the coordinator" in events[0].reason and b.status["status"] == "failed"
+
+
 def test_a_pulse_from_a_node_the_board_never_heard_is_not_answered():
     assert not Board("j1", ["n0", "n1"], peer_timeout=5).pulse("n1", now=0)
 
@@ -66,8 +80,8 @@ def test_the_desk_answers_a_pulse_of_the_nodes_session_once_and_the_answer_is_se
     desk = pulse.Desk(["n0", "n1"])
     desk.session("n1", coordinator.session, coordinator.pulse_key)
     data = pulse.seal(agent.pulse_key, b"agent", {"node": "n1", "s": A_NONCE, "p": 1})
-    node, reply = desk.take(data)
-    assert node == "n1"
+    node, fencing, reply = desk.take(data)
+    assert node == "n1" and not fencing
     pulse.verify(agent.pulse_key, b"coordinator", reply)
     assert pulse.body_of(reply) == {"s": A_NONCE, "p": 1}
     with pytest.raises(ProtocolError, match="replayed"):
@@ -125,7 +139,7 @@ def coordinator_desk():
     assert desk.bind("127.0.0.1", 0, socket.AF_INET)
     desk.session("n1", coordinator.session, coordinator.pulse_key)
     answering = {"n1": True}
-    thread = DeskThread(desk, lambda node: answering[node])
+    thread = DeskThread(desk, lambda node, fencing: answering[node] and not fencing)
     thread.start()
     yield desk, agent, answering, thread
     thread.stopping.set()
@@ -137,7 +151,7 @@ def test_the_pulser_renews_the_lease_only_while_beats_are_late_and_only_while_th
     desk, agent, answering, thread = coordinator_desk
     lease = {"age": 0.0, "renewed": []}
     pulser = pulse.Pulser("127.0.0.1", desk.sock.getsockname()[1], 0.05, 1.0, lambda: lease["age"],
-                          lambda mono, wall: lease["renewed"].append(mono))
+                          lambda mono, wall: lease["renewed"].append(mono), lambda age: age >= 4.0)
     pulser.session("n1", A_NONCE, agent.pulse_key)
     pulser.start()
     try:
@@ -146,7 +160,12 @@ def test_the_pulser_renews_the_lease_only_while_beats_are_late_and_only_while_th
         lease["age"] = 2.0  # the beats are late
         assert wait_for(lambda: len(lease["renewed"]) >= 3, timeout=5)
         assert lease["renewed"] == sorted(lease["renewed"]) and lease["renewed"][-1] <= time.monotonic()
-        answering["n1"] = False  # the node was lost: its pulses go on, unanswered, and nothing renews
+        lease["age"] = 4.5  # the agent's own fence rule holds: its pulses say so, and are not answered
+        time.sleep(0.2)
+        count, sent = len(lease["renewed"]), pulser.number
+        time.sleep(0.5)
+        assert len(lease["renewed"]) == count and pulser.number > sent
+        lease["age"], answering["n1"] = 2.0, False  # the node was lost: its pulses go on, unanswered
         time.sleep(0.2)
         count, sent = len(lease["renewed"]), pulser.number
         time.sleep(0.5)

@@ -66,6 +66,7 @@ class Outcome(NamedTuple):
 class Peer:
     seen: float  # monotonic, of the last beat or pulse (pulse.py)
     beat_seen: float = 0.0  # monotonic, of the last beat: a pulse carries no news, so it cannot stand in for long
+    fencing: bool = False  # its last pulse said its agent is fencing itself (no answer past its fence_after)
     ts: float | None = None  # epoch, of the last beat
     done: bool = False  # nothing of the job is left on that node: it may go quiet
     lost: bool = False
@@ -98,12 +99,16 @@ def beat_error(msg: dict) -> str | None:
 
 def _silence(name: str, p: Peer, open_: bool, now: float, peer_timeout: float) -> str | None:
     """Why the peer `name` is lost now, or None: silent for peer_timeout with its connection gone, for
-    hung_timeout with it open (slow is not lost), or no beat for hung_timeout though pulses come."""
+    hung_timeout with it open (slow is not lost), its pulse saying it fences itself (what it sends gets
+    here, what we send does not), or no beat for hung_timeout though pulses come."""
     hung = hung_timeout(peer_timeout)
     if now - p.seen >= (hung if open_ else peer_timeout):
         return ("no heartbeat from the agent on %s for %.0f s while its connection stayed open (hung_timeout %.0f s)"
                 % (name, now - p.seen, hung) if open_ else
                 "no heartbeat from the agent on %s for %.0f s (peer_timeout %.0f s)" % (name, now - p.seen, peer_timeout))
+    if p.fencing:
+        return ("the agent on %s says it has had no answer from the coordinator for longer than its fence_after: "
+                "it fences itself" % name)
     if now - p.beat_seen >= hung:
         return ("no beat from the agent on %s for %.0f s, though its pulses come: its connection to the coordinator "
                 "cannot be kept (hung_timeout %.0f s)" % (name, now - p.beat_seen, hung))
@@ -304,7 +309,7 @@ class Board:
             peer.lost = False  # it came back; the job's status stays what it is
             events.append(Event(EventKind.PEER_BACK, node, "agent on %s beats again" % node))
         peer.seen = peer.beat_seen = now
-        peer.ts = wall
+        peer.ts, peer.fencing = wall, False
         # A field the beat leaves out did not change since the sender's last beat (protocol.beat_changes).
         if "done" in msg:
             peer.done = bool(msg["done"])
@@ -355,14 +360,15 @@ class Board:
         reply, first = self.departed.refusal(self.job_id, node, g, msg.get("seq"))
         return Outcome(reply, False, [Event(EventKind.FENCED, node, first, {"generation": g})] if first else [])
 
-    def pulse(self, node: str, now: float) -> bool:
+    def pulse(self, node: str, now: float, fencing: bool = False) -> bool:
         """A pulse from `node` (pulse.py): it is still there. True if it is answered: not once it is lost
-        or left, so its lease runs out and it fences itself."""
+        or left, so its lease runs out and it fences itself, nor when it says it is fencing itself (its
+        answers do not reach it: the next check_peers loses it)."""
         peer = self.peers.get(node)
         if peer is None or peer.lost or node in self.out:
             return False
-        peer.seen = now
-        return True
+        peer.seen, peer.fencing = now, fencing
+        return not fencing
 
     def check_peers(self, now: float, wall: float, connected=()) -> list[Event]:
         """Mark lost the agents silent for peer_timeout whose connection is gone, or for hung_timeout

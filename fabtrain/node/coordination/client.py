@@ -81,7 +81,7 @@ class Client(threading.Thread):
         self._stopping = threading.Event()
         # Pulses (pulse.py) renew the lease while beats are late: from an interval on, when one is due.
         self.pulser = Pulser(for_resolver(host), port, pulse_period(interval), interval, self._lease_age,
-                             self._pulse_answered)
+                             self._pulse_answered, self._fencing)
 
     def update(self, beat: dict, urgent: bool = False) -> int:
         beat = dict(beat)
@@ -112,6 +112,11 @@ class Client(threading.Thread):
     def _lease_age(self) -> float | None:
         lease = self.lease
         return None if lease is None else time.monotonic() - lease
+
+    def _fencing(self, lease_age: float) -> bool:
+        """The agent's own fence rule (fence.py, agent/policy.py) holds at this lease age."""
+        return lease_age >= (hung_timeout(self.peer_timeout) if self.connected else
+                             kernel_timeout(self.peer_timeout, self.interval))
 
     def _pulse_answered(self, mono: float, wall: float) -> None:
         """The coordinator answered a pulse sent at `mono`: the lease runs from then (pulse.py)."""

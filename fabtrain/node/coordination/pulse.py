@@ -100,9 +100,9 @@ class Desk:
         self.sock = sock
         return True
 
-    def answer(self, live: Callable[[str], bool], refused: Callable[[str], None]) -> None:
-        """Answer the pulses waiting on the socket: each from a node `live` says is still in the job;
-        `refused` is told of every datagram that is not a pulse of a session we know."""
+    def answer(self, live: Callable[[str, bool], bool], refused: Callable[[str], None]) -> None:
+        """Answer the pulses waiting on the socket: each that `live(node, fencing)` says to (a node still
+        in the job); `refused` is told of every datagram that is not a pulse of a session we know."""
         for _ in range(256):  # a burst is drained, but connections are served between bursts
             try:
                 data, addr = self.sock.recvfrom(MAX_PULSE + 1)
@@ -111,13 +111,13 @@ class Desk:
             except OSError:  # an ICMP error of an earlier reply: that agent is unreachable for now
                 continue
             try:
-                node, reply = self.take(data)
+                node, fencing, reply = self.take(data)
             except Stale:
                 continue
             except ProtocolError as e:
                 refused("%s from %s:%s" % (e, addr[0], addr[1]))
                 continue
-            if live(node):
+            if live(node, fencing):
                 try:
                     self.sock.sendto(reply, addr)
                 except OSError:
@@ -127,8 +127,8 @@ class Desk:
         """`node` authenticated a new connection: its pulses from now on are of this session."""
         self.sessions[node] = [agent_nonce, key, 0]
 
-    def take(self, data: bytes) -> tuple[str, bytes]:
-        """(node, the reply to seal-send back) for one datagram, or ProtocolError."""
+    def take(self, data: bytes) -> tuple[str, bool, bytes]:
+        """(node, whether it says it fences itself, the reply to send back) for one datagram, or ProtocolError."""
         msg = body_of(data)
         node = msg.get("node")
         known = self.sessions.get(node) if isinstance(node, str) else None
@@ -140,7 +140,7 @@ class Desk:
         if msg["p"] <= known[2]:
             raise ProtocolError("pulse %d of %s replayed or reordered (last %d)" % (msg["p"], node, known[2]))
         known[2] = msg["p"]
-        return node, seal(known[1], b"coordinator", {"s": msg["s"], "p": msg["p"]})
+        return node, msg.get("f") is True, seal(known[1], b"coordinator", {"s": msg["s"], "p": msg["p"]})
 
 
 class Pulser(threading.Thread):
@@ -148,10 +148,11 @@ class Pulser(threading.Thread):
     pulse every `period`; each answer calls `renewed(monotonic, epoch)` with the pulse's send time."""
 
     def __init__(self, host: str, port: int, period: float, late: float,
-                 lease_age: Callable[[], float | None], renewed: Callable[[float, float], None]):
+                 lease_age: Callable[[], float | None], renewed: Callable[[float, float], None],
+                 fencing: Callable[[float], bool] = lambda age: False):
         super().__init__(name="coordinator-pulses", daemon=True)
         self.where, self.period, self.late = (host, port), period, late
-        self.lease_age, self.renewed = lease_age, renewed
+        self.lease_age, self.renewed, self.fencing = lease_age, renewed, fencing
         self.lock = threading.Lock()
         self.current: tuple | None = None  # (node, agent nonce, key) of the newest session
         self.number = 0
@@ -212,7 +213,10 @@ class Pulser(threading.Thread):
             self.sent[self.number] = (now, time.time())
             if len(self.sent) > 64:  # unanswered ones this old no longer renew anything worth having
                 del self.sent[min(self.sent)]
-            data = seal(key, b"agent", {"node": node, "s": nonce, "p": self.number})
+            msg = {"node": node, "s": nonce, "p": self.number}
+            if self.fencing(age):  # what we send gets there and nothing comes back: say so, and be lost at once
+                msg["f"] = True
+            data = seal(key, b"agent", msg)
         try:
             sock.send(data)
         except OSError:

@@ -185,9 +185,9 @@ class Coordinator(threading.Thread):
         self.bound, self.bind_error = True, None
         return True
 
-    def _pulse(self, node: str) -> bool:
+    def _pulse(self, node: str, fencing: bool) -> bool:
         with self.lock:
-            return self.board.pulse(node, time.monotonic())
+            return self.board.pulse(node, time.monotonic(), fencing)
 
     def run(self) -> None:
         deadline = time.monotonic() + self.bind_wait
