@@ -12,6 +12,8 @@ have ended (every process there but sshd's):
              ignores SIGTERM (it takes the whole grace, as one that saves a checkpoint does)
   coord      every packet of node1 (the coordinator's node) dropped, kill-job
   loss       30 % of node3's packets dropped both ways (nft numgen) for 30 s: a false failure or not
+  tcp_blocked  TCP to and from the coordinator's port dropped on node3, UDP not: how long the pulses keep it
+             in the job, and what ends it
   one_way    what node3 sends dropped (nft, its output only), then, in a second job, what it receives
   hang_loss  30 % loss on node3 and its trainer stopped (SIGSTOP): a hang caught as one, or a lost node
   controller the controller's packets to node2 dropped (nft in the root namespace): fab status, logs,
@@ -155,6 +157,25 @@ def lossy(fab, root, net, out, seconds=30.0) -> None:
     wait_for(lambda: not any(job.job_pids(n) for n in NODES), timeout=20)
 
 
+def tcp_blocked(fab, root, net, out, hold=40.0) -> None:
+    """node3's TCP to and from the coordinator's port dropped, its datagrams not: the beats' connection cannot be
+    kept, the pulses get through. How long the job goes on so, and what ends it (hung_timeout without a beat)."""
+    job = PartitionJob(fab, root, net)
+    cut = net.cut("node3", "tcp-port", port=7180)
+    wait_for(lambda: any(job.events(n, "job_failed") for n in NODES), timeout=hold)
+    failed = sorted((e for n in NODES for e in job.events(n, "job_failed")), key=lambda e: e["ts"])
+    pulses = (job.health("node3").get("coordinator") or {}).get("pulses", 0)
+    out(f"tcp_blocked: TCP to the coordinator's port dropped on node3 for up to {hold:.0f} s: " + (
+        f"job failed {failed[0]['ts'] - cut:.2f} s after the cut, on {failed[0].get('node')}: {failed[0]['reason'][:140]}"
+        if failed else "no failure") + f"; node3's pulses answered: {pulses}")
+    wait_for(lambda: stopped_at(job, "node3", "trainer-2"), timeout=BOUND + 5)
+    gone, lease = stopped_at(job, "node3", "trainer-2"), (job.health("node3").get("coordinator") or {}).get("lease")
+    out(f"tcp_blocked: node3: trainer-2 stopped {gone - cut:.2f} s after the cut, {gone - lease:.2f} s after its lease "
+        f"(bound {BOUND:.0f} s: ratio {(gone - lease) / BOUND:.2f})" if gone and lease else
+        "tcp_blocked: node3's trainer-2 not seen stopped")
+    out(f"tcp_blocked: left running after heal: {left_after_heal(job, net)}; kill-all exit {job.fab('kill-all').returncode}")
+
+
 def one_way(fab, root, net, out) -> None:
     """node3's outgoing packets dropped, then (a second job) its incoming ones: TCP gets no answer either way."""
     for how, what in (("drop-out", "what node3 sends"), ("drop-in", "what node3 receives")):
@@ -247,7 +268,7 @@ def controller(fab, root, net, out) -> None:
     out(f"controller: left running after the second kill-all: {sum(len(job.job_pids(n)) for n in NODES)}")
 
 
-SCENARIOS = {"plain": plain, "min_nodes": min_nodes, "coord": coordinator, "loss": lossy, "one_way": one_way,
+SCENARIOS = {"plain": plain, "min_nodes": min_nodes, "coord": coordinator, "loss": lossy, "tcp_blocked": tcp_blocked, "one_way": one_way,
              "hang_loss": hang_under_loss, "controller": controller}
 
 

@@ -184,6 +184,23 @@ def test_kill_all_escalates_to_sigkill_for_a_process_that_ignores_sigterm(fresh)
     assert all(by_kill_all[n]["signal"] == "SIGTERM" for n in ("trainer-0", "trainer-1") if n in by_kill_all)
 
 
+def test_kill_all_marks_every_nodes_job_before_it_stops_any_process(fresh):
+    """A trainer that dies because another node's process was stopped first is read by its agent as
+    stopped by kill-all, not as a failure of its own: every node's `killed` marker is on disk before
+    the first process of the job ends (the exit files the launchers write), and no agent wrote a failure."""
+    job = fresh
+    job.start()
+    job.fab("kill-all", "--grace", "2", check=True)
+    assert wait_for(lambda: not job.leftovers(), timeout=10), job.describe()
+    marked = {n: (job.jd(n) / "killed").stat().st_mtime for n in job.ws}
+    ended = {f"{n}/{f.stem}": f.stat().st_mtime for n in job.ws for f in job.jd(n).glob("run/*.exit")}
+    assert len(ended) >= 3, ended  # the pserver and every trainer
+    assert max(marked.values()) <= min(ended.values()), (marked, ended)
+    # An agent that saw a process end before its own was stopped says kill-all stopped it, never that it failed.
+    ends = [e["reason"] for e in job.events() if e["kind"] in ("job_failed", "exited")]
+    assert all("stopped by fab kill-all" in reason for reason in ends), job.describe()
+
+
 def test_the_watchdog_escalates_to_sigkill_for_a_process_that_ignores_sigterm(fresh):
     job = fresh
     job.start(pserver_args="--ignore-term pserver-0", grace=2)
