@@ -20,27 +20,39 @@ DOC_NUMBER = re.compile(r"(?<![\w.])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\w)|(?<![\w.]
 FILE_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
 
 
+def section(text: str, heading: str) -> str:
+    """The section of a markdown text under `heading` (a line "## ..."), to the next heading of its level."""
+    start = text.index("\n%s\n" % heading)
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else len(text)]
+
+
 def performance_docs() -> dict[str, str]:
     readme = (REPO / "README.md").read_text()
-    figures = readme[readme.index("\n## Figures\n"):]
-    return {"README.md (Figures)": figures[:figures.index("\n## ", 1)],
-            "docs/performance.md": (REPO / "docs" / "performance.md").read_text()}
+    return {"README.md (Figures)": section(readme, "## Figures"),
+            "docs/performance.md": (REPO / "docs" / "performance.md").read_text(),
+            "docs/partitions.md (Measured)": section((REPO / "docs" / "partitions.md").read_text(), "## Measured")}
 
 
 def blocks(text: str) -> list[str]:
-    """Paragraphs, list items and table rows: the units that name their file. Headings and code blocks hold none."""
+    """Paragraphs, list items and table rows: the units that name their file. Headings and code blocks hold none.
+    A table row that names no file quotes the files the paragraph just before its table names ("Run quoted: ...")."""
     text = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
-    out = []
+    out: list[str] = []
+    before = ""  # the paragraph before the current one
     for para in re.split(r"\n\s*\n", text):
         lines = para.strip().splitlines()
         if not lines or lines[0].startswith("#"):
             continue
         if lines[0].startswith("|"):
-            out += [line for line in lines if not re.match(r"^\|[-| :]+\|$", line)][1:]  # rows, less the header
+            above = " ".join("bench/results/%s" % name for name in CITED.findall(before))
+            rows = [line for line in lines if not re.match(r"^\|[-| :]+\|$", line)][1:]  # rows, less the header
+            out += [row if CITED.search(row) else "%s %s" % (row, above) for row in rows]
         elif lines[0].startswith(("- ", "* ")):
             out += [item for item in re.split(r"\n(?=[-*] )", para.strip())]
         else:
             out.append(para.strip())
+        before = para
     return out
 
 
