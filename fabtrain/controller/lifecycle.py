@@ -446,8 +446,10 @@ def kill_all(session: Session, grace: float = STOP_GRACE, by: str = "fab kill-al
     restart). A node the marking pass could not reach is not tried again: it would hold the stop up
     for its connect timeout twice; its reply is that pass's, and the caller names it."""
     payload = {"grace": grace, "by": by}
-    marked = session.map(lambda t: rpc.call(t, "kill", {**payload, "signal": False}, timeout=60))
-    unreached = {r.node: r for r in marked if not r.ok and r.kind == UNREACHABLE}
-    stopped = {r.node: r for r in session.map(lambda t: rpc.call(t, "kill", payload, timeout=grace + 60),
-                                              [n for n in session.cluster.nodes if n.name not in unreached])}
+    with rpc.Channels() as channels:  # both passes ask the same node-side process: one start a node
+        marked = session.map(lambda t: channels.call(t, "kill", {**payload, "signal": False}, timeout=60))
+        unreached = {r.node: r for r in marked if not r.ok and r.kind == UNREACHABLE}
+        stopped = {r.node: r for r in session.map(lambda t: channels.call(t, "kill", payload, timeout=grace + 60,
+                                                                          last=True),
+                                                  [n for n in session.cluster.nodes if n.name not in unreached])}
     return [unreached.get(n.name) or stopped[n.name] for n in session.cluster.nodes]
