@@ -16,6 +16,7 @@ have ended (every process there but sshd's):
              in the job, and what ends it
   one_way    what node3 sends dropped (nft, its output only), then, in a second job, what it receives
   hang_loss  30 % loss on node3 and its trainer stopped (SIGSTOP): a hang caught as one, or a lost node
+  copy_cut   copy-data, then deploy, to node3 over a 1 mbit link set down mid-file; healed, each again
   controller the controller's packets to node2 dropped (nft in the root namespace): fab status, logs,
              watch, the dashboard's poll and fab kill-all against the job, which goes on; healed, the
              dashboard again and a second fab kill-all
@@ -36,6 +37,7 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
@@ -53,6 +55,8 @@ from fabtrain.node import procfs  # noqa: E402
 from fabtrain.remote.session import Session  # noqa: E402
 from fabtrain.node.coordination import fence  # noqa: E402
 from tests.support import netns  # noqa: E402
+from tests.support.netns import cut_mid_file  # noqa: E402
+from tests.support.sshd import write_cluster  # noqa: E402
 from tests.support.partition_job import GRACE, INTERVAL, NODES, PartitionJob, stopped_at  # noqa: E402
 from tests.support.procscan import wait_for  # noqa: E402
 
@@ -268,8 +272,67 @@ def controller(fab, root, net, out) -> None:
     out(f"controller: left running after the second kill-all: {sum(len(job.job_pids(n)) for n in NODES)}")
 
 
+def copy_cut(fab, root, net, out) -> None:
+    """copy-data, then deploy, to node3 over a capped link (tbf 1 mbit; copy-data also 5 % loss) set down
+    mid-file: how soon each ends and names node3, whether a half-written file is under its name, and the
+    next run once healed (every shard verified; the file shipped whole)."""
+    import hashlib
+
+    folder = root / "copy"
+    folder.mkdir()
+    corpus = folder / "corpus.txt"
+    words = [f"w{i}" for i in range(500)]
+    with corpus.open("w") as f:  # ~6 MB: each node's shard ~2 MB, ~16 s at 1 mbit
+        for i in range(120_000):
+            f.write(" ".join(words[(i * 7 + k * 13) % 500] for k in range(8)) + "\n")
+    project = folder / "project"
+    project.mkdir()
+    (project / "train.py").write_text("print('hello')\n")
+    blob = os.urandom(2_000_000)  # incompressible: ~16 s at 1 mbit
+    (project / "weights.bin").write_bytes(blob)
+    path = write_cluster(folder / "c.yaml", net, ssh_nodes=[(n, ["trainer"]) for n in NODES],
+                         job={"mode": "collective", "code": "project", "trainer": {"command": "true"},
+                              "data": {"dir": str(folder / "prepared"), "input": str(corpus)},
+                              "watchdog": {"enabled": False}})
+    env = {**os.environ, "FABTRAIN_CLUSTER": str(path), "FABTRAIN_STATE_DIR": str(folder / "state")}
+    fab("split-data", cluster=path, check=True)
+    data = folder / "ws-node3" / "data"
+    net.cap("node3", "1mbit")
+    net.cut("node3", "loss", 5)
+    try:
+        proc, said, took = cut_mid_file(net, [FAB, "copy-data"], env, data, ".train.txt-")
+    finally:
+        net.heal("node3")
+    named = next((line.strip() for line in said.splitlines() if "node3" in line), "node3 not named")
+    out(f"copy_cut: copy-data ended {took:.2f} s after the cut, exit {proc.returncode}: {named[:120]}; "
+        f"a half-written shard under its name: {'yes' if (data / 'train.txt-00002').exists() else 'no'}")
+    manifest = json.loads((folder / "prepared" / "MANIFEST.json").read_text())
+    t0 = time.monotonic()
+    again = fab("copy-data", cluster=path)
+    whole = all(hashlib.sha256((folder / f"ws-{n}" / "data" / f"train.txt-{i:05d}").read_bytes()).hexdigest()
+                == manifest["files"][f"train.txt-{i:05d}"]["sha256"] for i, n in enumerate(NODES))
+    out(f"copy_cut: healed: copy-data {time.monotonic() - t0:.2f} s, exit {again.returncode}, every shard's sha256 "
+        f"as the manifest says: {'yes' if whole else 'no'}")
+    ws3 = folder / "ws-node3"
+    net.cap("node3", "1mbit")
+    try:
+        proc, said, took = cut_mid_file(net, [FAB, "deploy"], env, ws3, ".weights.bin.")
+    finally:
+        net.heal("node3")
+    named = next((line.strip() for line in said.splitlines() if "node3" in line), "node3 not named")
+    half = any(p.read_bytes() != blob for p in ws3.rglob("weights.bin"))
+    out(f"copy_cut: deploy ended {took:.2f} s after the cut, exit {proc.returncode}: {named[:120]}; "
+        f"a half-written file under its name: {'yes' if half else 'no'}")
+    t0 = time.monotonic()
+    again = fab("deploy", cluster=path)
+    shipped = [p for p in ws3.rglob("weights.bin") if "code" in p.parts]
+    whole = bool(shipped) and all(p.read_bytes() == blob for p in shipped)
+    out(f"copy_cut: healed: deploy {time.monotonic() - t0:.2f} s, exit {again.returncode}, the file whole: "
+        f"{'yes' if whole else 'no'}")
+
+
 SCENARIOS = {"plain": plain, "min_nodes": min_nodes, "coord": coordinator, "loss": lossy, "tcp_blocked": tcp_blocked, "one_way": one_way,
-             "hang_loss": hang_under_loss, "controller": controller}
+             "hang_loss": hang_under_loss, "controller": controller, "copy_cut": copy_cut}
 
 
 def main() -> int:

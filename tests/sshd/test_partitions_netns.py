@@ -26,6 +26,7 @@ from fabtrain.remote.session import Session
 from fabtrain.node.coordination import fence
 from tests.conftest import require
 from tests.support import netns
+from tests.support.netns import cut_mid_file
 from tests.support.procscan import wait_for
 from tests.support.partition_job import GRACE, INTERVAL, MASTER_PORT, NODES, PartitionJob, stopped_at
 from tests.support.sshd import write_cluster
@@ -306,25 +307,3 @@ def test_deploy_over_a_capped_link_cut_mid_file_ends_naming_the_node_and_the_nex
     shipped = [p for p in ws3.rglob("weights.bin") if "code" in p.parts]
     assert shipped and all(hashlib.sha256(p.read_bytes()).digest() == hashlib.sha256(blob).digest()
                            for p in shipped), (shipped, again.stdout)
-
-
-def cut_mid_file(net, argv, env, folder, temp_prefix):
-    """Run `argv` (a fab task whose rsync writes to node3), set node3's link down once a file under `folder`
-    named `temp_prefix`* (rsync's temp name) holds 100 kB: (the finished process, its output, seconds from
-    the cut to its end)."""
-    import subprocess
-
-    from tests.conftest import REPO
-
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        def writing():
-            return folder.is_dir() and any(p.name.startswith(temp_prefix) and p.stat().st_size > 100_000
-                                           for p in folder.rglob(temp_prefix + "*"))
-        assert wait_for(writing, timeout=60), proc.poll()
-        cut = net.cut("node3", "link")
-        out, _ = proc.communicate(timeout=60)
-        return proc, out, time.time() - cut
-    finally:
-        if proc.poll() is None:
-            proc.kill()

@@ -236,3 +236,25 @@ class NetnsCluster(SshdCluster):
             _remove_namespace(self.ns[n])
         sweep(only_pid=self.pid)
         _run("ip", "link", "del", self.bridge, check=False)
+
+
+def cut_mid_file(net: NetnsCluster, argv: list[str], env: dict, folder: Path, temp_prefix: str):
+    """Run `argv` (a fab task whose rsync writes to node3), set node3's link down once a file under `folder`
+    named `temp_prefix`* (rsync's temp name) holds 100 kB: (the finished process, its output, seconds from
+    the cut to its end)."""
+    from tests.support import REPO
+    from tests.support.procscan import wait_for
+
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def writing():
+            return folder.is_dir() and any(p.name.startswith(temp_prefix) and p.stat().st_size > 100_000
+                                           for p in folder.rglob(temp_prefix + "*"))
+        if not wait_for(writing, timeout=60):
+            raise AssertionError(f"no {temp_prefix}* file of 100 kB under {folder} within 60 s (exit {proc.poll()})")
+        cut = net.cut("node3", "link")
+        out, _ = proc.communicate(timeout=60)
+        return proc, out, time.time() - cut
+    finally:
+        if proc.poll() is None:
+            proc.kill()
