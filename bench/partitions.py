@@ -272,6 +272,12 @@ def controller(fab, root, net, out) -> None:
     out(f"controller: left running after the second kill-all: {sum(len(job.job_pids(n)) for n in NODES)}")
 
 
+def failure_line(said: str) -> str:
+    """The line of a fab task's output that says node3 failed (not its progress lines)."""
+    lines = [line.strip() for line in said.splitlines() if "node3" in line]
+    return next((line for line in lines if "FAILED" in line or "failed" in line), lines[-1] if lines else "node3 not named")
+
+
 def copy_cut(fab, root, net, out) -> None:
     """copy-data, then deploy, to node3 over a capped link (tbf 1 mbit; copy-data also 5 % loss) set down
     mid-file: how soon each ends and names node3, whether a half-written file is under its name, and the
@@ -303,7 +309,7 @@ def copy_cut(fab, root, net, out) -> None:
         proc, said, took = cut_mid_file(net, [FAB, "copy-data"], env, data, ".train.txt-")
     finally:
         net.heal("node3")
-    named = next((line.strip() for line in said.splitlines() if "node3" in line), "node3 not named")
+    named = failure_line(said)
     out(f"copy_cut: copy-data ended {took:.2f} s after the cut, exit {proc.returncode}: {named[:120]}; "
         f"a half-written shard under its name: {'yes' if (data / 'train.txt-00002').exists() else 'no'}")
     manifest = json.loads((folder / "prepared" / "MANIFEST.json").read_text())
@@ -312,14 +318,15 @@ def copy_cut(fab, root, net, out) -> None:
     whole = all(hashlib.sha256((folder / f"ws-{n}" / "data" / f"train.txt-{i:05d}").read_bytes()).hexdigest()
                 == manifest["files"][f"train.txt-{i:05d}"]["sha256"] for i, n in enumerate(NODES))
     out(f"copy_cut: healed: copy-data {time.monotonic() - t0:.2f} s, exit {again.returncode}, every shard's sha256 "
-        f"as the manifest says: {'yes' if whole else 'no'}")
+        f"as the manifest says: {'yes' if whole else 'no'}; "
+        + next((line.strip()[:100] for line in again.stdout.splitlines() if line.startswith("node3:")), "node3 silent"))
     ws3 = folder / "ws-node3"
     net.cap("node3", "1mbit")
     try:
         proc, said, took = cut_mid_file(net, [FAB, "deploy"], env, ws3, ".weights.bin.")
     finally:
         net.heal("node3")
-    named = next((line.strip() for line in said.splitlines() if "node3" in line), "node3 not named")
+    named = failure_line(said)
     half = any(p.read_bytes() != blob for p in ws3.rglob("weights.bin"))
     out(f"copy_cut: deploy ended {took:.2f} s after the cut, exit {proc.returncode}: {named[:120]}; "
         f"a half-written file under its name: {'yes' if half else 'no'}")
