@@ -6,8 +6,11 @@ node, a nonce) and nothing else, and whatever it answers is refused.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import selectors
+import struct
+import termios
 import socket
 import threading
 import time
@@ -80,8 +83,9 @@ class Client(threading.Thread):
         os.set_blocking(self._wake_r, False)
         self._stopping = threading.Event()
         # Pulses (pulse.py) renew the lease while beats are late: from an interval on, when one is due.
-        self.pulser = Pulser(for_resolver(host), port, pulse_period(interval), interval, self._lease_age,
+        self.pulser = Pulser(for_resolver(host), port, pulse_period(interval), interval, self._pulse_age,
                              self._pulse_answered, self._fencing)
+        self._sock: socket.socket | None = None  # the beats' connection while it is open
 
     def update(self, beat: dict, urgent: bool = False) -> int:
         beat = dict(beat)
@@ -112,6 +116,20 @@ class Client(threading.Thread):
     def _lease_age(self) -> float | None:
         lease = self.lease
         return None if lease is None else time.monotonic() - lease
+
+    def _pulse_age(self) -> float | None:
+        """The lease's age where a pulse can help, else 0: the beats' connection is gone, or a beat of
+        ours sits in it unacknowledged by the coordinator's kernel (the network loses it). A connection
+        whose beats that kernel took, answered late, is a busy coordinator: pulses would only add to its
+        load (200 agents on 2 cores did lose a node so)."""
+        age, sock = self._lease_age(), self._sock
+        if age is None or not self.connected or sock is None:
+            return age
+        try:
+            unacked = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+        except (OSError, ValueError):  # closed meanwhile: gone
+            return age
+        return age if unacked > 0 else 0.0
 
     def _fencing(self, lease_age: float) -> bool:
         """The agent's own fence rule (fence.py, agent/policy.py) holds at this lease age."""
@@ -223,6 +241,7 @@ class Client(threading.Thread):
             self._sent_at = [s for s in self._sent_at if s[0] > ack]
 
     def _serve(self, sock: socket.socket, channel: Channel, reader: LineReader) -> None:
+        self._sock = sock
         sel = selectors.DefaultSelector()
         sel.register(sock, selectors.EVENT_READ, "sock")
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
@@ -276,4 +295,5 @@ class Client(threading.Thread):
         except OSError as e:
             self.error = "connection to the coordinator lost: %s" % (e.strerror or e)
         finally:
+            self._sock = None
             sel.close()
