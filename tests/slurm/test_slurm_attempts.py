@@ -2,9 +2,7 @@
 what happened after `fab kill-all`; kill-all knows this cluster's Slurm jobs by id, not by name."""
 from __future__ import annotations
 
-import json
 import os
-import time
 
 import pytest
 
@@ -40,11 +38,6 @@ def no_job_left_behind(job, slurm):
     wait_for(lambda: not slurm.run("squeue", "-h", check=False).stdout.strip(), timeout=20)
 
 
-def starts(job, i: int) -> list[dict]:
-    path = job.jd(i) / "checkpoints" / f"trainer-{i}.starts.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def test_scontrol_requeue_mid_job_resumes_from_the_checkpoint_as_attempt_2(job):
     job.configure("python resumable.py --period 0.2 --steps 40", scheduler={"requeue": 2})
     job.submit()
@@ -52,10 +45,10 @@ def test_scontrol_requeue_mid_job_resumes_from_the_checkpoint_as_attempt_2(job):
     assert wait_for(lambda: all(len((job.jd(i) / "metrics" / f"trainer-{i}.jsonl").read_text().splitlines()) >= 5
                                 for i in range(3)), timeout=30), job.describe()
     assert job.slurm.run("scontrol", "requeue", job.slurm_job).returncode == 0
-    requeued_and_back(job)
-    assert wait_for(lambda: all(len(starts(job, i)) == 2 for i in range(3)), timeout=60), job.describe()
+    job.requeued_and_back()
+    assert wait_for(lambda: all(len(job.starts(i)) == 2 for i in range(3)), timeout=60), job.describe()
     for i in range(3):
-        first, second = starts(job, i)
+        first, second = job.starts(i)
         assert first == {"restart_count": "0", "from_step": 0}
         assert second["restart_count"] == "1" and second["from_step"] >= 5, second  # from its checkpoint
     assert job.wait_state("COMPLETED", "FAILED", "CANCELLED", timeout=60) == "COMPLETED", job.describe()
@@ -69,18 +62,6 @@ def test_scontrol_requeue_mid_job_resumes_from_the_checkpoint_as_attempt_2(job):
     assert [e["kind"] for e in job.events(0)][0] == "attempt"
 
 
-def requeued_and_back(job, timeout: float = 30) -> None:
-    """The job went back to PENDING; Slurm's hold before it runs again (BeginTime) lifted as an admin would."""
-    assert job.wait_state("PENDING", timeout=timeout) == "PENDING", job.describe()
-    # Slurm's hold is there for a reason: each slurmd revoked the last attempt's credential at the requeue, to
-    # the second, and refuses (fails the job: "Job credential revoked") a launch whose credential is of that
-    # same second. An admin lifts it after the old allocation is gone, in a later second.
-    assert wait_for(lambda: "COMPLETING" not in job.slurm.run("scontrol", "show", "job", "-o", job.slurm_job,
-                                                              check=False).stdout, timeout=30), job.describe()
-    time.sleep(1.5)
-    job.slurm.run("scontrol", "update", f"jobid={job.slurm_job}", "StartTime=now")
-
-
 def test_a_job_preempted_by_a_higher_partition_is_requeued_and_resumes(job, slurm):
     job.configure("python resumable.py --period 0.2 --steps 30", scheduler={"requeue": 1})
     job.submit()
@@ -89,9 +70,9 @@ def test_a_job_preempted_by_a_higher_partition_is_requeued_and_resumes(job, slur
                     timeout=30), job.describe()
     high = slurm.run("sbatch", "--parsable", "--partition=high", "--nodes=1", f"--output={job.root}/high-%j.out",
                      "--wrap=sleep 1").stdout.strip()
-    requeued_and_back(job)
-    assert wait_for(lambda: all(len(starts(job, i)) == 2 for i in range(3)), timeout=60), job.describe()
-    assert [s["restart_count"] for s in starts(job, 1)] == ["0", "1"] and starts(job, 1)[1]["from_step"] >= 3
+    job.requeued_and_back()
+    assert wait_for(lambda: all(len(job.starts(i)) == 2 for i in range(3)), timeout=60), job.describe()
+    assert [s["restart_count"] for s in job.starts(1)] == ["0", "1"] and job.starts(1)[1]["from_step"] >= 3
     assert job.wait_state("COMPLETED", "FAILED", "CANCELLED", timeout=60) == "COMPLETED", job.describe()
     status = job.fab("status")
     assert status.returncode == 0 and f"job {job.job_id}: finished" in status.stdout, status.stdout
@@ -105,9 +86,9 @@ def test_with_continue_after_time_limit_the_job_goes_on_as_its_next_attempt(job)
                                                                  "continue_after_time_limit": True})
     job.submit()
     assert job.running(), job.describe()
-    requeued_and_back(job, timeout=80)  # at the warning the batch shell requeued it: no idle wait for TIMEOUT
-    assert wait_for(lambda: all(len(starts(job, i)) == 2 for i in range(3)), timeout=60), job.describe()
-    assert starts(job, 0)[1]["restart_count"] == "1" and starts(job, 0)[1]["from_step"] > 0
+    job.requeued_and_back(timeout=80)  # at the warning the batch shell requeued it: no idle wait for TIMEOUT
+    assert wait_for(lambda: all(len(job.starts(i)) == 2 for i in range(3)), timeout=60), job.describe()
+    assert job.starts(0)[1]["restart_count"] == "1" and job.starts(0)[1]["from_step"] > 0
     assert [(job.jd(0) / "attempts" / "1" / "run" / f"trainer-0.exit").read_text().strip()] == ["143"]  # SIGTERM
     status = job.fab("status")
     assert "attempt 2 of 2: requeued at the time limit" in status.stdout, status.stdout
@@ -121,14 +102,14 @@ def test_a_requeue_past_scheduler_requeue_fails_the_job_saying_so(job):
     assert job.running(), job.describe()
     for attempt in (2, 3):
         assert job.slurm.run("scontrol", "requeue", job.slurm_job).returncode == 0
-        requeued_and_back(job)
+        job.requeued_and_back()
         if attempt == 2:
-            assert wait_for(lambda: len(starts(job, 0)) == 2, timeout=60), job.describe()
+            assert wait_for(lambda: len(job.starts(0)) == 2, timeout=60), job.describe()
     assert job.wait_state("FAILED", "COMPLETED", "CANCELLED", timeout=60) == "FAILED", job.describe()
     status = job.fab("status")
     assert status.returncode == 1, status.stdout
     assert "Slurm started attempt 3, but scheduler.requeue allows 2 attempts" in status.stdout, status.stdout
-    assert len(starts(job, 0)) == 2  # attempt 3 started nothing
+    assert len(job.starts(0)) == 2  # attempt 3 started nothing
 
 
 def test_kill_all_after_the_end_keeps_what_happened(job):

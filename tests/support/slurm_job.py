@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import yaml
@@ -112,6 +113,23 @@ class SlurmJob:
                        and (self.jd(i) / "metrics" / f"trainer-{i}.jsonl").stat().st_size > 0
                        and len((self.health(i) or {}).get("peers") or {}) == self.nodes for i in range(self.nodes))
         return bool(wait_for(up, timeout=timeout, interval=0.1))
+
+    def starts(self, i: int) -> list[dict]:
+        """What tests/programs/resumable.py on node i wrote at each of its starts: the restart count it was
+        given and the step its checkpoint let it resume from."""
+        path = self.jd(i) / "checkpoints" / f"trainer-{i}.starts.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def requeued_and_back(self, timeout: float = 30) -> None:
+        """The job went back to PENDING; Slurm's hold before it runs again (BeginTime) lifted as an admin would."""
+        assert self.wait_state("PENDING", timeout=timeout) == "PENDING", self.describe()
+        # Slurm's hold is there for a reason: each slurmd revoked the last attempt's credential at the requeue, to
+        # the second, and refuses (fails the job: "Job credential revoked") a launch whose credential is of that
+        # same second. An admin lifts it after the old allocation is gone, in a later second.
+        assert wait_for(lambda: "COMPLETING" not in self.slurm.run("scontrol", "show", "job", "-o", self.slurm_job,
+                                                                   check=False).stdout, timeout=30), self.describe()
+        time.sleep(1.5)
+        self.slurm.run("scontrol", "update", f"jobid={self.slurm_job}", "StartTime=now")
 
     def leftovers(self) -> list:
         return live_marked([self.node_ws(i) for i in range(self.nodes)])
