@@ -12,7 +12,9 @@ import pytest
 
 from fabtrain.node.coordination import pulse
 from fabtrain.node.coordination.board import Board
-from fabtrain.node.coordination.connections import hung_timeout
+from fabtrain.node.coordination.connections import Conn, hung_timeout
+from fabtrain.node.coordination.client import Client
+from fabtrain.node.coordination.server import Coordinator
 from fabtrain.node.coordination.protocol import Channel, ProtocolError
 from tests.support.procscan import wait_for
 
@@ -80,8 +82,8 @@ def test_the_desk_answers_a_pulse_of_the_nodes_session_once_and_the_answer_is_se
     desk = pulse.Desk(["n0", "n1"])
     desk.session("n1", coordinator.session, coordinator.pulse_key)
     data = pulse.seal(agent.pulse_key, b"agent", {"node": "n1", "s": A_NONCE, "p": 1})
-    node, fencing, reply = desk.take(data)
-    assert node == "n1" and not fencing
+    node, fencing, held, reply = desk.take(data)
+    assert node == "n1" and not fencing and not held
     pulse.verify(agent.pulse_key, b"coordinator", reply)
     assert pulse.body_of(reply) == {"s": A_NONCE, "p": 1}
     with pytest.raises(ProtocolError, match="replayed"):
@@ -116,6 +118,75 @@ def test_a_pulse_of_an_older_session_is_stale_and_dropped_without_a_refusal():
         desk.take(pulse.seal(old_agent.pulse_key, b"agent", {"node": "n1", "s": "b" * 32, "p": 5}))
 
 
+def test_a_pulse_says_when_the_network_holds_the_agents_beat_back():
+    agent, coordinator = channels()
+    desk = pulse.Desk(["n1"])
+    desk.session("n1", coordinator.session, coordinator.pulse_key)
+    _, fencing, held, _ = desk.take(pulse.seal(agent.pulse_key, b"agent", {"node": "n1", "s": A_NONCE, "p": 1,
+                                                                            "h": True, "f": True}))
+    assert held and fencing
+
+
+def tcp_pair():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        ours = socket.create_connection(server.getsockname())
+        theirs, _ = server.accept()
+    return ours, theirs
+
+
+def test_the_coordinator_answers_a_pulse_only_where_the_network_holds_beats_or_answers_back():
+    """Both kernels delivered everything on n1's open connection: its beats are late because the coordinator
+    is slow, and a pulse is dropped (a starved coordinator is not given more to do). Its own beat held back
+    (the agent says so), our answer held back (our kernel says so: the agent's side reads nothing here, so
+    what we send piles up unacknowledged), or no connection: answered."""
+    co = Coordinator("j1", "127.0.0.1", 0, ["n1"], interval=1, peer_timeout=5)
+    co.board.beat(beat("n1"), now=time.monotonic(), wall=time.time())
+    ours, theirs = tcp_pair()
+    try:
+        conn = Conn(ours, ("127.0.0.1", 1), time.monotonic())
+        conn.node = "n1"
+        co.connections.by_node["n1"] = conn
+        seen = co.board.peers["n1"].seen
+        assert not co._pulse("n1", fencing=False, held=False) and co.board.peers["n1"].seen == seen
+        assert co._pulse("n1", fencing=False, held=True) and co.board.peers["n1"].seen > seen
+        ours.setblocking(False)
+        try:
+            while True:  # the agent's kernel takes what its window holds; the rest stays in our queue
+                ours.send(b"x" * 65536)
+        except BlockingIOError:
+            pass
+        assert co._pulse("n1", fencing=False, held=False)
+        del co.connections.by_node["n1"]
+        assert co._pulse("n1", fencing=False, held=False)
+        assert not co._pulse("n1", fencing=True, held=True)  # it fences itself: heard, never answered
+        assert co.board.peers["n1"].fencing
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_the_agent_says_its_beat_is_held_back_while_its_connection_is_gone_or_holds_an_unacknowledged_beat():
+    client = Client("127.0.0.1", 1, interval=1, on_message=lambda m: None)
+    assert client._beat_held()  # never connected
+    ours, theirs = tcp_pair()
+    try:
+        client._sock, client.connected = ours, True
+        ours.sendall(b"a beat\n")
+        assert wait_for(lambda: not client._beat_held(), timeout=5)  # the coordinator's kernel took it
+        ours.setblocking(False)
+        try:
+            while True:  # what the coordinator's side cannot take stays unacknowledged in our queue
+                ours.send(b"x" * 65536)
+        except BlockingIOError:
+            pass
+        assert client._beat_held()
+        client.connected = False
+        assert client._beat_held()
+    finally:
+        ours.close()
+        theirs.close()
+
+
 # -- over a real socket: the agent's pulser and the desk ------------------------------------------
 
 
@@ -139,7 +210,7 @@ def coordinator_desk():
     assert desk.bind("127.0.0.1", 0, socket.AF_INET)
     desk.session("n1", coordinator.session, coordinator.pulse_key)
     answering = {"n1": True}
-    thread = DeskThread(desk, lambda node, fencing: answering[node] and not fencing)
+    thread = DeskThread(desk, lambda node, fencing, held: answering[node] and not fencing)
     thread.start()
     yield desk, agent, answering, thread
     thread.stopping.set()

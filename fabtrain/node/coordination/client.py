@@ -6,11 +6,8 @@ node, a nonce) and nothing else, and whatever it answers is refused.
 """
 from __future__ import annotations
 
-import fcntl
 import os
 import selectors
-import struct
-import termios
 import socket
 import threading
 import time
@@ -21,7 +18,7 @@ from fabtrain.contract.events import EventKind
 from ..hostnames import for_resolver
 from . import protocol
 from .pulse import Pulser, pulse_period
-from .connections import HELLO_TIMEOUT, hung_timeout, kernel_timeout, watch_liveness
+from .connections import HELLO_TIMEOUT, hung_timeout, kernel_timeout, unacknowledged, watch_liveness
 from .protocol import Channel, LineReader, ProtocolError
 
 REFUSED_EVENT_EVERY = 60.0  # a refused coordinator is retried every interval; said at most this often
@@ -83,8 +80,8 @@ class Client(threading.Thread):
         os.set_blocking(self._wake_r, False)
         self._stopping = threading.Event()
         # Pulses (pulse.py) renew the lease while beats are late: from an interval on, when one is due.
-        self.pulser = Pulser(for_resolver(host), port, pulse_period(interval), interval, self._pulse_age,
-                             self._pulse_answered, self._fencing)
+        self.pulser = Pulser(for_resolver(host), port, pulse_period(interval), interval, self._lease_age,
+                             self._pulse_answered, self._fencing, self._beat_held)
         self._sock: socket.socket | None = None  # the beats' connection while it is open
 
     def update(self, beat: dict, urgent: bool = False) -> int:
@@ -117,19 +114,15 @@ class Client(threading.Thread):
         lease = self.lease
         return None if lease is None else time.monotonic() - lease
 
-    def _pulse_age(self) -> float | None:
-        """The lease's age where a pulse can help, else 0: the beats' connection is gone, or a beat of
-        ours sits in it unacknowledged by the coordinator's kernel (the network loses it). A connection
-        whose beats that kernel took, answered late, is a busy coordinator: pulses would only add to its
-        load (200 agents on 2 cores did lose a node so)."""
-        age, sock = self._lease_age(), self._sock
-        if age is None or not self.connected or sock is None:
-            return age
-        try:
-            unacked = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
-        except (OSError, ValueError):  # closed meanwhile: gone
-            return age
-        return age if unacked > 0 else 0.0
+    def _beat_held(self) -> bool:
+        """The beats' connection is gone, or holds a beat of ours that the coordinator's kernel has not
+        acknowledged: the network is what keeps our beats from it (pulse.py: the coordinator answers
+        such a pulse; one that its kernel took all our beats is slow, not cut off)."""
+        sock = self._sock
+        if not self.connected or sock is None:
+            return True
+        held = unacknowledged(sock)
+        return held is None or held > 0  # None: closed meanwhile, gone
 
     def _fencing(self, lease_age: float) -> bool:
         """The agent's own fence rule (fence.py, agent/policy.py) holds at this lease age."""

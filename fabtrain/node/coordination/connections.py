@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import collections
 import errno
+import fcntl
 import selectors
 import socket
+import struct
+import termios
 import time
 from collections.abc import Callable  # not typing: its import is ~5 ms of every agent's start
 
@@ -68,6 +71,15 @@ def watch_liveness(sock: socket.socket, timeout: float) -> None:
             sock.setsockopt(level, option, value)
         except OSError:
             pass
+
+
+def unacknowledged(sock: socket.socket) -> int | None:
+    """Bytes sent on `sock` that the other side's kernel has not acknowledged (TIOCOUTQ): more than 0
+    while the network holds or loses them; None where the socket is closed or the platform cannot say."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def descriptors_for(nodes: int) -> int:

@@ -13,8 +13,21 @@ each on its own: the chance that every one of them is lost within
 quarter-interval period, 16 tries, each getting through 49 % of the time:
 0.51 ** 16, about 2e-5), not the backoff of one connection.
 
-    agent -> coordinator   <64 hex: HMAC(pulse key, "agent " + body)> {"node", "s": <agent nonce>, "p": <n>}
+    agent -> coordinator   <64 hex: HMAC(pulse key, "agent " + body)> {"node", "s": <agent nonce>, "p": <n>,
+                                                                         "h": true?, "f": true?}
     coordinator -> agent   <64 hex: HMAC(pulse key, "coordinator " + body)> {"s", "p"}
+
+A late beat is not always the network's doing: a coordinator starved of CPU
+answers late too, and pulses would only add to its load (200 agents on 2
+cores, each pulsing four times a second, did lose a node so). So a pulse is
+answered only where the network holds something back: the node's beats'
+connection is gone (for either side), or a beat of the agent's sits in it
+unacknowledged by the coordinator's kernel (the agent says so: "h"), or an
+answer of the coordinator's does (its kernel says so: TIOCOUTQ). Otherwise
+both kernels delivered everything, the beats are late because the
+coordinator is slow, and the pulse is dropped unanswered: the beats alone
+keep that node, as on a busy machine they always did. "f" says the agent's
+own fence rule holds (below).
 
 The pulse key is taken from the secret and both nonces of the agent's newest
 authenticated connection (protocol.Channel), so only this job's agent and
@@ -100,9 +113,10 @@ class Desk:
         self.sock = sock
         return True
 
-    def answer(self, live: Callable[[str, bool], bool], refused: Callable[[str], None]) -> None:
-        """Answer the pulses waiting on the socket: each that `live(node, fencing)` says to (a node still
-        in the job); `refused` is told of every datagram that is not a pulse of a session we know."""
+    def answer(self, live: Callable[[str, bool, bool], bool], refused: Callable[[str], None]) -> None:
+        """Answer the pulses waiting on the socket: each that `live(node, fencing, held)` says to (a node
+        still in the job, whose beats the network holds back); `refused` is told of every datagram that is
+        not a pulse of a session we know."""
         for _ in range(256):  # a burst is drained, but connections are served between bursts
             try:
                 data, addr = self.sock.recvfrom(MAX_PULSE + 1)
@@ -111,13 +125,13 @@ class Desk:
             except OSError:  # an ICMP error of an earlier reply: that agent is unreachable for now
                 continue
             try:
-                node, fencing, reply = self.take(data)
+                node, fencing, held, reply = self.take(data)
             except Stale:
                 continue
             except ProtocolError as e:
                 refused("%s from %s:%s" % (e, addr[0], addr[1]))
                 continue
-            if live(node, fencing):
+            if live(node, fencing, held):
                 try:
                     self.sock.sendto(reply, addr)
                 except OSError:
@@ -127,8 +141,9 @@ class Desk:
         """`node` authenticated a new connection: its pulses from now on are of this session."""
         self.sessions[node] = [agent_nonce, key, 0]
 
-    def take(self, data: bytes) -> tuple[str, bool, bytes]:
-        """(node, whether it says it fences itself, the reply to send back) for one datagram, or ProtocolError."""
+    def take(self, data: bytes) -> tuple[str, bool, bool, bytes]:
+        """(node, whether it says it fences itself, whether it says the network holds its beat, the reply to
+        send back) for one datagram, or ProtocolError."""
         msg = body_of(data)
         node = msg.get("node")
         known = self.sessions.get(node) if isinstance(node, str) else None
@@ -140,19 +155,20 @@ class Desk:
         if msg["p"] <= known[2]:
             raise ProtocolError("pulse %d of %s replayed or reordered (last %d)" % (msg["p"], node, known[2]))
         known[2] = msg["p"]
-        return node, msg.get("f") is True, seal(known[1], b"coordinator", {"s": msg["s"], "p": msg["p"]})
+        return node, msg.get("f") is True, msg.get("h") is True, seal(known[1], b"coordinator", {"s": msg["s"], "p": msg["p"]})
 
 
 class Pulser(threading.Thread):
     """The agent's side: while the lease is older than `late` (the beats are not being answered), a
-    pulse every `period`; each answer calls `renewed(monotonic, epoch)` with the pulse's send time."""
+    pulse every `period`; each answer calls `renewed(monotonic, epoch)` with the pulse's send time.
+    `fencing(lease age)`: the agent's own fence rule holds; `held()`: the network holds our beat back."""
 
     def __init__(self, host: str, port: int, period: float, late: float,
                  lease_age: Callable[[], float | None], renewed: Callable[[float, float], None],
-                 fencing: Callable[[float], bool] = lambda age: False):
+                 fencing: Callable[[float], bool] = lambda age: False, held: Callable[[], bool] = lambda: True):
         super().__init__(name="coordinator-pulses", daemon=True)
         self.where, self.period, self.late = (host, port), period, late
-        self.lease_age, self.renewed, self.fencing = lease_age, renewed, fencing
+        self.lease_age, self.renewed, self.fencing, self.held = lease_age, renewed, fencing, held
         self.lock = threading.Lock()
         self.current: tuple | None = None  # (node, agent nonce, key) of the newest session
         self.number = 0
@@ -216,6 +232,8 @@ class Pulser(threading.Thread):
             msg = {"node": node, "s": nonce, "p": self.number}
             if self.fencing(age):  # what we send gets there and nothing comes back: say so, and be lost at once
                 msg["f"] = True
+            if self.held():
+                msg["h"] = True
             data = seal(key, b"agent", msg)
         try:
             sock.send(data)

@@ -22,7 +22,7 @@ from fabtrain.contract.events import EventKind
 from . import protocol, pulse
 from .board import Board, Event, Outcome
 from .restart import RestartPolicy
-from .connections import Conn, Connections, descriptors_for, hung_timeout, kernel_timeout
+from .connections import Conn, Connections, descriptors_for, hung_timeout, kernel_timeout, unacknowledged
 from .protocol import Channel, ProtocolError
 
 BIND_WAIT = 3.0  # how long a busy port is retried before the coordinator gives up
@@ -185,9 +185,21 @@ class Coordinator(threading.Thread):
         self.bound, self.bind_error = True, None
         return True
 
-    def _pulse(self, node: str, fencing: bool) -> bool:
+    def _pulse(self, node: str, fencing: bool, held: bool) -> bool:
+        """Whether to answer a pulse of `node` (pulse.py): where the network holds its beats or our answers
+        back, or it says it fences itself; not where both kernels delivered everything (we are slow)."""
+        if not (fencing or held or self._answer_held(node)):
+            return False
         with self.lock:
             return self.board.pulse(node, time.monotonic(), fencing)
+
+    def _answer_held(self, node: str) -> bool:
+        """`node` has no open connection here, or an answer of ours to it waits to be sent or acknowledged."""
+        conn = self.connections.by_node.get(node)
+        if conn is None or conn.outbuf:
+            return True
+        unacked = unacknowledged(conn.sock)
+        return unacked is None or unacked > 0
 
     def run(self) -> None:
         deadline = time.monotonic() + self.bind_wait
