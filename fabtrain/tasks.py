@@ -75,7 +75,7 @@ def provision(c, venv=False, wheelhouse=None, requirements=None):
     """Make the workspace on every node; --venv builds a venv (--requirements FILE), --wheelhouse=DIR installs offline."""
     reqs = lifecycle.read_requirements(requirements) if requirements else None
     replies = lifecycle.provision(session(c), venv=venv, wheelhouse=wheelhouse, requirements=reqs)
-    text, failed = replies_text(replies, lambda v: f"workspace {v['workspace']}" + (f", venv {v['venv']}" if v["venv"] else ""))
+    text, failed = replies_text(replies, lambda v: f"workspace {v.workspace}" + (f", venv {v.venv}" if v.venv else ""))
     print(text)
     fail_if(failed, "provision failed on some nodes")
 

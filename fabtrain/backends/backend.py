@@ -78,7 +78,7 @@ class Backend:
         lifecycle.require_job(replies, job)
         text, failed = report.status_text(replies)
         print(text)
-        shown = {r.value["job_id"] for r in replies if r.ok and r.value["job_id"]}
+        shown = {r.value.job_id for r in replies if r.ok and r.value.job_id}
         ports = state.recorded_ports(session.cluster.name, shown.pop()) if len(shown) == 1 else None
         if ports:
             print(report.ports_text({k: v for k, v in ports.items() if k != "auto"}, ports["auto"]))

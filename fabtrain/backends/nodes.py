@@ -31,7 +31,7 @@ class NodesBackend(Backend):
         print(report.network_text(network, session.cluster))
         bus_ok = True
         if bandwidth:
-            measured = preflight.bandwidth(session, network, {ch.node: ch.probe for ch in checks})
+            measured = preflight.bandwidth(session, network, {ch.node: ch.probe for ch in checks if ch.probe})
             print(("\n".join(measured.problems)) if measured.problems else report.bandwidth_text(measured))
             bus_ok = not measured.problems
         fail_if(not (all(ch.ok for ch in checks) and network.ok and bus_ok), "check: some nodes cannot run the job")
@@ -48,7 +48,7 @@ class NodesBackend(Backend):
                     print(report.failed_line(r))
             raise Exit(refusal, code=1)
         print(report.start_text(result, roles))
-        failed = any(not r.ok or r.value["failed"] for r in result.replies)
+        failed = any(not r.ok or r.value.failed for r in result.replies)
         undone = "; what had started was stopped (all or nothing)" if result.undone is not None else ""
         fail_if(failed, f"job {result.job_id}: could not start everything{undone}; see `fab status` and `fab logs`")
 

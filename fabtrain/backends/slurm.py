@@ -13,7 +13,7 @@ import sys
 from invoke import Exit
 
 from fabtrain.backends.backend import Backend, fail_if
-from fabtrain.controller import lifecycle, report
+from fabtrain.controller import lifecycle, records, report
 from fabtrain.errors import UserError
 from fabtrain.remote.session import Session
 from fabtrain.slurm import jobs
@@ -97,7 +97,7 @@ class SlurmBackend(Backend):
     # -- Slurm's word beside the nodes' ---------------------------------------------------------------
 
     def waiting_line(self, session: Session, replies, job: str | None) -> str | None:
-        if any(r.ok and r.value.get("job_id") for r in replies):
+        if any(r.ok and r.value.job_id for r in replies):
             return None
         return self._status_line(session, replies, job)
 
@@ -107,8 +107,8 @@ class SlurmBackend(Backend):
     def _status_line(self, session: Session, replies, job_id: str | None) -> str | None:
         """Slurm's state of the job `fab status` shows: its nodes say which Slurm job ran it (a script submitted
         by hand too); before it runs, the controller's state does. None: no Slurm job known."""
-        ran = {(r.value["job_id"], r.value["slurm"]["job_id"]) for r in replies
-               if r.ok and isinstance(r.value.get("slurm"), dict) and r.value["slurm"].get("job_id")}
+        ran = {(r.value.job_id, records.slurm_job(r.value.slurm)) for r in replies
+               if r.ok and records.slurm_job(r.value.slurm)}  # as the collector reads it for fab watch
         return jobs.shown_line(session, ran, job_id)
 
     def job_to_follow(self, session: Session) -> str | None:

@@ -8,6 +8,7 @@ record and the controller that reads it back use the same definition:
     jobid.py     the job-id form, checked wherever an id is received
     events.py    EventKind, the kinds of events.jsonl's records, and its named sets (outcomes, causes)
     slurm.py     what a Slurm job's output and folder say between attempts (why it ended, the attempt running)
+    opreplies.py what each node op answers: the type the node builds its reply with and the controller reads it by
 
 Importing this package imports none of its modules: a node-side call pays only for what it uses.
 """

@@ -115,27 +115,27 @@ def copy_data(session: Session, progress=None, bwlimit: int | None = None) -> li
             raise
         try:
             first = channel.request("verify", verify, timeout=3600)
-            stale = [n for n, status in first["files"].items() if status != "ok"]
+            stale = [n for n, status in first.files.items() if status != "ok"]
             if shared:
                 if stale:
                     raise NodeError(f"{t.node.name}: shared data at {remote_dir} does not match the manifest: "
-                                    + ", ".join(f"{n} {first['files'][n]}" for n in stale[:5]))
+                                    + ", ".join(f"{n} {first.files[n]}" for n in stale[:5]))
                 result.verified = True
                 return result
             if not stale:
                 result.verified = True
                 return result
             need_bytes = sum(manifest["files"].get(n, {}).get("bytes", 0) for n in stale)
-            if need_bytes > first["disk_free"]:
+            if need_bytes > first.disk_free:
                 raise NodeError(f"{t.node.name}: not enough disk for the data: {need_bytes >> 20} MiB to copy, "
-                                f"{first['disk_free'] >> 20} MiB free in {t.node.workspace}")
+                                f"{first.disk_free >> 20} MiB free in {t.node.workspace}")
             push = push or RsyncPush(t, data_dir, t.node.workspace + "/data", bwlimit)
             result.bytes_sent = push.send(stale, progress)
             result.wire_bytes = push.wire_bytes
             result.sent = stale
             # the files verify found right were not sent, so not touched: check what was sent
             second = channel.request("verify", {**verify, "files": {n: expected[n] for n in stale}}, timeout=3600)
-            bad = [n for n, status in second["files"].items() if status != "ok"]
+            bad = [n for n, status in second.files.items() if status != "ok"]
             if bad:
                 raise NodeError(f"{t.node.name}: after copying, {', '.join(bad[:5])} still differ from the manifest")
             result.verified = True

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from fabtrain.controller import records, state
+from fabtrain.contract.opreplies import MalformedReply, Status
 from fabtrain.contract.events import JOB_EVENTS, EventKind
 from fabtrain.controller.jobstate import NodeObservation, job_verdict, observe_status
 from fabtrain.remote import rpc
@@ -34,8 +35,12 @@ def _ask(session: Session, op: str, payload: dict) -> list[Reply]:
 
 
 def _observation(node: str, entry: dict) -> NodeObservation:
-    """What jobstate needs of one node's entry: its status, and its job-level events from events.jsonl."""
-    obs = observe_status(Reply(node, True, entry.get("status")))
+    """What jobstate needs of one node's entry: its status (node ops' `status` reply, read through its
+    type: one it cannot read is that node's error), and its job-level events from events.jsonl."""
+    try:
+        obs = observe_status(Reply(node, True, Status.from_wire(node, entry.get("status"))))
+    except MalformedReply as e:
+        obs = NodeObservation(node, False, error=str(e))
     events = []
     for e in entry.get("events") or []:
         try:

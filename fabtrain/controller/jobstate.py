@@ -178,34 +178,27 @@ class Verdict:
 
 
 def observe_status(reply) -> NodeObservation:
-    """A NodeObservation from one node ops `status` reply (a transport Reply, asked with health=True)."""
+    """A NodeObservation from one node ops `status` reply (a transport Reply whose value is a
+    contract.opreplies.Status, asked with health=True); its records are cleaned by records.py."""
     if not reply.ok:
         return NodeObservation(reply.node, False, error=reply.error)
-    v = reply.value if isinstance(reply.value, dict) else {}
-    processes = []
-    for p in v.get("processes") or []:
-        try:
-            processes.append(records.process(p))
-        except records.Malformed:
-            continue  # fab status shows the rest; the dashboard counts such records
+    v = reply.value
     try:
-        health = records.health(v.get("health")) if v.get("health") is not None else None
+        health = records.health(v.health) if v.health is not None else None
     except records.Malformed:
         health = None
-    job_id = v.get("job_id") if isinstance(v.get("job_id"), str) else None
-    agent = health if health and health.get("job_id") == job_id else None
+    agent = health if health and health.get("job_id") == v.job_id else None
     events = list((agent or {}).get("events") or [])
     try:
-        events.append(records.event_record(v.get("last_event")))
+        events.append(records.event_record(v.last_event))
     except records.Malformed:
         pass
-    node_time = v.get("time") if records.finite(v.get("time")) else None
-    age = node_time - agent["ts"] if agent and node_time is not None else None
-    return NodeObservation(name=reply.node, reachable=True, job_id=job_id, processes=tuple(processes),
-                           killed=v.get("killed") is True, agent=agent, agent_age=age,
+    age = v.time - agent["ts"] if agent and v.time is not None else None
+    return NodeObservation(name=reply.node, reachable=True, job_id=v.job_id,
+                           processes=tuple(records.kept_processes(v.processes)),
+                           killed=v.killed is True, agent=agent, agent_age=age,
                            events=tuple(e for e in events if e.get("kind") in JOB_EVENTS),
-                           killed_by=v.get("killed_by") if isinstance(v.get("killed_by"), str) else None,
-                           stop_reason=records.stop_reason(v.get("stop_reason")))
+                           killed_by=v.killed_by, stop_reason=records.stop_reason(v.stop_reason))
 
 
 def _process_view(obs: NodeObservation, p: dict, seen: dict | None) -> ProcessView:

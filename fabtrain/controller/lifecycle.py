@@ -20,11 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fabtrain.controller import preflight, state
+from fabtrain.controller import preflight, records, state
 from fabtrain.controller.terminal import VisibleLines
 from fabtrain.errors import UserError
 from fabtrain.contract import jobid
 from fabtrain.contract.clock import boot_id
+from fabtrain.contract.opreplies import Probe
 from fabtrain.plan.runtime import PACKAGE_ROOT, runtime_files, runtime_version
 from fabtrain.plan.plan import Network, Plan, make_plan, new_job_id
 from fabtrain.contract.replies import COORDINATOR_LISTENS
@@ -48,14 +49,18 @@ MIN_DISK_FREE = 1 << 30
 # -- check ---------------------------------------------------------------------------
 
 
+VERSIONS = ("python", "torch", "paddle", "cuda")  # what a Probe says that must be the same on every node
+
+
 @dataclass
 class NodeCheck:
     node: str
     ok: bool
-    probe: dict = field(default_factory=dict)
+    probe: Probe | None = None  # None: the node gave none (down says why)
     problems: list[str] = field(default_factory=list)
     clock_offset: tuple[float, float] | None = None  # (lo, hi) bounds, seconds; (0, 0) on this machine
-    down: str | None = None  # NodeError.kind when the probe got no answer
+    down: str | None = None  # NodeError.kind when the probe got no answer, or a malformed one
+    differs: list[str] = field(default_factory=list)  # of VERSIONS, those that differ across the nodes
 
 
 def check(session: Session, timeout: float | None = None) -> list[NodeCheck]:
@@ -77,36 +82,41 @@ def check(session: Session, timeout: float | None = None) -> list[NodeCheck]:
             continue
         result, t0, t1 = reply.value
         # A node on this machine's kernel reads this machine's clock: no offset, whatever the round trip took.
-        same_clock = result.get("boot_id") is not None and result.get("boot_id") == boot_id()
-        offset = (0.0, 0.0) if same_clock else (result["time"] - t1, result["time"] - t0)
+        same_clock = result.boot_id is not None and result.boot_id == boot_id()
+        offset = (0.0, 0.0) if same_clock else (result.time - t1, result.time - t0)
         c = NodeCheck(reply.node, True, result, clock_offset=offset)
-        node = cluster.node(reply.node)
-        missing = [tool for tool, there in result["tools"].items() if not there and tool != "rsync"]
-        if missing:
-            c.problems.append(f"missing {', '.join(missing)} (coreutils/util-linux)")
-        if not result["tools"]["rsync"] and not node.is_local:
-            c.problems.append("rsync not installed (needed by deploy and copy-data)")
-        commands = [cluster.job.trainer.command] + ([cluster.job.pserver.command] if cluster.job.mode == "pserver" else [])
-        uses_workload = any("workload." in cmd for cmd in commands)
-        if uses_workload and not result["torch"]:
-            c.problems.append("torch not installed (the reference workload needs it)")
-        if cluster.job.trainer.use_gpu and "trainer" in node.roles and not result["gpus"] and not cluster.scheduler:
-            c.problems.append("use_gpu is set but torch sees no GPU")
-        if result.get("workspace_conflict"):
-            c.problems.append(result["workspace_conflict"])
-        if result["disk_free"] < MIN_DISK_FREE:
-            c.problems.append(f"only {result['disk_free'] >> 20} MiB free in the workspace")
+        c.problems = _problems(cluster, cluster.node(reply.node), result)
         c.ok = not c.problems
         checks.append(c)
 
     # Versions that differ across nodes: a classic source of hangs and wrong results.
-    for key in ("python", "torch", "paddle", "cuda"):
-        values = {c.probe.get(key) for c in checks if c.probe}
-        if len(values) > 1:
+    for key in VERSIONS:
+        if len({getattr(c.probe, key) for c in checks if c.probe}) > 1:
             for c in checks:
                 if c.probe:
-                    c.probe.setdefault("differs", []).append(key)
+                    c.differs.append(key)
     return checks
+
+
+def _problems(cluster, node, probe: Probe) -> list[str]:
+    """What keeps one node from running the job, by its probe: a line each."""
+    problems = []
+    missing = [tool for tool in probe.tools.missing() if tool != "rsync"]
+    if missing:
+        problems.append(f"missing {', '.join(missing)} (coreutils/util-linux)")
+    if not probe.tools.rsync and not node.is_local:
+        problems.append("rsync not installed (needed by deploy and copy-data)")
+    commands = [cluster.job.trainer.command] + ([cluster.job.pserver.command] if cluster.job.mode == "pserver" else [])
+    uses_workload = any("workload." in cmd for cmd in commands)
+    if uses_workload and not probe.torch:
+        problems.append("torch not installed (the reference workload needs it)")
+    if cluster.job.trainer.use_gpu and "trainer" in node.roles and not probe.gpus and not cluster.scheduler:
+        problems.append("use_gpu is set but torch sees no GPU")
+    if probe.workspace_conflict:
+        problems.append(probe.workspace_conflict)
+    if probe.disk_free < MIN_DISK_FREE:
+        problems.append(f"only {probe.disk_free >> 20} MiB free in the workspace")
+    return problems
 
 
 # -- provision -------------------------------------------------------------------------
@@ -239,7 +249,7 @@ class StartResult:
     @property
     def complete(self) -> bool:
         """Every node started every process it was asked to."""
-        return all(r.ok and not r.value["failed"] for r in self.replies)
+        return all(r.ok and not r.value.failed for r in self.replies)
 
     def failures(self) -> list[str]:
         """One clause a node or process that did not start, naming the node."""
@@ -248,7 +258,7 @@ class StartResult:
             if not r.ok:
                 out.append(r.error if r.error.startswith(f"{r.node}:") else f"{r.node}: {r.error}")
             else:
-                out += [f"{r.node}: {f['name']} exited at once with code {f['exit_code']}" for f in r.value["failed"]]
+                out += [f"{r.node}: {f.name} exited at once with code {f.exit_code}" for f in r.value.failed]
         return out
 
 
@@ -279,7 +289,7 @@ def start(session: Session, roles: tuple[str, ...], force: bool = False, grace: 
         network = _start_network(session, job_id, previous, roles, channels.call)
         plan = make_plan(cluster, job_id, resume_from=resume_from, secret=secret, network=network)
         replies = _start_nodes(session, plan, roles, channels.call)
-    if any(r.ok and r.value["started"] for r in replies):  # a start every node refused is no job
+    if any(r.ok and r.value.started for r in replies):  # a start every node refused is no job
         joined = job_id == previous.get("job_id")
         started_roles = sorted(set(previous.get("roles", [])) | set(roles)) if joined else sorted(roles)
         state.save(cluster.name, job_id=job_id, roles=started_roles, cluster=cluster.path, resume_from=resume_from,
@@ -338,7 +348,7 @@ def stop_incomplete_start(session: Session, result: StartResult, grace: float) -
     refused: a job already running, say) has nothing to undo and is left alone."""
     if result.complete:
         return
-    maybe_started = any(r.ok and r.value["started"] for r in result.replies) or \
+    maybe_started = any(r.ok and r.value.started for r in result.replies) or \
         any(not r.ok and r.kind == NO_REPLY for r in result.replies)  # it may have started there
     if not maybe_started:
         return
@@ -362,7 +372,7 @@ def _require_pservers(session: Session, job_id: str) -> None:
         if not r.ok:
             problems.append(r.error)
             continue
-        pservers = [p for p in r.value["processes"] if p["name"].startswith("pserver-")]
+        pservers = [p for p in records.kept_processes(r.value.processes) if p["name"].startswith("pserver-")]
         if not pservers:
             problems.append(f"{r.node}: no pserver of job {job_id}")
         for p in pservers:
@@ -432,7 +442,7 @@ def no_job(job_id: str | None) -> UserError:
 
 def require_job(replies: list[Reply], job_id: str | None) -> None:
     """Raise no_job when every node answered and none has the job (status and logs replies)."""
-    if replies and all(r.ok and not (isinstance(r.value, dict) and r.value.get("job_id")) for r in replies):
+    if replies and all(r.ok and not r.value.job_id for r in replies):
         raise no_job(job_id)
 
 

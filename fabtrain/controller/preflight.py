@@ -25,6 +25,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from fabtrain.config.cluster import Cluster
+from fabtrain.contract.opreplies import Probe
 from fabtrain.errors import UserError
 from fabtrain.plan.plan import IFACE_VARS, Network
 from fabtrain.plan.ports import (AUTO_WINDOW, PORT_SETTINGS, PortUse, choose_auto, clashes, configured_ports, needed_ports,
@@ -309,19 +310,20 @@ def _free_port(busy: set[int], avoid: set[int]) -> int:
     raise UserError(f"no free port in {lo}-{hi} on the first node for the bandwidth test")
 
 
-def bandwidth(session: Session, check: NetworkCheck, probes: dict[str, dict], size_mb: float = 16,
+def bandwidth(session: Session, check: NetworkCheck, probes: dict[str, Probe], size_mb: float = 16,
               iterations: int = 5, timeout: float = 30) -> Bandwidth:
-    """One rank per node, all at once (fabtrain/node/bandwidth.py); NCCL when every node has a GPU."""
+    """One rank per node, all at once (fabtrain/node/bandwidth.py); NCCL when every node has a GPU.
+    probes: fab check's, of the nodes that answered it."""
     cluster = session.cluster
     up = [n for n in cluster.nodes if check.replies.get(n.name) and check.replies[n.name].ok]
     result = Bandwidth([n.name for n in up])
     for n in up:
-        if not (probes.get(n.name) or {}).get("torch"):
+        if n.name not in probes or not probes[n.name].torch:
             result.problems.append(f"{n.name}: torch is not installed for {n.python}: the bandwidth test needs it")
     if len(up) < len(cluster.nodes) or result.problems or not up:
         result.problems.append("bandwidth: not measured (every node must take part)")
         return result
-    backend = "nccl" if all((probes.get(n.name) or {}).get("gpus") for n in up) else "gloo"
+    backend = "nccl" if all(probes[n.name].gpus for n in up) else "gloo"
     port = _free_port(_busy(check.replies).get(up[0].name, set()), {p for u in check.uses for p in u.ports})
     env = dict(cluster.job.env)
     result.rendezvous = f"{up[0].address}:{port}"

@@ -266,6 +266,18 @@ def process(rec: Any) -> dict:
     return _checked(PROCESS, rec)
 
 
+def kept_processes(recs: list) -> list[dict]:
+    """The process records of a status reply that pass `process`; the others are left out (fab status shows
+    the rest; the dashboard's collector counts each it drops)."""
+    kept = []
+    for rec in recs:
+        try:
+            kept.append(process(rec))
+        except Malformed:
+            continue
+    return kept
+
+
 def health(doc: Any) -> dict:
     """health.json, cleaned field by field; Malformed if it is not an object with a finite `ts`."""
     return _checked(HEALTH, doc)

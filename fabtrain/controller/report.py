@@ -10,6 +10,7 @@ from fabtrain.controller.preflight import Bandwidth, NetworkCheck
 from fabtrain.contract.events import ROUTINE
 from fabtrain.contract.states import LIVE, JobState, ProcessState, stopped_by
 from fabtrain.plan.plan import IFACE_VARS, Plan, render_shell, render_start
+from fabtrain.contract.opreplies import Status
 from fabtrain.contract.replies import JOB_RUNNING, running_job
 from fabtrain.contract import gpus as gpu_words
 from fabtrain.controller.verdict_text import sentence
@@ -144,36 +145,36 @@ def check_text(checks: list[NodeCheck]) -> str:
     rows = []
     for c in checks:
         p = c.probe
-        if not p:
+        if p is None:
             rows.append([c.node, down_label(c.down), "", "", "", "", "", "", ""])
             continue
-        differs = set(p.get("differs", []))
+        differs = set(c.differs)
 
         def flag(key, text):
             return f"{text} (!)" if key in differs else text
         lo, hi = c.clock_offset
         clock = "0 (this machine)" if lo == hi == 0 else f"±{(hi - lo) / 2:.2f}s" if lo <= 0 <= hi \
             else f"{(lo + hi) / 2:+.2f}s"
-        rows.append([c.node, "ok" if c.ok else "PROBLEM", flag("python", p["python"]),
-                     flag("torch", p["torch"] or "-"), flag("cuda", p["cuda"] or "-") + f" gpus={p['gpus']}",
-                     flag("paddle", p["paddle"] or "-"), p["psutil"] or "-",
-                     human_bytes(p["disk_free"]), clock])
+        rows.append([c.node, "ok" if c.ok else "PROBLEM", flag("python", p.python),
+                     flag("torch", p.torch or "-"), flag("cuda", p.cuda or "-") + f" gpus={p.gpus}",
+                     flag("paddle", p.paddle or "-"), p.psutil or "-",
+                     human_bytes(p.disk_free), clock])
     out = [table(rows, ["node", "state", "python", "torch", "cuda", "paddle", "psutil", "disk free", "clock"])]
     for c in checks:
         for problem in c.problems:
             out.append(f"{c.node}: {problem}" if not problem.startswith(c.node) else problem)
     for c in checks:
-        inventory = (c.probe or {}).get("gpu_inventory")
+        inventory = c.probe.gpu_inventory if c.probe else None
         if inventory and (inventory["gpus"] or inventory["source"] == "stand-in"):
             out.extend(f"{c.node}: {line}" for line in gpu_words.describe(inventory))
-    if any("differs" in c.probe for c in checks):
+    if any(c.differs for c in checks):
         out.append("(!) differs across nodes")
     return "\n".join(out)
 
 
 def force_text(stopped: list[Reply]) -> str:
     """What `--force` stopped before the start: the job(s) it killed, per node."""
-    jobs = sorted({k["job_id"] for r in stopped if r.ok for k in r.value["killed"]})
+    jobs = sorted({k.job_id for r in stopped if r.ok for k in r.value.killed})
     head = f"--force: stopped job {', '.join(jobs)} first" if jobs else "--force: no job was running"
     text, _ = kill_text(stopped)
     return head + ("\n" + text if jobs or not all(r.ok for r in stopped) else "")
@@ -186,7 +187,7 @@ def running_here(r: Reply) -> tuple[str, list[str]] | None:
 
 def running_refusal(result: StartResult) -> str | None:
     """When nothing started because another job runs: one line naming it, else None."""
-    if any(r.ok and r.value["started"] for r in result.replies):
+    if any(r.ok and r.value.started for r in result.replies):
         return None
     running: dict[str, list[str]] = {}
     for r in result.replies:
@@ -206,11 +207,11 @@ def start_text(result: StartResult, roles: tuple[str, ...]) -> str:
         if not r.ok:
             out.append(failed_line(r))
             continue
-        names = ", ".join(f"{s['name']} (pid {s['pid']})" for s in r.value["started"])
+        names = ", ".join(f"{s.name} (pid {s.pid})" for s in r.value.started)
         out.append(f"{r.node}: started {names}")
-        for f in r.value["failed"]:
-            out.append(f"{r.node}: {f['name']} exited at once with code {f['exit_code']}: {visible(' | '.join(f['log']))}")
-        for w in r.value["warnings"]:
+        for f in r.value.failed:
+            out.append(f"{r.node}: {f.name} exited at once with code {f.exit_code}: {visible(' | '.join(f.log))}")
+        for w in r.value.warnings:
             out.append(f"{r.node}: warning: {w}")
     if result.complete:
         out.append(f"job {result.job_id}: {' and '.join(roles)} started; "
@@ -262,7 +263,7 @@ def _process_rows(obs: NodeObservation, verdict: Verdict, now: float) -> list[li
     return rows
 
 
-def _node_notes(obs: NodeObservation, value: dict, now: float) -> tuple[list[str], bool]:
+def _node_notes(obs: NodeObservation, value: Status, now: float) -> tuple[list[str], bool]:
     """What `fab status` flags on one node (stale or missing agent, zombies, orphans, lost peers,
     the last event), and whether it is a problem (exit 1)."""
     notes, problem = [], False
@@ -273,7 +274,7 @@ def _node_notes(obs: NodeObservation, value: dict, now: float) -> tuple[list[str
     agent = next((p for p in obs.processes if p["name"] == "agent"), None)
     live = [p["name"] for p in obs.processes if p["name"] != "agent" and p["state"] in LIVE]
     interval = h.get("interval") or 1.0
-    health_ts = h.get("ts") or (value.get("health_ts") if records.finite(value.get("health_ts")) else None)
+    health_ts = h.get("ts") or value.health_ts
     if agent and agent["state"] == ProcessState.RUNNING and health_ts and now - health_ts > max(10.0, 3 * interval + 2):
         notes.append(f"{obs.name}: STALE agent heartbeat: health.json is {now - health_ts:.0f}s old (interval {interval:g}s)")
         problem = True
@@ -302,9 +303,9 @@ def _node_notes(obs: NodeObservation, value: dict, now: float) -> tuple[list[str
     return notes, problem
 
 
-def _last_event(value: dict) -> dict | None:
+def _last_event(value: Status) -> dict | None:
     try:
-        return records.event_record(value.get("last_event")) if value.get("last_event") is not None else None
+        return records.event_record(value.last_event) if value.last_event is not None else None
     except records.Malformed:
         return None
 
@@ -330,18 +331,18 @@ def status_text(replies: list[Reply]) -> tuple[str, bool]:
         if not obs.job_id:
             rows.append([r.node, "-", "no job", "", "", "", ""])
             continue
-        node_time = r.value.get("time")
-        now = node_time if records.finite(node_time) else time.time()  # health.json's times are the node's
+        node_time = r.value.time
+        now = node_time if node_time is not None else time.time()  # health.json's times are the node's
         rows += _process_rows(obs, verdict, now)
         more, wrong = _node_notes(obs, r.value, now)
         notes += more
         problem |= wrong
     job_ids = sorted({o.job_id for o in observations if o.job_id})
     head = f"job {', '.join(job_ids) or '-'}: {verdict.state}" + (f" ({verdict.restarts})" if verdict.restarts else "")
-    codes = {code_text(r.value.get("code")) for r in replies if r.ok and isinstance(r.value, dict) and r.value.get("job_id")}
+    codes = {code_text(r.value.code) for r in replies if r.ok and r.value.job_id}
     if codes:
         head += f"  code {', '.join(sorted(codes))}"  # more than one: nodes run different code
-    times = [r.value["time"] for r in replies if r.ok and isinstance(r.value, dict) and records.finite(r.value.get("time"))]
+    times = [r.value.time for r in replies if r.ok and r.value.time is not None]
     said = sentence(verdict, max(times, default=time.time()))  # the words of the dashboard's banner
     return "\n".join([head, table(rows, ["node", "process", "state", "uptime", "agent", "progress", "last log line"]),
                       said, *verdict.notes, *notes]), problem
@@ -354,15 +355,16 @@ def kill_text(replies: list[Reply]) -> tuple[str, bool]:
             out.append(failed_line(r))
             clean = False
             continue
-        killed = r.value["killed"]
+        killed = r.value.killed
         if killed:
-            what = ", ".join(f"{k['name']}{' child' if k.get('child') else ''} pid {k['pid']} ({k['signal']}{', orphan' if k.get('orphan') else ''})" for k in killed)
+            what = ", ".join(f"{k.name}{' child' if k.child else ''} pid {k.pid} ({k.signal}{', orphan' if k.orphan else ''})"
+                             for k in killed)
             out.append(f"{r.node}: killed {what}")
         else:
             out.append(f"{r.node}: nothing running")
-        for record in r.value.get("untrusted") or []:
+        for record in r.value.untrusted:
             out.append(f"{r.node}: ignored run record {record}: not a process of this workspace's jobs")
-        if r.value["left"]:
-            out.append(f"{r.node}: STILL ALIVE: pids {', '.join(map(str, r.value['left']))}")
+        if r.value.left:
+            out.append(f"{r.node}: STILL ALIVE: pids {', '.join(map(str, r.value.left))}")
             clean = False
     return "\n".join(out), clean

@@ -36,8 +36,9 @@ def create_app(config: dict | None = None) -> Flask:
       COLLECTOR        the Collector (required)
       DASHBOARD_TOKEN  the secret token (required)
       ALLOWED_HOSTS    Host header values accepted, e.g. ("127.0.0.1:8265", "localhost:8265")
-      KILL             callable(grace) -> list of fabtrain.remote.transport.Reply; default:
-                       fabtrain.controller.lifecycle.kill_all on the collector's session
+      KILL             callable(grace) -> list of fabtrain.remote.transport.Reply, each answered one's value
+                       a fabtrain.contract.opreplies.Kill; default: fabtrain.controller.lifecycle.kill_all on
+                       the collector's session
       SCHEDULER_LINE   callable(snapshot) -> str or None: the scheduler's own line on the job; default: the
                        cluster's backend's (fabtrain.backends: Slurm's state for a `scheduler:` cluster), else none
       HISTORY          the run history for /api/jobs (fabtrain.controller.history.History); default:

@@ -24,6 +24,8 @@ bp = Blueprint("dashboard", __name__)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 GZIP_MIN = 1400  # bytes; smaller replies are not worth compressing
+# What the Kill button's answer says of each process a node stopped (contract.opreplies.Killed), where given.
+KILLED_SHOWN = ("job_id", "name", "pid", "child", "orphan", "signal")
 
 
 class ApiError(Exception):
@@ -307,12 +309,10 @@ def api_kill():
             clean = False
             nodes.append({"node": r.node, "ok": False, "error": r.error})
             continue
-        value = r.value or {}
-        left = value.get("left", [])
-        clean &= not left
-        nodes.append({"node": r.node, "ok": True, "left": left,
-                      "killed": [{k: v for k, v in item.items() if k in ("name", "pid", "signal", "orphan", "child", "job_id")}
-                                 for item in value.get("killed", [])]})
+        clean &= not r.value.left
+        nodes.append({"node": r.node, "ok": True, "left": r.value.left,
+                      "killed": [{name: getattr(k, name) for name in KILLED_SHOWN if getattr(k, name) is not None}
+                                 for k in r.value.killed]})
     return jsonify(ok=clean, seconds=round(time.time() - started, 2), nodes=nodes)
 
 

@@ -34,6 +34,7 @@ from fabtrain.contract import states
 from fabtrain.contract.clock import boot_id
 from fabtrain.contract.events import OUTCOMES
 from fabtrain.contract.jobfolder import JobFolder
+from fabtrain.contract.opreplies import Marked, MarkKilled
 from fabtrain.contract.states import ENDED, read_killer
 from fabtrain.node import atomic, attempts, hosted, launch, ops
 from fabtrain.node.elsewhere import running_elsewhere
@@ -141,21 +142,22 @@ def op_mark_killed(payload):
     Only a job that still runs is marked: one that ended (finished, failed, stopped for the time limit) keeps
     what happened. `workspaces`: every stand-in's (they share the login node's filesystem: one call marks all).
     The reply names, for each, the Slurm job its job ran as (a script submitted by hand too)."""
-    return {"nodes": [mark_killed(ws) for ws in payload.get("workspaces") or [payload["workspace"]]]}
+    return MarkKilled(nodes=[mark_killed(ws) for ws in payload.get("workspaces") or [payload["workspace"]]]).wire()
 
 
 def mark_killed(workspace):
     ws = os.path.abspath(os.path.expanduser(workspace))
     jd = job_dir(ws)
     if not jd or not os.path.isdir(jd):
-        return {"marked": None}
+        return Marked()
     job = atomic.read_json(JobFolder(jd).job_json, {})
     slurm = job.get("slurm") if isinstance(job, dict) and isinstance(job.get("slurm"), dict) else {}
+    slurm_job = slurm.get("job_id") if isinstance(slurm.get("job_id"), str) else None
     decided = any(ev.get("kind") in OUTCOMES for ev in JobFolder(jd).read_events())
     ended = decided or not (ops.live_job_processes(jd) or running_elsewhere(jd))
     if not ended:
         open(os.path.join(jd, KILLED), "a").close()
-    return {"marked": None if ended else os.path.basename(jd), "slurm_job": slurm.get("job_id")}
+    return Marked(marked=None if ended else os.path.basename(jd), slurm_job=slurm_job)
 
 
 def job_over(jd, node):

@@ -20,7 +20,8 @@ def append_events(path, events):
 
 
 def write_kill_events(jobs_root, touched, killed, node, reason):
-    """One `killed` event per process (its program and children share it) in each job's events.jsonl."""
+    """One `killed` event per process (its program and children share it) in each job's events.jsonl;
+    `killed`: what the kill signalled (contract.opreplies.Killed)."""
     now = time.time()
     for job_id in touched:
         path = JobFolder(os.path.join(jobs_root, job_id)).events
@@ -28,20 +29,20 @@ def write_kill_events(jobs_root, touched, killed, node, reason):
             continue
         by_name = {}
         for k in killed:
-            if k["job_id"] == job_id:
-                by_name.setdefault(k["name"], []).append(k)
+            if k.job_id == job_id:
+                by_name.setdefault(k.name, []).append(k)
         events = []
         for name, ks in sorted(by_name.items()):
             role, _, rank = name.rpartition("-")
-            orphan = any(k.get("orphan") for k in ks)
-            daemons = sorted(k["pid"] for k in ks if k.get("starter"))
-            own = [k["pid"] for k in ks if not k.get("starter")]
+            orphan = any(k.orphan for k in ks)
+            daemons = sorted(k.pid for k in ks if k.starter)
+            own = [k.pid for k in ks if not k.starter]
             events.append({
                 "ts": now, "node": node, "kind": EventKind.KILLED, "role": role,
                 "rank": int(rank) if rank.isdigit() else rank, "name": name, "pid": min(own or daemons),
-                "pids": sorted(k["pid"] for k in ks),
+                "pids": sorted(k.pid for k in ks),
                 "reason": reason + (" (orphan: run record lost, or it left its launcher)" if orphan else "")
                 + (" (and Open MPI's daemon that started it here, pid %s)" % ", ".join(map(str, daemons))
                    if daemons else ""),
-                "signal": "SIGKILL" if any(k["signal"] == "SIGKILL" for k in ks) else "SIGTERM"})
+                "signal": "SIGKILL" if any(k.signal == "SIGKILL" for k in ks) else "SIGTERM"})
         append_events(path, events)

@@ -23,6 +23,8 @@ from fabtrain.node import atomic, gpulease, launch, procfs, progress, runtime
 from fabtrain.node.elsewhere import elsewhere, running_elsewhere, states_from_health
 from fabtrain.node.kill import family, send, starter, stop_all, trusted
 from fabtrain.node.killevents import append_events, write_kill_events
+from fabtrain.contract import opreplies
+from fabtrain.contract.opreplies import Killed, Kill, Logs, NotStarted, Start, Started, Status, Verify, kept
 from fabtrain.contract.replies import COORDINATOR_LISTENS, UserFacing, job_running
 from fabtrain.node.workspace import (check_workspace, claim_workspace, code_refusal, job_dir, make_private_dirs,
                                      snapshot_code, workspace)
@@ -207,8 +209,8 @@ def _start_leased(payload, job, ws, jd, leases, warnings):
         try:
             started.append(spawn(proc, ws, base_env, leases=fds))
         except OSError as e:
-            failed.append({"name": proc["name"], "exit_code": 127, "log": ["cannot start %s: %s"
-                                                                           % (proc["launch"][0], e.strerror)]})
+            failed.append(NotStarted(name=proc["name"], exit_code=127,
+                                     log=["cannot start %s: %s" % (proc["launch"][0], e.strerror)]))
     name_programs(started, ws, by_name, time.time() + PROGRAM_WAIT)
 
     # A program that cannot start (not found, bad flag) usually dies at once:
@@ -221,18 +223,23 @@ def _start_leased(payload, job, ws, jd, leases, warnings):
             if p.poll() is not None:
                 watching.remove((p, record))
                 if p.returncode != 0:
-                    failed.append({"name": record["name"], "exit_code": p.returncode,
-                                   "log": tail_lines(expand(by_name[record["name"]]["log"], ws), 3)})
-    shown = [{"name": r["name"], "role": r["role"], "rank": r["rank"], "pid": r.get("program_pid") or r["pid"],
-              "launcher_pid": r["pid"]} for _, r in started]
-    return {"job_dir": jd, "started": shown, "failed": failed, "warnings": warnings}
+                    failed.append(NotStarted(name=record["name"], exit_code=p.returncode,
+                                             log=tail_lines(expand(by_name[record["name"]]["log"], ws), 3)))
+    shown = [Started(name=r["name"], role=r["role"], rank=r["rank"], pid=r.get("program_pid") or r["pid"],
+                     launcher_pid=r["pid"]) for _, r in started]
+    return Start(job_dir=jd, started=shown, failed=failed, warnings=warnings).wire()
 
 
 def op_status(payload):
+    return job_status(payload).wire()
+
+
+def job_status(payload):
+    """The Status of the payload's job (the node's current one where none is named)."""
     ws = workspace(payload)
     jd = job_dir(ws, payload.get("job_id"))
     if not jd or not os.path.isdir(jd):
-        return {"job_id": None, "processes": []}
+        return Status(processes=[])
     procs = procfs.below(record["pid"] for _, record in run_records(jd))  # the launchers and what they run
     kids = procfs.children_map(procs)
     job = atomic.read_json(JobFolder(jd).job_json, {})
@@ -258,26 +265,23 @@ def status_reply(jd, job, processes, health, payload):
     except ValueError:
         last_event = None
     killed_by, stop_reason = read_marker(JobFolder(jd).killed)
-    return {
-        "job_id": os.path.basename(jd),
-        "code": job.get("code"),
-        "slurm": job.get("slurm"),  # a job in a Slurm allocation: its Slurm job id and node
-        "processes": processes,
-        "killed": os.path.exists(JobFolder(jd).killed),
-        "killed_by": killed_by,
-        "stop_reason": stop_reason,  # a failed start's why (all or nothing)
-        "health_ts": health.get("ts") if isinstance(health, dict) else None,
-        "health": health if payload.get("health") else None,
-        "last_event": last_event,
-        "time": time.time(),
-    }
+    # What the job's files say goes into the reply only where it fits its field (else None): a file holds
+    # whatever was written there, and a reply that does not fit its type is the whole node's failure.
+    obj = opreplies.record
+    health = kept(obj, health)
+    return Status(job_id=os.path.basename(jd), processes=processes, killed=os.path.exists(JobFolder(jd).killed),
+                  code=kept(obj, job.get("code")), slurm=kept(obj, job.get("slurm")),
+                  killed_by=killed_by, stop_reason=stop_reason,
+                  health_ts=kept(opreplies.number, health.get("ts")) if health else None,
+                  health=health if payload.get("health") else None, last_event=kept(obj, last_event),
+                  time=time.time())
 
 
 def op_logs(payload):
     ws = workspace(payload)
     jd = job_dir(ws, payload.get("job_id"))
     if not jd or not os.path.isdir(jd):
-        return {"job_id": None}  # the controller says it once for every node: lifecycle.no_job
+        return Logs(job_id=None).wire()  # the controller says it once for every node: lifecycle.no_job
     node = payload["node"]
     if payload.get("stacks"):
         return print_stacks(jd, node)
@@ -291,7 +295,7 @@ def op_logs(payload):
         offsets[name] = os.path.getsize(path)
     sys.stdout.flush()
     if not payload.get("follow"):
-        return {"job_id": os.path.basename(jd)}
+        return Logs(job_id=os.path.basename(jd)).wire()
     partial = {}
     while True:
         for name in names:
@@ -310,7 +314,7 @@ def op_logs(payload):
                 sys.stdout.write("[%s %s] %s\n" % (node, name, line.decode("utf-8", "replace")))
         sys.stdout.flush()
         if not live_job_processes(jd) and not running_elsewhere(jd):
-            return {"job_id": os.path.basename(jd)}
+            return Logs(job_id=os.path.basename(jd)).wire()
         time.sleep(0.2)
 
 
@@ -336,7 +340,7 @@ def print_stacks(jd, node):
     if not names:
         sys.stdout.write("[%s] no stacks saved (they are taken before a hang's teardown)\n" % node)
     sys.stdout.flush()
-    return {"job_id": os.path.basename(jd)}
+    return Logs(job_id=os.path.basename(jd)).wire()
 
 
 def kill_targets(ws, records, skip, only=None, sweep=None, starters=()):
@@ -436,7 +440,7 @@ def op_kill(payload):
                     "ts": time.time(), "node": payload.get("node"), "kind": EventKind.START_FAILED, "reason": why}])
             atomic.write(marker, by + ("\n" + why if why else ""))
     if payload.get("signal", True) is False:  # marking only: every node is marked before any node signals
-        return {"killed": [], "left": [], "late": [], "untrusted": untrusted}
+        return Kill(killed=[], left=[], untrusted=untrusted).wire()
     sent, left = stop_all(find, grace)
     # With their programs gone, the launchers record the exit codes and exit; a stuck one gets SIGKILL.
     deadline = time.time() + 2
@@ -450,9 +454,9 @@ def op_kill(payload):
     time.sleep(0.05 if left or stuck else 0)
     found, launchers = kill_targets(ws, records, skip, only, starters=starters)
     left = sorted(set(found) | set(launchers))
-    killed = [dict(described[p], signal=sent[p]) for p in sorted(sent) if p in described]
+    killed = [Killed(signal=sent[p], **described[p]) for p in sorted(sent) if p in described]
     write_kill_events(jobs_root, touched, killed, payload.get("node"), reason or by)
-    return {"killed": killed, "left": left, "late": [], "untrusted": untrusted}
+    return Kill(killed=killed, left=left, untrusted=untrusted).wire()
 
 
 def op_verify(payload):
@@ -475,7 +479,7 @@ def op_verify(payload):
         except OSError as e:
             result[name] = "error: %s" % e.strerror
     du = shutil.disk_usage(base if os.path.isdir(base) else workspace(payload) if os.path.isdir(workspace(payload)) else "/")
-    return {"files": result, "disk_free": du.free}
+    return Verify(files=result, disk_free=du.free).wire()
 
 
 def op_collect(payload):
@@ -499,12 +503,9 @@ def op_collect(payload):
     job_id = os.path.basename(jd)
     reply["job_id"] = job_id
     offsets = payload.get("offsets", {}) if payload.get("job_id") in (None, job_id) else {}
-    status = op_status({"workspace": payload["workspace"], "job_id": job_id})
-    reply["processes"] = status["processes"]
-    reply["killed"] = status["killed"]
-    reply["killed_by"] = status["killed_by"]
-    reply["stop_reason"] = status["stop_reason"]
-    reply["slurm"] = status["slurm"]
+    status = job_status({"workspace": payload["workspace"], "job_id": job_id})
+    reply.update(processes=status.processes, killed=status.killed, killed_by=status.killed_by,
+                 stop_reason=status.stop_reason, slurm=status.slurm)
     reply["health"] = atomic.read_json(JobFolder(jd).health)
     max_bytes = int(payload.get("max_bytes", 1 << 20))
     metrics = JobFolder(jd).metrics

@@ -14,6 +14,7 @@ import time
 
 from fabtrain.contract.clock import boot_id
 from fabtrain.node import gpuinv
+from fabtrain.contract.opreplies import Probe, Provision, Tools
 from fabtrain.contract.replies import UserFacing
 from fabtrain.node.workspace import check_workspace, claim_workspace, make_private_dirs, workspace
 
@@ -30,7 +31,7 @@ def op_probe(payload):
         "time": time.time(),
         "boot_id": boot_id(),  # the controller's own machine has no clock offset
         "cpus": os.cpu_count(),
-        "tools": {t: bool(shutil.which(t)) for t in ("rsync", "stdbuf")},
+        "tools": Tools(**{t: bool(shutil.which(t)) for t in Tools.FIELDS}),
     }
     existing = ws
     while not os.path.exists(existing):
@@ -71,7 +72,7 @@ def op_probe(payload):
             probe["torch_error"] = str(e)[:200]
     if payload.get("torch_cuda", True):  # check only: who holds which GPU, and their health
         probe["gpu_inventory"] = gpuinv.inventory()
-    return probe
+    return Probe(**probe).wire()
 
 
 def op_provision(payload):
@@ -84,19 +85,18 @@ def op_provision(payload):
     make_private_dirs(ws, os.path.join(ws, "jobs"))
     for sub in ("code", "data", "runtime"):
         os.makedirs(os.path.join(ws, sub), exist_ok=True)
-    result = {"workspace": ws, "venv": None}
-    if payload.get("venv"):
-        venv = os.path.join(ws, "venv")
-        if not os.path.exists(os.path.join(venv, "bin", "python")):
-            subprocess.run([sys.executable, "-m", "venv", venv], check=True, capture_output=True)
-        pip = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q"]
-        wheelhouse = os.path.join(ws, "wheelhouse")
-        if payload.get("wheelhouse"):
-            pip += ["--no-index", "--find-links", wheelhouse]
-        reqs = payload.get("requirements") or []
-        if reqs:
-            out = subprocess.run(pip + reqs, capture_output=True, text=True)
-            if out.returncode != 0:
-                raise RuntimeError("pip install failed: " + (out.stderr.strip().splitlines() or ["?"])[-1])
-        result["venv"] = os.path.join(venv, "bin", "python")
-    return result
+    if not payload.get("venv"):
+        return Provision(workspace=ws).wire()
+    venv = os.path.join(ws, "venv")
+    if not os.path.exists(os.path.join(venv, "bin", "python")):
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True, capture_output=True)
+    pip = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q"]
+    wheelhouse = os.path.join(ws, "wheelhouse")
+    if payload.get("wheelhouse"):
+        pip += ["--no-index", "--find-links", wheelhouse]
+    reqs = payload.get("requirements") or []
+    if reqs:
+        out = subprocess.run(pip + reqs, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError("pip install failed: " + (out.stderr.strip().splitlines() or ["?"])[-1])
+    return Provision(workspace=ws, venv=os.path.join(venv, "bin", "python")).wire()

@@ -21,7 +21,9 @@ source). A source is unpacked only when it is needed: a module not in that cache
 (fabtrain.node.runtime); a node that has the code compiled reads only the
 index. The rest of stdin goes to fabtrain.node.serve, which answers each request with the reply frame: a
 SENTINEL line, then one JSON line. What comes before the sentinel is an
-op's streamed output (`logs --follow`) or noise from the login shell.
+op's streamed output (`logs --follow`) or noise from the login shell. A
+reply is read through its op's type (fabtrain.contract.opreplies.REPLIES):
+the caller gets the typed reply, or the node's NodeError when it is malformed.
 
 A `Channel` is one node-side process. `call` opens one, asks one
 request and closes it; the dashboard's collector and copy-data keep one open
@@ -42,6 +44,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from fabtrain.contract.opreplies import REPLIES, MalformedReply
 from fabtrain.contract.replies import SENTINEL
 from fabtrain.contract import RUNTIME_PACKAGES
 from fabtrain.remote.transport import FAILED, NO_REPLY, NodeError, Transport, fan_out
@@ -293,7 +296,8 @@ class Channel:
         self.broken: str | None = None
 
     def request(self, op: str, payload: dict, timeout: float | None = None, *, stream=None, last: bool = False) -> Any:
-        """The result of one op (NodeError if it failed or did not answer in time).
+        """The result of one op, read through its type where fabtrain.contract.opreplies has one (NodeError if
+        it failed, did not answer in time, or answered with a malformed reply).
 
         stream: a file the op's printed lines go to as they come; last: no
         request follows (the node-side process exits after this reply)."""
@@ -323,7 +327,7 @@ class Channel:
                     if not value["ok"]:
                         raise NodeError(f"{self.node.name}: {value.get('error')}", FAILED,
                                         code=value.get("code"), detail=value.get("detail"))
-                    return value.get("result")
+                    return self._typed(op, value.get("result"))
                 if kind == "garbled":
                     raise self._fail(f"garbled reply: {value}", FAILED)
                 if stream is not None and value:
@@ -345,6 +349,17 @@ class Channel:
             if not chunk:
                 raise self._ended()
             self.parser.feed(chunk)
+
+    def _typed(self, op: str, result: Any) -> Any:
+        """The op's reply read through its type (fabtrain.contract.opreplies), where it has one: a malformed
+        one is this node's failure, in one line. The channel stays usable: the frame itself was whole."""
+        shape = REPLIES.get(op)
+        if shape is None:
+            return result
+        try:
+            return shape.from_wire(self.node.name, result)
+        except MalformedReply as e:
+            raise NodeError(str(e), FAILED) from None
 
     def _fail(self, why: str, kind: str) -> NodeError:
         self.broken = why

@@ -281,11 +281,11 @@ def cancel_all(session: Session, grace: float = STOP_GRACE, wait: float = 60.0) 
     nodes = session.cluster.nodes  # stand-ins on one filesystem, reached the same way: one call marks them all
     try:
         said = rpc.call(session.transport(nodes[0]), "mark_killed", {"workspaces": [n.workspace for n in nodes]},
-                        timeout=60)["nodes"]
+                        timeout=60).nodes
     except NodeError as e:
         raise UserError(f"kill-all: cannot mark the job killed in the workspaces ({e}); nothing was cancelled") from None
-    marked = [n.name for n, r in zip(nodes, said) if r.get("marked")]
-    named = {r["slurm_job"] for r in said if isinstance(r.get("slurm_job"), str) and ID_RE.match(r["slurm_job"])}
+    marked = [n.name for n, r in zip(nodes, said) if r.marked]
+    named = {r.slurm_job for r in said if r.slurm_job and ID_RE.match(r.slurm_job)}
     ids = our_jobs(session, named)
     if ids:
         out = SlurmCommands(session).run(["scancel", *ids])

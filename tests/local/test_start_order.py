@@ -58,7 +58,7 @@ def started(local_job, monkeypatch):
         job.job_id = result.job_id
         assert result.complete, result.failures()
         for node, _ in NODES:  # every node runs its trainer and its agent
-            assert {p["name"] for p in next(r for r in result.replies if r.node == node).value["started"]} == \
+            assert {p.name for p in next(r for r in result.replies if r.node == node).value.started} == \
                 {"agent", "trainer-%s" % node[1:]}, result.replies
         return order
     return start

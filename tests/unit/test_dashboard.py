@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fabtrain.contract.opreplies import Kill, Killed
 from fabtrain.dashboard import create_app
 from fabtrain.dashboard.serve import allowed_hosts, make_token, url_for
 from tests.support import REPO
@@ -85,7 +86,8 @@ def kills():
 def app(world, kills):
     def fake_kill(grace):
         kills.append(grace)
-        return [Reply("node0", True, {"killed": [{"name": "pserver-0", "pid": 1, "signal": "SIGTERM", "job_id": JOB}], "left": []}),
+        stopped = Killed(name="pserver-0", pid=1, signal="SIGTERM", job_id=JOB)
+        return [Reply("node0", True, Kill(killed=[stopped], left=[], untrusted=[])),
                 Reply("node3", False, error="node3 (127.0.0.1:1): unreachable: connection refused")]
     return create_app({"COLLECTOR": world["collector"], "DASHBOARD_TOKEN": TOKEN, "ALLOWED_HOSTS": [HOST],
                        "KILL": fake_kill, "TESTING": True})

@@ -163,7 +163,7 @@ def test_a_job_stopped_because_its_start_failed_is_failed_everywhere_with_the_re
     agent_health(job)
     why = "the start failed: node9: workspace /w is writable by group or others (chmod go-w /w)"
     payload = {"grace": 1, "job_id": job.job_id, "reason": why, "by": START_FAILED}  # as lifecycle sends it
-    assert all(r.ok and r.value["killed"] for r in world["session"].map(lambda t: rpc.call(t, "kill", payload)))
+    assert all(r.ok and r.value.killed for r in world["session"].map(lambda t: rpc.call(t, "kill", payload)))
     job.sleepers.clear()
     s = four_states(world)
     assert (s["status"], s["watch"], s["api"], s["metrics"]) == ("failed",) * 4, s["status_text"]

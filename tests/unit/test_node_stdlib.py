@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import fabtrain.node
+from fabtrain.contract.opreplies import Status
 from fabtrain.remote import rpc
 from tests.conftest import REPO, require
 
@@ -46,7 +47,7 @@ def test_node_ops_as_sent_run_on_a_bare_interpreter(tmp_path):
     parser = rpc.ReplyParser()
     parser.feed(out.stdout)
     replies = [value for kind, value in parser.events if kind == "reply"]
-    assert replies == [{"ok": True, "result": {"job_id": None, "processes": []}}], (out.stdout, out.stderr)
+    assert replies == [{"ok": True, "result": Status(processes=[]).wire()}], (out.stdout, out.stderr)
 
 
 def old_interpreters() -> list[str]:

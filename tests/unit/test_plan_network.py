@@ -121,6 +121,7 @@ def test_two_of_the_jobs_own_ports_on_one_node_are_a_problem():
 
 
 def test_only_the_ports_the_mode_uses_are_shown_and_recorded():
+    from fabtrain.contract.opreplies import Start
     from fabtrain.controller.lifecycle import StartResult
     from fabtrain.controller.report import plan_text, start_text
     collective = cluster({"mode": "collective", "master_port": 29500},
@@ -129,7 +130,8 @@ def test_only_the_ports_the_mode_uses_are_shown_and_recorded():
     assert network.ports == {"master_port": 29500, "watchdog_port": 7180}  # what the controller's state records
     plan = make_plan(collective, "J", network=network)
     assert set(plan.job_json("a")["ports"]) == {"master_port", "watchdog_port", "auto"}
-    started = start_text(StartResult("J", plan, [Reply("a", True, {"started": [], "failed": [], "warnings": []})]),
+    started = start_text(StartResult("J", plan, [Reply("a", True, Start(job_dir="/w/jobs/J", started=[], failed=[],
+                                                                        warnings=[]))]),
                          ("trainer",))
     for text in (started, plan_text(plan)):
         assert "master_port 29500" in text and "watchdog_port 7180" in text and "pserver_port" not in text, text

@@ -11,9 +11,11 @@ import pytest
 from fabtrain.config.cluster import parse_cluster
 from fabtrain.remote import rpc
 from fabtrain.remote.transport import FAILED, NodeError, make_transport
+from fabtrain.contract.opreplies import Logs, Status
 from fabtrain.contract.replies import SENTINEL
 
 pytestmark = pytest.mark.timeout(60)
+NO_JOB = Status(processes=[])  # a status where no job ever ran
 
 
 def local_node(tmp_path, python=sys.executable):
@@ -58,18 +60,18 @@ def test_the_reply_parser_keeps_printed_lines_and_finds_the_reply_in_any_pieces(
 
 def test_a_call_and_a_channel_on_a_local_node(tmp_path):
     t = local_node(tmp_path)
-    assert rpc.call(t, "status", {}) == {"job_id": None, "processes": []}
+    assert rpc.call(t, "status", {}) == NO_JOB
     channel = rpc.Channel(t, timeout=10)
     try:
         pid = None
         for _ in range(3):  # one node-side process answers them all
-            assert channel.request("status", {}, timeout=10)["job_id"] is None
+            assert channel.request("status", {}, timeout=10).job_id is None
             pid = pid or channel.stream.proc.pid
             assert channel.stream.proc.pid == pid and channel.stream.proc.poll() is None
         with pytest.raises(NodeError, match=r"^n0: unknown op 'nope'") as e:
             channel.request("nope", {}, timeout=10)
         assert e.value.kind == FAILED
-        assert channel.request("status", {}, timeout=10)["job_id"] is None  # an error reply leaves it usable
+        assert channel.request("status", {}, timeout=10).job_id is None  # an error reply leaves it usable
     finally:
         channel.close()
     assert channel.stream.proc.returncode == 0
@@ -109,12 +111,13 @@ def test_a_node_side_process_that_dies_gives_its_last_word(tmp_path):
 
 
 def test_streamed_lines_come_before_the_reply(tmp_path):
-    ws = tmp_path / "ws" / "jobs" / "j1" / "logs"
+    job_id = "20261124-045501-5d89"
+    ws = tmp_path / "ws" / "jobs" / job_id / "logs"
     ws.mkdir(parents=True)
     (ws / "trainer-0.log").write_text("".join(f"line {i}\n" for i in range(30)))
-    (tmp_path / "ws" / "current").symlink_to("jobs/j1")
+    (tmp_path / "ws" / "current").symlink_to(f"jobs/{job_id}")
     out = io.StringIO()
-    assert rpc.call(local_node(tmp_path), "logs", {"lines": 5}, stream=out) == {"job_id": "j1"}
+    assert rpc.call(local_node(tmp_path), "logs", {"lines": 5}, stream=out) == Logs(job_id=job_id)
     assert out.getvalue().splitlines() == [f"[n0 trainer-0] line {i}" for i in range(25, 30)]
 
 
@@ -167,7 +170,7 @@ def test_compiled_node_code_is_kept_for_this_user_alone_and_a_spoiled_copy_is_co
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     t = local_node(tmp_path)
-    assert rpc.call(t, "status", {}) == {"job_id": None, "processes": []}
+    assert rpc.call(t, "status", {}) == NO_JOB
     (folder,) = (tmp_path / "cache" / "fabtrain" / "code").iterdir()
     assert folder.name == sys.implementation.cache_tag
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
@@ -177,28 +180,31 @@ def test_compiled_node_code_is_kept_for_this_user_alone_and_a_spoiled_copy_is_co
     assert not [p for p in folder.iterdir() if p.name.endswith(".part")]
 
     # What is kept is what runs: a planted ops module answers instead of the sent one ...
+    planted_status = Status(processes=[], killed_by="planted")
     ops = kept["fabtrain.node.ops"]
-    planted = "OPS = {'status': lambda payload: {'planted': True}}\nclass UserFacing(Exception): pass\n"
+    planted = ("from fabtrain.contract.opreplies import Status\n"
+               "OPS = {'status': lambda payload: Status(processes=[], killed_by='planted').wire()}\n"
+               "class UserFacing(Exception): pass\n")
     ops.write_bytes(marshal.dumps(compile(planted, "planted", "exec")))
-    assert rpc.call(t, "status", {}) == {"planted": True}
+    assert rpc.call(t, "status", {}) == planted_status
     # ... but not once others can write the folder, or the folder is a link to one.
     folder.chmod(0o777)
-    assert rpc.call(t, "status", {}) == {"job_id": None, "processes": []}
+    assert rpc.call(t, "status", {}) == NO_JOB
     folder.chmod(0o700)
     moved = tmp_path / "elsewhere"
     folder.rename(moved)
     folder.symlink_to(moved)
-    assert rpc.call(t, "status", {}) == {"job_id": None, "processes": []}
+    assert rpc.call(t, "status", {}) == NO_JOB
     folder.unlink()
     moved.rename(folder)
-    assert rpc.call(t, "status", {}) == {"planted": True}
+    assert rpc.call(t, "status", {}) == planted_status
 
     # A copy cut short (a full disk, a crash mid-write) is compiled again and replaced whole.
     ops.write_bytes(ops.read_bytes()[:7])
-    assert rpc.call(t, "status", {}) == {"job_id": None, "processes": []}
+    assert rpc.call(t, "status", {}) == NO_JOB
     assert "OPS" in marshal.loads(ops.read_bytes()).co_names
 
     # No cache to be had (the cache path is a file): every call compiles, and works.
     monkeypatch.setenv("XDG_CACHE_HOME", str(ops))
-    assert rpc.call(t, "status", {}) == {"job_id": None, "processes": []}
+    assert rpc.call(t, "status", {}) == NO_JOB
     assert os.path.isfile(ops)
