@@ -70,8 +70,8 @@ def lifecycle_once(path: Path, parallel: int = 64) -> float:
     s.close()
     for r in replies + killed:
         assert r.ok, r.error
-    assert all(not r.value["left"] for r in killed), [r.value["left"] for r in killed]
-    assert any(k["name"] == "agent" for k in killed[0].value["killed"]), "the watchdog agent did not start"
+    assert all(not r.value.left for r in killed), [r.value.left for r in killed]
+    assert any(k.name == "agent" for k in killed[0].value.killed), "the watchdog agent did not start"
     return elapsed
 
 

@@ -87,7 +87,7 @@ def one_start(tally: Tally, path: Path) -> tuple[float, dict]:
     s.close()
     for r in deployed + ps.replies + tr.replies + killed:
         assert r.ok, r.error
-    started = [p["name"] for r in ps.replies + tr.replies for p in r.value["started"]]
+    started = [p.name for r in ps.replies + tr.replies for p in r.value.started]
     return started, killed[0].value
 
 
@@ -126,7 +126,7 @@ def kill_costs(root: Path, sshd, account, make_cluster, repeat: int) -> dict[str
             lifecycle.start(s, ("trainer",))
             time.sleep(0.5)  # the agent is up and beating, as it would be
             t0 = time.perf_counter()
-            assert all(r.ok and not r.value["left"] for r in lifecycle.kill_all(s, grace=2))
+            assert all(r.ok and not r.value.left for r in lifecycle.kill_all(s, grace=2))
             costs.setdefault(f"kill-all of a running job, watchdog {'on' if watchdog else 'off'}", []).append(
                 time.perf_counter() - t0)
         s.close()
@@ -153,8 +153,8 @@ def profile(root: Path, sshd, account, make_cluster, repeat: int) -> None:
     print(f"    {len(started):4d}  processes started by start ({', '.join(started)}), "
           f"{sum(1 for n in started if n == 'agent')} of them a Python (the agent)")
     print(f"    {2:4d}  settle waits of {SETTLE:g} s on the node (one per start)")
-    print(f"    {len(kill['killed']):4d}  pids signalled by kill-all "
-          f"({', '.join(sorted({k['name'] for k in kill['killed']}))})")
+    print(f"    {len(kill.killed):4d}  pids signalled by kill-all "
+          f"({', '.join(sorted({k.name for k in kill.killed}))})")
     print("  unit costs, same run:")
     costs = unit_costs(path, repeat, account.python)
     costs.update(kill_costs(root, sshd, account, make_cluster, repeat))

@@ -112,7 +112,7 @@ def do_start(s) -> None:
 def do_kill(s) -> None:
     replies = lifecycle.kill_all(s, grace=2)
     ok(replies)
-    assert all(not r.value["left"] for r in replies)
+    assert all(not r.value.left for r in replies)
 
 
 def do_floor(s) -> None:
