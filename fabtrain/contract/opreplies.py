@@ -80,6 +80,26 @@ def rank(v):
     return v if isinstance(v, str) else integer(v)
 
 
+def within(lo, hi):
+    """An integer from lo to hi: a TCP port, a count of ports (one that the controller would spell out as a
+    range of ports must not be a billion)."""
+    def run(v):
+        if not lo <= integer(v) <= hi:
+            raise _Wrong("is %d, not %d to %d" % (v, lo, hi))
+        return v
+    return run
+
+
+port = within(0, 65535)
+
+
+def positive(v):
+    """A number above zero: a time the controller divides by."""
+    if not number(v) > 0:
+        raise _Wrong("is not above zero")
+    return v
+
+
 def job_id(v):
     if not is_job_id(v):
         raise _Wrong("is %s, not a job id" % (repr(v[:40]) if isinstance(v, str) else _what(v)))
@@ -201,6 +221,11 @@ class Shape(object):
             said = '"%s" %s' % (where, e.why) if where else "it %s" % e.why
             raise MalformedReply("%s: malformed %s reply: %s" % (node, cls.OP or cls.__name__, said)) from None
 
+    def replaced(self, **changes):
+        """A copy with `changes` (a field each): the type is read-only, so a reader that judges part of a
+        reply passes on a changed copy of it."""
+        return type(self)(**dict({name: getattr(self, name) for name in self.FIELDS}, **changes))
+
     def __eq__(self, other):
         return type(other) is type(self) and self.wire() == other.wire()
 
@@ -321,8 +346,84 @@ class Verify(Shape):
               "disk_free": integer}  # bytes, where the files are
 
 
+# the network: fab check, plan and start (node/netcheck.py), fab check --bandwidth (node/bandwidth.py) ------
+
+class Route(Shape):
+    """How this node reaches a peer's address: the local address and interface a connection leaves by
+    (both None: no route)."""
+    FIELDS = {"local": maybe(text), "iface": maybe(text)}
+
+
+class Owner(Shape):
+    """Who holds a taken port, as /proc shows it: the process, and the fabtrain job it is part of (None: not
+    one, by its environment)."""
+    FIELDS = {"pid": integer, "command": text, "workspace": maybe(text), "job_id": maybe(text)}
+
+
+class Listened(Shape):
+    """A port this node will hold for the job, as asked (port, what, setting, expect), and what came of it:
+    state "ok" (free; served: `accepted` connections), "taken" (`owner`: who holds it, None where /proc does
+    not show it) or "error" (`error`: why it cannot be listened on)."""
+    FIELDS = {"port": port, "what": text, "setting": maybe(text), "expect": maybe(integer),
+              "state": text, "accepted": maybe(integer), "owner": maybe(Owner.checked), "error": maybe(text)}
+
+
+class Reached(Shape):
+    """A port of another node that this node connected to, as asked (node, address, port, what), and what
+    came of it: state "ok" (the check's own listener answered), "other" (another program did), "refused",
+    "timeout" or "error"; the local address and interface it left by, the connect's ms, the attempts."""
+    FIELDS = {"node": text, "address": text, "port": port, "what": text, "state": text,
+              "attempts": maybe(integer), "local": maybe(text), "iface": maybe(text), "ms": maybe(number),
+              "error": maybe(text)}
+
+
+class Claim(Shape):
+    """Ports another running fabtrain job on this machine holds or is about to (its job.json's `listens`):
+    `count` of them from `port`, on `address` (None: every address)."""
+    FIELDS = {"port": port, "count": within(1, 65536), "what": text, "address": maybe(text),
+              "workspace": text, "job_id": text}
+
+
+class Netcheck(Shape):
+    """The network as one node sees it, for the job's ports."""
+    OP = "netcheck"
+    FIELDS = {
+        "workspace": text,
+        "address_ip": maybe(text),  # what the node's address resolves to there; None: it does not
+        "address_local": flag,  # whether that is an address of the machine (not: NAT)
+        "iface": maybe(text),  # the interface carrying it (NAT: the one the peers are reached by)
+        "speed": maybe(integer),  # that interface's Mb/s, where it says
+        "routes": mapping(Route.checked),  # by peer address
+        "ephemeral": list_of(port),  # [lo, hi]: the kernel's range for outgoing connections
+        "listen": list_of(Listened.checked), "reach": list_of(Reached.checked),
+        "busy": maybe(list_of(port)),  # ports of the window asked that a socket holds; None: none asked
+        "claimed": list_of(Claim.checked),
+    }
+
+
+class Bandwidth(Shape):
+    """One rank's answer to the all-reduce; each rank's holds every rank's times (index: rank)."""
+    OP = "bandwidth"
+    FIELDS = {"rank": integer, "world_size": within(1, 1 << 20),  # at least one: every rank's times are read
+              "backend": text, "bytes": integer, "iterations": integer,
+              "allreduce_s": list_of(positive),  # one all-reduce, seconds
+              "link_s": maybe(list_of(positive)),  # rank r receiving from rank r-1, seconds; None: one rank
+              "iface": maybe(text)}  # the interface the backend was pinned to
+
+    @classmethod
+    def checked(cls, value):
+        # The controller reads one time a rank: a list of another length is not this test's table.
+        read = super().checked(value)
+        for name in ("allreduce_s", "link_s"):
+            times = getattr(read, name)
+            if times is not None and len(times) != read.world_size:
+                raise _Wrong("is %d long, not world_size (%d): one time a rank" % (len(times), read.world_size),
+                             "." + name)
+        return read
+
+
 # The ops whose replies rpc reads through their type. Not here: `collect` (the collector checks each part
-# of it as it keeps it, dropping what is malformed), the run history's `jobs` and `job` (merged with a
-# cache of what nodes said before, leniently), and `netcheck` and `bandwidth` (the network probes of
-# fab check, plan and start, which controller/preflight.py reads as dicts).
-REPLIES = {shape.OP: shape for shape in (Probe, Provision, Start, Status, Logs, Kill, MarkKilled, Verify)}
+# of it as it keeps it, dropping what is malformed) and the run history's `jobs` and `job` (merged with a
+# cache of what nodes said before, leniently).
+REPLIES = {shape.OP: shape for shape in (Probe, Provision, Start, Status, Logs, Kill, MarkKilled, Verify,
+                                         Netcheck, Bandwidth)}

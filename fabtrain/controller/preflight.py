@@ -32,7 +32,7 @@ from fabtrain.plan.ports import (AUTO_WINDOW, PORT_SETTINGS, PortUse, choose_aut
                                  port_uses)
 from fabtrain.remote import rpc
 from fabtrain.remote.session import Session
-from fabtrain.remote.transport import Reply, fan_out
+from fabtrain.remote.transport import FAILED, Reply, fan_out
 
 EXCHANGE_DEADLINE = 8.0  # seconds a node waits for the others' listeners and connections
 
@@ -42,7 +42,7 @@ class NetworkCheck:
     """What the network check found: the ports it used, each node's reply, and the verdict."""
     network: Network
     uses: list[PortUse]
-    replies: dict[str, Reply]
+    replies: dict[str, Reply]  # the value of each that answered: a contract.opreplies.Netcheck
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -86,7 +86,21 @@ def _fan_out(session: Session, payloads: dict[str, dict], call=rpc.call) -> dict
     replies = fan_out([session.transport(n) for n in nodes],
                       lambda t: call(t, "netcheck", payloads[t.node.name], timeout=EXCHANGE_DEADLINE + 60),
                       max(session.cluster.parallel, len(nodes)))
-    return {r.node: r for r in replies}
+    return {r.node: _as_asked(r, payloads[r.node]) for r in replies}
+
+
+def _as_asked(reply: Reply, payload: dict) -> Reply:
+    """The reply, or that node's failure where its ports are not those it was asked about: the findings
+    take each port's node and setting from the node's answer (contract/opreplies.py Netcheck)."""
+    if not reply.ok:
+        return reply
+    listen = [(e.port, e.what, e.setting) for e in reply.value.listen]
+    reach = [(t.node, t.address, t.port, t.what) for t in reply.value.reach]
+    if listen == [(e["port"], e["what"], e["setting"]) for e in payload["listen"]] and \
+            reach == [(t["node"], t["address"], t["port"], t["what"]) for t in payload["reach"]]:
+        return reply
+    return Reply(reply.node, False, error=f"{reply.node}: malformed netcheck reply: its ports are not the ones "
+                                          f"it was asked about", kind=FAILED)
 
 
 # -- choosing `auto` ports -------------------------------------------------------------------
@@ -97,9 +111,9 @@ def _busy(replies: dict[str, Reply]) -> dict[str, set[int]]:
     busy = {}
     for name, r in replies.items():
         if r.ok:
-            held = set(r.value.get("busy") or [])
-            for c in r.value.get("claimed") or []:
-                held.update(range(c["port"], c["port"] + c["count"]))
+            held = set(r.value.busy or [])
+            for c in r.value.claimed:
+                held.update(range(c.port, c.port + c.count))
             busy[name] = held
     return busy
 
@@ -108,7 +122,7 @@ def choose_ports(cluster: Cluster, replies: dict[str, Reply], rng: random.Random
     """The job's Network from the probe's replies: its ports (plan/ports.py chooses the `auto` ones among
     those free on the nodes concerned), and the interface found carrying each node's address."""
     ports, auto = choose_auto(cluster, _busy(replies), rng or random.Random(secrets.randbits(64)))
-    ifaces = {name: r.value["iface"] for name, r in replies.items() if r.ok and r.value.get("iface")}
+    ifaces = {name: r.value.iface for name, r in replies.items() if r.ok and r.value.iface}
     return Network(ports=ports, auto=auto, ifaces=ifaces)
 
 
@@ -126,33 +140,33 @@ def _listen_findings(cluster: Cluster, uses: list[PortUse], replies: dict[str, R
     for name, r in replies.items():
         if not r.ok:
             continue
-        own_ws = r.value.get("workspace")
-        for e in r.value["listen"]:
-            where = f"{name}: port {e['port']} ({e['what']})"
-            claim = next((c for c in r.value.get("claimed") or []
-                          if c["port"] <= e["port"] < c["port"] + c["count"]
-                          and c.get("address") in (None, by_node[name].address)), None)
-            if e["state"] == "ok" and claim is None:
+        own_ws = r.value.workspace
+        for e in r.value.listen:
+            where = f"{name}: port {e.port} ({e.what})"
+            claim = next((c for c in r.value.claimed
+                          if c.port <= e.port < c.port + c.count and c.address in (None, by_node[name].address)), None)
+            if e.state == "ok" and claim is None:
                 continue
-            closed.add((name, e["port"]))
-            owner = e.get("owner") or {}
-            holder_ws = owner.get("workspace") if e["state"] == "taken" else (claim or {}).get("workspace")
-            if e["state"] in ("taken", "ok") and holder_ws == own_ws and holder_ws:
+            closed.add((name, e.port))
+            owner = e.owner  # None: /proc does not show who holds it
+            holder = owner if e.state == "taken" else claim
+            holder_ws = holder.workspace if holder else None
+            if e.state in ("taken", "ok") and holder_ws == own_ws and holder_ws:
                 # This cluster's own running job: the start refuses it itself ("still running").
                 if not starting:
-                    job = owner.get("job_id") or (claim or {}).get("job_id")
+                    job = (owner.job_id if owner else None) or (claim.job_id if claim else None)
                     notes.append(f"{where} is held by this cluster's running job {job} (fab kill-all frees it)")
                 continue
-            if e["state"] == "taken":
-                who = (f"pid {owner['pid']} ({owner['command'] or '?'})" if owner.get("pid")
+            if e.state == "taken":
+                who = (f"pid {owner.pid} ({owner.command or '?'})" if owner and owner.pid
                        else "a process /proc does not show (another user's?)")
-                job = f", job {owner['job_id']} of workspace {owner['workspace']}" if owner.get("job_id") else ""
-                problems.append(f"{where} is in use by {who}{job}: {_fix(e['setting'])}")
-            elif e["state"] == "ok":
-                problems.append(f"{where} belongs to job {claim['job_id']} of workspace {claim['workspace']} "
-                                f"({claim['what']}), running here: {_fix(e['setting'])}")
+                job = f", job {owner.job_id} of workspace {owner.workspace}" if owner and owner.job_id else ""
+                problems.append(f"{where} is in use by {who}{job}: {_fix(e.setting)}")
+            elif e.state == "ok":
+                problems.append(f"{where} belongs to job {claim.job_id} of workspace {claim.workspace} "
+                                f"({claim.what}), running here: {_fix(e.setting)}")
             else:
-                problems.append(f"{where}: cannot listen: {e.get('error')}: set {PORT_SETTINGS[e['setting']]} "
+                problems.append(f"{where}: cannot listen: {e.error}: set {PORT_SETTINGS[e.setting]} "
                                 f"to a port >= 1024, or auto")
     return problems, notes, closed
 
@@ -162,17 +176,17 @@ def _reach_findings(cluster: Cluster, replies: dict[str, Reply], closed: set) ->
     for name, r in replies.items():
         if not r.ok:
             continue
-        for t in r.value["reach"]:
-            if t["state"] == "ok" or not replies[t["node"]].ok or (t["node"], t["port"]) in closed:
+        for t in r.value.reach:
+            if t.state == "ok" or not replies[t.node].ok or (t.node, t.port) in closed:
                 continue  # the node, or its listener there, is reported already
-            target = f"{t['node']} {t['address']}:{t['port']} ({t['what']})"
-            via = f" from {t['local']}" if t.get("local") else ""
+            target = f"{t.node} {t.address}:{t.port} ({t.what})"
+            via = f" from {t.local}" if t.local else ""
             why = {
-                "refused": f"connection refused while the check listened there: a firewall on {t['node']} or on "
-                           f"the way rejects it; allow TCP {t['port']}{via}",
-                "timeout": f"no answer within the check's time: a firewall drops it; allow TCP {t['port']}{via}",
-                "other": f"another program answered: is {t['address']} really {t['node']}'s address? (nodes[].address)",
-            }.get(t["state"], f"{t.get('error')}: check nodes[].address of {t['node']}")
+                "refused": f"connection refused while the check listened there: a firewall on {t.node} or on "
+                           f"the way rejects it; allow TCP {t.port}{via}",
+                "timeout": f"no answer within the check's time: a firewall drops it; allow TCP {t.port}{via}",
+                "other": f"another program answered: is {t.address} really {t.node}'s address? (nodes[].address)",
+            }.get(t.state, f"{t.error}: check nodes[].address of {t.node}")
             problems.append(f"{name}: cannot reach {target}: {why}")
     return problems
 
@@ -187,16 +201,16 @@ def _node_findings(cluster: Cluster, replies: dict[str, Reply], starting: bool) 
                 problems.append(f"{r.error} (its network is not checked)")
             continue
         v = r.value
-        if not v.get("address_ip"):
+        if not v.address_ip:
             problems.append(f"{node.name}: its address {node.address} does not resolve there: set nodes[].address")
             continue
-        if not v.get("address_local"):
+        if not v.address_local:
             notes.append(f"{node.name}: {node.address} is not an address of that machine (NAT?): listeners take "
-                         f"every address; gloo/NCCL use {v.get('iface') or '?'}, the way to the other nodes")
-        if not (node.iface or v.get("iface") or all(var in env for var in IFACE_VARS)):
+                         f"every address; gloo/NCCL use {v.iface or '?'}, the way to the other nodes")
+        if not (node.iface or v.iface or all(var in env for var in IFACE_VARS)):
             problems.append(f"{node.name}: no interface carries {node.address} there: set nodes[].iface")
-        for peer, route in (v.get("routes") or {}).items():
-            if not route.get("local"):
+        for peer, route in v.routes.items():
+            if not route.local:
                 problems.append(f"{node.name}: no route to {peer} (another node's address): check its network")
     return problems, notes
 
@@ -206,7 +220,8 @@ def assess(cluster: Cluster, network: Network, replies: dict[str, Reply], starti
     """The verdict on a netcheck fan-out; `hosts`: judge only the ports these nodes hold."""
     uses = port_uses(cluster, network.ports)
     if hosts is not None:
-        replies = {n: r if n in hosts or not r.ok else Reply(n, True, {**r.value, "listen": []})
+        # The others' ports are not judged: the same reply, with no ports of its own.
+        replies = {n: r if n in hosts or not r.ok else Reply(n, True, r.value.replaced(listen=[]))
                    for n, r in replies.items()}
     problems, notes = _node_findings(cluster, replies, starting)
     listen_problems, listen_notes, closed = _listen_findings(cluster, uses, replies, starting)
@@ -236,15 +251,15 @@ def network_check(session: Session) -> NetworkCheck:
     if _auto_collides(network, replies):
         network = choose_ports(cluster, replies)
         replies = exchange(network)
-    found = {n: r.value["iface"] for n, r in replies.items() if r.ok and r.value.get("iface")}
+    found = {n: r.value.iface for n, r in replies.items() if r.ok and r.value.iface}
     return assess(cluster, Network(ports=network.ports, auto=network.auto, ifaces=found), replies)
 
 
 def _auto_collides(network: Network, replies: dict[str, Reply]) -> bool:
     """Whether an `auto` port picked blind was taken, or claimed by another job, on its node."""
     busy = _busy(replies)
-    return any(e["setting"] in network.auto and (e["state"] != "ok" or e["port"] in busy.get(name, set()))
-               for name, r in replies.items() if r.ok for e in r.value["listen"])
+    return any(e.setting in network.auto and (e.state != "ok" or e.port in busy.get(name, set()))
+               for name, r in replies.items() if r.ok for e in r.value.listen)
 
 
 def probe(session: Session, job_id: str | None, hosts: set[str] | None = None,
@@ -342,14 +357,14 @@ def bandwidth(session: Session, check: NetworkCheck, probes: dict[str, Probe], s
         result.problems += [f"bandwidth: {r.error}" for r in failed]
         return result
     v, n = replies[0].value, len(up)
-    result.backend, result.bytes = v["backend"], v["bytes"]
-    result.seconds = max(v["allreduce_s"])
-    algbw = v["bytes"] / result.seconds
+    result.backend, result.bytes = v.backend, v.bytes
+    result.seconds = max(v.allreduce_s)
+    algbw = v.bytes / result.seconds
     result.bus_gbps = algbw * (2 * (n - 1) / n if n > 1 else 1) * 8 / 1e9
-    if v.get("link_s"):
+    if v.link_s:
         # link_s[r] is rank r receiving from rank r-1: the slowest one names its sender.
-        r = max(range(n), key=lambda i: v["link_s"][i])
-        result.slowest = (up[(r - 1) % n].name, v["bytes"] * 8 / v["link_s"][r] / 1e9)
-    speeds = [check.replies[x.name].value.get("speed") for x in up]
+        r = max(range(len(v.link_s)), key=lambda i: v.link_s[i])  # one a rank: contract/opreplies.py Bandwidth
+        result.slowest = (up[(r - 1) % n].name, v.bytes * 8 / v.link_s[r] / 1e9)
+    speeds = [check.replies[x.name].value.speed for x in up]
     result.promised_mbps = min(speeds) if all(speeds) else None
     return result

@@ -10,7 +10,7 @@ from fabtrain.controller.preflight import Bandwidth, NetworkCheck
 from fabtrain.contract.events import ROUTINE
 from fabtrain.contract.states import LIVE, JobState, ProcessState, stopped_by
 from fabtrain.plan.plan import IFACE_VARS, Plan, render_shell, render_start
-from fabtrain.contract.opreplies import Status
+from fabtrain.contract.opreplies import Listened, Reached, Status
 from fabtrain.contract.replies import JOB_RUNNING, running_job
 from fabtrain.contract import gpus as gpu_words
 from fabtrain.controller.verdict_text import sentence
@@ -64,20 +64,20 @@ def ports_text(ports: dict, auto=()) -> str:
     return "ports: " + ", ".join(shown)
 
 
-def _listen_cell(entries: list[dict]) -> str:
+def _listen_cell(entries: list[Listened]) -> str:
     marks = {"ok": "ok", "taken": "TAKEN", "error": "ERROR"}
-    return ", ".join(f"{e['port']} {marks.get(e['state'], e['state'])}" for e in entries) or "-"
+    return ", ".join(f"{e.port} {marks.get(e.state, e.state)}" for e in entries) or "-"
 
 
-def _reach_cell(targets: list[dict]) -> str:
+def _reach_cell(targets: list[Reached]) -> str:
     if not targets:
         return "-"
-    ok = [t for t in targets if t["state"] == "ok"]
-    ways = sorted({f"{t.get('iface') or '?'} {t.get('local')}" for t in ok})
+    ok = [t for t in targets if t.state == "ok"]
+    ways = sorted({f"{t.iface or '?'} {t.local}" for t in ok})
     bad = {}
     for t in targets:
-        if t["state"] != "ok":
-            bad[t["state"]] = bad.get(t["state"], 0) + 1
+        if t.state != "ok":
+            bad[t.state] = bad.get(t.state, 0) + 1
     text = f"{len(ok)}/{len(targets)}" + (f" via {', '.join(ways)}" if ways else "")
     return text + "".join(f", {n} {state}" for state, n in sorted(bad.items()))
 
@@ -93,12 +93,12 @@ def network_text(check: NetworkCheck, cluster) -> str:
             continue
         v = r.value
         pinned = [env[var] + f" ({var} in job.env)" for var in IFACE_VARS if var in env][:1]
-        iface = pinned[0] if pinned else node.iface + " (iface:)" if node.iface else v.get("iface") or "?"
-        if v.get("speed"):
-            iface += f" {v['speed']}Mb/s"
-        address = node.address + ("" if v.get("address_local") else " (not here)")
+        iface = pinned[0] if pinned else node.iface + " (iface:)" if node.iface else v.iface or "?"
+        if v.speed:
+            iface += f" {v.speed}Mb/s"
+        address = node.address + ("" if v.address_local else " (not here)")
         state = "PROBLEM" if any(p.startswith(f"{node.name}:") or p.startswith(f"{node.name} ") for p in check.problems) else "ok"
-        rows.append([node.name, address, iface, _listen_cell(v["listen"]), _reach_cell(v["reach"]), state])
+        rows.append([node.name, address, iface, _listen_cell(v.listen), _reach_cell(v.reach), state])
     out = [ports_text(check.network.ports, check.network.auto),
            table(rows, ["node", "address", "interface", "listens", "reached", "state"])]
     out += [f"note: {n}" for n in check.notes]

@@ -16,6 +16,8 @@ import sys
 import time
 from datetime import timedelta
 
+from fabtrain.contract.opreplies import Bandwidth
+
 
 def run(payload):
     """payload: rank, world_size, master (rank 0's address), port, backend ("gloo" | "nccl"),
@@ -75,7 +77,8 @@ def _measure(torch, dist, device, rank, world, payload):
     times[rank, 0] = allreduce
     times[rank, 1] = link or 0.0
     dist.all_reduce(times)
-    return {"rank": rank, "world_size": world, "backend": dist.get_backend(), "bytes": numel * 4,
-            "iterations": iterations, "allreduce_s": [float(t) for t in times[:, 0].tolist()],
-            "link_s": [float(t) for t in times[:, 1].tolist()] if world > 1 else None,
-            "iface": os.environ.get("NCCL_SOCKET_IFNAME" if dist.get_backend() == "nccl" else "GLOO_SOCKET_IFNAME")}
+    return Bandwidth(rank=rank, world_size=world, backend=dist.get_backend(), bytes=numel * 4, iterations=iterations,
+                     allreduce_s=[float(t) for t in times[:, 0].tolist()],
+                     link_s=[float(t) for t in times[:, 1].tolist()] if world > 1 else None,
+                     iface=os.environ.get("NCCL_SOCKET_IFNAME" if dist.get_backend() == "nccl"
+                                          else "GLOO_SOCKET_IFNAME")).wire()

@@ -29,6 +29,7 @@ import struct
 import time
 
 from fabtrain.contract.jobfolder import JobFolder
+from fabtrain.contract.opreplies import Claim, Listened, Netcheck, Owner, Reached, Route, kept
 from fabtrain.node import procfs
 from fabtrain.node.hostnames import for_resolver
 
@@ -243,6 +244,9 @@ def claimed_ports(own_workspace, own_job):
             except (TypeError, ValueError, IndexError):
                 continue  # a job.json this code does not know: its ports are still seen when bound
             address = entry[3] if len(entry) > 3 else None
+            if kept(Claim.FIELDS["port"], port) is None or kept(Claim.FIELDS["count"], count) is None \
+                    or not (address is None or isinstance(address, str)):
+                continue  # the same: not ports the reply's type carries (contract/opreplies.py Claim)
             claims.append({"port": port, "count": count, "what": what, "address": address,
                            "workspace": ws, "job_id": job})
     return claims
@@ -439,6 +443,22 @@ def bind_test(ip, entry):
 # -- the op ---------------------------------------------------------------------------
 
 
+def _listened(entry):
+    """A port this node was asked to hold, with what came of it, as the reply's type (contract/opreplies.py)."""
+    owner = entry.get("owner")  # port_owner's {}: /proc does not show who holds it
+    return Listened(port=entry["port"], what=entry["what"], setting=entry.get("setting"), expect=entry.get("expect"),
+                    state=entry["state"], accepted=entry.get("accepted"), owner=Owner(**owner) if owner else None,
+                    error=entry.get("error"))
+
+
+def _reached(target):
+    """A port of another node this node connected to, with what came of it (the exchange's own timings and
+    buffer stay here)."""
+    return Reached(node=target["node"], address=target["address"], port=target["port"], what=target["what"],
+                   state=target["state"], attempts=target.get("attempts"), local=target.get("local"),
+                   iface=target.get("iface"), ms=target.get("ms"), error=target.get("error"))
+
+
 def run(payload):
     """Everything this node can tell about the job's network, in one call.
 
@@ -450,22 +470,21 @@ def run(payload):
     only see whether each port is free), "token", "deadline" (seconds),
     "window" ([lo, hi]: report which ports there are busy, for `auto`), "claims" (false: leave out
     other jobs' claimed ports, a read of every process's environment, for a node that holds none).
+    Answers contract/opreplies.py's Netcheck.
     """
     workspace = os.path.abspath(os.path.expanduser(payload.get("workspace") or "."))
     ip = resolve(payload["address"])
     local = bool(ip) and is_local(ip)
-    reply = {"workspace": workspace, "address_ip": ip, "address_local": local, "iface": iface_of(ip) if local else None, "routes": {},
-             "ephemeral": ephemeral_range()}
+    routes = {}
     for peer in payload.get("peers") or []:
         route_local, route_iface = route_to(peer)
-        reply["routes"][peer] = {"local": route_local, "iface": route_iface}
-    if not local:
-        # A NAT address (a cloud VM's public IP): the interface the peers are reached by.
-        reply["iface"] = next((r["iface"] for r in reply["routes"].values() if r["iface"]), None)
-    reply["speed"] = link_speed(reply["iface"]) if reply["iface"] else None
+        routes[peer] = Route(local=route_local, iface=route_iface)
+    # A NAT address (a cloud VM's public IP): the interface the peers are reached by.
+    iface = iface_of(ip) if local else next((r.iface for r in routes.values() if r.iface), None)
 
     listen = [dict(e) for e in payload.get("listen") or []]
-    reach = [dict(t) for t in payload.get("reach") or []]
+    # Only a served check connects: a target not tried has nothing to say.
+    reach = [dict(t) for t in payload.get("reach") or []] if payload.get("serve") else []
     if payload.get("serve"):
         exchange = Exchange(payload["node"], payload.get("token", ""), float(payload.get("deadline", 8)))
         for entry in listen:
@@ -478,12 +497,9 @@ def run(payload):
     else:
         for entry in listen:
             bind_test(ip if local else None, entry)
-    for target in reach:
-        target.pop("started", None)
-        target.pop("greeted_at", None)
-    reply["listen"], reply["reach"] = listen, reach
-    if payload.get("window"):
-        lo, hi = payload["window"]
-        reply["busy"] = busy_ports(lo, hi)
-    reply["claimed"] = claimed_ports(workspace, payload.get("job_id")) if payload.get("claims", True) else []
-    return reply
+    busy = busy_ports(*payload["window"]) if payload.get("window") else None
+    claimed = claimed_ports(workspace, payload.get("job_id")) if payload.get("claims", True) else []
+    return Netcheck(workspace=workspace, address_ip=ip, address_local=local, iface=iface,
+                    speed=link_speed(iface) if iface else None, routes=routes, ephemeral=ephemeral_range(),
+                    listen=[_listened(e) for e in listen], reach=[_reached(t) for t in reach], busy=busy,
+                    claimed=[Claim(**c) for c in claimed]).wire()

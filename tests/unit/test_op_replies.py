@@ -6,20 +6,25 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
+import subprocess
 import sys
 import time
 
 import pytest
 
 from fabtrain.config.cluster import parse_cluster
-from fabtrain.contract.opreplies import (REPLIES, Kill, Killed, Logs, MalformedReply, Marked, MarkKilled, NotStarted,
-                                         Probe, Provision, Start, Started, Status, Tools, Verify)
+from fabtrain.contract.opreplies import (REPLIES, Bandwidth, Claim, Kill, Killed, Listened, Logs, MalformedReply,
+                                         Marked, MarkKilled, Netcheck, NotStarted, Owner, Probe, Provision, Reached,
+                                         Route, Start, Started, Status, Tools, Verify)
 from fabtrain.contract.replies import SENTINEL
-from fabtrain.controller import lifecycle, report
+from fabtrain.controller import lifecycle, preflight, report
 from fabtrain.controller.jobstate import observe_status
-from fabtrain.node import allocation, gpuinv, ops, probe
+from fabtrain.node import allocation, gpuinv, netcheck, ops, probe
+from fabtrain.plan.ports import configured_ports, port_uses
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import FAILED, Reply
+from tests.support import REPO
 
 pytestmark = pytest.mark.timeout(60)
 JOB = "20261124-045501-5d89"
@@ -46,6 +51,20 @@ SAMPLES = {
                  left=[], untrusted=["jobs/x/run/trainer-0.json (pid 7)"]),
     "mark_killed": MarkKilled(nodes=[Marked(marked=JOB, slurm_job="1234"), Marked()]),
     "verify": Verify(files={"shard-00000": "ok", "MANIFEST.json": "mismatch"}, disk_free=1 << 30),
+    "netcheck": Netcheck(
+        workspace="/w/node2", address_ip="10.0.0.2", address_local=True, iface="eth0", speed=10000,
+        routes={"10.0.0.1": Route(local="10.0.0.2", iface="eth0"), "10.0.0.9": Route()}, ephemeral=[32768, 60999],
+        listen=[Listened(port=29500, what="master (rank 0)", setting="master_port", expect=1, state="ok", accepted=1),
+                Listened(port=7180, what="watchdog coordinator", setting="watchdog_port", expect=1, state="taken",
+                         owner=Owner(pid=4242, command="python serve.py", workspace="/w/other", job_id=JOB))],
+        reach=[Reached(node="node1", address="10.0.0.1", port=23017, what="pserver 0", state="ok", attempts=1,
+                       local="10.0.0.2", iface="eth0", ms=0.4),
+               Reached(node="node1", address="10.0.0.1", port=23018, what="pserver 0", state="timeout", attempts=1,
+                       error="no answer within 2 s")],
+        busy=[23017, 29500],
+        claimed=[Claim(port=23017, count=2, what="pserver 0", address=None, workspace="/w/other", job_id=JOB)]),
+    "bandwidth": Bandwidth(rank=0, world_size=2, backend="gloo", bytes=16 << 20, iterations=5,
+                           allreduce_s=[0.02, 0.021], link_s=[0.01, 0.012], iface="eth0"),
 }
 
 
@@ -74,6 +93,10 @@ def test_nested_types_are_read_as_types():
                                                                             (4400, None, True, None)]
     assert Probe.from_wire("node2", sent(PROBE)).tools.missing() == []
     assert Tools(rsync=False, stdbuf=True).missing() == ["rsync"]
+    net = Netcheck.from_wire("node2", sent(SAMPLES["netcheck"]))
+    assert (net.listen[1].owner.pid, net.listen[0].owner, net.reach[1].local) == (4242, None, None)
+    assert net.routes == {"10.0.0.1": Route(local="10.0.0.2", iface="eth0"), "10.0.0.9": Route()}
+    assert (net.claimed[0].port, net.claimed[0].count, net.busy) == (23017, 2, [23017, 29500])
 
 
 @pytest.mark.parametrize("op", sorted(SAMPLES))
@@ -127,6 +150,50 @@ def test_what_each_check_says_and_where_below_the_field():
     assert said(SAMPLES["verify"], files={"a": None}) == 'node2: malformed verify reply: "files.a" is null, not text'
 
 
+def test_a_network_reply_is_checked_down_to_each_port():
+    def said(shape, **changes):
+        with pytest.raises(MalformedReply) as e:
+            type(shape).from_wire("n1", {**sent(shape), **changes})
+        return str(e.value)
+
+    net = SAMPLES["netcheck"]
+    listen, reach, claimed = sent(net)["listen"], sent(net)["reach"], sent(net)["claimed"]
+    owner = {k: v for k, v in listen[1]["owner"].items() if k != "pid"}
+    assert said(net, listen=[dict(listen[0], port="29500")]) == \
+        'n1: malformed netcheck reply: "listen[0].port" is text, not an integer'
+    assert said(net, listen=[listen[0], dict(listen[1], owner=owner)]) == \
+        'n1: malformed netcheck reply: "listen[1].owner.pid" is missing'
+    assert said(net, listen=[{k: v for k, v in listen[0].items() if k != "state"}]) == \
+        'n1: malformed netcheck reply: "listen[0].state" is missing'
+    assert said(net, reach=[dict(reach[0], port=70000)]) == \
+        'n1: malformed netcheck reply: "reach[0].port" is 70000, not 0 to 65535'
+    assert said(net, reach=[reach[0], dict(reach[1], ms="fast")]) == \
+        'n1: malformed netcheck reply: "reach[1].ms" is text, not a number'
+    assert said(net, routes={"10.0.0.1": {"local": 5, "iface": None}}) == \
+        'n1: malformed netcheck reply: "routes.10.0.0.1.local" is a number, not text'
+    assert said(net, routes=[]) == 'n1: malformed netcheck reply: "routes" is a list, not an object'
+    assert said(net, claimed=[dict(claimed[0], count=0)]) == \
+        'n1: malformed netcheck reply: "claimed[0].count" is 0, not 1 to 65536'
+    assert said(net, busy=["29500"]) == 'n1: malformed netcheck reply: "busy[0]" is text, not an integer'
+    assert said(net, address_local=None) == 'n1: malformed netcheck reply: "address_local" is null, not true/false'
+    bw = SAMPLES["bandwidth"]
+    assert said(bw, allreduce_s=[0.02]) == \
+        'n1: malformed bandwidth reply: "allreduce_s" is 1 long, not world_size (2): one time a rank'
+    assert said(bw, link_s=[0.0, 0.01]) == 'n1: malformed bandwidth reply: "link_s[0]" is not above zero'
+    assert said(bw, world_size=0) == 'n1: malformed bandwidth reply: "world_size" is 0, not 1 to 1048576'
+    assert Bandwidth.from_wire("n1", dict(sent(bw), world_size=1, allreduce_s=[0.02], link_s=None)).link_s is None
+
+
+def test_a_reply_is_changed_by_copying_it():
+    net = Netcheck.from_wire("node2", sent(SAMPLES["netcheck"]))
+    bare = net.replaced(listen=[])
+    assert bare.listen == [] and len(net.listen) == 2  # the reply read stays as it came
+    assert {n: getattr(bare, n) for n in Netcheck.FIELDS if n != "listen"} == \
+        {n: getattr(net, n) for n in Netcheck.FIELDS if n != "listen"}
+    with pytest.raises(TypeError, match="not fields of Netcheck: listens"):
+        net.replaced(listens=[])
+
+
 def test_a_gpu_inventory_is_checked_as_contract_gpus_reads_it(tmp_path):
     standin = tmp_path / "gpus.json"  # STAND-IN: no GPU on this machine
     standin.write_text(json.dumps({"gpus": [{"index": 0, "mem_total": 1000, "mem_used": 0},
@@ -177,6 +244,44 @@ def test_node_ops_build_their_replies_through_the_types(tmp_path):
     assert read["kill"] == Kill(killed=[], left=[], untrusted=[])
     assert read["verify"].files == {"a": "mismatch", "b": "missing"} and read["verify"].disk_free > 0
     assert read["mark_killed"] == MarkKilled(nodes=[Marked()])
+
+
+def test_the_network_check_builds_its_reply_through_its_type(tmp_path):
+    """On this machine's loopback: a port this process holds and one nobody does, bound and let go at once."""
+    with socket.socket() as held, socket.socket() as spare:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        spare.bind(("127.0.0.1", 0))
+        taken, free = held.getsockname()[1], spare.getsockname()[1]
+        spare.close()  # free again: the check's own listener takes it and lets it go
+        answer = netcheck.run({"node": "n0", "workspace": str(tmp_path), "address": "127.0.0.1",
+                               "peers": ["127.0.0.2"], "window": [taken, taken], "job_id": None,
+                               "listen": [{"port": taken, "what": "master (rank 0)", "setting": "master_port"},
+                                          {"port": free, "what": "watchdog coordinator", "setting": "watchdog_port"}],
+                               "reach": [{"node": "n1", "address": "127.0.0.2", "port": free, "what": "x"}]})
+    read = Netcheck.from_wire("n0", json.loads(json.dumps(answer)))
+    assert (read.workspace, read.address_ip, read.address_local, read.iface) == (str(tmp_path), "127.0.0.1", True, "lo")
+    assert read.routes["127.0.0.2"].iface == "lo" and read.busy == [taken] and read.reach == []  # nothing served
+    assert [(e.port, e.setting, e.state) for e in read.listen] == [(taken, "master_port", "taken"),
+                                                                    (free, "watchdog_port", "ok")]
+    assert read.listen[0].owner.pid == os.getpid() and read.listen[1].owner is None
+
+
+def test_a_bandwidth_rank_builds_its_reply_through_its_type():
+    pytest.importorskip("torch")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import json, sys; from fabtrain.node import bandwidth; print(json.dumps(bandwidth.run(json.loads("
+            "sys.argv[1]))))")
+    payload = {"rank": 0, "world_size": 1, "master": "127.0.0.1", "port": port, "backend": "gloo",
+               "env": {"GLOO_SOCKET_IFNAME": "lo"}, "size_mb": 0.01, "iterations": 1, "timeout": 30}
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(payload)], capture_output=True, text=True, timeout=50,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    read = Bandwidth.from_wire("n0", json.loads(out.stdout.splitlines()[-1]))
+    assert (read.rank, read.world_size, read.backend, read.link_s, read.iface) == (0, 1, "gloo", None, "lo")
+    assert len(read.allreduce_s) == 1 and read.bytes > 0
 
 
 def test_a_status_carries_what_the_jobs_files_say_only_where_it_fits_its_field(tmp_path):
@@ -262,3 +367,109 @@ def test_status_and_kill_all_say_a_malformed_reply_as_the_nodes_failure(tmp_path
     assert 'n1: malformed status reply: "time" is text, not a number' in text.splitlines(), text
     assert not clean and killed.splitlines() == [
         "n0: nothing running", 'n1: FAILED: malformed kill reply: "left[0]" is text, not an integer']
+
+
+def answering(tmp_path, name: str, replies: dict) -> None:
+    """What stand-in node `name` answers from its next process on (op -> result)."""
+    (tmp_path / f"{name}.json").write_text(json.dumps(replies))
+
+
+def network_reply(cluster, name: str, uses, served: bool) -> Netcheck:
+    """A whole netcheck reply of node `name` on loopback, every port it was asked about free and reached."""
+    others = len(cluster.nodes) - 1
+    return Netcheck(
+        workspace=f"/w/{name}", address_ip="127.0.0.1", address_local=True, iface="lo", speed=None,
+        routes={n.address: Route(local="127.0.0.1", iface="lo") for n in cluster.nodes if n.name != name},
+        ephemeral=[32768, 60999], busy=[], claimed=[],
+        listen=[Listened(port=p, what=u.what, setting=u.setting, expect=others, state="ok",
+                         accepted=others if served else None) for u in uses if u.node == name for p in u.ports],
+        reach=[Reached(node=u.node, address=u.address, port=p, what=u.what, state="ok", attempts=1, local="127.0.0.1",
+                       iface="lo", ms=0.1) for u in uses if u.node != name for p in u.ports] if served else [])
+
+
+def test_fab_check_names_the_node_whose_netcheck_is_malformed_and_checks_the_others(tmp_path, capsys):
+    from invoke import Exit
+    from fabtrain.backends.nodes import NodesBackend
+    good = Probe(**{**sent(PROBE), "time": time.time(), "boot_id": None, "tools": Tools(rsync=True, stdbuf=True)})
+    session = session_of(tmp_path, {}, {})
+    uses = port_uses(session.cluster, preflight.choose_ports(session.cluster, {}).ports)
+    assert {u.node for u in uses} == {"n0"}  # n0 listens, n1 reaches its ports
+    bad = network_reply(session.cluster, "n1", uses, served=True).wire()
+    del bad["reach"][0]["state"]  # read as a dict, a KeyError out of fab check
+    answering(tmp_path, "n0", {"probe": good.wire(),
+                               "netcheck": network_reply(session.cluster, "n0", uses, served=True).wire()})
+    answering(tmp_path, "n1", {"probe": good.wire(), "netcheck": bad})
+    try:
+        with pytest.raises(Exit) as e:
+            NodesBackend().check(session)
+    finally:
+        session.close()
+    out = capsys.readouterr().out
+    assert e.value.message == "check: some nodes cannot run the job" and "Traceback" not in out, out
+    assert re.search(r"^n0\s+127\.0\.0\.1\s+lo\s+29500 ok, 7180 ok\s+-\s+ok$", out, re.M), out
+    assert re.search(r"^n1\s+127\.0\.0\.1\s+ERROR$", out, re.M), out
+    said = 'n1: malformed netcheck reply: "reach[0].state" is missing (its network is not checked)'
+    assert said in out.splitlines(), out
+
+
+def test_a_netcheck_reply_about_ports_it_was_not_asked_about_is_that_nodes_failure(tmp_path):
+    """A reply of the right types that names another node or port: plan says so, a start's preflight goes on
+    without that node's interface, as for a node that did not answer."""
+    session = session_of(tmp_path, {}, {})
+    uses = port_uses(session.cluster, configured_ports(session.cluster))
+    stray = Reached(node="n9", address="10.9.9.9", port=29500, what="master (rank 0)", state="ok")
+    answering(tmp_path, "n0", {"netcheck": network_reply(session.cluster, "n0", uses, served=False).wire()})
+    answering(tmp_path, "n1", {"netcheck": network_reply(session.cluster, "n1", uses, served=False).replaced(
+        reach=[stray]).wire()})
+    try:
+        network, notes = preflight.plan_network(session)
+        started = preflight.prepare_start(session, JOB, ("trainer",))
+    finally:
+        session.close()
+    assert notes == ["n1: malformed netcheck reply: its ports are not the ones it was asked about"]
+    assert network.ifaces == started.ifaces == {"n0": "lo"}
+
+
+def test_a_start_judges_only_the_ports_its_own_nodes_hold(tmp_path):
+    """Another node's reply is judged with its ports left out: a copy of it, the rest as it came."""
+    session = session_of(tmp_path, {}, {})
+    session.close()
+    cluster = session.cluster
+    uses = port_uses(cluster, configured_ports(cluster))
+    n0 = network_reply(cluster, "n0", uses, served=False)
+    init = Owner(pid=1, command="/sbin/init", workspace=None, job_id=None)
+    n0 = n0.replaced(listen=[e.replaced(state="taken", owner=init) for e in n0.listen])
+    replies = {"n0": Reply("n0", True, n0), "n1": Reply("n1", True, network_reply(cluster, "n1", uses, served=False))}
+    network = preflight.choose_ports(cluster, replies)
+    assert preflight.assess(cluster, network, replies, starting=True).problems == [
+        "n0: port 29500 (master (rank 0)) is in use by pid 1 (/sbin/init): stop it, or set job.master_port: auto "
+        "(or another port)",
+        "n0: port 7180 (watchdog coordinator) is in use by pid 1 (/sbin/init): stop it, or set job.watchdog.port: "
+        "auto (or another port)"]
+    found = preflight.assess(cluster, network, replies, starting=True, hosts={"n1"})
+    assert found.problems == [] and found.replies["n0"].value == n0.replaced(listen=[]) and len(n0.listen) == 2
+    assert found.replies["n1"] is replies["n1"]
+
+
+def test_the_bandwidth_test_reads_each_ranks_reply_through_its_type(tmp_path):
+    session = session_of(tmp_path, {}, {})
+    cluster = session.cluster
+    uses = port_uses(cluster, configured_ports(cluster))
+    replies = {n: Reply(n, True, network_reply(cluster, n, uses, served=True).replaced(speed=speed))
+               for n, speed in (("n0", 10000), ("n1", 1000))}
+    check = preflight.NetworkCheck(preflight.choose_ports(cluster, replies), uses, replies)
+    ranks = [SAMPLES["bandwidth"], SAMPLES["bandwidth"].replaced(rank=1)]
+    answering(tmp_path, "n0", {"bandwidth": ranks[0].wire()})
+    answering(tmp_path, "n1", {"bandwidth": ranks[1].wire()})
+    try:
+        measured = preflight.bandwidth(session, check, {"n0": PROBE, "n1": PROBE}, timeout=10)
+        answering(tmp_path, "n1", {"bandwidth": {**ranks[1].wire(), "allreduce_s": [0.02]}})
+        malformed = preflight.bandwidth(session, check, {"n0": PROBE, "n1": PROBE}, timeout=10)
+    finally:
+        session.close()
+    mb = 16 << 20
+    assert (measured.problems, measured.backend, measured.bytes, measured.seconds) == ([], "gloo", mb, 0.021)
+    assert measured.bus_gbps == pytest.approx(mb / 0.021 * 8 / 1e9)
+    assert measured.slowest == ("n0", pytest.approx(mb * 8 / 0.012 / 1e9)) and measured.promised_mbps == 1000
+    assert malformed.problems == [
+        'bandwidth: n1: malformed bandwidth reply: "allreduce_s" is 1 long, not world_size (2): one time a rank']

@@ -4,6 +4,7 @@ import random
 import pytest
 
 from fabtrain.config.cluster import parse_cluster
+from fabtrain.contract.opreplies import Claim, Netcheck
 from fabtrain.controller.preflight import choose_ports
 from fabtrain.errors import UserError
 from fabtrain.plan.plan import Network, make_plan
@@ -91,8 +92,9 @@ def test_the_ports_a_job_holds_follow_the_plans_layout():
 def replies(busy=None, claimed=None, ifaces=None):
     out = {}
     for n in ("a", "b", "c"):
-        out[n] = Reply(n, True, {"busy": sorted((busy or {}).get(n, [])), "claimed": (claimed or {}).get(n, []),
-                                 "iface": (ifaces or {}).get(n, "eth0")})
+        out[n] = Reply(n, True, Netcheck(busy=sorted((busy or {}).get(n, [])),
+                                         claimed=[Claim(**c) for c in (claimed or {}).get(n, [])],
+                                         iface=(ifaces or {}).get(n, "eth0")))
     return out
 
 
