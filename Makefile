@@ -104,12 +104,17 @@ stop: venv
 	  kill -9 $$pid 2>/dev/null || true; rm -f $(DEMO)/dashboard.pid; fi
 
 # The unit tests start no daemon and time nothing: they run on every core (pytest-xdist), each file's
-# tests on one worker in their order (a module's fixture may be shared by its tests). The rest run
-# one at a time: they start sshd, Slurm and hundreds of processes, and some hold the machine at 100%
-# CPU on purpose. PYTEST_ARGS go to that second run (a file or -k there). Each run ends with its
-# slowest tests (--durations), so a run that grows says where. The tests run with Python's bytecode
-# caches, as a user's install has them: an image that sets PYTHONDONTWRITEBYTECODE would have every
-# one of the suite's thousands of fab, node-ops, agent and launcher processes compile its modules.
+# tests on one worker in their order (a module's fixture may be shared by its tests). The rest start
+# sshd, Slurm, mpirun and browsers, and spend most of their time waiting on them: two files run at
+# once, each on one worker in its order (every test draws its own ports, folders, daemons and, in
+# tests/support/netns.py, addresses). Those marked `alone` hold the whole machine on purpose (every core, 200
+# nodes) and run last, by themselves. PYTEST_ARGS go to both of those runs (a file or -k there);
+# pytest's exit code 5 (nothing selected) is not a failure. Each run ends with its slowest tests
+# (--durations), so a run that grows says where. The tests run with Python's bytecode caches, as a
+# user's install has them: an image that sets PYTHONDONTWRITEBYTECODE would have every one of the
+# suite's thousands of fab, node-ops, agent and launcher processes compile its modules.
+PYTEST = env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider
 test: venv system-deps
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider -n auto --dist loadfile --durations=10 tests/unit
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider --durations=25 --ignore=tests/unit $(PYTEST_ARGS)
+	$(PYTEST) -n auto --dist loadfile --durations=10 tests/unit
+	$(PYTEST) -n 2 --dist loadfile --durations=25 -m "not alone" --ignore=tests/unit $(PYTEST_ARGS) || [ $$? = 5 ]
+	$(PYTEST) --durations=5 -m alone --ignore=tests/unit $(PYTEST_ARGS) || [ $$? = 5 ]

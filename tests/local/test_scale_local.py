@@ -19,7 +19,7 @@ from tests.support.local_job import LocalJob
 from tests.support.procscan import live_marked
 from tests.support.sshd import free_port
 
-pytestmark = pytest.mark.timeout(1200)
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.alone]
 
 NODES = 200
 HOLD = 120.0  # seconds the running job is watched

@@ -41,6 +41,19 @@ def bring_back(slurm, daemon: subprocess.Popen, name: str) -> None:
     wait_for(lambda: slurm.idle() == 3, timeout=60)
 
 
+def steps_of(slurm_job: str) -> list[int]:
+    """The pids of the step daemons (`slurmstepd: [<job>.<step>]`) of a Slurm job still alive on this machine."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            title = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")[0].decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        if title.startswith(f"slurmstepd: [{slurm_job}."):
+            found.append(int(entry))
+    return found
+
+
 def test_a_lost_slurmd_fails_the_job_naming_the_node(slurm, tmp_path):
     job = SlurmJob(tmp_path, slurm)
     job.configure("python resumable.py --period 0.2")
@@ -66,6 +79,7 @@ def test_with_requeue_a_lost_slurmd_requeues_the_job_and_it_resumes_naming_the_n
     assert job.running(), job.describe()
     assert wait_for(lambda: all(len((job.jd(i) / "metrics" / f"trainer-{i}.jsonl").read_text().splitlines()) >= 5
                                 for i in range(3)), timeout=30), job.describe()
+    assert len(steps_of(job.slurm_job)) >= 3  # the step, one a node, and the batch step (all on this machine)
     n3 = kill_slurmd(slurm, "n3")
     try:
         # Slurm requeues a requeueable job whose node failed; it waits for three nodes again.
@@ -77,6 +91,9 @@ def test_with_requeue_a_lost_slurmd_requeues_the_job_and_it_resumes_naming_the_n
             job.describe()
     finally:
         bring_back(slurm, n3, "n3")
+    # n3's slurmd, back, ends the first attempt's step daemon there; a second attempt launched on n3 before
+    # then would be ended with it (same Slurm job id), as an admin who lifts the hold at once would see.
+    assert wait_for(lambda: not steps_of(job.slurm_job), timeout=60), steps_of(job.slurm_job)
     job.requeued_and_back(timeout=30)
     assert wait_for(lambda: all(len(job.starts(i)) == 2 for i in range(3)), timeout=60), job.describe()
     for i in range(3):

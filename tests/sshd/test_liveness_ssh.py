@@ -35,6 +35,7 @@ def busy_children(job) -> int:
                (("node1", "pserver-0"), ("node2", "trainer-0"), ("node3", "trainer-1"))} and (stat(p) or "S")[0] == "R")
 
 
+@pytest.mark.alone
 def test_a_job_that_keeps_every_core_busy_runs_two_minutes_with_no_failure(fresh):
     job = fresh
     cores = os.cpu_count() or 2

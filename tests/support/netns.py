@@ -29,6 +29,7 @@ root namespace's nft tables; and every new cluster first sweeps what a run that 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import re
 import shutil
@@ -42,6 +43,22 @@ from tests.support.sshd import SSHD, SshdCluster, SshNode
 PREFIX = "fbtp"  # every namespace, link and nft table this module makes starts with it
 SUBNET = "198.51.100"
 SSH_PORT = 22
+SLOTS = 15  # /28 blocks of SUBNET: each cluster alive on this machine holds one
+
+
+def _take_slot(first: int) -> tuple[int, int]:
+    """(a block of SUBNET no other live cluster holds, its lock's descriptor, held while the cluster lives):
+    two test runs at once (make test runs two test files at a time) never share addresses. A process that
+    dies lets its lock go with it."""
+    for i in range(SLOTS):
+        slot = (first + i) % SLOTS
+        fd = os.open(f"/run/{PREFIX}-slot-{slot}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return slot, fd
+        except BlockingIOError:
+            os.close(fd)
+    raise RuntimeError(f"all {SLOTS} address blocks of {SUBNET}.0/24 are held by other test runs")
 
 
 def available() -> str | None:
@@ -129,7 +146,7 @@ class NetnsCluster(SshdCluster):
     def __init__(self, root: Path, count: int = 3):
         sweep()
         self.pid = os.getpid()
-        self.slot = self.pid % 15  # a /28 of the range per run: two runs at once do not share addresses
+        self.slot, self._slot_lock = _take_slot(self.pid)
         base = 16 * self.slot
         self.bridge = f"{PREFIX}b{self.pid}"
         self.gateway = f"{SUBNET}.{base + 1}"
@@ -236,6 +253,7 @@ class NetnsCluster(SshdCluster):
             _remove_namespace(self.ns[n])
         sweep(only_pid=self.pid)
         _run("ip", "link", "del", self.bridge, check=False)
+        os.close(self._slot_lock)  # the block is free for another cluster only once nothing of ours is on it
 
 
 def cut_mid_file(net: NetnsCluster, argv: list[str], env: dict, folder: Path, temp_prefix: str):

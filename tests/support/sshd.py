@@ -69,7 +69,10 @@ def free_port(addresses: list[str]) -> int:
     """The first of BLOCK ports that nobody holds on any of these addresses, and that no earlier call of this
     test run handed out. Probed without SO_REUSEADDR, as a plain program binds: a port an earlier test's
     connection left in TIME_WAIT is taken, not free, for such a program."""
-    first = max(22000 + os.getpid() % 5000, max(_handed_out, default=0) + BLOCK)
+    # pytest-xdist's workers each draw from a range of their own: a port handed out to one worker and not yet
+    # bound is free for the other's probe.
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+    first = max(22000 + 10000 * (worker % 4) + os.getpid() % 5000, max(_handed_out, default=0) + BLOCK)
     for port in [*range(first, 65000 - BLOCK), *range(20000, first)]:
         try:
             for a in addresses:
