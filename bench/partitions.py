@@ -55,7 +55,7 @@ from fabtrain.node import procfs  # noqa: E402
 from fabtrain.remote.session import Session  # noqa: E402
 from fabtrain.node.coordination import fence  # noqa: E402
 from tests.support import netns  # noqa: E402
-from tests.support.netns import cut_mid_file  # noqa: E402
+from tests.support.netns import cut_mid_file, write_corpus, write_project_with_a_blob  # noqa: E402
 from tests.support.sshd import write_cluster  # noqa: E402
 from tests.support.partition_job import GRACE, INTERVAL, NODES, PartitionJob, stopped_at  # noqa: E402
 from tests.support.procscan import wait_for  # noqa: E402
@@ -286,16 +286,8 @@ def copy_cut(fab, root, net, out) -> None:
 
     folder = root / "copy"
     folder.mkdir()
-    corpus = folder / "corpus.txt"
-    words = [f"w{i}" for i in range(500)]
-    with corpus.open("w") as f:  # ~6 MB: each node's shard ~2 MB, ~16 s at 1 mbit
-        for i in range(120_000):
-            f.write(" ".join(words[(i * 7 + k * 13) % 500] for k in range(8)) + "\n")
-    project = folder / "project"
-    project.mkdir()
-    (project / "train.py").write_text("print('hello')\n")
-    blob = os.urandom(2_000_000)  # incompressible: ~16 s at 1 mbit
-    (project / "weights.bin").write_bytes(blob)
+    corpus = write_corpus(folder / "corpus.txt")
+    blob = write_project_with_a_blob(folder / "project")
     path = write_cluster(folder / "c.yaml", net, ssh_nodes=[(n, ["trainer"]) for n in NODES],
                          job={"mode": "collective", "code": "project", "trainer": {"command": "true"},
                               "data": {"dir": str(folder / "prepared"), "input": str(corpus)},

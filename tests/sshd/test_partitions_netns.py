@@ -26,7 +26,7 @@ from fabtrain.remote.session import Session
 from fabtrain.node.coordination import fence
 from tests.conftest import require
 from tests.support import netns
-from tests.support.netns import cut_mid_file
+from tests.support.netns import cut_mid_file, write_corpus, write_project_with_a_blob
 from tests.support.procscan import wait_for
 from tests.support.partition_job import GRACE, INTERVAL, MASTER_PORT, NODES, PartitionJob, stopped_at
 from tests.support.sshd import write_cluster
@@ -198,11 +198,7 @@ def test_copy_data_over_a_capped_link_cut_mid_file_ends_naming_the_node_and_resu
 
     from tests.conftest import FAB
 
-    corpus = tmp_path / "corpus.txt"
-    words = [f"w{i}" for i in range(500)]
-    with corpus.open("w") as f:  # ~6 MB: each node's shard ~2 MB, ~16 s at 1 mbit
-        for i in range(120_000):
-            f.write(" ".join(words[(i * 7 + k * 13) % 500] for k in range(8)) + "\n")
+    corpus = write_corpus(tmp_path / "corpus.txt")
     path = write_cluster(tmp_path / "c.yaml", net, ssh_nodes=[(n, ["trainer"]) for n in NODES],
                          job={"mode": "collective", "trainer": {"command": "true"},
                               "data": {"dir": str(tmp_path / "prepared"), "input": str(corpus)},
@@ -285,11 +281,7 @@ def test_deploy_over_a_capped_link_cut_mid_file_ends_naming_the_node_and_the_nex
 
     from tests.conftest import FAB
 
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "train.py").write_text("print('hello')\n")
-    blob = os.urandom(2_000_000)  # incompressible: ~16 s at 1 mbit
-    (project / "weights.bin").write_bytes(blob)
+    blob = write_project_with_a_blob(tmp_path / "project")
     path = write_cluster(tmp_path / "c.yaml", net, ssh_nodes=[(n, ["trainer"]) for n in NODES],
                          job={"mode": "collective", "code": "project", "trainer": {"command": "python train.py"},
                               "watchdog": {"enabled": False}})

@@ -256,6 +256,26 @@ class NetnsCluster(SshdCluster):
         os.close(self._slot_lock)  # the block is free for another cluster only once nothing of ours is on it
 
 
+def write_corpus(path: Path) -> Path:
+    """A text corpus of about 6 MB that does not compress away: split over three nodes, each shard is about
+    2 MB, some 16 s over a 1 mbit link (time enough to cut it half-way)."""
+    words = [f"w{i}" for i in range(500)]
+    with path.open("w") as f:
+        for i in range(120_000):
+            f.write(" ".join(words[(i * 7 + k * 13) % 500] for k in range(8)) + "\n")
+    return path
+
+
+def write_project_with_a_blob(folder: Path) -> bytes:
+    """A project folder (train.py) with a 2 MB file of random bytes, incompressible: some 16 s over a 1 mbit
+    link. Returns the blob, to check what arrives."""
+    folder.mkdir(parents=True)
+    (folder / "train.py").write_text("print('hello')\n")
+    blob = os.urandom(2_000_000)
+    (folder / "weights.bin").write_bytes(blob)
+    return blob
+
+
 def cut_mid_file(net: NetnsCluster, argv: list[str], env: dict, folder: Path, temp_prefix: str):
     """Run `argv` (a fab task whose rsync writes to node3), set node3's link down once a file under `folder`
     named `temp_prefix`* (rsync's temp name) holds 100 kB: (the finished process, its output, seconds from
