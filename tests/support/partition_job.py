@@ -14,6 +14,15 @@ MASTER_PORT = 29500  # each node has its own network: no other test's port is in
 TRAINER = "python tests/programs/fakejob.py --steps 0 --period 0.2"
 
 
+def _started(pid: int) -> tuple[int, str]:
+    """A process by its pid and start time (a pid is reused; the pair is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return pid, f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return pid, ""
+
+
 class PartitionJob:
     """A collective job of one stand-in trainer a node, started by `fab` from the root namespace."""
 
@@ -25,6 +34,9 @@ class PartitionJob:
                                   job={"mode": "collective", "master_port": MASTER_PORT,
                                        "trainer": {"per_node": 1, "command": f"{TRAINER} {trainer_args}".strip()}, "watchdog": wd})
         deploy = () if (root / "ws-node1" / "code").exists() else ("deploy",)
+        # What runs in the namespaces before the job starts is not the job's: the node side of an earlier
+        # test's rsync, stranded by a cut on a connection that is gone, lives until the node's TCP gives up.
+        self.before = {n: {_started(pid) for pid in net.pids(n)} for n in NODES}
         out = self.fab(*deploy, "start-trainers", check=True)
         self.job_id = re.search(r"job (\S+): trainer started", out.stdout).group(1)
         assert wait_for(self.running, timeout=60), self.describe()
@@ -60,9 +72,12 @@ class PartitionJob:
                    (self.health(n).get("coordinator") or {}).get("lease") for i, n in enumerate(NODES))
 
     def job_pids(self, node) -> list[int]:
-        """Every process of the node's namespace but sshd's (the listener and the sessions fab opens)."""
+        """Every process of the node's namespace but sshd's (the listener and the sessions fab opens) and those
+        that were there before the job started."""
         out = []
         for pid in self.net.pids(node):
+            if _started(pid) in self.before[node]:
+                continue
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     cmd = f.read().split(b"\0")[0]
