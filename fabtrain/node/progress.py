@@ -283,8 +283,9 @@ class Reporter:
         """The loss of the last backward(): read at once on the CPU. On a CUDA device reading it at once
         would wait for the device, so a copy to pinned host memory is started on the program's stream and
         read at a later record, once its event says it has landed: the loss a record shows is then the one
-        of a step up to one INTERVAL earlier. `program_thread`: False on the writer thread, whose current
-        stream is not the program's (a copy there could read the tensor before it is computed)."""
+        of a step up to one INTERVAL earlier. `program_thread`: False at exit (flush), when no copy is worth
+        starting (and a thread other than the program's would start it on another stream, where it could read
+        the tensor before it is computed)."""
         if self.loss_copy is not None and self.loss_copy[2].query():
             value, self.loss_copy = _number(self.loss_copy[1]), None
             if value is not None:
@@ -333,20 +334,28 @@ class Reporter:
 
     def _quiet_writer(self):
         """Writes a step left pending once INTERVAL has passed since the last record and the rank has
-        not stepped for QUIET (a rank that steps writes its own records, with the loss it reads)."""
+        not stepped for QUIET (a rank that steps writes its own records, with the loss it reads).
+
+        It never calls into the framework (no loss read here: the record keeps the loss the program's
+        thread read last). A daemon thread inside a call that lets go of the GIL (a torch tensor's
+        item(), a CUDA event's query()) when the program exits is ended by the interpreter with
+        pthread_exit, whose unwinding through torch's C++ aborts the process ("terminate called without
+        an active exception", exit 134): a job that finished would read as failed."""
         me = self.thread
         while self.on and self.thread is me:
             self.wake.wait(QUIET)
-            self.flush(due_only=True)
+            self.flush(due_only=True, read_loss=False)
 
-    def flush(self, due_only=False):
+    def flush(self, due_only=False, read_loss=True):
+        """Write the step left pending (all of it, or `due_only`: once due). `read_loss`: False on the
+        writer thread (see _quiet_writer); the program's thread, at exit too (atexit), reads it."""
         if not self.on or self.lock is None:
             return
         try:
             with self.lock:
                 now = self.perf()
                 if self.n and (not due_only or (now - self.last_write >= INTERVAL and now - self.step_end >= QUIET)):
-                    if self.framework not in DRIVERS:  # (a driving framework's callbacks read theirs)
+                    if read_loss and self.framework not in DRIVERS:  # (a driving framework's callbacks read theirs)
                         self._read_loss(program_thread=False)  # the last step's, not the last record's
                     self._write(now)
                 elif due_only and self.steps and now - self.last_write >= BETWEEN_STEPS and self.active is not None \
