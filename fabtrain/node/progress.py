@@ -52,6 +52,11 @@ import sys
 
 INTERVAL = 0.5  # seconds between two records of one rank, at most
 QUIET = 0.1  # seconds without a step after which a step left pending is written by the writer thread
+# The writer thread never calls into the framework (it reads no loss: its record keeps the one the program's
+# thread read last). It is a daemon thread: one inside a call that lets go of the GIL (a torch tensor's item(),
+# a CUDA event's query()) when the program exits is ended by Python with pthread_exit, whose unwinding through
+# torch's C++ aborts the process ("terminate called without an active exception", exit 134): a job that
+# finished would read as failed.
 # Seconds between records of a rank that works without stepping (it evaluates: batches, forwards, collectives):
 # the same step, marked "between_steps", so the watchdog sees it busy rather than hung.
 BETWEEN_STEPS = 5.0
@@ -334,21 +339,15 @@ class Reporter:
 
     def _quiet_writer(self):
         """Writes a step left pending once INTERVAL has passed since the last record and the rank has
-        not stepped for QUIET (a rank that steps writes its own records, with the loss it reads).
-
-        It never calls into the framework (no loss read here: the record keeps the loss the program's
-        thread read last). A daemon thread inside a call that lets go of the GIL (a torch tensor's
-        item(), a CUDA event's query()) when the program exits is ended by the interpreter with
-        pthread_exit, whose unwinding through torch's C++ aborts the process ("terminate called without
-        an active exception", exit 134): a job that finished would read as failed."""
+        not stepped for QUIET (a rank that steps writes its own records, with the loss it reads). It
+        never calls into the framework: see QUIET."""
         me = self.thread
         while self.on and self.thread is me:
             self.wake.wait(QUIET)
             self.flush(due_only=True, read_loss=False)
 
     def flush(self, due_only=False, read_loss=True):
-        """Write the step left pending (all of it, or `due_only`: once due). `read_loss`: False on the
-        writer thread (see _quiet_writer); the program's thread, at exit too (atexit), reads it."""
+        """Write the step left pending (`due_only`: once due); `read_loss`: False on the writer thread (QUIET)."""
         if not self.on or self.lock is None:
             return
         try:
