@@ -15,9 +15,11 @@ three slurmd on this machine), the same 3-rank torch gloo program
            process of the job is left (/proc, the job marker)
            baseline: `scancel` -> the same three conditions
 
-Prints each trial, the medians and fabtrain / baseline.
+Prints each trial, the medians and fabtrain / baseline. With --auto-ports each
+trial also runs fabtrain with `master_port: auto` and `watchdog.port: auto`,
+which are drawn inside the allocation (one more Slurm step before the job's).
 
-    .venv/bin/python bench/slurm.py [--trials 3] [--period 0.2]
+    .venv/bin/python bench/slurm.py [--trials 3] [--period 0.2] [--auto-ports]
 """
 from __future__ import annotations
 
@@ -52,8 +54,9 @@ def ended(job: SlurmJob, slurm_job: str, marked: list[Path]) -> bool:
     return job.slurm.run("squeue", "-h", "-j", slurm_job, check=False).stdout.strip() == "" and not live_marked(marked)
 
 
-def fabtrain_trial(job: SlurmJob, period: float) -> tuple[float, float]:
-    job.configure(f"python allreduce.py --steps 100000 --period {period}")
+def fabtrain_trial(job: SlurmJob, period: float, auto: bool = False) -> tuple[float, float]:
+    job.configure(f"python allreduce.py --steps 100000 --period {period}",
+                  **({"job": {"master_port": "auto"}, "port": "auto"} if auto else {}))
     t0 = time.monotonic()
     job.submit("--no-wait")
     metrics = [job.jd(i) / "metrics" / f"trainer-{i}.jsonl" for i in range(RANKS)]
@@ -93,6 +96,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--period", type=float, default=0.2)
+    ap.add_argument("--auto-ports", action="store_true", help="also fabtrain with auto ports, drawn in the allocation")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="fabtrain-bench-slurm-"))
     slurm = SlurmCluster(root / "slurm").start()
@@ -100,17 +104,25 @@ def main() -> int:
         job = SlurmJob(root / "project", slurm)
         job.configure("python allreduce.py")
         job.fab("deploy", check=True)
-        fab, bare = [], []
+        fab, bare, auto = [], [], []
         for trial in range(args.trials):
             fab.append(fabtrain_trial(job, args.period))
             bare.append(baseline_trial(job, root, args.period))
-            print(f"trial {trial + 1}: start fabtrain {fab[-1][0]:.2f} s, sbatch+srun {bare[-1][0]:.2f} s; "
-                  f"stop fab kill-all {fab[-1][1]:.2f} s, scancel {bare[-1][1]:.2f} s", flush=True)
+            line = (f"trial {trial + 1}: start fabtrain {fab[-1][0]:.2f} s, sbatch+srun {bare[-1][0]:.2f} s; "
+                    f"stop fab kill-all {fab[-1][1]:.2f} s, scancel {bare[-1][1]:.2f} s")
+            if args.auto_ports:
+                auto.append(fabtrain_trial(job, args.period, auto=True))
+                line += f"; auto ports: start {auto[-1][0]:.2f} s, stop {auto[-1][1]:.2f} s"
+            print(line, flush=True)
         for what, i in (("submit -> every rank's first metrics record", 0), ("stop -> nothing left, CANCELLED", 1)):
-            f, b = statistics.median(x[i] for x in fab), statistics.median(x[i] for x in bare)
-            print(f"{what}: fabtrain {f:.2f} s (median of {args.trials}; "
-                  f"{min(x[i] for x in fab):.2f}-{max(x[i] for x in fab):.2f}), Slurm alone {b:.2f} s "
-                  f"({min(x[i] for x in bare):.2f}-{max(x[i] for x in bare):.2f}): {f / b:.2f}x")
+            b = statistics.median(x[i] for x in bare)
+            for name, series in (("fabtrain", fab), ("fabtrain, auto ports", auto)):
+                if not series:
+                    continue
+                f = statistics.median(x[i] for x in series)
+                print(f"{what}: {name} {f:.2f} s (median of {args.trials}; "
+                      f"{min(x[i] for x in series):.2f}-{max(x[i] for x in series):.2f}), Slurm alone {b:.2f} s "
+                      f"({min(x[i] for x in bare):.2f}-{max(x[i] for x in bare):.2f}): {f / b:.2f}x")
     finally:
         slurm.stop()
     return 0

@@ -27,8 +27,8 @@ class SlurmBackend(Backend):
     NAME = "scheduler"
 
     def plan(self, session: Session, offline: bool = False) -> None:
-        """The batch script as `fab start-trainers` would submit it, the plan's data summarised (ports drawn again at
-        submit; `fab export --slurm` writes it whole)."""
+        """The batch script as `fab start-trainers` would submit it, the plan's data summarised (an `auto` port as
+        the token the allocation fills in; `fab export --slurm` writes it whole)."""
         print(jobs.prepare(session, _roles(session), readable=True)[1], end="")
 
     def export(self, session: Session, path: str, **options) -> None:

@@ -9,6 +9,7 @@ record and the controller that reads it back use the same definition:
     events.py    EventKind, the kinds of events.jsonl's records, and its named sets (outcomes, causes)
     slurm.py     what a Slurm job's output and folder say between attempts (why it ended, the attempt running)
     opreplies.py what each node op answers: the type the node builds its reply with and the controller reads it by
+    portdraw.py  drawing `auto` ports (the controller's, and a Slurm allocation's), and the tokens a Slurm plan holds for them
 
 Importing this package imports none of its modules: a node-side call pays only for what it uses.
 """

@@ -59,8 +59,10 @@ def plan_text(plan: Plan, notes: list[str] = (), asked: bool = True) -> str:
 
 
 def ports_text(ports: dict, auto=()) -> str:
-    """ports: master_port 29500, pserver_port 23017 (auto), watchdog_port 7180"""
-    shown = [f"{k} {v}{' (auto)' if k in auto else ''}" for k, v in ports.items() if v is not None]
+    """ports: master_port 29500, pserver_port 23017 (auto), watchdog_port 7180; an `auto` one of None is
+    drawn where the controller does not see it (in a Slurm allocation)."""
+    shown = [f"{k} {v}{' (auto)' if k in auto else ''}" if v is not None else f"{k} auto (drawn in the allocation)"
+             for k, v in ports.items() if v is not None or k in auto]
     return "ports: " + ", ".join(shown)
 
 

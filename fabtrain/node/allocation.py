@@ -30,13 +30,13 @@ import re
 import subprocess
 import sys
 
-from fabtrain.contract import states
+from fabtrain.contract import portdraw, states
 from fabtrain.contract.clock import boot_id
 from fabtrain.contract.events import OUTCOMES
 from fabtrain.contract.jobfolder import JobFolder
 from fabtrain.contract.opreplies import Marked, MarkKilled
 from fabtrain.contract.states import ENDED, read_killer
-from fabtrain.node import atomic, attempts, hosted, launch, ops
+from fabtrain.node import allocports, atomic, attempts, hosted, launch, ops
 from fabtrain.node.elsewhere import running_elsewhere
 from fabtrain.node.netcheck import iface_of, resolve
 from fabtrain.node.workspace import job_dir
@@ -109,13 +109,14 @@ def bind_cpus(processes, cpus, per_rank):
             proc["env"][launch.CPUS_ENV] = ",".join(str(c) for c in share)
 
 
-def node_part(template, index, hosts, secret, environ, cpus=None):
+def node_part(template, index, hosts, secret, environ, cpus=None, ports=None):
     """(job.json, agent spec) of node `index` of the allocation, from the plan of every node. `cpus`: the CPUs
-    Slurm bound this task to (its affinity mask, by default)."""
+    Slurm bound this task to (its affinity mask, by default); `ports`: the `auto` ports drawn in the
+    allocation (allocports.py), for the plan's port tokens."""
     addresses = [a for _, a in hosts]
     if len(template["nodes"]) != len(hosts):
         raise RuntimeError("the plan has %d nodes, the allocation %d" % (len(template["nodes"]), len(hosts)))
-    part = fill(template["nodes"][index], addresses)
+    part = portdraw.fill(fill(template["nodes"][index], addresses), ports or {})
     job, agent = part["job"], part.get("agent")
     if secret:
         job["watchdog"].setdefault("coordinator", {})["secret"] = secret
@@ -252,7 +253,7 @@ class SlurmStep(hosted.Host):
             secret = None
         index = int(self.environ["SLURM_NODEID"])
         job, agent = node_part(template, index, allocation_hosts(self.environ["SLURM_JOB_NODELIST"]), secret,
-                               self.environ)
+                               self.environ, ports=allocports.drawn(self.folder, template))
         self.node = job["node"]
         print("fabtrain job %s: %s is %s (Slurm node %s)" % (job["job_id"], job["node"], platform.node(),
                                                               job["slurm"]["node"]), flush=True)

@@ -11,6 +11,7 @@ import random
 from dataclasses import dataclass
 
 from fabtrain.config.cluster import Cluster, Node
+from fabtrain.contract import portdraw
 from fabtrain.errors import UserError
 
 AUTO_WINDOW = (20000, 32767)  # where `auto` ports come from: below the kernel's usual ephemeral range
@@ -115,13 +116,18 @@ def resolved_ports(cluster: Cluster, chosen: dict[str, int] | None) -> dict[str,
     return ports
 
 
+def auto_uses(cluster: Cluster, setting: str) -> list[PortUse]:
+    """Where `setting`'s port is listened on, its port 0 standing for whatever port is drawn: each use's
+    `port` is its offset from the port drawn."""
+    return port_uses(cluster, {setting: 0}, unchecked=True)
+
+
 def choose_auto(cluster: Cluster, busy: dict[str, set[int]], rng: random.Random) -> tuple[dict[str, int], tuple]:
     """The job's ports (fixed ones as given, each `auto` one free on every node concerned) and which were auto.
 
     busy: per node, the ports a socket holds or a running fabtrain job has
-    claimed. Random within AUTO_WINDOW rather than the lowest free: two jobs
-    started moments apart (before the first has bound its ports) rarely pick
-    alike.
+    claimed. The draw itself is contract/portdraw.py's, the one a Slurm
+    allocation draws with.
     """
     configured = configured_ports(cluster)
     # Only the ports this mode uses: a collective job has no pserver_port to show or record.
@@ -130,25 +136,13 @@ def choose_auto(cluster: Cluster, busy: dict[str, set[int]], rng: random.Random)
     held: dict[str, set[int]] = {}
     for u in port_uses(cluster, configured, unchecked=True):
         held.setdefault(u.node, set()).update(u.ports)
-    lo, hi = AUTO_WINDOW
-    nothing: set[int] = set()
-
-    def free(u: PortUse) -> bool:  # each port looked up, no set built: a try is O(its ports), not O(window)
-        taken, ours = busy.get(u.node, nothing), held.get(u.node, nothing)
-        return u.port + u.count - 1 <= hi and not any(p in taken or p in ours for p in u.ports)
-
-    for setting in auto:
-        tries = [rng.randint(lo, hi) for _ in range(200)] + list(range(lo, hi + 1))
-        for base in tries:
-            trial = port_uses(cluster, {setting: base}, unchecked=True)
-            if all(free(u) for u in trial):
-                ports[setting] = base
-                for u in trial:
-                    held.setdefault(u.node, set()).update(u.ports)
-                break
-        else:
-            raise UserError(f"{cluster.path}: {PORT_SETTINGS[setting]}: auto: no free port in "
-                            f"{lo}-{hi} on the nodes concerned; give a port")
+    wanted = [(k, [(u.node, u.port, u.count) for u in auto_uses(cluster, k)]) for k in auto]
+    try:
+        ports.update(portdraw.draw(wanted, held, busy, AUTO_WINDOW, rng))
+    except LookupError as e:
+        lo, hi = AUTO_WINDOW
+        raise UserError(f"{cluster.path}: {PORT_SETTINGS[e.args[0]]}: auto: no free port in "
+                        f"{lo}-{hi} on the nodes concerned; give a port") from None
     return ports, tuple(auto)
 
 

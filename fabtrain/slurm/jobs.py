@@ -24,6 +24,7 @@ from fabtrain.plan.plan import Plan, make_plan, new_job_id
 from fabtrain.remote import rpc
 from fabtrain.remote.transport import NodeError
 from fabtrain.remote.session import Session
+from fabtrain.slurm import allocports
 from fabtrain.slurm.commands import TOOLS, SlurmCommands
 from fabtrain.slurm.script import absolute as script_absolute, job_folder, job_name, render, sbatch_options
 
@@ -63,13 +64,18 @@ class Submitted:
 
 def prepare(session: Session, roles: tuple[str, ...], job_id: str | None = None,
             resume_from: str | None = None, readable: bool = False) -> tuple[Plan, str]:
-    """The plan and its batch script: `auto` ports drawn here (no node is there to ask before the allocation).
-    `readable`: the plan's data summarised (fab plan)."""
+    """The plan and its batch script, with `auto` ports left to the allocation to draw (no node is there to
+    ask before it; the plan's own are stand-ins). `readable`: the plan's data summarised (fab plan)."""
     cluster = session.cluster
+    job_id = job_id or new_job_id()
     network = preflight.choose_ports(cluster, {})
-    plan = make_plan(cluster, job_id or new_job_id(), resume_from=resume_from, network=network)
+    plan = make_plan(cluster, job_id, resume_from=resume_from, network=network)
+    # An `auto` port is drawn in the allocation (slurm/allocports.py): the plan made again with it moved
+    # shows where it goes.
+    moved = {s: make_plan(cluster, job_id, resume_from=resume_from, network=allocports.shifted(network, s))
+             for s in network.auto}
     return plan, render(cluster, plan, roles, SlurmCommands(session).home(), grace=cluster.job.watchdog.grace,
-                        readable=readable)
+                        readable=readable, moved=moved)
 
 
 def make_job_folder(session: Session, job_id: str) -> str:
@@ -120,8 +126,13 @@ def submit(session: Session, roles: tuple[str, ...], resume_from: str | None = N
         raise UserError(f"sbatch answered {out.stdout.strip()[:80]!r}, not a job id")
     record_jobs(session, recorded_jobs(session) + [slurm_job])
     state.save(cluster.name, job_id=job_id, roles=list(every), cluster=cluster.path, resume_from=resume_from,
-               slurm_job=slurm_job, network={"ports": plan.ports, "auto": list(plan.auto_ports), "ifaces": {}})
+               slurm_job=slurm_job, network={"ports": drawn_at_submit(plan), "auto": list(plan.auto_ports), "ifaces": {}})
     return Submitted(job_id, slurm_job, plan, script)
+
+
+def drawn_at_submit(plan: Plan) -> dict:
+    """The plan's ports as the controller knows them: an `auto` one is drawn in the allocation (None here)."""
+    return {k: None if k in plan.auto_ports else v for k, v in plan.ports.items()}
 
 
 def slurm_state(session: Session, slurm_job: str) -> SlurmState:

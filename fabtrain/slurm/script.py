@@ -26,6 +26,7 @@ from fabtrain.config.cluster import Cluster
 from fabtrain.config.launcher import is_torchrun
 from fabtrain.plan.plan import Plan, ProcessPlan
 from fabtrain.plan.runtime import runtime_dir
+from fabtrain.slurm import allocports
 
 PLAN_END = "FABTRAIN_PLAN"
 
@@ -99,26 +100,45 @@ def sbatch_options(cluster: Cluster, folder: str, plan: Plan | None = None) -> l
     return options + list(spec.sbatch)
 
 
-def summary(plan: Plan) -> list[str]:
+def summary(data: dict) -> list[str]:
     """The plan's data as a person reads it: each node's processes and commands (fab plan)."""
-    lines = []
-    for n in plan.nodes:
-        for p in n.processes:
-            lines.append(f"#   node{n.node_index} {p.name}: {shlex.join(p.argv)}")
+    lines = [f"#   node{i} {p['name']}: {shlex.join(p['argv'])}"
+             for i, n in enumerate(data["nodes"]) for p in n["job"]["processes"]]
+    if "ports" in data:
+        lines.append("#   (@slurm-port:S+K@: the port drawn for S in the allocation, plus K; "
+                     "@slurm-node-K@: node K's address)")
     return lines
 
 
+def plan_data(cluster: Cluster, plan: Plan, roles: tuple[str, ...], grace: float,
+              moved: dict[str, Plan] | None = None) -> dict:
+    """What the batch script holds of the plan: `template`, with tokens where an `auto` port goes and what
+    the allocation draws them with (`ports`; slurm/allocports.py). `moved`: for each auto setting, the same
+    plan made with that setting's port moved by allocports.SHIFT."""
+    data = template(cluster, plan, roles, grace)
+    if not plan.auto_ports:
+        return data
+    if set(moved or {}) != set(plan.auto_ports):
+        raise ValueError("a plan with auto ports needs the plan made with each of them moved")
+    data = allocports.symbolic(data, {s: template(cluster, p, roles, grace) for s, p in moved.items()},
+                               plan.ports)
+    data["ports"] = allocports.draw_spec(cluster, plan.auto_ports)
+    return data
+
+
 def render(cluster: Cluster, plan: Plan, roles: tuple[str, ...], home: str, grace: float = STOP_GRACE,
-           readable: bool = False) -> str:
+           readable: bool = False, moved: dict[str, Plan] | None = None) -> str:
     """The batch script, exactly as submitted (sbatch reads it on stdin); `readable`: with the plan's data
-    (one JSON line of every node's job.json) summarised instead, for a person (fab plan)."""
+    (one JSON line of every node's job.json) summarised instead, for a person (fab plan). `moved`: see
+    plan_data (a plan with `auto` ports)."""
     spec = cluster.scheduler
     folder = job_folder(cluster, plan.job_id, home)
     first = plan.nodes[0]
     runtime = absolute(runtime_dir().replace("$WS", first.workspace), home)
     python = absolute(first.python, home)
     q = shlex.quote
-    data = json.dumps(template(cluster, plan, roles, grace), separators=(",", ":"))
+    plan_json = plan_data(cluster, plan, roles, grace, moved)
+    data = json.dumps(plan_json, separators=(",", ":"))
     lines = ["#!/bin/sh",
              *(f"#SBATCH {o}" for o in sbatch_options(cluster, folder, plan)),
              f"# fabtrain job {plan.job_id} of cluster {cluster.name}: {plan.mode} mode on {spec.nodes} nodes;",
@@ -129,7 +149,7 @@ def render(cluster: Cluster, plan: Plan, roles: tuple[str, ...], home: str, grac
              'mkdir -p "$folder" || exit 1',
              f"cat > \"$folder/plan.json\" <<'{PLAN_END}'",
              *([f"# (every node's job.json as one JSON line, {len(data)} bytes: what runs is, in short:)",
-                *summary(plan)] if readable else [data]),
+                *summary(plan_json)] if readable else [data]),
              PLAN_END,
              "# A Slurm attempt after the first (requeued) starts from nothing of the last one's stop.",
              'rm -f "$folder/time-limit"',
@@ -137,6 +157,13 @@ def render(cluster: Cluster, plan: Plan, roles: tuple[str, ...], home: str, grac
              "[ -s \"$folder/secret\" ] || od -An -N16 -tx1 /dev/urandom | tr -d ' \\n' > \"$folder/secret\" || exit 1",
              "# Slurm's warning before the time limit (--signal=B:USR1): every node stops its programs, SIGTERM first.",
              "trap 'touch \"$folder/time-limit\"' USR1",
+             *(["# `auto` ports: drawn here, among those free on every node of the allocation: each node says which",
+                "# of its ports are busy (one step), then the batch shell draws (fabtrain/node/allocports.py).",
+                'rm -f "$folder/ports.json"',
+                f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 --chdir={q(runtime)} \\",
+                f"    {q(python)} -m fabtrain.node.allocports busy \"$folder\" > \"$folder/busy-ports\" || exit 1",
+                f"(cd {q(runtime)} && {q(python)} -m fabtrain.node.allocports draw \"$folder\") || exit 1"]
+               if "ports" in plan_json else []),
              "# A node whose part failed ends the step (--kill-on-bad-exit): a lost or frozen node cannot hold the",
              "# allocation once the agents have torn the job down.",
              f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 --chdir={q(runtime)} \\",

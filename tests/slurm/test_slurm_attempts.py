@@ -2,7 +2,9 @@
 what happened after `fab kill-all`; kill-all knows this cluster's Slurm jobs by id, not by name."""
 from __future__ import annotations
 
+import json
 import os
+import socket
 
 import pytest
 
@@ -146,3 +148,48 @@ def test_kill_all_cancels_this_clusters_jobs_by_id_never_a_same_named_job_from_e
     assert "RUNNING" in slurm.run("squeue", "-h", "-j", other, "-o", "%T").stdout  # untouched
     out = job.fab("kill-all", check=True)
     assert "no Slurm job of this cluster is queued or running" in out.stdout, out.stdout
+
+
+def drawn_ports(job) -> dict:
+    return json.loads((job.ws / "slurm" / job.job_id / "ports.json").read_text())["ports"]
+
+
+def test_auto_ports_are_drawn_in_each_attempts_allocation_among_the_ports_free_there(job):
+    job.configure("python resumable.py --period 0.2 --steps 40", scheduler={"requeue": 1},
+                  job={"master_port": "auto"}, port="auto")
+    job.submit()
+    assert job.running(), job.describe()
+    first = drawn_ports(job)
+    assert set(first) == {"master_port", "watchdog_port"}
+    for i in range(3):  # every node filled the same ports in: the agents found their coordinator on it
+        on_node = json.loads((job.jd(i) / "job.json").read_text())
+        assert on_node["watchdog"]["coordinator"]["port"] == first["watchdog_port"]
+        assert on_node["processes"][0]["env"]["MASTER_PORT"] == str(first["master_port"])
+    status = job.fab("status").stdout
+    assert "master_port auto (drawn in the allocation)" in status, status
+    # The next attempt draws again, in its own allocation: its ports of the first attempt are now held by
+    # another program there (here, this test), and the job must come up on others.
+    assert job.slurm.run("scontrol", "requeue", job.slurm_job).returncode == 0
+    assert job.wait_state("PENDING", timeout=30) == "PENDING", job.describe()
+    held = []
+    try:
+        for port in first.values():
+            def bound():
+                try:
+                    held.append(socket.create_server(("127.0.0.1", port)))
+                    return True
+                except OSError:  # the first attempt's coordinator is still going
+                    return False
+            assert wait_for(bound, timeout=30), f"port {port} was not let go by the first attempt"
+        job.requeued_and_back()
+        assert wait_for(lambda: len(job.starts(0)) == 2, timeout=60), job.describe()
+        second = drawn_ports(job)
+        assert not set(second.values()) & set(first.values()), (first, second)
+        assert job.running(), job.describe()
+        assert json.loads((job.jd(1) / "job.json").read_text())["watchdog"]["coordinator"]["port"] == \
+            second["watchdog_port"]
+        assert job.wait_state("COMPLETED", "FAILED", "CANCELLED", timeout=60) == "COMPLETED", job.describe()
+    finally:
+        for s in held:
+            s.close()
+    assert job.slurm_output().count("fabtrain: auto ports drawn in the allocation:") == 2, job.slurm_output()
