@@ -28,7 +28,8 @@ last step on file within ``INTERVAL``)::
 ``torch.distributed``'s collectives called from Python, and the time a
 ``backward()`` waits at its end, once its computation is done, for DDP's or
 FSDP's gradient collectives (their reducer runs in C++: progress_frameworks' `_mark_compute_end`
-says when the computation ended); ``compute_time`` is the rest. In
+says when the computation ended, in one step every ``SPLIT_EVERY`` seconds; the steps between are
+split as that one was: `Split`); ``compute_time`` is the rest. In
 synchronous training that wait is the time a rank waits for the slowest one:
 what names a straggler (fabtrain/node/coordination/stragglers.py).
 The loss is read only where that costs no device synchronisation: the
@@ -52,6 +53,7 @@ import sys
 
 INTERVAL = 0.5  # seconds between two records of one rank, at most
 QUIET = 0.1  # seconds without a step after which a step left pending is written by the writer thread
+SPLIT_EVERY = 0.1  # seconds between two steps whose backward() calls have their end of computation marked (Split)
 # The writer thread never calls into the framework (it reads no loss: its record keeps the one the program's
 # thread read last). It is a daemon thread: one inside a call that lets go of the GIL (a torch tensor's item(),
 # a CUDA event's query()) when the program exits is ended by Python with pthread_exit, whose unwinding through
@@ -134,6 +136,40 @@ def _batch_size(batch, depth=0):
     return None
 
 
+class Split:
+    """Which backward() calls have their end of computation marked (progress_frameworks'
+    `_mark_compute_end`), and how much of the others counts as waiting for gradient collectives.
+
+    A mark makes the autograd engine call back into Python: about 30 us of CPU a backward here, more
+    where the engine runs on a device's thread, which a short step would pay every time. So the
+    backwards of one step every SPLIT_EVERY seconds are marked, and those of the steps between are
+    split as that step's were, in proportion: a step's backwards differ (under gradient accumulation
+    only its last waits for DDP's all-reduce), its steps hardly. Every backward is marked until a
+    first step ends, and in a program without optimizer steps."""
+
+    def __init__(self):
+        self.marking = True  # the backwards of the step under way are marked
+        self.marked_at = float("-inf")  # perf time the last marked step ended
+        self.share = 0.0  # of the last marked step's backward time, the share spent waiting
+        self.waited = self.seconds = 0.0  # the step under way's, while marked
+
+    def backward(self, seconds, waited):
+        """Of a backward's `seconds`, the time it waited: `waited` as measured (a marked backward; longer than
+        the call is the whole call), or None: its share as in the last marked step."""
+        if waited is None:
+            return seconds * self.share
+        waited = min(max(0.0, waited), seconds)
+        self.waited, self.seconds = self.waited + waited, self.seconds + seconds
+        return waited
+
+    def step_ended(self, now):
+        if self.marking:
+            self.share = self.waited / self.seconds if self.seconds > 0 else self.share
+            self.marked_at = now
+        self.waited = self.seconds = 0.0
+        self.marking = now - self.marked_at >= SPLIT_EVERY
+
+
 class Reporter:
     """One rank's progress: what the instrumented calls tell it, written as records."""
 
@@ -167,6 +203,7 @@ class Reporter:
         # What happened since the last step's end, by PARTS index (the step it belongs to takes it when it
         # ends), and the batches' samples: lists, so a step costs a few list operations.
         self.pending, self.pending_samples = [0.0] * len(PARTS), 0
+        self.split = Split()  # which backward() calls are marked, and how the others are split
         self._reset_window()
 
     def _reset_window(self):
@@ -214,14 +251,14 @@ class Reporter:
         except Exception as e:
             self.fail("reading a batch", e)
 
-    def backward(self, tensor, seconds, t0, waited=0.0):
+    def backward(self, tensor, seconds, t0, waited=None):
         """A backward() call of `seconds`, `waited` of them at its end for gradient collectives (DDP's, FSDP's:
-        they are comm_time, not compute)."""
+        they are comm_time, not compute); None: not marked, split as the last marked step's were (Split)."""
         # Detached: a tensor kept with its graph keeps the graph's nodes alive, and autograd then reuses
         # a leaf's cached gradient accumulator, with its old shape, for the next forward (a program that
         # swaps a leaf's data between steps, as the reference pserver trainer does, fails its backward).
         self.loss_tensor = tensor.detach() if hasattr(tensor, "detach") else tensor
-        waited = min(max(0.0, waited), seconds)
+        waited = self.split.backward(seconds, waited)
         self.add(BACKWARD, seconds - waited, t0)
         if waited:
             self.add(COMM, waited, t0)
@@ -247,6 +284,7 @@ class Reporter:
                 self.samples += self.pending_samples
                 self.pending_samples = 0
                 self.step_end = now
+                self.split.step_ended(now)
                 if optimizer is not None:
                     self.optimizer = optimizer
                 if report and now - self.last_write >= INTERVAL:

@@ -46,7 +46,7 @@ def torch(core, torch):
     def backward(self, *args, **kwargs):
         t0 = perf()
         compute_end, handle = [], None
-        if engine is not None and getattr(self, "grad_fn", None) is not None:
+        if engine is not None and r.split.marking and getattr(self, "grad_fn", None) is not None:
             handle = _mark_compute_end(engine, self.grad_fn, compute_end, perf)
         try:
             out = orig_backward(self, *args, **kwargs)
@@ -54,7 +54,8 @@ def torch(core, torch):
             if handle is not None:
                 handle.remove()
         end = perf()
-        r.backward(self, end - t0, t0, end - compute_end[0] if compute_end else 0.0)
+        # Marked: the wait measured (none if DDP queued nothing after ours); else split as in the last marked step.
+        r.backward(self, end - t0, t0, end - compute_end[0] if compute_end else 0.0 if handle is not None else None)
         return out
     torch.Tensor.backward = core._wraps(orig_backward, backward)
 

@@ -1,0 +1,138 @@
+"""The progress hook's whole cost a step, in CPU time: one process, the smallest step, hook on against off.
+
+    .venv/bin/python bench/hook_cost.py [--blocks 40] [--steps 250]   # about a minute on 2 CPU cores
+
+bench/hook_overhead.py measures what the issue asks (a small DDP job's
+throughput with the hook on against off), but on this 2-core machine jobs of
+one kind spread by a fifth from one to the next, and so do separate
+processes' CPU times for the same loop: far more than the 1 % it must
+resolve. This bench measures the cost itself, inside one process, where
+nothing but the hook changes: the loop runs in blocks of --steps steps, the
+hook's patches put in for one block and taken out (each patched function's
+`__wrapped__` original, the optimizer's global step hooks emptied) for the
+next, on, off, off, on, ...; each block's CPU time is the loop thread's
+(`time.thread_time`: gloo's threads and other processes' load left out).
+The loop: DDP over gloo with a world of one, so every patch of the hook runs
+(the DataLoader's batches, DDP's forward, backward with its end-of-compute
+callback, the optimizer's step hooks, records written as in a job), on the
+smallest model (one linear layer, batch 16): the step is as short as a step
+gets, so the hook's share of it is the largest.
+
+Prints each block's figure, the medians, the hook's cost a step (the median
+of on minus off over neighbouring pairs of blocks), and the throughput ratio
+that cost allows on this step and on a step of --reference ms (the DDP
+bench's step, hook off).
+"""
+import os
+import sys
+
+sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from bench.hook_overhead import hook_folder  # noqa: E402
+from workload.ddp import free_port  # noqa: E402
+
+WARMUP = 200
+SCRIPT = '''
+import json, sys, time
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim import optimizer as optim_mod
+from torch.utils.data import DataLoader, TensorDataset, dataloader
+
+blocks, steps, warmup = (int(a) for a in sys.argv[1:4])
+torch.set_num_threads(1)
+dist.init_process_group("gloo", rank=0, world_size=1)
+torch.manual_seed(0)
+x = torch.randn(16 * (blocks * steps + warmup + 1), 128)
+batches = iter(DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=16))
+model = DDP(torch.nn.Linear(128, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+# The hook's patches (the launcher's hook put them in when the program imported torch).
+owners = [torch.Tensor, dataloader._BaseDataLoaderIter, DDP, dist]
+hook_dir = sys.argv[4]  # a function whose code is in the hook's folder is one of its patches
+patched = {(o, n): f for o in owners for n, f in list(vars(o).items())
+           if hasattr(f, "__wrapped__") and getattr(getattr(f, "__code__", None), "co_filename", "").startswith(hook_dir)}
+hooks = (dict(optim_mod._global_optimizer_pre_hooks), dict(optim_mod._global_optimizer_post_hooks))
+if not patched or not all(hooks):
+    sys.exit("no hook in this program: its patches were not found")
+
+
+def hook(on):
+    for (owner, name), f in patched.items():
+        setattr(owner, name, f if on else f.__wrapped__)
+    for now, saved in zip((optim_mod._global_optimizer_pre_hooks, optim_mod._global_optimizer_post_hooks), hooks):
+        now.clear()
+        now.update(saved if on else {})
+
+
+def run(n):
+    for _ in range(n):
+        source, target = next(batches)
+        loss = torch.nn.functional.mse_loss(model(source), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+run(warmup)
+figures = []
+for b in range(blocks):
+    on = b % 4 in (0, 3)  # on, off, off, on: a drift falls on both alike
+    hook(on)
+    c0 = time.thread_time()
+    run(steps)
+    figures.append([on, (time.thread_time() - c0) / steps])
+hook(True)
+print(json.dumps({"blocks": figures, "patched": sorted("%s.%s" % (o.__name__, n) for o, n in patched)}), flush=True)
+dist.destroy_process_group()
+'''
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--blocks", type=int, default=40, help="blocks of steps, half with the hook's patches in")
+    ap.add_argument("--steps", type=int, default=250, help="steps a block")
+    ap.add_argument("--reference", type=float, default=1.9,
+                    help="a step's CPU in ms to give the ratio for too (bench/hook_overhead.py's, off)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="hook-cost-") as tmp:
+        root = Path(tmp)
+        (root / "loop.py").write_text(SCRIPT)
+        hook = hook_folder(root / "job")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("FABTRAIN_", "PYTHON", "RANK", "LOCAL_RANK"))}
+        env.update(PYTHONPATH=str(hook), OMP_NUM_THREADS="1", FABTRAIN_METRICS=str(root / "metrics.jsonl"),
+                   FABTRAIN_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        out = subprocess.run([sys.executable, str(root / "loop.py"), str(args.blocks), str(args.steps), str(WARMUP),
+                              str(hook)],
+                             cwd=root, env=env, capture_output=True, text=True, timeout=1200)
+        if out.returncode != 0 or "fabtrain progress:" in out.stderr:
+            raise SystemExit(f"bench: the loop exited {out.returncode}: {out.stderr[-2000:]}")
+        records = (root / "metrics.jsonl").read_text().splitlines() if (root / "metrics.jsonl").exists() else []
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"the hook's patches taken out and put back: {', '.join(result['patched'])}, the optimizer's global "
+          f"step hooks; {len(records)} records written")
+    blocks = result["blocks"]
+    for n, (on, cpu) in enumerate(blocks):
+        print(f"block {n + 1}: hook {'on ' if on else 'off'} {cpu * 1e6:7.1f} us of CPU a step")
+    on = [cpu for o, cpu in blocks if o]
+    off = [cpu for o, cpu in blocks if not o]
+    pairs = [(a[1] - b[1]) if a[0] else (b[1] - a[1]) for a, b in zip(blocks[::2], blocks[1::2])]
+    cost, step = statistics.median(pairs), statistics.median(off)
+    print(f"median CPU a step over {len(on)} blocks each ({args.steps} steps a block; DDP over gloo, a world of "
+          f"one, Linear(128, 1), batch 16): hook on {statistics.median(on) * 1e6:.1f} us, off {step * 1e6:.1f} us")
+    print(f"the hook's cost a step (median of on - off over {len(pairs)} neighbouring pairs of blocks): "
+          f"{cost * 1e6:.1f} us (pairs from {min(pairs) * 1e6:.1f} to {max(pairs) * 1e6:.1f})")
+    print(f"throughput ratio it allows: {1 / (1 + cost / step):.4f} on this step of {step * 1e6:.0f} us; "
+          f"{1 / (1 + cost / (args.reference / 1e3)):.4f} on a step of {args.reference} ms (target >= 0.99)")
+
+
+if __name__ == "__main__":
+    main()
