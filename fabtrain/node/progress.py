@@ -55,10 +55,9 @@ INTERVAL = 0.5  # seconds between two records of one rank, at most
 QUIET = 0.1  # seconds without a step after which a step left pending is written by the writer thread
 SPLIT_EVERY = 0.1  # seconds between two steps whose backward() calls have their end of computation marked (Split)
 # The writer thread never calls into the framework (it reads no loss: its record keeps the one the program's
-# thread read last). It is a daemon thread: one inside a call that lets go of the GIL (a torch tensor's item(),
-# a CUDA event's query()) when the program exits is ended by Python with pthread_exit, whose unwinding through
-# torch's C++ aborts the process ("terminate called without an active exception", exit 134): a job that
-# finished would read as failed.
+# thread read last), and ends at the program's exit before the interpreter does: a daemon thread still there
+# then (one inside torch's item() aborts 20 times of 20) can abort the process ("terminate called without an
+# active exception", exit 134), and a job that finished would read as failed.
 # Seconds between records of a rank that works without stepping (it evaluates: batches, forwards, collectives):
 # the same step, marked "between_steps", so the watchdog sees it busy rather than hung.
 BETWEEN_STEPS = 5.0
@@ -138,14 +137,10 @@ def _batch_size(batch, depth=0):
 
 class Split:
     """Which backward() calls have their end of computation marked (progress_frameworks'
-    `_mark_compute_end`), and how much of the others counts as waiting for gradient collectives.
-
-    A mark makes the autograd engine call back into Python: about 30 us of CPU a backward here, more
-    where the engine runs on a device's thread, which a short step would pay every time. So the
-    backwards of one step every SPLIT_EVERY seconds are marked, and those of the steps between are
-    split as that step's were, in proportion: a step's backwards differ (under gradient accumulation
-    only its last waits for DDP's all-reduce), its steps hardly. Every backward is marked until a
-    first step ends, and in a program without optimizer steps."""
+    `_mark_compute_end`: the autograd engine calls back into Python, ~30 us of CPU a backward here):
+    those of one step every SPLIT_EVERY seconds (all until a first step ends). The steps between are
+    split as that step was, in proportion: a step's backwards differ (under gradient accumulation
+    only the last waits for DDP's all-reduce), its steps hardly."""
 
     def __init__(self):
         self.marking = True  # the backwards of the step under way are marked
@@ -172,7 +167,6 @@ class Split:
 
 class Reporter:
     """One rank's progress: what the instrumented calls tell it, written as records."""
-
     def __init__(self, environ=os.environ):
         from time import perf_counter, time
         self.perf, self.wall = perf_counter, time
@@ -359,8 +353,16 @@ class Reporter:
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._forked)
         import atexit
-        atexit.register(self.flush)
+        atexit.register(self._exit)
         self._start_thread()
+
+    def _exit(self):
+        """At exit: the writer thread ended (a daemon thread left at finalization can abort it: QUIET), then a flush."""
+        writer, self.thread = self.thread, None
+        if writer is not None and writer.is_alive():
+            self.wake.set()
+            writer.join(1.0)
+        self.flush()
 
     def _start_thread(self):
         import threading
@@ -431,7 +433,8 @@ class Reporter:
             self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
             if self.child is None:
                 self.child = _launched_elsewhere()
-        if self._program_writes():
+        program_writes, self.seen = _program_record(self.fd, self.seen, self.rank)
+        if program_writes:
             self.on = False  # its own records from now on: nothing more of ours
             return
         import json
@@ -445,30 +448,29 @@ class Reporter:
         if not between_steps:
             self._reset_window()
 
-    def _program_writes(self):
-        """The file holds a record of the program's own for this rank (read from where we left off)."""
-        size = os.fstat(self.fd).st_size
-        if size <= self.seen:
-            return False
-        if size - self.seen > (1 << 20):  # far behind: look at the last part only
-            self.seen = size - (1 << 20)
-        data = os.pread(self.fd, size - self.seen, self.seen)
-        end = data.rfind(b"\n")
-        if end < 0:
-            return False
-        self.seen += end + 1
-        for line in data[:end].split(b"\n"):
-            if not line.strip() or b'"source": "auto"' in line:
-                continue
-            import json
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and rec.get("source") != AUTO and rec.get("rank", self.rank) in (
-                    self.rank, str(self.rank)):
-                return True
-        return False
+def _program_record(fd, seen, rank):
+    """(the file holds a record of the program's own for `rank`, bytes read): read on from `seen`."""
+    size = os.fstat(fd).st_size
+    if size <= seen:
+        return False, seen
+    if size - seen > (1 << 20):  # far behind: look at the last part only
+        seen = size - (1 << 20)
+    data = os.pread(fd, size - seen, seen)
+    end = data.rfind(b"\n")
+    if end < 0:
+        return False, seen
+    seen += end + 1
+    for line in data[:end].split(b"\n"):
+        if not line.strip() or b'"source": "auto"' in line:
+            continue
+        import json
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("source") != AUTO and rec.get("rank", rank) in (rank, str(rank)):
+            return True, seen
+    return False, seen
 
 
 def _launched_elsewhere():

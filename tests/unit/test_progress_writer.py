@@ -58,3 +58,22 @@ def test_the_writer_thread_writes_a_quiet_step_without_reading_the_loss(tmp_path
         assert "fabtrain-progress" not in first.readers + second.readers + third.readers
     finally:
         r.on = False
+
+
+def test_at_exit_the_writer_thread_ends_before_the_pending_step_is_written(tmp_path):
+    """The exit handler ends the writer thread first: no daemon thread of the hook is left when the interpreter
+    finalizes (one left there can abort the process, exit 134), and the last step is still written."""
+    path = tmp_path / "m.jsonl"
+    r = progress.Reporter({progress.ENV_METRICS: str(path), "RANK": "0"})
+    try:
+        r.backward(Loss(2.0), 0.001, r.perf())
+        r.step()
+        writer = r.thread
+        assert writer is not None and writer.is_alive()
+        r.backward(Loss(1.0), 0.001, r.perf())
+        r.step()  # not due: pending
+        r._exit()  # what atexit calls
+        assert not writer.is_alive() and r.thread is None
+        assert records(path)[-1]["step"] == 2
+    finally:
+        r.on = False
