@@ -120,17 +120,15 @@ def _number(v):
 
 def _batch_size(batch, depth=0):
     """The leading dimension of a batch: its first tensor's (a tensor, a list/tuple or a dict of them)."""
+    if isinstance(batch, (list, tuple)):  # the commonest, (inputs, targets): first, as it has no shape to look up
+        return _batch_size(batch[0], depth + 1) if batch and depth <= 2 else None
     shape = getattr(batch, "shape", None)
     if shape is not None:
         try:
             return int(shape[0]) if len(shape) else None
         except (TypeError, ValueError, IndexError):
             return None
-    if depth > 2:
-        return None
-    if isinstance(batch, (list, tuple)) and batch:
-        return _batch_size(batch[0], depth + 1)
-    if isinstance(batch, dict) and batch:
+    if isinstance(batch, dict) and batch and depth <= 2:
         return _batch_size(next(iter(batch.values())), depth + 1)
     return None
 
@@ -253,17 +251,21 @@ class Reporter:
         # swaps a leaf's data between steps, as the reference pserver trainer does, fails its backward).
         self.loss_tensor = tensor.detach() if hasattr(tensor, "detach") else tensor
         waited = self.split.backward(seconds, waited)
-        self.add(BACKWARD, seconds - waited, t0)
-        if waited:
-            self.add(COMM, waited, t0)
+        if self.first_activity is None:  # add(), twice, inline: this runs every step
+            self.first_activity = t0
+        self.pending[BACKWARD] += seconds - waited
+        self.pending[COMM] += waited
+        self.active = t0
 
-    def step(self, optimizer=None, report=True):
+    def step(self, optimizer=None, report=True, began=None):
         """An optimizer step ended: close the step's timing; write a record if one is due (`report`:
-        False where a framework reports its own steps)."""
+        False where a framework reports its own steps; `began`: perf time the optimizer's step began)."""
         if not self.on:
             return
         try:
             now = self.perf()
+            if began is not None:
+                self.add(OPTIMIZER, now - began, began)
             if self.lock is None:
                 self._start()
             with self.lock:
@@ -317,12 +319,10 @@ class Reporter:
                 self.values["lr"] = lr
 
     def _read_loss(self, program_thread=True):
-        """The loss of the last backward(): read at once on the CPU. On a CUDA device reading it at once
-        would wait for the device, so a copy to pinned host memory is started on the program's stream and
-        read at a later record, once its event says it has landed: the loss a record shows is then the one
-        of a step up to one INTERVAL earlier. `program_thread`: False at exit (flush), when no copy is worth
-        starting (and a thread other than the program's would start it on another stream, where it could read
-        the tensor before it is computed)."""
+        """The loss of the last backward(): read at once on the CPU. On a CUDA device (reading it would wait
+        for the device) a copy to pinned host memory is started on the program's stream and read at a later
+        record, once its event says it landed: a loss up to one INTERVAL old. `program_thread`: False at exit
+        (flush): no copy started (another thread's stream could read the tensor before it is computed)."""
         if self.loss_copy is not None and self.loss_copy[2].query():
             value, self.loss_copy = _number(self.loss_copy[1]), None
             if value is not None:
@@ -378,9 +378,8 @@ class Reporter:
         self.fd = None
 
     def _quiet_writer(self):
-        """Writes a step left pending once INTERVAL has passed since the last record and the rank has
-        not stepped for QUIET (a rank that steps writes its own records, with the loss it reads). It
-        never calls into the framework: see QUIET."""
+        """Writes a step left pending once INTERVAL has passed since the last record and the rank has not
+        stepped for QUIET (a rank that steps writes its own records). Never calls into the framework: QUIET."""
         me = self.thread
         while self.on and self.thread is me:
             self.wake.wait(QUIET)

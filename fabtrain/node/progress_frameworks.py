@@ -20,11 +20,8 @@ def torch(core, torch):
         r.opt_t0 = perf()
 
     def post(optimizer, args, kwargs):
-        t0 = getattr(r, "opt_t0", None)
-        if t0 is not None:
-            r.add(core.OPTIMIZER, perf() - t0, t0)
-            r.opt_t0 = None
-        r.step(optimizer, report=r.framework not in core.DRIVERS)
+        t0, r.opt_t0 = getattr(r, "opt_t0", None), None
+        r.step(optimizer, report=r.framework not in core.DRIVERS, began=t0)
 
     optim_mod.register_optimizer_step_pre_hook(pre)
     optim_mod.register_optimizer_step_post_hook(post)
