@@ -179,7 +179,10 @@ def test_a_daemon_that_does_not_leave_when_a_rank_fails_is_ended_by_its_nodes_ag
     os.kill(programs[1], signal.SIGKILL)
     if mpirun_dies:  # while its abort runs: once it has begun to take the other ranks down
         wait_for(lambda: not procfs.alive(programs[0]), timeout=5, interval=0.005)
-        os.kill(mpirun, mpirun_dies)
+        try:
+            os.kill(mpirun, mpirun_dies)
+        except ProcessLookupError:  # its abort was quicker (a loaded machine): the daemon is left all the same
+            pass
     assert wait_for(lambda: not job.leftovers(agents=False), timeout=10, interval=0.05), job.describe()
     assert procfs.stat(daemon) is None or procfs.stat(daemon).dead
     orphans = [e for e in events_of(job.jds[2]) if e["kind"] == "orphan"]
