@@ -7,6 +7,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import require, require_import
 from tests.support.procscan import wait_for
 from tests.support.sshd import free_port
@@ -52,7 +54,7 @@ def test_a_rank_with_a_slow_dataset_is_named_for_its_data_loading(local_job):
     assert "STRAGGLER rank 1: data loading" in out.stdout, out.stdout
 
 
-def test_a_rank_with_less_cpu_is_named_for_its_compute_and_equal_ranks_name_none(local_job):
+def test_a_rank_with_less_cpu_is_named_for_its_compute(local_job):
     """Rank 1 moves itself into a cgroup capped at 10% of a core (cgroup v1's cpu controller)."""
     root = Path("/sys/fs/cgroup/cpu")
     require(os.access(root / "cgroup.procs", os.W_OK), "a writable cgroup cpu controller",
@@ -72,7 +74,13 @@ def test_a_rank_with_less_cpu_is_named_for_its_compute_and_equal_ranks_name_none
     finally:
         wait_for(lambda: not (cgroup / "cgroup.procs").read_text().strip(), timeout=10)
         cgroup.rmdir()
-    # The same job without the cap: ranks equally fast, nobody named.
+
+
+@pytest.mark.alone
+def test_equal_ranks_name_no_straggler(local_job):
+    """The same job without the cap: ranks equally fast, nobody named. Alone on the machine: beside another
+    test file's processes on these 2 cores one rank may really get less CPU for seconds (seen in a CI
+    rehearsal), and then naming it is right."""
     equal = start(local_job, 2, "--ddp --width 512", folder="equal")
     assert wait_for(lambda: any((p.get("step_rate") or 0) > 0 for p in (equal.health("n0") or {}).get("processes", [])),
                     timeout=150, interval=0.5), equal.health("n0")
