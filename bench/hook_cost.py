@@ -61,7 +61,7 @@ hook_dir = sys.argv[4]  # a function whose code is in the hook's folder is one o
 patched = {(o, n): f for o in owners for n, f in list(vars(o).items())
            if hasattr(f, "__wrapped__") and getattr(getattr(f, "__code__", None), "co_filename", "").startswith(hook_dir)}
 hooks = (dict(optim_mod._global_optimizer_pre_hooks), dict(optim_mod._global_optimizer_post_hooks))
-if not patched or not all(hooks):
+if not patched or not any(hooks):
     sys.exit("no hook in this program: its patches were not found")
 
 

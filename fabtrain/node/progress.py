@@ -16,7 +16,7 @@ last step on file within ``INTERVAL``)::
 
     {"ts", "step", "rank", "local_rank", "pid", "source": "auto", "framework",
      "step_time", "data_time", "compute_time", "comm_time",   # seconds, means over the steps recorded
-     "forward_time", "backward_time", "optimizer_time",       # where seen (a DDP forward, backward(), step())
+     "forward_time", "backward_time", "optimizer_time",       # where seen (DDP forward, backward(), to step's end)
      "loss", "lr", "epoch", "samples_per_s", "total_steps",   # where known
      "child": true,                                           # a descendant of the process fabtrain started
      ...the framework's own logged names (Lightning, Hugging Face, accelerate)}
@@ -184,7 +184,7 @@ class Reporter:
         self.steps = 0  # optimizer steps of this rank
         self.framework_step = None  # the framework's own global step, where it has one
         self.last_write = float("-inf")  # perf time of the last record
-        self.step_end = None  # perf time of the last step's end
+        self.step_end = self.backward_end = None  # perf time of the last step's end, the last backward()'s
         self.first_activity = None  # perf time of the first timed call: the first step's start
         self.active = None  # perf time of the latest timed call (a batch, a forward, a collective, ...)
         self.values = {}  # loss, lr, epoch, total_steps, the framework's names: the latest known
@@ -255,17 +255,18 @@ class Reporter:
             self.first_activity = t0
         self.pending[BACKWARD] += seconds - waited
         self.pending[COMM] += waited
-        self.active = t0
+        self.active, self.backward_end = t0, t0 + seconds
 
     def step(self, optimizer=None, report=True, began=None):
         """An optimizer step ended: close the step's timing; write a record if one is due (`report`:
-        False where a framework reports its own steps; `began`: perf time the optimizer's step began)."""
+        False where a framework reports its own steps; `began`: perf time the optimizer's part began, the
+        step's backward's end: none if it ended before the last step did)."""
         if not self.on:
             return
         try:
             now = self.perf()
-            if began is not None:
-                self.add(OPTIMIZER, now - began, began)
+            if began is not None and (self.step_end is None or began >= self.step_end):
+                self.pending[OPTIMIZER] += now - began
             if self.lock is None:
                 self._start()
             with self.lock:

@@ -84,3 +84,19 @@ def test_a_fast_loop_marks_one_backward_every_split_every_seconds(tmp_path):
     assert got["grad"] == [2.0 * 3000] * 4  # every backward ran, as without the hook
     records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert records and records[-1]["step"] == 3000
+
+
+def test_the_optimizer_part_runs_from_the_steps_last_backward_to_the_steps_end(tmp_path):
+    """One post-hook on the optimizer's step: its time is counted from the end of the step's backward
+    (under Lightning the step's closure runs forward and backward inside the optimizer's step: not its)."""
+    r = progress.Reporter({progress.ENV_METRICS: str(tmp_path / "m.jsonl"), "RANK": "0"})
+    opt = progress.OPTIMIZER
+    t = r.last_write = r.perf()  # no record due: the window's sums stay to be read
+    r.backward(object(), 0.25, t - 1.0, waited=0.0)  # ended 0.75 s ago
+    began = r.backward_end
+    assert abs(began - (t - 0.75)) < 1e-9
+    r.step(began=began)
+    assert abs(r.sums[opt] - 0.75) < 0.05  # from the backward's end to now
+    r.step(began=began)  # a step with no backward of its own (its backward ended before the last step did)
+    assert abs(r.sums[opt] - 0.75) < 0.05, "nothing added for it"
+    r.on = False
