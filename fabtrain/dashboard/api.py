@@ -159,7 +159,7 @@ def job_view(snap, stale_after: float, ended: dict, now: float | None = None) ->
         "processes": counts, "trainers": trainers, "stale_after": stale_after,
         "stale": [t["name"] for t in trainers if t["stale"]], "unreachable": list(verdict.unreachable),
         "dropped": dropped, "dropped_total": sum(d["count"] for d in dropped.values()),
-        "ports": recorded_ports(snap.cluster, job_id),  # the ports it started with, `auto` ones chosen
+        "ports": recorded_ports(snap.cluster, job_id),  # the ports it started with (`auto` ones: chosen; on Slurm None)
         # on_failure restart: the generation, restarts left, and each restart (marked on the step charts)
         "generation": verdict.generation, "restarts_left": verdict.restarts_left,
         "restarts": [dict(r) for r in getattr(snap, "restarts", ())],

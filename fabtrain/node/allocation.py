@@ -8,7 +8,8 @@ and a fresh secret for the agents to ``<job folder>/secret`` (never on a
 command line), on the filesystem every node shares. Each task finds its node
 index (SLURM_NODEID) and the allocation's hosts (`scontrol show hostnames` of
 SLURM_JOB_NODELIST, their NodeAddr from `scontrol show node`), fills in the
-addresses, the interface gloo/NCCL use and the GPUs Slurm granted: that is
+addresses, the `auto` ports drawn in the allocation (``ports.json``,
+fabtrain/node/allocports.py), the interface gloo/NCCL use and the GPUs Slurm granted: that is
 the Slurm adapter (`SlurmStep`) of THE hosted supervisor (node/hosted.py),
 which starts the part through node ops' start (the same launcher, spawn and
 agent as on SSH nodes), stays until nothing of the job is left on its node
@@ -41,7 +42,7 @@ from fabtrain.node.elsewhere import running_elsewhere
 from fabtrain.node.netcheck import iface_of, resolve
 from fabtrain.node.workspace import job_dir
 
-PLAN = "plan.json"
+PLAN = allocports.PLAN  # the batch shell writes it (slurm/script.py)
 SECRET = "secret"
 TIME_LIMIT = "time-limit"  # left by the batch shell when Slurm's --signal warns of the time limit
 KILLED = "killed"  # node ops' marker: the job was stopped on purpose

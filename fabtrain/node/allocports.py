@@ -24,7 +24,7 @@ from fabtrain.contract import portdraw
 from fabtrain.node import atomic
 from fabtrain.node.netcheck import busy_ports, claimed_ports
 
-PLAN = "plan.json"
+PLAN = "plan.json"  # every node's job.json, as the batch shell wrote it (slurm/script.py)
 BUSY = "busy-ports"  # what the busy step printed: a JSON line a node
 DRAWN = "ports.json"  # {"ports": {setting: port}}: what every node's task fills the tokens with
 

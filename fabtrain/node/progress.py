@@ -53,11 +53,11 @@ import sys
 
 INTERVAL = 0.5  # seconds between two records of one rank, at most
 QUIET = 0.1  # seconds without a step after which a step left pending is written by the writer thread
-SPLIT_EVERY = 0.1  # seconds between two steps whose backward() calls have their end of computation marked (Split)
 # The writer thread never calls into the framework (it reads no loss: its record keeps the one the program's
 # thread read last), and ends at the program's exit before the interpreter does: a daemon thread still there
 # then (one inside torch's item() aborts 20 times of 20) can abort the process ("terminate called without an
 # active exception", exit 134), and a job that finished would read as failed.
+SPLIT_EVERY = 0.1  # seconds between two steps whose backward() calls have their end of computation marked (Split)
 # Seconds between records of a rank that works without stepping (it evaluates: batches, forwards, collectives):
 # the same step, marked "between_steps", so the watchdog sees it busy rather than hung.
 BETWEEN_STEPS = 5.0
@@ -135,7 +135,7 @@ def _batch_size(batch, depth=0):
 
 class Split:
     """Which backward() calls have their end of computation marked (progress_frameworks'
-    `_mark_compute_end`: the autograd engine calls back into Python, ~30 us of CPU a backward here):
+    `_mark_compute_end`: the autograd engine calls back into Python, 15 to 30 us of CPU a backward here):
     those of one step every SPLIT_EVERY seconds (all until a first step ends). The steps between are
     split as that step was, in proportion: a step's backwards differ (under gradient accumulation
     only the last waits for DDP's all-reduce), its steps hardly."""
@@ -260,13 +260,13 @@ class Reporter:
     def step(self, optimizer=None, report=True, began=None):
         """An optimizer step ended: close the step's timing; write a record if one is due (`report`:
         False where a framework reports its own steps; `began`: perf time the optimizer's part began, the
-        step's backward's end: none if it ended before the last step did)."""
+        step's backward's end, or the last step's end if later: a second optimizer after one backward)."""
         if not self.on:
             return
         try:
             now = self.perf()
-            if began is not None and (self.step_end is None or began >= self.step_end):
-                self.pending[OPTIMIZER] += now - began
+            if began is not None:
+                self.pending[OPTIMIZER] += now - (began if self.step_end is None else max(began, self.step_end))
             if self.lock is None:
                 self._start()
             with self.lock:
@@ -322,8 +322,8 @@ class Reporter:
     def _read_loss(self, program_thread=True):
         """The loss of the last backward(): read at once on the CPU. On a CUDA device (reading it would wait
         for the device) a copy to pinned host memory is started on the program's stream and read at a later
-        record, once its event says it landed: a loss up to one INTERVAL old. `program_thread`: False at exit
-        (flush): no copy started (another thread's stream could read the tensor before it is computed)."""
+        record, once its event says it landed: a loss up to one INTERVAL old. `program_thread`: False in a flush
+        (at exit): no copy started, as no later record would read it."""
         if self.loss_copy is not None and self.loss_copy[2].query():
             value, self.loss_copy = _number(self.loss_copy[1]), None
             if value is not None:

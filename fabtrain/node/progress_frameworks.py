@@ -41,7 +41,7 @@ def torch(core, torch):
     def backward(self, *args, **kwargs):
         t0 = perf()
         compute_end, handle = [], None
-        if engine is not None and r.split.marking and getattr(self, "grad_fn", None) is not None:
+        if engine is not None and r.on and r.split.marking and getattr(self, "grad_fn", None) is not None:
             handle = _mark_compute_end(engine, self.grad_fn, compute_end, perf)
         try:
             out = orig_backward(self, *args, **kwargs)
@@ -69,21 +69,43 @@ def torch(core, torch):
         atexit.register(_let_collective_threads_finish, r)
 
 
-EXIT_GRACE = 0.02  # seconds: (_let_collective_threads_finish)
+EXIT_GRACE = 0.02  # seconds the GIL is let go at exit at least, and then while another thread is runnable ...
+EXIT_WAIT_MAX = 0.5  # ... up to this (_let_collective_threads_finish)
 
 
 def _let_collective_threads_finish(r):
-    """At exit, once the program trained: the GIL let go for EXIT_GRACE before the interpreter finalizes. A
-    collective's worker thread (gloo's) drops its last reference to the work it ran a moment after the
-    work is done; that work holds the Python context torch keeps with a backward, and its release needs the
-    GIL: after finalization has begun, the thread cannot take it and the process aborts ("terminate called
-    without an active exception", exit 134), whether or not the program destroyed its process group
-    (pytorch/pytorch#190489). Measured without the hook: 11 pairs of ranks in 30 of tests/programs/ddp_exit.py
-    (which exits right after its last step) had a rank abort, and 3 torchrun DDP jobs of 20 steps in 17 on
-    busy cores; with the hook, none (tests/local/test_progress_exit.py)."""
-    if r.first_activity is not None:
-        from time import sleep
-        sleep(EXIT_GRACE)
+    """At exit, once the program trained: the GIL let go before the interpreter finalizes, EXIT_GRACE and
+    then while another thread of the process waits for a CPU (up to EXIT_WAIT_MAX). A collective's worker
+    thread (gloo's) drops its last reference to the work it ran a moment after the work is done; that
+    reference holds a Python object (the context torch keeps with a backward), and its release needs the
+    GIL: once finalization has begun the thread cannot take it and the process aborts ("terminate called
+    without an active exception", exit 134; pytorch/pytorch#190489), even after the program destroyed its
+    process group (which does not join gloo's threads). Busy cores can keep the thread from
+    running for longer than any fixed wait, hence the second part. A mitigation of torch's race: measured
+    without the hook, 11 pairs of ranks in 30 of tests/programs/ddp_exit.py (which exits right after its
+    last step) had a rank abort; with it, none (tests/local/test_progress_exit.py)."""
+    if r.first_activity is None:
+        return
+    import os
+    from time import monotonic, sleep
+    end = monotonic() + EXIT_WAIT_MAX
+    sleep(EXIT_GRACE)
+    while monotonic() < end and _another_thread_runnable(os):
+        sleep(0.005)
+
+
+def _another_thread_runnable(os):
+    """A thread of this process other than this one in state R (running, or waiting for a CPU)."""
+    try:
+        me = str(__import__("threading").get_native_id())
+        for tid in os.listdir("/proc/self/task"):
+            if tid != me:
+                with open("/proc/self/task/%s/stat" % tid, "rb") as f:
+                    if f.read().rsplit(b")", 1)[-1].split()[:1] == [b"R"]:
+                        return True
+    except (OSError, ValueError, AttributeError):  # no /proc (not Linux), a thread gone meanwhile
+        return False
+    return False
 
 
 def _autograd_engine(torch):

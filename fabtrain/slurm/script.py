@@ -1,9 +1,11 @@
 """The batch script of a job: what `fab plan` prints, `fab export --slurm` writes and `fab start-*` submits.
 
 Pure: a Cluster (with `scheduler:`) and its Plan in, text out. The script
-holds the plan of every node (addresses left as @slurm-node-K@ for the
-allocation to fill in) but no secret: the batch shell draws the agents'
-secret into a 0600 file when the job starts. It then runs one step task a
+holds the plan of every node (addresses left as @slurm-node-K@, `auto` ports
+as tokens, for the allocation to fill in) but no secret: the batch shell draws
+the agents' secret into a 0600 file when the job starts. With auto ports it
+runs one step of `python -m fabtrain.node.allocports busy` on every node and
+draws them (ports.json). It then runs one step task a
 node, `python -m fabtrain.node.allocation <job folder>`, from the deployed
 runtime, and passes Slurm's time-limit warning (SIGUSR1 to the batch shell,
 `--signal=B:USR1@term_before`) on as the job folder's `time-limit` file.

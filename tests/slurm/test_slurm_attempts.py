@@ -184,6 +184,12 @@ def test_auto_ports_are_drawn_in_each_attempts_allocation_among_the_ports_free_t
         job.requeued_and_back()
         assert wait_for(lambda: len(job.starts(0)) == 2, timeout=60), job.describe()
         second = drawn_ports(job)
+        # Every node reported the ports this test holds as busy (the stand-in nodes share 127.0.0.1), and the
+        # draw kept off them (tests/unit/test_allocports.py: the draw never takes a port reported busy).
+        reports = [json.loads(line) for line in
+                   (job.ws / "slurm" / job.job_id / "busy-ports").read_text().splitlines()]
+        assert sorted(r["node"] for r in reports) == [0, 1, 2], reports
+        assert all(set(first.values()) <= set(r["busy"]) for r in reports), (first, reports)
         assert not set(second.values()) & set(first.values()), (first, second)
         assert job.running(), job.describe()
         assert json.loads((job.jd(1) / "job.json").read_text())["watchdog"]["coordinator"]["port"] == \

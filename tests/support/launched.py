@@ -38,16 +38,29 @@ def read_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def hook_folder(jd: Path) -> Path:
+    """The launcher's sitecustomize.py and the progress hook's files, in a job directory as node ops writes
+    them: a program with this folder first on PYTHONPATH runs under the hook."""
+    hook = Path(launch.hook_dir(str(jd)))
+    hook.mkdir(parents=True, exist_ok=True)
+    (hook / "sitecustomize.py").write_text(launch.STACK_HOOK)
+    for name, text in progress.sources().items():
+        (hook / name).write_text(text)
+    return hook
+
+
+def unlaunched_env() -> dict:
+    """This process's environment without fabtrain's, Python's and a rank's variables."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("FABTRAIN_", "RANK", "LOCAL_RANK", "PYTHON"))}
+
+
 def launched(tmp_path: Path, argv: list[str], metrics, **env) -> subprocess.CompletedProcess:
     """argv through the real launcher, in a job directory laid out as node ops lays it out."""
     jd = tmp_path / "job"
-    hook = Path(launch.hook_dir(str(jd)))
-    hook.mkdir(parents=True, exist_ok=True)
+    hook_folder(jd)
     (jd / "run").mkdir(exist_ok=True)
-    for name, text in progress.sources().items():
-        (hook / name).write_text(text)
     (jd / SCRIPT).write_text(launch.source())
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FABTRAIN_", "RANK", "LOCAL_RANK", "PYTHON"))}
+    clean = unlaunched_env()
     clean.update(FABTRAIN_METRICS=str(metrics), FABTRAIN_RANK="0", **env)
     return subprocess.run([sys.executable, "-I", "-S", str(jd / SCRIPT), "--exit", str(jd / "run" / "t.exit"),
                            "--", sys.executable, *argv], cwd=REPO, env=clean, capture_output=True, text=True,

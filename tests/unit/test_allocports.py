@@ -12,10 +12,12 @@ import pytest
 from fabtrain.config.cluster import parse_cluster
 from fabtrain.contract import portdraw
 from fabtrain.controller import preflight
+from fabtrain.errors import UserError
 from fabtrain.node import allocports
 from fabtrain.plan.plan import Network, make_plan
 from fabtrain.slurm import allocports as submit_side
 from fabtrain.slurm.script import PLAN_END, plan_data, render, template
+from tests.support.sshd import free_port
 from tests.unit.test_slurm_config import BASE
 
 JOB = "20261124-000000-abcd"
@@ -57,6 +59,18 @@ def test_the_tokens_filled_with_any_ports_are_the_plan_made_with_those_ports(mod
                             ROLES, 2.0)
         filled = portdraw.fill({k: v for k, v in data.items() if k != "ports"}, ports)
         assert filled == expected
+
+
+@pytest.mark.parametrize("command", ["python t.py --x={master_port}0", "python t.py --id={rank}{master_port}",
+                                     "python t.py --x={master_port}{rank}"])
+def test_an_auto_port_run_together_with_other_digits_is_one_line_asking_for_a_fixed_port(command):
+    """Such a text moves as a longer number, or keeps a leading zero a token would drop: no token can stand
+    for it, and a wrong argv must never be started."""
+    cluster = auto_cluster("collective", trainer={"command": command, "per_node": 2})
+    with pytest.raises(UserError) as e:
+        symbolic_data(cluster)
+    assert "give that port a fixed number" in str(e.value) and "trainer" in str(e.value).lower(), str(e.value)
+    assert "\n" not in str(e.value)
 
 
 def test_a_plan_without_auto_ports_has_no_tokens_and_no_draw():
@@ -113,20 +127,10 @@ def write_plan(folder, window, nodes=2):
 def test_a_node_reports_the_ports_its_sockets_hold_and_the_draw_keeps_off_them(tmp_path):
     listeners = []
     try:
-        # A window of three ports, two of them held by real listening sockets here.
-        for _ in range(50):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            lo = s.getsockname()[1]
-            s.close()
-            try:
-                listeners = [socket.create_server(("127.0.0.1", p)) for p in (lo, lo + 1)]
-                break
-            except OSError:
-                for s in listeners:
-                    s.close()
-                listeners = []
-        assert listeners, "no two free ports side by side"
+        # A window of three ports, two of them held by real listening sockets here: a block handed out to this
+        # test alone, below the kernel's ephemeral range (no outgoing connection takes the third meanwhile).
+        lo = free_port(["127.0.0.1"])
+        listeners = [socket.create_server(("127.0.0.1", p)) for p in (lo, lo + 1)]
         data = write_plan(tmp_path, (lo, lo + 2))
         lines = [allocports.busy(str(tmp_path), {"SLURM_NODEID": str(i)}) for i in range(2)]
         assert lines[0]["node"] == 0 and lines[1]["node"] == 1

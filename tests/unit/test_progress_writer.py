@@ -40,6 +40,8 @@ def records(path):
 def test_the_writer_thread_writes_a_quiet_step_without_reading_the_loss(tmp_path):
     path = tmp_path / "m.jsonl"
     r = progress.Reporter({progress.ENV_METRICS: str(path), "RANK": "0"})
+    clock = [100.0]
+    r.perf = lambda: clock[0]  # noqa: E731  (the test moves time on, not the machine's load)
     try:
         first, second, third = Loss(2.5), Loss(1.25), Loss(0.5)
         r.backward(first, 0.001, r.perf())
@@ -47,6 +49,7 @@ def test_the_writer_thread_writes_a_quiet_step_without_reading_the_loss(tmp_path
         assert [rec["loss"] for rec in records(path)] == [2.5] and first.readers == [threading.current_thread().name]
         r.backward(second, 0.001, r.perf())
         r.step()  # not due yet: left pending, then the rank is quiet
+        clock[0] += progress.INTERVAL + progress.QUIET
         assert wait_for(lambda: len(records(path)) == 2, timeout=5)  # the writer thread wrote it
         last = records(path)[-1]
         assert last["step"] == 2 and last["loss"] == 2.5  # the loss the program's thread read last
