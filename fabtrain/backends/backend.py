@@ -79,9 +79,13 @@ class Backend:
         text, failed = report.status_text(replies)
         print(text)
         shown = {r.value.job_id for r in replies if r.ok and r.value.job_id}
-        ports = state.recorded_ports(session.cluster.name, shown.pop()) if len(shown) == 1 else None
+        job_id = shown.pop() if len(shown) == 1 else None
+        ports = state.recorded_ports(session.cluster.name, job_id) if job_id else None
         if ports:
-            print(report.ports_text({k: v for k, v in ports.items() if k != "auto"}, ports["auto"]))
+            chosen = {k: v for k, v in ports.items() if k != "auto"}
+            drawn = self.drawn_ports(session, job_id) if None in chosen.values() else {}
+            chosen.update({k: drawn[k] for k, v in chosen.items() if v is None and k in drawn})
+            print(report.ports_text(chosen, ports["auto"], drawn=drawn))
         for line in self.place_lines(session, replies, job):
             print(line)
         fail_if(failed, "status: the job has failed processes or unreachable nodes")
@@ -110,6 +114,11 @@ class Backend:
     def place_lines(self, session: Session, replies, job: str | None) -> list[str]:
         """The place's own word on the job, under fab status's table."""
         return []
+
+    def drawn_ports(self, session: Session, job_id: str) -> dict:
+        """{setting: port} of the `auto` ports the place drew where the controller did not (a Slurm
+        allocation), as far as it can tell now; {}: none."""
+        return {}
 
     def job_to_follow(self, session: Session) -> str | None:
         """The job fab watch follows when none is named: None, the one the nodes run."""

@@ -111,6 +111,9 @@ class SlurmBackend(Backend):
                if r.ok and records.slurm_job(r.value.slurm)}  # as the collector reads it for fab watch
         return jobs.shown_line(session, ran, job_id)
 
+    def drawn_ports(self, session: Session, job_id: str) -> dict:
+        return jobs.drawn_ports(session, job_id)
+
     def job_to_follow(self, session: Session) -> str | None:
         """The job submitted last, though it may still be queued."""
         return jobs.submitted_job(session)

@@ -12,6 +12,7 @@ DUE_RE = re.compile(r"\*\*\* JOB \d+ ON (\S+) CANCELLED AT \S+ DUE TO ([A-Z ]+?)
 NODE_FAILURE = "srun: error: Node failure on "  # srun's word on which node it lost
 NODE_FAILURE_RE = re.compile(re.escape(NODE_FAILURE) + r"(\S+)")
 ATTEMPT_FILE = "attempt.json"  # in the job folder: {"attempt", "attempts", "line"} of the attempt running
+DRAWN_PORTS_FILE = "ports.json"  # in the job folder: {"ports": {setting: port}}, the `auto` ports drawn there
 
 
 def lost_node(text):

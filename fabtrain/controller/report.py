@@ -58,11 +58,14 @@ def plan_text(plan: Plan, notes: list[str] = (), asked: bool = True) -> str:
     return "\n".join(out)
 
 
-def ports_text(ports: dict, auto=()) -> str:
+def ports_text(ports: dict, auto=(), drawn=()) -> str:
     """ports: master_port 29500, pserver_port 23017 (auto), watchdog_port 7180; an `auto` one of None is
-    drawn where the controller does not see it (in a Slurm allocation)."""
-    shown = [f"{k} {v}{' (auto)' if k in auto else ''}" if v is not None else f"{k} auto (drawn in the allocation)"
-             for k, v in ports.items() if v is not None or k in auto]
+    drawn where the controller does not see it (in a Slurm allocation), one in `drawn` was drawn there."""
+    def said(k, v):
+        if v is None:
+            return f"{k} auto (drawn in the allocation)"
+        return f"{k} {v}" + (" (auto, drawn in the allocation)" if k in drawn else " (auto)" if k in auto else "")
+    shown = [said(k, v) for k, v in ports.items() if v is not None or k in auto]
     return "ports: " + ", ".join(shown)
 
 

@@ -21,12 +21,13 @@ import random
 import sys
 
 from fabtrain.contract import portdraw
+from fabtrain.contract import slurm as slurm_output
 from fabtrain.node import atomic
 from fabtrain.node.netcheck import busy_ports, claimed_ports
 
 PLAN = "plan.json"  # every node's job.json, as the batch shell wrote it (slurm/script.py)
 BUSY = "busy-ports"  # what the busy step printed: a JSON line a node
-DRAWN = "ports.json"  # {"ports": {setting: port}}: what every node's task fills the tokens with
+DRAWN = slurm_output.DRAWN_PORTS_FILE  # {"ports": {setting: port}}: what every node's task fills the tokens with
 
 
 def _template(folder):

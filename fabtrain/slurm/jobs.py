@@ -332,6 +332,21 @@ def current_attempt(session: Session, job_id: str) -> str | None:
     return terminal.visible(said) if isinstance(said, str) else None
 
 
+def drawn_ports(session: Session, job_id: str) -> dict:
+    """{setting: port} the allocation drew for the job's `auto` ports (its ports.json, the attempt running
+    or the last); {} before the draw, or from a file that does not say ports."""
+    commands = SlurmCommands(session)
+    out = commands.run(["cat", "--", f"{job_folder(session.cluster, job_id, commands.home())}/{slurm_output.DRAWN_PORTS_FILE}"])
+    try:
+        ports = json.loads(out.stdout).get("ports") if out.ok else None
+    except (ValueError, AttributeError):
+        return {}
+    if not isinstance(ports, dict):
+        return {}
+    return {k: v for k, v in ports.items() if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+            and 1 <= v <= 65535}
+
+
 def stopped_for_time_limit(session: Session, job_id: str) -> bool:
     """The batch shell got Slurm's warning (--signal) and every node stopped its programs."""
     commands = SlurmCommands(session)

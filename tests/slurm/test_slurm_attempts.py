@@ -166,7 +166,7 @@ def test_auto_ports_are_drawn_in_each_attempts_allocation_among_the_ports_free_t
         assert on_node["watchdog"]["coordinator"]["port"] == first["watchdog_port"]
         assert on_node["processes"][0]["env"]["MASTER_PORT"] == str(first["master_port"])
     status = job.fab("status").stdout
-    assert "master_port auto (drawn in the allocation)" in status, status
+    assert f"master_port {first['master_port']} (auto, drawn in the allocation)" in status, status
     # The next attempt draws again, in its own allocation: its ports of the first attempt are now held by
     # another program there (here, this test), and the job must come up on others.
     assert job.slurm.run("scontrol", "requeue", job.slurm_job).returncode == 0

@@ -161,3 +161,15 @@ def test_a_node_that_did_not_report_and_a_full_window_are_each_one_line(tmp_path
                             "that uses it; give a port in cluster.yaml")
     with pytest.raises(SystemExit, match="no auto ports drawn in .*ports.json"):
         allocports.drawn(str(tmp_path), {"ports": {}})
+
+
+def test_fab_status_says_the_ports_the_allocation_drew_and_auto_before_the_draw():
+    from fabtrain.controller.report import ports_text
+    ports = {"master_port": None, "watchdog_port": None, "pserver_port": 7000}
+    assert ports_text(ports, ("master_port", "watchdog_port")) == (
+        "ports: master_port auto (drawn in the allocation), watchdog_port auto (drawn in the allocation), "
+        "pserver_port 7000")
+    drawn = {"master_port": 23817, "watchdog_port": 27402}
+    assert ports_text({**ports, **drawn}, ("master_port", "watchdog_port"), drawn=drawn) == (
+        "ports: master_port 23817 (auto, drawn in the allocation), watchdog_port 27402 (auto, drawn in the "
+        "allocation), pserver_port 7000")
