@@ -81,7 +81,8 @@ class SlurmBackend(Backend):
 
         st = jobs.wait_for_allocation(session, submitted.slurm_job, show)
         if st.ended and st.state != "COMPLETED":
-            raise Exit(f"job {submitted.job_id}: slurm job {submitted.slurm_job} ended {st.state} before it ran; "
+            # Ended before a look saw it running: it may have run (a program that fails at once) or not.
+            raise Exit(f"job {submitted.job_id}: slurm job {submitted.slurm_job} has already ended {st.state}; "
                        "see `fab status`", code=1)
 
     def kill_all(self, session: Session, grace: float) -> None:

@@ -126,7 +126,7 @@ def test_kill_all_after_the_end_keeps_what_happened(job):
     assert "kill-all" not in after.stdout, after.stdout
 
     job.configure("python resumable.py --period 0.1 --steps 5 --no-such-flag")  # exits 2 at once
-    job.submit()
+    job.submit("--no-wait")  # (the job can end between two of the start's looks: it says so, and exits 1)
     assert job.wait_state("FAILED", "COMPLETED", "CANCELLED", timeout=60) == "FAILED", job.describe()
     before = job.fab("status")
     assert before.returncode == 1 and "exited with code 2" in before.stdout, before.stdout
