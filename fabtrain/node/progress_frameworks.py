@@ -86,24 +86,27 @@ def _let_collective_threads_finish(r):
     last step) had a rank abort; with it, none (tests/local/test_progress_exit.py)."""
     if r.first_activity is None:
         return
-    import os
     from time import monotonic, sleep
     end = monotonic() + EXIT_WAIT_MAX
     sleep(EXIT_GRACE)
-    while monotonic() < end and _another_thread_runnable(os):
+    while monotonic() < end and _another_thread_runnable():
         sleep(0.005)
 
 
-def _another_thread_runnable(os):
-    """A thread of this process other than this one in state R (running, or waiting for a CPU)."""
+def _another_thread_runnable():
+    """A thread of this process other than this one in state R (running, or waiting for a CPU). Read here,
+    not through fabtrain/node/procfs.py: this file runs inside the user's program, beside the hook, without
+    the fabtrain package."""
+    import os
+    import threading
     try:
-        me = str(__import__("threading").get_native_id())
+        me = str(threading.get_native_id())
         for tid in os.listdir("/proc/self/task"):
             if tid != me:
                 with open("/proc/self/task/%s/stat" % tid, "rb") as f:
                     if f.read().rsplit(b")", 1)[-1].split()[:1] == [b"R"]:
                         return True
-    except (OSError, ValueError, AttributeError):  # no /proc (not Linux), a thread gone meanwhile
+    except (OSError, ValueError):  # no /proc (not Linux), a thread gone meanwhile
         return False
     return False
 
