@@ -321,26 +321,28 @@ def lost_node(session: Session, job_id: str, slurm_job: str) -> str | None:
     return terminal.visible(lost) if lost else None
 
 
+def _folder_json(session: Session, job_id: str, name: str) -> dict:
+    """A JSON object the job's Slurm attempts leave in its folder, as the controller reaches it; {}: none yet,
+    or not an object."""
+    commands = SlurmCommands(session)
+    out = commands.run(["cat", "--", f"{job_folder(session.cluster, job_id, commands.home())}/{name}"])
+    try:
+        said = json.loads(out.stdout) if out.ok else None
+    except ValueError:
+        return {}
+    return said if isinstance(said, dict) else {}
+
+
 def current_attempt(session: Session, job_id: str) -> str | None:
     """"attempt 2 of 4: requeued after preemption" once a requeued job's next Slurm attempt started, else None."""
-    commands = SlurmCommands(session)
-    out = commands.run(["cat", "--", f"{job_folder(session.cluster, job_id, commands.home())}/{slurm_output.ATTEMPT_FILE}"])
-    try:
-        said = json.loads(out.stdout).get("line") if out.ok else None
-    except (ValueError, AttributeError):
-        return None
+    said = _folder_json(session, job_id, slurm_output.ATTEMPT_FILE).get("line")
     return terminal.visible(said) if isinstance(said, str) else None
 
 
 def drawn_ports(session: Session, job_id: str) -> dict:
     """{setting: port} the allocation drew for the job's `auto` ports (its ports.json, the attempt running
     or the last); {} before the draw, or from a file that does not say ports."""
-    commands = SlurmCommands(session)
-    out = commands.run(["cat", "--", f"{job_folder(session.cluster, job_id, commands.home())}/{slurm_output.DRAWN_PORTS_FILE}"])
-    try:
-        ports = json.loads(out.stdout).get("ports") if out.ok else None
-    except (ValueError, AttributeError):
-        return {}
+    ports = _folder_json(session, job_id, slurm_output.DRAWN_PORTS_FILE).get("ports")
     if not isinstance(ports, dict):
         return {}
     return {k: v for k, v in ports.items() if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
