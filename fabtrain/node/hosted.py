@@ -201,7 +201,8 @@ def run(host):
     signals = Signals()
     job, agent, roles = host.part()
     ws = os.path.abspath(os.path.expanduser(job["workspace"]))
-    payload = {"job": dict(job, workspace=ws), "roles": roles}
+    # together: the platform starts every node's part at once, so nothing here waits for the coordinator.
+    payload = {"job": dict(job, workspace=ws), "roles": roles, "together": True}
     if agent:
         payload["agent"] = agent
     try:

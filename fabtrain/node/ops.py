@@ -106,19 +106,26 @@ def live_job_processes(jd, procs=None):
     return [name for name, run in run_records(jd) if procfs.alive(run["pid"], run.get("create_time"), procs)]
 
 
-def start_agent(agent, job, jd, ws, base_env, warnings, leases=(), tell_listening=False):
-    """Start the agent; on the node that hosts the coordinator, first, and only once it holds the port
-    (then, if tell_listening, print COORDINATOR_LISTENS: node ops' streamed line to the controller).
+def hosts_coordinator(job):
+    """This node runs the job's coordinator (the agent of the plan's first node)."""
+    return (job.get("nodes") or [{}])[0].get("name") == job["node"]
 
-    Agents refuse a coordinator that cannot prove the job's secret, so a job whose
-    coordinator cannot listen (another program on job.watchdog.port) has none:
-    that fails the start here, before any of the job's processes runs.
-    """
+
+def start_agent(agent, jd, ws, base_env, leases=()):
+    """Start the agent: (its Popen, its run record, where events.jsonl ended before it: what
+    await_coordinator reads from)."""
     events = JobFolder(jd).events
     offset = os.path.getsize(events) if os.path.exists(events) else 0
     p, record = spawn(agent, ws, base_env, leases=leases)
-    if (job.get("nodes") or [{}])[0].get("name") != job["node"]:
-        return p, record
+    return p, record, offset
+
+
+def await_coordinator(p, offset, agent, job, jd, ws, warnings, tell_listening=False):
+    """On the node that hosts the coordinator, until the agent holds its port (then, if tell_listening,
+    print COORDINATOR_LISTENS: node ops' streamed line to the controller). Agents refuse a coordinator
+    that cannot prove the job's secret, so a job whose coordinator cannot listen (another program on
+    job.watchdog.port) has none: UserFacing, the agent's reason."""
+    events = JobFolder(jd).events
     deadline = time.time() + 15
     while time.time() < deadline:
         kinds = {ev.get("kind"): ev.get("reason") for ev in read_events(events, offset)}
@@ -127,14 +134,30 @@ def start_agent(agent, job, jd, ws, base_env, warnings, leases=(), tell_listenin
                 # this start goes on with the node's own processes and their settle time
                 sys.stdout.write(COORDINATOR_LISTENS + "\n")
                 sys.stdout.flush()
-            return p, record
+            return
         if p.poll() is not None:
-            why = kinds.get(EventKind.COORDINATOR_ERROR) or "the agent exited at once with code %s: %s" % (
-                p.returncode, " | ".join(tail_lines(expand(agent["log"], ws), 3)))
-            raise UserFacing("%s; nothing of job %s was started here" % (why, job["job_id"]))
-        time.sleep(0.05)
+            raise UserFacing(kinds.get(EventKind.COORDINATOR_ERROR) or "the agent exited at once with code %s: %s" % (
+                p.returncode, " | ".join(tail_lines(expand(agent["log"], ws), 3))))
+        time.sleep(0.02)
     warnings.append("the agent has not started its coordinator within 15 s (see `fab status`)")
-    return p, record
+
+
+def _agent_first(payload, agent, job, jd, ws, base_env, leases, warnings):
+    """Start the agent before the programs: (its Popen, its run record, what to await its coordinator with
+    once the programs started, or None)."""
+    runtime.install(expand(agent["cwd"], ws))  # a job never runs without its agent: no deploy needed
+    p, record, offset = start_agent(agent, jd, ws, base_env, leases)
+    if not hosts_coordinator(job):
+        return p, record, None
+    if payload.get("together"):
+        return p, record, (p, offset)
+    # The controller starts the other nodes once it listens: on the coordinator's node the programs
+    # start after it too, so a job without a coordinator starts nowhere.
+    try:
+        await_coordinator(p, offset, agent, job, jd, ws, warnings, payload.get("tell_listening", False))
+    except UserFacing as e:
+        raise UserFacing("%s; nothing of job %s was started here" % (e, job["job_id"]))
+    return p, record, None
 
 
 def op_start(payload):
@@ -200,10 +223,11 @@ def _start_leased(payload, job, ws, jd, leases, warnings):
     started, failed, by_name = [], [], {}
     agent = payload.get("agent")
     fds = tuple(leases.values())
+    coordinator = None  # the agent whose coordinator is awaited after the programs started (together)
     if agent and "agent" not in already:
-        runtime.install(expand(agent["cwd"], ws))  # a job never runs without its agent: no deploy needed
         by_name[agent["name"]] = agent
-        started.append(start_agent(agent, job, jd, ws, base_env, warnings, fds, payload.get("tell_listening", False)))
+        p, record, coordinator = _agent_first(payload, agent, job, jd, ws, base_env, fds, warnings)
+        started.append((p, record))
     for proc in wanted:
         by_name[proc["name"]] = proc
         try:
@@ -211,6 +235,17 @@ def _start_leased(payload, job, ws, jd, leases, warnings):
         except OSError as e:
             failed.append(NotStarted(name=proc["name"], exit_code=127,
                                      log=["cannot start %s: %s" % (proc["launch"][0], e.strerror)]))
+    if coordinator:
+        # "together" (a hosted platform: a Slurm step, a pod): every node starts at once, the other nodes'
+        # programs without waiting for this one's coordinator, so this node's do not wait either (the
+        # agent's start is then off the path to the first step). Without a coordinator the job cannot
+        # run: what started here is stopped as a failed start, and the platform's step fails.
+        try:
+            await_coordinator(*coordinator, agent, job, jd, ws, warnings)
+        except UserFacing as e:
+            op_kill({"workspace": ws, "job_id": job["job_id"], "by": START_FAILED, "reason": str(e),
+                     "node": job["node"], "grace": float(job["watchdog"].get("grace", STOP_GRACE))})
+            raise UserFacing("%s; what had started of job %s here was stopped" % (e, job["job_id"]))
     name_programs(started, ws, by_name, time.time() + PROGRAM_WAIT)
 
     # A program that cannot start (not found, bad flag) usually dies at once:

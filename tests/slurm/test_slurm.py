@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -340,3 +341,28 @@ def test_a_job_cancelled_in_slurm_by_hand_says_so_and_never_reads_as_kill_all(jo
     assert status.returncode == 1 and "cancelled in Slurm (scancel)" in status.stdout, status.stdout
     assert "kill-all" not in status.stdout, status.stdout
     assert not [e for i in range(3) for e in job.events(i) if "kill-all" in json.dumps(e)]
+
+
+def test_a_coordinator_that_cannot_listen_fails_the_job_and_stops_what_started(job):
+    # Every node's part starts at once in an allocation: the coordinator's node starts its trainer without
+    # waiting for its agent to listen. Another program holds the watchdog port, so the agent cannot: that
+    # node's start fails as a failed start, what it had started is stopped, and the step fails the job.
+    job.configure("python standin.py --period 0.2")
+    port = yaml.safe_load(job.path.read_text())["job"]["watchdog"]["port"]
+    squatter = socket.create_server(("127.0.0.1", port))
+    try:
+        job.submit("--no-wait")
+        assert job.wait_state("FAILED", "COMPLETED", "CANCELLED", timeout=60) == "FAILED", job.describe()
+        assert wait_for(lambda: not job.leftovers(), timeout=10), job.leftovers()
+    finally:
+        squatter.close()
+    # The trainer of node0 did start (not after its coordinator) and was stopped by the failed start.
+    assert (job.jd(0) / "run" / "trainer-0.json").exists()
+    failed = [e for e in job.events(0) if e["kind"] == "start_failed"]
+    assert failed and f"cannot listen on 127.0.0.1:{port}" in failed[0]["reason"], job.events(0)
+    said = job.slurm_output()
+    assert f"cannot listen on 127.0.0.1:{port}" in said and "what had started of job" in said, said
+    status = job.fab("status")
+    assert status.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in status.stdout, status.stdout
+    assert "Traceback" not in status.stdout + status.stderr + said
+    job.configure("python allreduce.py")
