@@ -17,7 +17,7 @@ three slurmd on this machine), the same 3-rank torch gloo program
 
 Prints each trial, the medians and fabtrain / baseline. With --auto-ports each
 trial also runs fabtrain with `master_port: auto` and `watchdog.port: auto`,
-which are drawn inside the allocation (one more Slurm step before the job's).
+which are drawn inside the allocation (by the job's step tasks, before they start anything).
 
     .venv/bin/python bench/slurm.py [--trials 3] [--period 0.2] [--auto-ports]
 """

@@ -8,8 +8,10 @@ and a fresh secret for the agents to ``<job folder>/secret`` (never on a
 command line), on the filesystem every node shares. Each task finds its node
 index (SLURM_NODEID) and the allocation's hosts (`scontrol show hostnames` of
 SLURM_JOB_NODELIST, their NodeAddr from `scontrol show node`), fills in the
-addresses, the `auto` ports drawn in the allocation (``ports.json``,
-fabtrain/node/allocports.py), the interface gloo/NCCL use and the GPUs Slurm granted: that is
+addresses, the `auto` ports drawn in the allocation (each task reports its
+node's busy ports and node 0's task draws them, ``ports.json``:
+fabtrain/node/allocports.py), the interface gloo/NCCL use and the GPUs Slurm
+granted: that is
 the Slurm adapter (`SlurmStep`) of THE hosted supervisor (node/hosted.py),
 which starts the part through node ops' start (the same launcher, spawn and
 agent as on SSH nodes), stays until nothing of the job is left on its node
@@ -254,7 +256,7 @@ class SlurmStep(hosted.Host):
             secret = None
         index = int(self.environ["SLURM_NODEID"])
         job, agent = node_part(template, index, allocation_hosts(self.environ["SLURM_JOB_NODELIST"]), secret,
-                               self.environ, ports=allocports.drawn(self.folder, template))
+                               self.environ, ports=allocports.report_and_draw(self.folder, self.environ, template))
         self.node = job["node"]
         print("fabtrain job %s: %s is %s (Slurm node %s)" % (job["job_id"], job["node"], platform.node(),
                                                               job["slurm"]["node"]), flush=True)

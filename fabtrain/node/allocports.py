@@ -1,24 +1,22 @@
-"""`auto` ports drawn inside a Slurm allocation, before the job's step starts.
+"""`auto` ports drawn inside a Slurm allocation, by the job's own step, before anything of the job starts.
 
-    python -m fabtrain.node.allocports busy <job folder>   a Slurm step, one task a node: this node's
-                                                           busy ports, one JSON line on stdout
-    python -m fabtrain.node.allocports draw <job folder>   the batch shell: reads those lines
-                                                           (busy-ports), writes ports.json
-
-The batch script (fabtrain/slurm/script.py) runs both when its plan has
-tokens where an `auto` port goes (fabtrain/slurm/allocports.py made them at
-submit, when no node was known). Each node says which ports in the window a
-socket holds or another fabtrain job on it has claimed; the batch shell then
-draws each setting's port free on every node it is used on (contract/
-portdraw.py, the draw an SSH job's controller uses) and leaves them in the
-job folder, where each node's task (allocation.py) reads them to fill the
-tokens in. Each Slurm attempt draws again: its nodes may be others.
-Standard library only.
+The batch script's plan (fabtrain/slurm/script.py) holds tokens where an
+`auto` port goes (fabtrain/slurm/allocports.py made them at submit, when no
+node was known). Each node's step task (allocation.py) first says which ports
+in the window a socket holds on its node or another fabtrain job there has
+claimed (``busy-<K>.json`` in the shared job folder, K its index in the
+allocation); node 0's task waits for every node's file, draws each setting's
+port free on every node it is used on (contract/portdraw.py, the draw an SSH
+job's controller uses) and leaves the result in ``ports.json``, which every
+task waits for and fills its tokens in from. No step of its own: the draw
+costs the start a few file reads, not another srun and two Python starts.
+Each Slurm attempt draws again (the batch shell removes the last attempt's
+files): its nodes may be others. Standard library only.
 """
 import json
 import os
 import random
-import sys
+import time
 
 from fabtrain.contract import portdraw
 from fabtrain.contract import slurm as slurm_output
@@ -26,7 +24,9 @@ from fabtrain.node import atomic
 from fabtrain.node.netcheck import busy_ports, claimed_ports
 
 PLAN = "plan.json"  # every node's job.json, as the batch shell wrote it (slurm/script.py)
-BUSY = "busy-ports"  # what the busy step printed: a JSON line a node
+BUSY = "busy-%d.json"  # a node's busy ports, by its index: {"node": K, "busy": [port, ...]}
+WAIT = 120  # seconds a task waits for the other nodes' reports (node 0) or the draw (the others)
+POLL = 0.01
 DRAWN = slurm_output.DRAWN_PORTS_FILE  # {"ports": {setting: port}}: what every node's task fills the tokens with
 
 
@@ -38,7 +38,7 @@ def _template(folder):
 
 
 def busy(folder, environ):
-    """This node's line: {"node": its index in the allocation, "busy": the ports in the window held here}."""
+    """This node's report: {"node": its index in the allocation, "busy": the ports in the window held here}."""
     template = _template(folder)
     index = int(environ["SLURM_NODEID"])
     lo, hi = template["ports"]["window"]
@@ -49,22 +49,24 @@ def busy(folder, environ):
     return {"node": index, "busy": sorted(p for p in held if lo <= p <= hi)}
 
 
+def reports(folder, nodes):
+    """{node index: its busy ports} of every node that has reported (a malformed file is not a report)."""
+    got = {}
+    for index in range(nodes):
+        entry = atomic.read_json(os.path.join(folder, BUSY % index))
+        try:
+            if int(entry["node"]) == index:
+                got[index] = set(int(p) for p in entry["busy"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return got
+
+
 def draw(folder, rng=None):
-    """The ports of the job's `auto` settings, free on every node each is used on, from the busy lines."""
+    """The ports of the job's `auto` settings, free on every node each is used on, from the nodes' reports."""
     template = _template(folder)
     spec, nodes = template["ports"], len(template["nodes"])
-    reported = {}
-    try:
-        with open(os.path.join(folder, BUSY)) as f:
-            lines = f.read().splitlines()
-    except OSError as e:
-        raise SystemExit("fabtrain: cannot read the nodes' busy ports (%s): %s" % (BUSY, e.strerror))
-    for line in lines:
-        try:
-            entry = json.loads(line)
-            reported[int(entry["node"])] = set(int(p) for p in entry["busy"])
-        except (ValueError, KeyError, TypeError):
-            continue  # not a node's line (a message srun added): the node missing below says which
+    reported = reports(folder, nodes)
     missing = [str(i) for i in range(nodes) if i not in reported]
     if missing:
         raise SystemExit("fabtrain: node %s of the allocation did not say which ports it has busy: "
@@ -80,31 +82,46 @@ def draw(folder, rng=None):
                          "give a port in cluster.yaml" % (e.args[0], spec["window"][0], spec["window"][1]))
 
 
+def _wait(ready, seconds):
+    deadline = time.monotonic() + seconds
+    while not ready():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL)
+    return True
+
+
+def report_and_draw(folder, environ, template, wait=WAIT):
+    """This node's part of the draw, in its step task before its part starts: its report, then (node 0)
+    the draw once every node reported, or (the others) the draw's result. Returns {setting: port}."""
+    if "ports" not in template:
+        return {}
+    index, nodes = int(environ["SLURM_NODEID"]), len(template["nodes"])
+    atomic.write_json(os.path.join(folder, BUSY % index), busy(folder, environ))
+    result = os.path.join(folder, DRAWN)
+    if index == 0:
+        _wait(lambda: len(reports(folder, nodes)) == nodes, wait)
+        try:
+            ports = draw(folder)
+        except SystemExit as e:  # said to every node: each task's output names why the job did not start
+            atomic.write_json(result, {"error": str(e)})
+            raise
+        atomic.write_json(result, {"ports": ports})
+        print("fabtrain: auto ports drawn in the allocation: %s" % ", ".join(
+            "%s %d" % (k, v) for k, v in sorted(ports.items())), flush=True)
+    elif not _wait(lambda: os.path.exists(result), wait):
+        raise SystemExit("fabtrain: node 0 of the allocation drew no auto ports within %g s (%s)" % (wait, result))
+    return drawn(folder, template)
+
+
 def drawn(folder, template):
-    """The ports the batch shell drew for this attempt ({} for a plan without auto ports)."""
+    """The ports node 0 drew for this attempt ({} for a plan without auto ports)."""
     if "ports" not in template:
         return {}
     ports = atomic.read_json(os.path.join(folder, DRAWN))
+    if isinstance(ports, dict) and isinstance(ports.get("error"), str):
+        raise SystemExit(ports["error"])
     if not isinstance(ports, dict) or not isinstance(ports.get("ports"), dict):
-        raise SystemExit("fabtrain: no auto ports drawn in %s: the batch script draws them before the job's step"
+        raise SystemExit("fabtrain: no auto ports drawn in %s: node 0's step task draws them before the job starts"
                          % os.path.join(folder, DRAWN))
     return ports["ports"]
-
-
-def main(argv):
-    if len(argv) != 2 or argv[0] not in ("busy", "draw"):
-        print("usage: python -m fabtrain.node.allocports busy|draw <job folder>", file=sys.stderr)
-        return 2
-    folder = argv[1]
-    if argv[0] == "busy":
-        print(json.dumps(busy(folder, os.environ), separators=(",", ":")), flush=True)
-        return 0
-    ports = draw(folder)
-    atomic.write_json(os.path.join(folder, DRAWN), {"ports": ports})
-    print("fabtrain: auto ports drawn in the allocation: %s" % ", ".join(
-        "%s %d" % (k, v) for k, v in sorted(ports.items())), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -2,9 +2,9 @@
 
 At submit nobody knows which nodes the job will get, so the batch script's
 plan holds a token wherever an `auto` port goes (contract/portdraw.py) and
-says where each is listened on (`draw_spec`). In the allocation every node
-reports the ports it has busy (one Slurm step), the batch shell draws among
-those free on every node concerned, and each node's task fills the tokens in
+says where each is listened on (`draw_spec`). In the allocation each node's
+step task reports the ports it has busy, node 0's draws among those free on
+every node concerned, and each task fills the tokens in
 (fabtrain/node/allocports.py).
 
 Where do the tokens go? The plan derives numbers from its ports (trainer

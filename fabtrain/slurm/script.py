@@ -2,10 +2,9 @@
 
 Pure: a Cluster (with `scheduler:`) and its Plan in, text out. The script
 holds the plan of every node (addresses left as @slurm-node-K@, `auto` ports
-as tokens, for the allocation to fill in) but no secret: the batch shell draws
-the agents' secret into a 0600 file when the job starts. With auto ports it
-runs one step of `python -m fabtrain.node.allocports busy` on every node and
-draws them (ports.json). It then runs one step task a
+as tokens, for the allocation to fill in: its step tasks draw them,
+fabtrain/node/allocports.py) but no secret: the batch shell draws the agents'
+secret into a 0600 file when the job starts. It runs one step task a
 node, `python -m fabtrain.node.allocation <job folder>`, from the deployed
 runtime, and passes Slurm's time-limit warning (SIGUSR1 to the batch shell,
 `--signal=B:USR1@term_before`) on as the job folder's `time-limit` file.
@@ -159,12 +158,9 @@ def render(cluster: Cluster, plan: Plan, roles: tuple[str, ...], home: str, grac
              "[ -s \"$folder/secret\" ] || od -An -N16 -tx1 /dev/urandom | tr -d ' \\n' > \"$folder/secret\" || exit 1",
              "# Slurm's warning before the time limit (--signal=B:USR1): every node stops its programs, SIGTERM first.",
              "trap 'touch \"$folder/time-limit\"' USR1",
-             *(["# `auto` ports: drawn here, among those free on every node of the allocation: each node says which",
-                "# of its ports are busy (one step), then the batch shell draws (fabtrain/node/allocports.py).",
-                'rm -f "$folder/ports.json"',
-                f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 --chdir={q(runtime)} \\",
-                f"    {q(python)} -m fabtrain.node.allocports busy \"$folder\" > \"$folder/busy-ports\" || exit 1",
-                f"(cd {q(runtime)} && {q(python)} -m fabtrain.node.allocports draw \"$folder\") || exit 1"]
+             *(["# `auto` ports: the step's tasks draw them, among those free on every node of this attempt's",
+                "# allocation (fabtrain/node/allocports.py): nothing of an earlier attempt's draw counts.",
+                'rm -f "$folder/ports.json" "$folder"/busy-*.json']
                if "ports" in plan_json else []),
              "# A node whose part failed ends the step (--kill-on-bad-exit): a lost or frozen node cannot hold the",
              "# allocation once the agents have torn the job down.",

@@ -186,8 +186,7 @@ def test_auto_ports_are_drawn_in_each_attempts_allocation_among_the_ports_free_t
         second = drawn_ports(job)
         # Every node reported the ports this test holds as busy (the stand-in nodes share 127.0.0.1), and the
         # draw kept off them (tests/unit/test_allocports.py: the draw never takes a port reported busy).
-        reports = [json.loads(line) for line in
-                   (job.ws / "slurm" / job.job_id / "busy-ports").read_text().splitlines()]
+        reports = [json.loads((job.ws / "slurm" / job.job_id / f"busy-{k}.json").read_text()) for k in range(3)]
         assert sorted(r["node"] for r in reports) == [0, 1, 2], reports
         assert all(set(first.values()) <= set(r["busy"]) for r in reports), (first, reports)
         assert not set(second.values()) & set(first.values()), (first, second)

@@ -6,6 +6,8 @@ import json
 import random
 import re
 import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -83,17 +85,17 @@ def test_a_plan_without_auto_ports_has_no_tokens_and_no_draw():
         plan_data(auto, make_plan(auto, JOB, network=preflight.choose_ports(auto, {})), ROLES, 2.0)
 
 
-def test_the_batch_script_draws_before_the_step_and_fab_plan_shows_the_tokens():
+def test_the_batch_script_clears_the_last_draw_and_fab_plan_shows_the_tokens():
     cluster = auto_cluster("collective", trainer={"command": "python train.py --port {master_port}"})
     network = preflight.choose_ports(cluster, {})
     plan = make_plan(cluster, JOB, network=network)
     moved = {s: make_plan(cluster, JOB, network=submit_side.shifted(network, s)) for s in network.auto}
     script = render(cluster, plan, ROLES, "/home/u", moved=moved)
     lines = script.splitlines()
-    busy = next(i for i, line in enumerate(lines) if "-m fabtrain.node.allocports busy" in line)
-    draw = next(i for i, line in enumerate(lines) if "-m fabtrain.node.allocports draw" in line)
+    # The step's own tasks draw (no step of its own): each attempt starts without the last one's files.
+    clear = lines.index('rm -f "$folder/ports.json" "$folder"/busy-*.json')
     step = next(i for i, line in enumerate(lines) if "-m fabtrain.node.allocation" in line)
-    assert lines[busy - 1].startswith("srun ") and busy < draw < step
+    assert clear < step and [line for line in lines if line.startswith("srun ")] == [lines[step - 1]]
     readable = render(cluster, plan, ROLES, "/home/u", readable=True, moved=moved)
     assert "node0 trainer-0: python train.py --port @slurm-port:master_port+0@" in readable
     assert f"<<'{PLAN_END}'" in readable and "the port drawn for S in the allocation" in readable
@@ -124,7 +126,7 @@ def write_plan(folder, window, nodes=2):
     return data
 
 
-def test_a_node_reports_the_ports_its_sockets_hold_and_the_draw_keeps_off_them(tmp_path):
+def test_each_node_reports_the_ports_its_sockets_hold_and_node_0_draws_off_them_for_all(tmp_path):
     listeners = []
     try:
         # A window of three ports, two of them held by real listening sockets here: a block handed out to this
@@ -132,33 +134,41 @@ def test_a_node_reports_the_ports_its_sockets_hold_and_the_draw_keeps_off_them(t
         lo = free_port(["127.0.0.1"])
         listeners = [socket.create_server(("127.0.0.1", p)) for p in (lo, lo + 1)]
         data = write_plan(tmp_path, (lo, lo + 2))
-        lines = [allocports.busy(str(tmp_path), {"SLURM_NODEID": str(i)}) for i in range(2)]
-        assert lines[0]["node"] == 0 and lines[1]["node"] == 1
-        assert {lo, lo + 1} <= set(lines[0]["busy"])
-        (tmp_path / allocports.BUSY).write_text("srun: a line that is not a node's\n" +
-                                                "".join(json.dumps(line) + "\n" for line in lines))
-        assert allocports.main(["draw", str(tmp_path)]) == 0
-        drawn = allocports.drawn(str(tmp_path), data)
-        assert drawn == {"master_port": lo + 2, "watchdog_port": lo + 2}  # one each on nodes 0 and 1
+        # Node 1's task reports and waits for the draw; node 0's waits for node 1's report, then draws.
+        with ThreadPoolExecutor(2) as pool:
+            later = pool.submit(allocports.report_and_draw, str(tmp_path), {"SLURM_NODEID": "1"}, data, 10)
+            time.sleep(0.2)
+            first = allocports.report_and_draw(str(tmp_path), {"SLURM_NODEID": "0"}, data, 10)
+            second = later.result(timeout=10)
+        assert first == second == {"master_port": lo + 2, "watchdog_port": lo + 2}  # one each on nodes 0 and 1
+        reports = [json.loads((tmp_path / (allocports.BUSY % i)).read_text()) for i in range(2)]
+        assert [r["node"] for r in reports] == [0, 1] and all({lo, lo + 1} <= set(r["busy"]) for r in reports)
         assert (tmp_path / allocports.DRAWN).stat().st_mode & 0o777 == 0o600
     finally:
         for s in listeners:
             s.close()
 
 
-def test_a_node_that_did_not_report_and_a_full_window_are_each_one_line(tmp_path):
-    write_plan(tmp_path, (20000, 20001))
-    (tmp_path / allocports.BUSY).write_text(json.dumps({"node": 0, "busy": []}) + "\n")
-    with pytest.raises(SystemExit) as e:
-        allocports.draw(str(tmp_path))
-    assert str(e.value) == ("fabtrain: node 1 of the allocation did not say which ports it has busy: "
-                            "auto ports cannot be drawn")
-    (tmp_path / allocports.BUSY).write_text(json.dumps({"node": 0, "busy": [20000, 20001]}) + "\n" +
-                                            json.dumps({"node": 1, "busy": []}) + "\n")
+def test_a_node_that_did_not_report_and_a_full_window_are_each_one_line_on_every_node(tmp_path):
+    data = write_plan(tmp_path, (20000, 20001))
+    with pytest.raises(SystemExit) as e:  # node 1's task never came
+        allocports.report_and_draw(str(tmp_path), {"SLURM_NODEID": "0"}, data, wait=0.2)
+    said = ("fabtrain: node 1 of the allocation did not say which ports it has busy: "
+            "auto ports cannot be drawn")
+    assert str(e.value) == said
+    with pytest.raises(SystemExit) as e:  # a node that comes late is told why, by the draw's file
+        allocports.report_and_draw(str(tmp_path), {"SLURM_NODEID": "1"}, data, wait=0.2)
+    assert str(e.value) == said
+    (tmp_path / (allocports.BUSY % 0)).write_text(json.dumps({"node": 0, "busy": [20000, 20001]}))
+    (tmp_path / (allocports.BUSY % 1)).write_text(json.dumps({"node": 1, "busy": []}))
     with pytest.raises(SystemExit) as e:
         allocports.draw(str(tmp_path))
     assert str(e.value) == ("fabtrain: auto port master_port: no port in 20000-20001 is free on every node "
                             "that uses it; give a port in cluster.yaml")
+    (tmp_path / allocports.DRAWN).unlink()
+    with pytest.raises(SystemExit) as e:  # node 0 never drew
+        allocports.report_and_draw(str(tmp_path), {"SLURM_NODEID": "1"}, data, wait=0.2)
+    assert str(e.value).startswith("fabtrain: node 0 of the allocation drew no auto ports within 0.2 s")
     with pytest.raises(SystemExit, match="no auto ports drawn in .*ports.json"):
         allocports.drawn(str(tmp_path), {"ports": {}})
 
