@@ -30,16 +30,8 @@ POLL = 0.01
 DRAWN = slurm_output.DRAWN_PORTS_FILE  # {"ports": {setting: port}}: what every node's task fills the tokens with
 
 
-def _template(folder):
-    template = atomic.read_json(os.path.join(folder, PLAN))
-    if not isinstance(template, dict) or not isinstance(template.get("ports"), dict):
-        raise SystemExit("fabtrain: %s: no plan with ports to draw" % os.path.join(folder, PLAN))
-    return template
-
-
-def busy(folder, environ):
+def busy(template, environ):
     """This node's report: {"node": its index in the allocation, "busy": the ports in the window held here}."""
-    template = _template(folder)
     index = int(environ["SLURM_NODEID"])
     lo, hi = template["ports"]["window"]
     workspace = os.path.abspath(os.path.expanduser(template["nodes"][index]["job"]["workspace"]))
@@ -62,11 +54,10 @@ def reports(folder, nodes):
     return got
 
 
-def draw(folder, rng=None):
-    """The ports of the job's `auto` settings, free on every node each is used on, from the nodes' reports."""
-    template = _template(folder)
+def draw(template, reported, rng=None):
+    """The ports of the job's `auto` settings, free on every node each is used on, from the nodes' reports
+    ({node index: its busy ports})."""
     spec, nodes = template["ports"], len(template["nodes"])
-    reported = reports(folder, nodes)
     missing = [str(i) for i in range(nodes) if i not in reported]
     if missing:
         raise SystemExit("fabtrain: node %s of the allocation did not say which ports it has busy: "
@@ -97,12 +88,12 @@ def report_and_draw(folder, environ, template, wait=WAIT):
     if "ports" not in template:
         return {}
     index, nodes = int(environ["SLURM_NODEID"]), len(template["nodes"])
-    atomic.write_json(os.path.join(folder, BUSY % index), busy(folder, environ))
+    atomic.write_json(os.path.join(folder, BUSY % index), busy(template, environ))
     result = os.path.join(folder, DRAWN)
     if index == 0:
         _wait(lambda: len(reports(folder, nodes)) == nodes, wait)
         try:
-            ports = draw(folder)
+            ports = draw(template, reports(folder, nodes))
         except SystemExit as e:  # said to every node: each task's output names why the job did not start
             atomic.write_json(result, {"error": str(e)})
             raise

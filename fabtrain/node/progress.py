@@ -52,12 +52,12 @@ import os
 import sys
 
 INTERVAL = 0.5  # seconds between two records of one rank, at most
+SPLIT_EVERY = 0.1  # seconds between two steps whose backward() calls have their end of computation marked (Split)
 QUIET = 0.1  # seconds without a step after which a step left pending is written by the writer thread
 # The writer thread never calls into the framework (it reads no loss: its record keeps the one the program's
 # thread read last), and ends at the program's exit before the interpreter does: a daemon thread still there
 # then (one inside torch's item() aborts 20 times of 20) can abort the process ("terminate called without an
 # active exception", exit 134), and a job that finished would read as failed.
-SPLIT_EVERY = 0.1  # seconds between two steps whose backward() calls have their end of computation marked (Split)
 # Seconds between records of a rank that works without stepping (it evaluates: batches, forwards, collectives):
 # the same step, marked "between_steps", so the watchdog sees it busy rather than hung.
 BETWEEN_STEPS = 5.0

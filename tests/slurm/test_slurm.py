@@ -365,4 +365,10 @@ def test_a_coordinator_that_cannot_listen_fails_the_job_and_stops_what_started(j
     status = job.fab("status")
     assert status.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in status.stdout, status.stdout
     assert "Traceback" not in status.stdout + status.stderr + said
+    # The port free again, the next job of the same cluster file starts and runs, its coordinator on it.
+    job.submit()
+    assert job.running(), job.describe()
+    assert wait_for(lambda: any(e["kind"] == "agent_started" for e in job.events(0)), timeout=30), job.events(0)
+    job.fab("kill-all", check=True)
+    assert wait_for(lambda: not job.leftovers(), timeout=10), job.leftovers()
     job.configure("python allreduce.py")

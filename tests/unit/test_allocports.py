@@ -162,7 +162,7 @@ def test_a_node_that_did_not_report_and_a_full_window_are_each_one_line_on_every
     (tmp_path / (allocports.BUSY % 0)).write_text(json.dumps({"node": 0, "busy": [20000, 20001]}))
     (tmp_path / (allocports.BUSY % 1)).write_text(json.dumps({"node": 1, "busy": []}))
     with pytest.raises(SystemExit) as e:
-        allocports.draw(str(tmp_path))
+        allocports.draw(data, allocports.reports(str(tmp_path), 2))
     assert str(e.value) == ("fabtrain: auto port master_port: no port in 20000-20001 is free on every node "
                             "that uses it; give a port in cluster.yaml")
     (tmp_path / allocports.DRAWN).unlink()
