@@ -55,7 +55,7 @@ METRIC = {"ts": NUMBER, "step": NUMBER, "epoch": NUMBER, "loss": NUMBER, "sample
           "local_rank": INTEGER, "pid": INTEGER, "source": NAME, "framework": NAME, "child": FLAG,
           "between_steps": FLAG, "total_steps": NUMBER, "step_time": NUMBER, "data_time": NUMBER,
           "compute_time": NUMBER, "comm_time": NUMBER, "forward_time": NUMBER, "backward_time": NUMBER,
-          "optimizer_time": NUMBER}
+          "optimizer_time": NUMBER, "busy": REASON, "busy_at": NUMBER, "loss_step": NUMBER}
 # The metrics the run history keeps of a past job, a series each.
 SERIES = ("ts", "step", "epoch", "loss", "samples_per_s", "eval_loss", "lr", "step_time", "data_time",
           "compute_time", "comm_time")

@@ -372,7 +372,7 @@ class Collector:
                 self.series.forget(TRAINERS, name)
                 p = None
         if rec.get("between_steps") and p is not None:  # busy without a step (evaluating): alive, nothing new
-            p.last, p.last_ts = {**p.last, "ts": rec.get("ts", p.last.get("ts"))}, time.time()
+            p.last, p.last_ts = {**p.last, "ts": rec.get("ts", p.last.get("ts")), "busy": rec.get("busy")}, time.time()
             return
         if p is None:
             role = rec.get("role") or name.rsplit("-", 1)[0]

@@ -9,33 +9,19 @@ once the program imports it itself (``torch``, ``lightning`` /
 ``pytorch_lightning``, ``transformers``, ``accelerate``, ``paddle``).
 
 What each rank then appends to ``$FABTRAIN_METRICS`` (one ``os.write`` of one
-line, O_APPEND: ranks sharing a file never interleave), the first step at
-once and then at most every ``INTERVAL`` seconds (a quiet thread writes a
-step still pending after that long, so a rank that stops stepping has its
-last step on file within ``INTERVAL``)::
-
-    {"ts", "step", "rank", "local_rank", "pid", "source": "auto", "framework",
-     "step_time", "data_time", "compute_time", "comm_time",   # seconds, means over the steps recorded
-     "forward_time", "backward_time", "optimizer_time",       # where seen (DDP forward, backward(), to step's end)
-     "loss", "lr", "epoch", "samples_per_s", "total_steps",   # where known
-     "child": true,                                           # a descendant of the process fabtrain started
-     ...the framework's own logged names (Lightning, Hugging Face, accelerate)}
-
-``rank`` is ``RANK`` (else ``FABTRAIN_RANK``), ``local_rank`` ``LOCAL_RANK``.
-``step`` counts optimizer steps (``torch.optim``'s global step hooks,
-``paddle.optimizer``'s ``step``), or is the framework's own global step.
-``data_time`` is time in a DataLoader's ``__next__``; ``comm_time`` time in
-``torch.distributed``'s collectives called from Python, and the time a
-``backward()`` waits at its end, once its computation is done, for DDP's or
-FSDP's gradient collectives (their reducer runs in C++: progress_frameworks' `_mark_compute_end`
-says when the computation ended, in one step every ``SPLIT_EVERY`` seconds; the steps between are
-split as that one was: `Split`); ``compute_time`` is the rest. In
-synchronous training that wait is the time a rank waits for the slowest one:
-what names a straggler (fabtrain/node/coordination/stragglers.py).
-The loss is read only where that costs no device synchronisation: the
-tensor ``backward()`` was called on, at once on the CPU and through an
-asynchronous copy read a record later on a CUDA device, or what a
-framework logs as a number.
+line, O_APPEND: ranks sharing a file never interleave; the fields and their
+meaning: docs/progress.md) costs it a few attribute writes a step: every
+optimizer step is counted, and one step each ``INTERVAL`` seconds is sampled:
+the frameworks' timing patches are put in for that step only, its parts timed
+(data, communication, forward, backward, optimizer) and its loss read (the sum
+of the tensors ``backward()`` ran on since the step before: under gradient
+accumulation, the step's mean loss; GradScaler's scaling undone). A record
+ends each sampled step; a quiet thread writes a step left pending once the
+rank stops stepping, and watches a rank whose step is ``LATE``: a batch, a
+forward or a collective that finishes, or a checkpoint save's bytes, is work
+done, and a record ``"between_steps": true`` with ``busy`` and ``busy_at``
+says so each ``BUSY_EVERY`` seconds, so the watchdog tells a rank that
+evaluates or saves from one that hangs.
 
 A program's own records win: once the file holds a record of the program's
 for this rank (no ``"source": "auto"``, and its ``rank`` this one or none),
@@ -51,31 +37,31 @@ Standard library only.
 import os
 import sys
 
-INTERVAL = 0.5  # seconds between two records of one rank, at most
-SPLIT_EVERY = 0.1  # seconds between two steps whose backward() calls have their end of computation marked (Split)
-QUIET = 0.1  # seconds without a step after which a step left pending is written by the writer thread
-# The writer thread never calls into the framework (it reads no loss: its record keeps the one the program's
-# thread read last), and ends at the program's exit before the interpreter does: a daemon thread still there
-# then (one inside torch's item() aborts 20 times of 20) can abort the process ("terminate called without an
-# active exception", exit 134), and a job that finished would read as failed.
-# Seconds between records of a rank that works without stepping (it evaluates: batches, forwards, collectives):
-# the same step, marked "between_steps", so the watchdog sees it busy rather than hung.
-BETWEEN_STEPS = 5.0
+INTERVAL = 0.5  # seconds between two records of one rank, at most (a record ends a sampled step: below)
+QUIET = 0.1  # seconds between two looks of the writer thread; a step left pending is written once this quiet
+# The writer thread never calls into the framework (no loss read) and ends before the interpreter does: a daemon
+# thread inside torch's item() at finalization aborts the process (exit 134; 20 times of 20).
+LATE = 1.0  # seconds without an optimizer step after which the rank's work between steps is watched (_watch)
+BUSY_EVERY = 1.0  # seconds between two records of a rank that works without stepping (it evaluates, saves)
 ENV_METRICS = "FABTRAIN_METRICS"
 # These two are the contract's (fabtrain/contract/progress.py), copied: the hook runs inside the user's
 # program, which cannot import fabtrain; tests/unit/test_contract.py holds them equal.
 ENV_INSTRUMENT = "FABTRAIN_INSTRUMENT"  # "0": no instrumentation (job.watchdog.instrument: false)
 HOOK_NAME = "_fabtrain_progress"  # this module's name in a program (the file node ops writes)
 AUTO = "auto"
-FRAMEWORKS = ("torch", "lightning", "transformers", "accelerate", "paddle")
+FRAMEWORKS = ("torch", "lightning", "transformers", "accelerate", "paddle", "checkpoint")
 COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "reduce", "gather", "scatter", "all_to_all", "all_to_all_single",
                "all_gather_object", "broadcast_object_list", "monitored_barrier")
 # module -> what to instrument once it is imported (each name is the module's own, exactly)
 WATCH = {"torch": "torch", "lightning.pytorch": "lightning", "pytorch_lightning": "lightning",
-         "transformers.trainer": "transformers", "accelerate.accelerator": "accelerate", "paddle": "paddle"}
+         "transformers.trainer": "transformers", "accelerate.accelerator": "accelerate", "paddle": "paddle",
+         "torch.distributed.checkpoint": "checkpoint"}
 PARTS = ("data_time", "comm_time", "forward_time", "backward_time", "optimizer_time")  # a step's timed parts
 DATA, COMM, FORWARD, BACKWARD, OPTIMIZER = range(len(PARTS))
+# What a rank busy between steps was last seen doing (the record's "busy"), by the part that saw it.
+BUSY = {DATA: "loading data", COMM: "communicating", FORWARD: "evaluating"}
+SAVING = "saving a checkpoint"
 DRIVERS = ("lightning", "transformers")  # frameworks whose callbacks write the records (their own step)
 MAX_NAMES = 32  # a framework's logged names kept in one record
 
@@ -118,239 +104,13 @@ def _number(v):
     return out if _finite(out) and not isinstance(out, bool) else None
 
 
-def _batch_size(batch, depth=0):
-    """The leading dimension of a batch: its first tensor's (a tensor, a list/tuple or a dict of them)."""
-    if isinstance(batch, (list, tuple)):  # the commonest, (inputs, targets): first, as it has no shape to look up
-        return _batch_size(batch[0], depth + 1) if batch and depth <= 2 else None
-    shape = getattr(batch, "shape", None)
-    if shape is not None:
-        try:
-            return int(shape[0]) if len(shape) else None
-        except (TypeError, ValueError, IndexError):
-            return None
-    if isinstance(batch, dict) and batch and depth <= 2:
-        return _batch_size(next(iter(batch.values())), depth + 1)
-    return None
-
-
-class Split:
-    """Which backward() calls have their end of computation marked (progress_frameworks'
-    `_mark_compute_end`: the autograd engine calls back into Python, 15 to 30 us of CPU a backward here):
-    those of one step every SPLIT_EVERY seconds (all until a first step ends). The steps between are
-    split as that step was, in proportion: a step's backwards differ (under gradient accumulation
-    only the last waits for DDP's all-reduce), its steps hardly."""
-
-    def __init__(self):
-        self.marking = True  # the backwards of the step under way are marked
-        self.marked_at = float("-inf")  # perf time the last marked step ended
-        self.share = 0.0  # of the last marked step's backward time, the share spent waiting
-        self.waited = self.seconds = 0.0  # the step under way's, while marked
-
-    def backward(self, seconds, waited):
-        """Of a backward's `seconds`, the time it waited: `waited` as measured (a marked backward; longer than
-        the call is the whole call), or None: its share as in the last marked step."""
-        if waited is None:
-            return seconds * self.share
-        waited = min(max(0.0, waited), seconds)
-        self.waited, self.seconds = self.waited + waited, self.seconds + seconds
-        return waited
-
-    def step_ended(self, now):
-        if self.marking:
-            self.share = self.waited / self.seconds if self.seconds > 0 else self.share
-            self.marked_at = now
-        self.waited = self.seconds = 0.0
-        self.marking = now - self.marked_at >= SPLIT_EVERY
-
-
-class Reporter:
-    """One rank's progress: what the instrumented calls tell it, written as records."""
-    def __init__(self, environ=os.environ):
-        from time import perf_counter, time
-        self.perf, self.wall = perf_counter, time
-        self.path = environ.get(ENV_METRICS)
-        self.rank = _int(environ.get("RANK"))
-        if self.rank is None:
-            self.rank = _int(environ.get("FABTRAIN_RANK"))
-        self.local_rank = _int(environ.get("LOCAL_RANK"))
-        self.on = True
-        self.failed = False
-        self.fd = None
-        self.seen = 0  # bytes of the file read for the program's own records
-        self.child = None  # a descendant of the process the launcher started (decided at the first record)
-        self.framework = "torch"
-        self.lock = None
-        self.thread = None
-        self.steps = 0  # optimizer steps of this rank
-        self.framework_step = None  # the framework's own global step, where it has one
-        self.last_write = float("-inf")  # perf time of the last record
-        self.step_end = self.backward_end = None  # perf time of the last step's end, the last backward()'s
-        self.first_activity = None  # perf time of the first timed call: the first step's start
-        self.active = None  # perf time of the latest timed call (a batch, a forward, a collective, ...)
-        self.values = {}  # loss, lr, epoch, total_steps, the framework's names: the latest known
-        self.loss_tensor = None
-        self.loss_copy = None  # a CUDA loss on its way to the host: (tensor, host copy, its event)
-        self.optimizer = None  # the last one stepped: its lr is read when a record is written
-        self.samples_seen = False  # a batch's size was read: samples/s can be said
-        # What happened since the last step's end, by PARTS index (the step it belongs to takes it when it
-        # ends), and the batches' samples: lists, so a step costs a few list operations.
-        self.pending, self.pending_samples = [0.0] * len(PARTS), 0
-        self.split = Split()  # which backward() calls are marked, and how the others are split
-        self._reset_window()
-
-    def _reset_window(self):
-        self.n = 0  # steps in the window
-        self.step_time = 0.0  # summed over the window's timed steps
-        self.timed_steps = 0  # steps with a step_time in the window
-        self.sums = [0.0] * len(PARTS)
-        self.samples = 0
-
-    # -- failures ---------------------------------------------------------------------------
-
-    def fail(self, where, exc):
-        """The first failure inside the hook: one line in the rank's log, and no more of the hook."""
-        if self.failed:
-            return
-        self.failed, self.on = True, False
-        try:
-            os.write(2, ("fabtrain progress: %s failed (%s: %s); this process writes no more progress records, "
-                         "the program goes on\n" % (where, type(exc).__name__, str(exc)[:200])).encode(
-                             "utf-8", "replace"))
-        except OSError:
-            pass
-
-    # -- what the instrumented calls tell it ------------------------------------------------
-
-    def add(self, part, seconds, t0):
-        """Time spent in one kind of call (PARTS index) since the last step."""
-        if self.first_activity is None:
-            self.first_activity = t0
-        self.pending[part] += seconds
-        self.active = t0
-
-    def batch(self, seconds, t0, batch):
-        if not self.on:
-            return
-        try:
-            if self.first_activity is None:
-                self.first_activity = t0
-            self.pending[DATA] += seconds
-            self.active = t0
-            size = _batch_size(batch)
-            if size is not None:
-                self.pending_samples += size
-                self.samples_seen = True
-        except Exception as e:
-            self.fail("reading a batch", e)
-
-    def backward(self, tensor, seconds, t0, waited=None):
-        """A backward() call of `seconds`, `waited` of them at its end for gradient collectives (DDP's, FSDP's:
-        they are comm_time, not compute); None: not marked, split as the last marked step's were (Split)."""
-        # Detached: a tensor kept with its graph keeps the graph's nodes alive, and autograd then reuses
-        # a leaf's cached gradient accumulator, with its old shape, for the next forward (a program that
-        # swaps a leaf's data between steps, as the reference pserver trainer does, fails its backward).
-        self.loss_tensor = tensor.detach() if hasattr(tensor, "detach") else tensor
-        waited = self.split.backward(seconds, waited)
-        if self.first_activity is None:  # add(), twice, inline: this runs every step
-            self.first_activity = t0
-        self.pending[BACKWARD] += seconds - waited
-        self.pending[COMM] += waited
-        self.active, self.backward_end = t0, t0 + seconds
-
-    def step(self, optimizer=None, report=True, began=None):
-        """An optimizer step ended: close the step's timing; write a record if one is due (`report`:
-        False where a framework reports its own steps; `began`: perf time the optimizer's part began, the
-        step's backward's end, or the last step's end if later: a second optimizer after one backward)."""
-        if not self.on:
-            return
-        try:
-            now = self.perf()
-            if began is not None:
-                self.pending[OPTIMIZER] += now - (began if self.step_end is None else max(began, self.step_end))
-            if self.lock is None:
-                self._start()
-            with self.lock:
-                self.steps += 1
-                self.n += 1
-                start = self.step_end if self.step_end is not None else self.first_activity
-                if start is not None:
-                    self.step_time += now - start
-                    self.timed_steps += 1
-                self.sums = [a + b for a, b in zip(self.sums, self.pending)]
-                self.pending = [0.0] * len(PARTS)
-                self.samples += self.pending_samples
-                self.pending_samples = 0
-                self.step_end = now
-                self.split.step_ended(now)
-                if optimizer is not None:
-                    self.optimizer = optimizer
-                if report and now - self.last_write >= INTERVAL:
-                    self._read_loss()
-                    self._write(now)
-        except Exception as e:
-            self.fail("recording a step", e)
-
-    def framework_values(self, framework, step=None, values=None, write=False):
-        """What a framework knows (its global step, logged names, total steps); `write`: its step ended."""
-        if not self.on:
-            return
-        try:
-            if self.lock is None:
-                self._start()
-            with self.lock:
-                self.framework = framework
-                if step is not None:
-                    self.framework_step = int(step)
-                for key, v in (values or {}).items():
-                    n = _number(v)
-                    if n is not None and isinstance(key, str) and 0 < len(key) <= 64 and \
-                            (key in self.values or len(self.values) < MAX_NAMES):
-                        self.values[key] = n
-                now = self.perf()
-                if write and self.n and (now - self.last_write >= INTERVAL):
-                    self._write(now)
-        except Exception as e:
-            self.fail("reading %s's values" % framework, e)
-
-    def _lr(self):
-        groups = getattr(self.optimizer, "param_groups", None)
-        if groups:
-            lr = groups[0].get("lr") if isinstance(groups[0], dict) else None
-            if _finite(lr):
-                self.values["lr"] = lr
-
-    def _read_loss(self, program_thread=True):
-        """The loss of the last backward(): read at once on the CPU. On a CUDA device (reading it would wait
-        for the device) a copy to pinned host memory is started on the program's stream and read at a later
-        record, once its event says it landed: a loss up to one INTERVAL old. `program_thread`: False in a flush
-        (at exit): no copy started, as no later record would read it."""
-        if self.loss_copy is not None and self.loss_copy[2].query():
-            value, self.loss_copy = _number(self.loss_copy[1]), None
-            if value is not None:
-                self.values["loss"] = value
-        t = self.loss_tensor
-        if t is None:
-            return
-        value = _number(t)
-        if value is not None:
-            self.values["loss"] = value
-        elif program_thread and self.loss_copy is None and getattr(t, "is_cuda", False) is True and \
-                t.numel() == 1 and t.is_floating_point():
-            cuda = sys.modules["torch"].cuda
-            stream = cuda.current_stream(t.device)
-            landed = cuda.Event()
-            # t is kept until the copy has landed, so its memory is not reused before the copy reads it.
-            self.loss_copy = (t, t.reshape(()).to("cpu", non_blocking=True), landed)
-            landed.record(stream)
-        elif not program_thread:
-            return  # left for the program's next step
-        self.loss_tensor = None
-
-    # -- writing ------------------------------------------------------------------------------
+class Writer:
+    """How a rank's records are written (Reporter's base): on the program's thread when a sampled step ends, and
+    on the writer thread (a step left pending, a rank watched between steps); never both at once (the lock)."""
 
     def _start(self):
         import threading
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._forked)
         import atexit
@@ -374,61 +134,94 @@ class Reporter:
     def _forked(self):
         """In a forked child (a DataLoader worker): a fresh lock, and the writer thread again if it steps."""
         import threading
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self.thread = None
         self.fd = None
 
     def _quiet_writer(self):
-        """Writes a step left pending once INTERVAL has passed since the last record and the rank has not
-        stepped for QUIET (a rank that steps writes its own records). Never calls into the framework: QUIET."""
+        """Every QUIET: watches the work of a rank whose step is LATE, writes a step left pending (a rank that
+        steps writes its own records) and a busy rank's record. Never calls into the framework: QUIET."""
         me = self.thread
         while self.on and self.thread is me:
             self.wake.wait(QUIET)
-            self.flush(due_only=True, read_loss=False)
+            self._watch()
+            self.flush(due_only=True)
 
-    def flush(self, due_only=False, read_loss=True):
-        """Write the step left pending (`due_only`: once due); `read_loss`: False on the writer thread (QUIET)."""
+    def _watch(self):
+        """A step LATE: the patches put in (a batch, a forward, a collective that finishes is work done; a
+        forward's end is seen by a one-shot hook put back at each look; a save's bytes are followed)."""
+        if not self.on or self.lock is None:
+            return
+        try:
+            now = self.perf()
+            with self.lock:
+                if not self.watching and self.steps and self.step_end is not None and now - self.step_end >= LATE:
+                    self.watching = True
+                    if self.patch is not None:
+                        self.patch(True)
+                if self.watching and self.rewatch is not None:
+                    self.rewatch()
+        except Exception as e:
+            self.fail("watching between steps", e)
+
+    rewatch = None  # the framework's: puts the one-shot forward hook back, follows a save's bytes (_watch)
+
+    def flush(self, due_only=False):
+        """Write the steps left pending (`due_only`: once INTERVAL since the last record and QUIET since the
+        last step), or the record of a rank busy between steps (BUSY_EVERY, on the writer thread only)."""
         if not self.on or self.lock is None:
             return
         try:
             with self.lock:
                 now = self.perf()
-                if self.n and (not due_only or (now - self.last_write >= INTERVAL and now - self.step_end >= QUIET)):
-                    if read_loss and self.framework not in DRIVERS:  # (a driving framework's callbacks read theirs)
-                        self._read_loss(program_thread=False)  # the last step's, not the last record's
+                if self.steps > self.written_steps and (not due_only or (
+                        now - self.last_write >= INTERVAL and now - self.step_end >= QUIET)):
                     self._write(now)
-                elif due_only and self.steps and now - self.last_write >= BETWEEN_STEPS and self.active is not None \
-                        and self.active > self.last_write:
-                    self._write(now, between_steps=True)
+                elif due_only and self.watching and self.active is not None and self.active != self.busy_written \
+                        and self.active > self.step_end and now - self.last_write >= BUSY_EVERY:
+                    self._write(now, busy=True)
         except Exception as e:
             self.fail("writing a record", e)
 
-    def _record(self):
+    def _base(self):
         rec = {"ts": round(self.wall(), 3),
                "step": self.framework_step if self.framework_step is not None else self.steps,
                "rank": self.rank, "local_rank": self.local_rank, "pid": os.getpid(), "source": AUTO,
                "framework": self.framework}
-        if self.child:
-            rec["child"] = True
-        s, timed, n = self.sums, self.timed_steps, self.n
-        if timed:
-            step_time = self.step_time / timed
-            rec["step_time"] = round(step_time, 6)
-            rec["data_time"] = round(s[DATA] / n, 6)
-            rec["comm_time"] = round(s[COMM] / n, 6)
-            rec["compute_time"] = round(max(0.0, step_time - rec["data_time"] - rec["comm_time"]), 6)
+        return {**rec, "child": True} if self.child else rec
+
+    def _record(self):
+        """The record of the steps since the last one: their mean step time, the sampled step's parts (scaled
+        to that mean: the parts' shares are the sample's), its samples/s and loss."""
+        rec = self._base()
+        n, timed = self.steps - self.written_steps, self.timed
+        end = self.step_end
+        mean = (end - self.window_start) / n if self.window_start is not None and n > 0 and end is not None \
+            else timed[1] if timed else None
+        if mean is not None:
+            rec["step_time"] = round(mean, 6)
+        if timed is not None and mean is not None:
+            parts, seconds, samples = timed
+            scale = mean / seconds if seconds > 0 else 0.0
+            rec["data_time"] = round(parts[DATA] * scale, 6)
+            rec["comm_time"] = round(parts[COMM] * scale, 6)
+            rec["compute_time"] = round(max(0.0, mean - rec["data_time"] - rec["comm_time"]), 6)
             for part in (FORWARD, BACKWARD, OPTIMIZER):
-                if s[part]:
-                    rec[PARTS[part]] = round(s[part] / n, 6)
-            if self.samples_seen and self.step_time > 0:
-                rec["samples_per_s"] = round(self.samples / self.step_time, 3)
+                if parts[part]:
+                    rec[PARTS[part]] = round(parts[part] * scale, 6)
+            if self.samples_seen and seconds > 0:
+                rec["samples_per_s"] = round(samples / seconds, 3)
         self._lr()
         for key, v in self.values.items():
             if key not in rec:
                 rec[key] = v
+        if "loss" in rec and self.loss_at is not None and self.loss_at != self.steps:
+            rec["loss_step"] = rec["step"] - (self.steps - self.loss_at)  # a step's loss not read: the last read
         return rec
 
-    def _write(self, now, between_steps=False):
+    loss_at = None  # self.steps of the step whose loss values["loss"] holds
+
+    def _write(self, now, busy=False):
         if self.fd is None:
             self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
             if self.child is None:
@@ -436,17 +229,224 @@ class Reporter:
         program_writes, self.seen = _program_record(self.fd, self.seen, self.rank)
         if program_writes:
             self.on = False  # its own records from now on: nothing more of ours
+            if self.patch is not None:
+                self.patch(False)
             return
         import json
-        rec = self._record() if not between_steps else {
-            "ts": round(self.wall(), 3), "step": self.framework_step if self.framework_step is not None else self.steps,
-            "rank": self.rank, "local_rank": self.local_rank, "pid": os.getpid(), "source": AUTO,
-            "framework": self.framework, "between_steps": True, **({"child": True} if self.child else {})}
-        line = json.dumps(rec, separators=(", ", ": ")) + "\n"
-        os.write(self.fd, line.encode())
+        if busy:
+            rec = self._base()
+            rec.update(between_steps=True, busy=self.busy or "working",
+                       busy_at=round(rec["ts"] - max(0.0, now - self.active), 3))
+            self.busy_written = self.active
+        else:
+            rec = self._record()
+            self.written_steps, self.window_start, self.timed = self.steps, self.step_end, None
+            self.due = now + INTERVAL
+        os.write(self.fd, (json.dumps(rec, separators=(", ", ": ")) + "\n").encode())
         self.last_write = now
-        if not between_steps:
-            self._reset_window()
+
+
+class Reporter(Writer):
+    """One rank's progress. Every optimizer step is counted (`step`: a few attribute writes); the parts of one
+    step in each record's window are timed (a sampled step: the frameworks' patches are in place only for it),
+    and its loss read: the sum of the tensors backward() ran on since the step before (under gradient
+    accumulation, each micro-batch's loss over K: the step's mean loss)."""
+
+    def __init__(self, environ=os.environ):
+        from time import perf_counter, time
+        self.perf, self.wall = perf_counter, time
+        self.path = environ.get(ENV_METRICS)
+        self.rank = _int(environ.get("RANK"))
+        if self.rank is None:
+            self.rank = _int(environ.get("FABTRAIN_RANK"))
+        self.local_rank = _int(environ.get("LOCAL_RANK"))
+        self.on = True
+        self.failed = False
+        self.fd = None
+        self.seen = 0  # bytes of the file read for the program's own records
+        self.child = None  # a descendant of the process the launcher started (decided at the first record)
+        self.framework = "torch"
+        self.lock = None
+        self.thread = None
+        self.patch = None  # the framework's: patch(True) puts the timing patches in, patch(False) takes them out
+        self.steps = 0  # optimizer steps of this rank
+        self.framework_step = None  # the framework's own global step, where it has one
+        self.last_write = float("-inf")  # perf time of the last record
+        self.due = float("-inf")  # perf time from which the next step is sampled (a record is due)
+        self.step_end = None  # perf time of the last step's end
+        self.written_steps, self.window_start = 0, None  # steps and the step's end at the last record
+        self.values = {}  # loss, lr, epoch, total_steps, the framework's names: the latest known
+        self.logged_loss_at = None  # self.steps when a framework logged its own loss (it wins for that step)
+        self.loss_copy = None  # a CUDA loss on its way to the host: (tensor, host copy, its event)
+        self.optimizer = None  # the last one stepped: its lr is read when a record is written
+        self.samples_seen = False  # a batch's size was read: samples/s can be said
+        # The sampled step: its start, its parts (PARTS index), batches' samples, losses, last backward's end.
+        self.sampling, self.sample_start, self.sample = True, None, [0.0] * len(PARTS)
+        self.sample_samples, self.losses, self.backward_end = 0, [], None
+        self.timed = None  # the last sampled step, for the next record: (parts, seconds, samples)
+        self.scaled = None  # (tensor GradScaler.scale returned, the loss it scaled): the loss is the latter
+        # Work between steps, watched once a step is LATE: what was last done, when, and saves under way.
+        self.watching, self.active, self.busy, self.busy_written = False, None, None, None
+        self.saves, self.save_written = 0, None  # saves under way; bytes written when last looked (frameworks)
+
+    # -- failures ---------------------------------------------------------------------------
+
+    def fail(self, where, exc):
+        """The first failure inside the hook: one line in the rank's log, and no more of the hook."""
+        if self.failed:
+            return
+        self.failed, self.on = True, False
+        try:
+            if self.patch is not None:
+                self.patch(False)
+        except Exception:
+            pass
+        try:
+            os.write(2, ("fabtrain progress: %s failed (%s: %s); this process writes no more progress records, "
+                         "the program goes on\n" % (where, type(exc).__name__, str(exc)[:200])).encode(
+                             "utf-8", "replace"))
+        except OSError:
+            pass
+
+    # -- what the instrumented calls tell it ------------------------------------------------
+
+    def add(self, part, seconds, t0):
+        """Time spent in one kind of call (PARTS index): the sampled step's, and work done between steps."""
+        if self.sampling:
+            if self.sample_start is None:
+                self.sample_start = t0
+            self.sample[part] += seconds
+        self.active, self.busy = t0 + seconds, BUSY.get(part, self.busy)
+
+    def batch(self, seconds, t0, size):
+        """A batch of `size` samples (None: not known) waited for `seconds`."""
+        self.add(DATA, seconds, t0)
+        if self.sampling and size is not None:
+            self.sample_samples += size
+            self.samples_seen = True
+
+    def backward(self, tensor, seconds, t0, waited=None):
+        """A backward() call of the sampled step: `seconds`, `waited` of them at its end for gradient collectives
+        (DDP's, FSDP's: comm_time, not compute). Its loss is kept detached (a tensor kept with its graph keeps
+        the graph alive, and autograd then reuses a leaf's cached gradient accumulator, with its old shape);
+        one GradScaler scaled is kept as it was before the scaling."""
+        if not self.sampling:
+            return
+        scaled = self.scaled
+        if scaled is not None and scaled[0] is tensor:
+            tensor = scaled[1]
+        self.losses.append(tensor.detach() if hasattr(tensor, "detach") else tensor)
+        waited = min(max(0.0, waited or 0.0), seconds)
+        if self.sample_start is None:
+            self.sample_start = t0
+        self.sample[BACKWARD] += seconds - waited
+        self.sample[COMM] += waited
+        self.backward_end = t0 + seconds
+
+    def skipped(self):
+        """GradScaler's update after a step it skipped (inf gradients): the sample's losses and parts were not a
+        step's; the sample starts again."""
+        if self.sampling and self.losses:
+            self.sample_start, self.sample, self.sample_samples, self.losses = self.perf(), [0.0] * len(PARTS), 0, []
+
+    def step(self, optimizer=None, report=True, began=None):
+        """An optimizer step ended: counted; the rest only when a sample ends or starts, or work was watched
+        (`report`: False where a framework's callbacks write the records; `began`: perf time the optimizer's
+        part began, the step's last backward's end). torch's post-hook inlines the counting (progress_frameworks)."""
+        now = self.perf()
+        self.steps += 1
+        self.step_end = now
+        if self.sampling or self.watching or now >= self.due:
+            self.stepped(now, optimizer, report, began)
+
+    def stepped(self, now, optimizer, report, began):
+        if not self.on:
+            return
+        try:
+            if self.lock is None:
+                self._start()
+            if optimizer is not None:
+                self.optimizer = optimizer
+            with self.lock:
+                if self.watching:
+                    self.watching = False
+                    self.busy = None
+                if self.sampling:
+                    self._sample_ended(now, began)
+                    if report:
+                        self._write(now)
+                elif now >= self.due:
+                    self.sampling, self.sample_start = True, now
+                if self.patch is not None:
+                    self.patch(self.sampling)
+        except Exception as e:
+            self.fail("recording a step", e)
+
+    def _sample_ended(self, now, began):
+        parts, start = self.sample, self.sample_start if self.sample_start is not None else now
+        if began is not None:
+            parts[OPTIMIZER] += max(0.0, now - max(began, start))
+        self.timed = (parts, now - start, self.sample_samples)
+        self.sampling, self.sample_start, self.sample, self.sample_samples = False, None, [0.0] * len(PARTS), 0
+        losses, self.losses, self.scaled = self.losses, [], None
+        if losses and self.logged_loss_at != self.steps:
+            self._read_loss(losses)
+
+    def framework_values(self, framework, step=None, values=None, write=False):
+        """What a framework knows (its global step, logged names, total steps); `write`: its step ended, and a
+        record is written if a sampled step ended since the last one."""
+        if not self.on:
+            return
+        try:
+            if self.lock is None:
+                self._start()
+            with self.lock:
+                self.framework = framework
+                if step is not None:
+                    self.framework_step = int(step)
+                for key, v in (values or {}).items():
+                    n = _number(v)
+                    if n is not None and isinstance(key, str) and 0 < len(key) <= 64 and \
+                            (key in self.values or len(self.values) < MAX_NAMES):
+                        self.values[key] = n
+                        if key == "loss":
+                            self.logged_loss_at = self.loss_at = self.steps
+                if write and self.timed is not None:
+                    self._write(self.perf())
+        except Exception as e:
+            self.fail("reading %s's values" % framework, e)
+
+    def _lr(self):
+        groups = getattr(self.optimizer, "param_groups", None)
+        if groups:
+            lr = groups[0].get("lr") if isinstance(groups[0], dict) else None
+            if _finite(lr):
+                self.values["lr"] = lr
+
+    def _read_loss(self, losses):
+        """The sampled step's loss, the sum of its backward()s' tensors: at once on the CPU. On a CUDA device
+        (reading it would wait for the device) their sum is copied to pinned host memory on the program's stream
+        and read at a later record, once its event says it landed: a loss up to one record old."""
+        if self.loss_copy is not None and self.loss_copy[2].query():
+            value, at, self.loss_copy = _number(self.loss_copy[1]), self.loss_copy[3], None
+            if value is not None:
+                self.values["loss"], self.loss_at = value, at
+        values = [_number(t) for t in losses]
+        if None not in values:
+            self.values["loss"], self.loss_at = sum(values), self.steps
+            return
+        t = losses[0]
+        if self.loss_copy is None and getattr(t, "is_cuda", False) is True and t.numel() == 1 and \
+                t.is_floating_point():
+            cuda = sys.modules["torch"].cuda
+            total = t.reshape(()).float()
+            for other in losses[1:]:
+                total = total + other.reshape(()).float()
+            landed = cuda.Event()
+            # total is kept until the copy has landed, so its memory is not reused before the copy reads it.
+            self.loss_copy = (total, total.to("cpu", non_blocking=True), landed, self.steps)
+            landed.record(cuda.current_stream(t.device))
+
 
 def _program_record(fd, seen, rank):
     """(the file holds a record of the program's own for `rank`, bytes read): read on from `seen`."""

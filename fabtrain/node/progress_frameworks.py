@@ -10,19 +10,26 @@ Standard library only (the framework's classes come from the module given).
 
 
 def torch(core, torch):
-    """torch's optimizer steps (global hooks: every optimizer), DataLoader batches, backward(), DDP's forward and
-    the collectives called through torch.distributed, timed."""
+    """torch's optimizer steps counted (one global post-hook: every optimizer, DDP, FSDP); `patch` puts in, for a
+    sampled step or a rank watched between steps, the timers around DataLoader batches, backward(), DDP's forward
+    and the collectives called through torch.distributed, and GradScaler's scale and update; checkpoint saves
+    (torch.save) are followed whenever they run."""
     r = core.REPORTER
     perf = r.perf
     from torch.optim import optimizer as optim_mod
 
-    # One hook, after the step: the optimizer's time is counted from the end of the step's backward (a
-    # pre-hook as well cost about 1 us a step more; and with a closure, as Lightning's, the step's own
-    # forward and backward run between the two, not the optimizer).
+    # After each step (a pre-hook as well cost about 1 us a step; with a closure, as Lightning's, the step's
+    # forward and backward run inside it): counted inline, the rest only when a sample ends or starts, or the
+    # rank was watched (Reporter.step, inlined: this runs every step).
     def post(optimizer, args, kwargs):
-        r.step(optimizer, report=r.framework not in core.DRIVERS, began=r.backward_end)
+        now = perf()
+        r.steps += 1
+        r.step_end = now
+        if r.sampling or r.watching or now >= r.due:
+            r.stepped(now, optimizer, r.framework not in core.DRIVERS, r.backward_end)
 
     optim_mod.register_optimizer_step_post_hook(post)
+    table = []  # (owner, name, original, wrapper): in place only while patched
 
     from torch.utils.data import dataloader
     base = dataloader._BaseDataLoaderIter
@@ -31,9 +38,9 @@ def torch(core, torch):
     def __next__(self):
         t0 = perf()
         batch = orig_next(self)
-        r.batch(perf() - t0, t0, batch)
+        r.batch(perf() - t0, t0, _batch_size(batch) if r.sampling else None)
         return batch
-    base.__next__ = core._wraps(orig_next, __next__)
+    table.append((base, "__next__", orig_next, core._wraps(orig_next, __next__)))
 
     orig_backward = torch.Tensor.backward
     engine = _autograd_engine(torch)
@@ -41,7 +48,7 @@ def torch(core, torch):
     def backward(self, *args, **kwargs):
         t0 = perf()
         compute_end, handle = [], None
-        if engine is not None and r.on and r.split.marking and getattr(self, "grad_fn", None) is not None:
+        if engine is not None and r.sampling and getattr(self, "grad_fn", None) is not None:
             handle = _mark_compute_end(engine, self.grad_fn, compute_end, perf)
         try:
             out = orig_backward(self, *args, **kwargs)
@@ -49,24 +56,150 @@ def torch(core, torch):
             if handle is not None:
                 handle.remove()
         end = perf()
-        # Marked: the wait measured (none if DDP queued nothing after ours); else split as in the last marked step.
-        r.backward(self, end - t0, t0, end - compute_end[0] if compute_end else 0.0 if handle is not None else None)
+        # The wait measured: from the end of its computation (none if DDP queued nothing after ours).
+        r.backward(self, end - t0, t0, end - compute_end[0] if compute_end else 0.0)
         return out
-    torch.Tensor.backward = core._wraps(orig_backward, backward)
+    table.append((torch.Tensor, "backward", orig_backward, core._wraps(orig_backward, backward)))
+    _grad_scaler(r, torch, table)
 
     dist = getattr(torch, "distributed", None)
     if dist is not None and getattr(dist, "is_available", lambda: False)():
         for name in core.COLLECTIVES:
             orig = getattr(dist, name, None)
             if callable(orig):
-                setattr(dist, name, core._wraps(orig, _timed(r, orig, core.COMM)))
+                table.append((dist, name, orig, core._wraps(orig, _timed(r, orig, core.COMM))))
         try:
             from torch.nn.parallel import DistributedDataParallel as DDP
-            DDP.forward = core._wraps(DDP.forward, _timed(r, DDP.forward, core.FORWARD))
+            table.append((DDP, "forward", DDP.forward, core._wraps(DDP.forward, _timed(r, DDP.forward, core.FORWARD))))
         except ImportError:
             pass
         import atexit
         atexit.register(_let_collective_threads_finish, r)
+    r.patch, r.rewatch = _patcher(table, r), _rewatch(core, r, torch)
+    torch.save = core._wraps(torch.save, _saves(r, torch.save))
+    r.patch(True)  # the first step is sampled
+
+
+def _patcher(table, r):
+    """patch(on): every wrapper of `table` in place (on) or its original back; a name someone else has
+    patched since is left as they left it. Off also takes the one-shot forward hook out (_rewatch)."""
+    state = [False]
+
+    def patch(on):
+        if on == state[0]:
+            return
+        state[0] = on
+        for owner, name, orig, wrapper in table:
+            now = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+            if now is (orig if on else wrapper):
+                setattr(owner, name, wrapper if on else orig)
+        if not on and r.rewatch is not None:
+            r.rewatch(False)
+    return patch
+
+
+def _rewatch(core, r, torch):
+    """A one-shot global forward hook, put back at each look of the writer thread while the rank is watched:
+    a module's forward that finishes is work done (evaluating, under no_grad or inference_mode too), seen at
+    the cost of one hook call a look; and a save's bytes written since the last look (/proc/self/io)."""
+    from torch.nn.modules import module as nn_module
+    hold = [None]
+
+    def seen(module, args, output):
+        r.active, r.busy = r.perf(), core.BUSY[core.FORWARD]
+        h, hold[0] = hold[0], None
+        if h is not None:
+            h.remove()  # the module iterates a copy of the hooks: taking ours out here is safe
+
+    def rewatch(on=True):
+        if not on:
+            h, hold[0] = hold[0], None
+            if h is not None:
+                h.remove()
+            return
+        if hold[0] is None:
+            hold[0] = nn_module.register_module_forward_hook(seen)
+        if r.saves:
+            written = _written_bytes()
+            if written is not None and r.save_written is not None and written > r.save_written:
+                r.active, r.busy = r.perf(), core.SAVING
+            r.save_written = written
+    return rewatch
+
+
+def _saves(r, orig):
+    """A checkpoint save (torch.save, DCP's save, a framework's): work done while its bytes are written."""
+    import functools
+
+    @functools.wraps(orig)
+    def save(*args, **kwargs):
+        r.saves += 1
+        r.save_written = _written_bytes()
+        r.active, r.busy = r.perf(), "saving a checkpoint"
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            r.saves = max(0, r.saves - 1)
+            r.active = r.perf()
+    return save
+
+
+def _grad_scaler(r, torch, table):
+    """GradScaler (torch.amp; torch.cuda.amp's is a subclass): the loss it scaled is the step's, not the scaled
+    one backward() runs on; an update after a step it skipped (inf gradients: the optimizer did not step)
+    starts the sample again, as that was no step."""
+    try:
+        from torch.amp.grad_scaler import GradScaler
+    except ImportError:
+        return
+    orig_scale, orig_update = GradScaler.scale, GradScaler.update
+
+    def scale(self, outputs):
+        out = orig_scale(self, outputs)
+        if r.sampling and out is not outputs:
+            r.scaled = (out, outputs)
+        return out
+
+    def update(self, *args, **kwargs):
+        r.skipped()
+        return orig_update(self, *args, **kwargs)
+    table.append((GradScaler, "scale", orig_scale, scale))
+    table.append((GradScaler, "update", orig_update, update))
+
+
+def checkpoint(core, dcp):
+    """torch.distributed.checkpoint's saves, followed as torch.save's (DCP writes from its own threads too)."""
+    for name in ("save", "async_save", "save_state_dict"):
+        orig = getattr(dcp, name, None)
+        if callable(orig):
+            setattr(dcp, name, _saves(core.REPORTER, orig))
+
+
+def _batch_size(batch, depth=0):
+    """The leading dimension of a batch: its first tensor's (a tensor, a list/tuple or a dict of them)."""
+    if isinstance(batch, (list, tuple)):  # the commonest, (inputs, targets): first, as it has no shape to look up
+        return _batch_size(batch[0], depth + 1) if batch and depth <= 2 else None
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        try:
+            return int(shape[0]) if len(shape) else None
+        except (TypeError, ValueError, IndexError):
+            return None
+    if isinstance(batch, dict) and batch and depth <= 2:
+        return _batch_size(next(iter(batch.values())), depth + 1)
+    return None
+
+
+def _written_bytes():
+    """Bytes this process has written so far (/proc/self/io wchar: every thread's write calls); None: unknown."""
+    try:
+        with open("/proc/self/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"wchar:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 EXIT_GRACE = 0.02  # seconds the GIL is let go at exit at least, and then while another thread is runnable ...
@@ -84,7 +217,7 @@ def _let_collective_threads_finish(r):
     running for longer than any fixed wait, hence the second part. A mitigation of torch's race: measured
     without the hook, 11 pairs of ranks in 30 of tests/programs/ddp_exit.py (which exits right after its
     last step) had a rank abort; with it, none (tests/local/test_progress_exit.py)."""
-    if r.first_activity is None:
+    if not r.steps and r.sample_start is None:
         return
     from time import monotonic, sleep
     end = monotonic() + EXIT_WAIT_MAX
@@ -197,9 +330,8 @@ def lightning(core, module):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             if r.framework_step == trainer.global_step and r.framework == "lightning":
                 return  # no optimizer step in this batch (gradient accumulation)
-            now = r.perf()
             values = {"epoch": trainer.current_epoch}  # an int: every step (the logged tensors only when due)
-            if now - r.last_write >= core.INTERVAL:
+            if r.timed is not None:  # a sampled step ended: a record is written now
                 for source in (trainer.logged_metrics, trainer.progress_bar_metrics):
                     for key, v in list(source.items())[:core.MAX_NAMES]:
                         values[key] = v
@@ -207,7 +339,6 @@ def lightning(core, module):
                     if key in values and core._number(values[key]) is not None:
                         values["loss"] = values[key]
                         break
-                r._read_loss()
             r.framework_values("lightning", trainer.global_step, values, write=True)
 
     orig_init = Trainer.__init__
@@ -216,6 +347,8 @@ def lightning(core, module):
         orig_init(self, *args, **kwargs)
         _add_callback(core, self, FabtrainProgress, "Lightning")
     Trainer.__init__ = core._wraps(orig_init, __init__)
+    # Its checkpoints (ModelCheckpoint calls it): torch.save into a buffer, then the buffer's bytes to the file.
+    Trainer.save_checkpoint = _saves(r, Trainer.save_checkpoint)
 
 
 def transformers(core, module):
@@ -247,6 +380,8 @@ def transformers(core, module):
         orig_init(self, *args, **kwargs)
         _add_callback(core, self, FabtrainProgress, "Hugging Face")
     module.Trainer.__init__ = core._wraps(orig_init, __init__)
+    if callable(getattr(module.Trainer, "_save_checkpoint", None)):  # safetensors' writes, not torch.save's
+        module.Trainer._save_checkpoint = _saves(r, module.Trainer._save_checkpoint)
 
 
 def accelerate(core, module):
@@ -332,7 +467,7 @@ class _PaddleBatches:
         r = self._r
         t0 = r.perf()
         batch = next(self._it)
-        r.batch(r.perf() - t0, t0, batch)
+        r.batch(r.perf() - t0, t0, _batch_size(batch) if r.sampling else None)
         return batch
 
     def __len__(self):

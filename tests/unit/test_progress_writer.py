@@ -52,12 +52,13 @@ def test_the_writer_thread_writes_a_quiet_step_without_reading_the_loss(tmp_path
         clock[0] += progress.INTERVAL + progress.QUIET
         assert wait_for(lambda: len(records(path)) == 2, timeout=5)  # the writer thread wrote it
         last = records(path)[-1]
-        assert last["step"] == 2 and last["loss"] == 2.5  # the loss the program's thread read last
+        assert last["step"] == 2 and last["loss"] == 2.5 and last["loss_step"] == 1  # the last read, said so
         assert second.readers == []  # never read on the writer thread
+        clock[0] += progress.INTERVAL
+        r.step()  # a record is due: the next step is sampled
         r.backward(third, 0.001, r.perf())
-        r.step()
-        r.flush()  # as at exit (atexit, on the program's thread): the last step's loss is read there
-        assert records(path)[-1]["step"] == 3 and records(path)[-1]["loss"] == 0.5
+        r.step()  # the sampled step: the program's thread reads its loss and writes
+        assert records(path)[-1]["step"] == 4 and records(path)[-1]["loss"] == 0.5
         assert "fabtrain-progress" not in first.readers + second.readers + third.readers
     finally:
         r.on = False

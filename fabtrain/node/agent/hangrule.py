@@ -3,7 +3,8 @@
 policy.py asks these while it decides; nothing here acts. The rule is the
 table in docs/watchdog.md: after its first metrics record only new records
 count (only a new step, for records of the launcher's hook); before it any
-activity does.
+activity does. A rank the launcher's hook saw working between steps (evaluating,
+saving a checkpoint: its records' `busy_at`) made progress then.
 """
 from __future__ import annotations
 
@@ -36,8 +37,13 @@ def hang_reason(p, ledger, timeout: float, now: float) -> str | None:
         return "stopped (SIGSTOP) for %.0f s; hang_timeout %g s" % (now - min(p.stopped_since, since), timeout)
     if now - since < timeout:
         return None
+    if p.last_record is not None and p.stalled is not None and p.stalled[2] and p.stalled[3]:
+        rank, step, _, busy = p.stalled
+        return ("no progress for %.0f s: %s did no work since it was last seen %s after step %s (no optimizer "
+                "step, no forward pass or batch finished, no byte of a save written; hang_timeout %g s)" % (
+                    now - since, "rank %s" % rank if rank is not None else "it", busy, step, timeout))
     if p.last_record is not None and p.stalled is not None and p.stalled[2]:
-        rank, step, _ = p.stalled
+        rank, step = p.stalled[:2]
         return ("no progress for %.0f s: no new metrics record with a new step from %s%s (after its first "
                 "record only a new step counts, for every rank in its metrics; log output and CPU time do "
                 "not; hang_timeout %g s)" % (now - since, "rank %s" % rank if rank is not None else "it",

@@ -531,13 +531,14 @@ def facts(ctx: ProcessContext, procs: dict, starter=None) -> policy.ProcFacts:
 
 
 def stalled(progress) -> tuple | None:
-    """(rank, last step, hook's records) of the watched rank that progressed least recently, if any."""
+    """(rank, last step, hook's records, what it was last seen doing between steps) of the watched rank that
+    progressed least recently, if any."""
     ranks = [(k, r) for k, r in progress.ranks.items() if r in progress.watched() and r.changed is not None] \
         if progress else []
     if not ranks:
         return None
     k, r = min(ranks, key=lambda kr: kr[1].changed)
-    return (k, r.step, r.auto)
+    return (k, r.step, r.auto, r.busy)
 
 
 def strays(procs: dict, markers: Markers, mine: set, job_id: str, workspace: str, now: float) -> list[policy.Stray]:

@@ -23,7 +23,8 @@ class ProcFacts:
     last_record: float | None = None  # its last new metrics record (None: none yet)
     last_activity: float | None = None  # start, records, log output or CPU time
     # the rank that progressed least recently among those of its metrics records: (rank or None, its last
-    # step or None, whether its records are the launcher's hook's (only a new step is progress then))
+    # step or None, whether its records are the launcher's hook's (only a new step is progress then, or work the
+    # hook saw between steps), what the hook last saw it do between steps or None)
     stalled: tuple | None = None
     stopped_since: float | None = None
     term_at: float | None = None  # when the agent sent it SIGTERM

@@ -36,12 +36,13 @@ TIMINGS = ("step_time", "data_time", "compute_time", "comm_time")
 class RankSteps:
     """One rank's records in a metrics file: its last step, when it last made progress, its timings."""
 
-    __slots__ = ("step", "changed", "auto", "timings", "total_steps")
+    __slots__ = ("step", "changed", "auto", "timings", "total_steps", "busy")
 
     def __init__(self):
         self.step = None
         self.changed: float | None = None
         self.auto = False
+        self.busy: str | None = None  # what the hook last saw it do between steps (evaluating, saving, ...)
         self.timings: list = []  # (time, {step_time, data_time, compute_time, comm_time}) over RATE_WINDOW
         self.total_steps = None
 
@@ -51,8 +52,13 @@ class RankSteps:
         step = rec.get("step")
         step = step if isinstance(step, (int, float)) and not isinstance(step, bool) else None
         self.auto = rec.get("source") == "auto"
-        if not self.auto or (step is not None and step != self.step) or self.changed is None:
-            self.changed = at
+        busy_at = rec.get("busy_at")
+        if self.auto and rec.get("between_steps") and isinstance(busy_at, (int, float)) and \
+                not isinstance(busy_at, bool):
+            # Work done between steps (a forward, a batch, a save's bytes), at the time the hook saw it.
+            self.changed, self.busy = max(self.changed or 0.0, min(at, float(busy_at))), str(rec.get("busy"))
+        elif not self.auto or (step is not None and step != self.step) or self.changed is None:
+            self.changed, self.busy = at, None
         if step is not None:
             self.step = step
         if isinstance(rec.get("total_steps"), int):
