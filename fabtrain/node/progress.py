@@ -192,9 +192,10 @@ class Writer:
 
     def _record(self):
         """The record of the steps since the last one: their mean step time, the sampled step's parts (scaled
-        to that mean: the parts' shares are the sample's), its samples/s and loss."""
+        to that mean: the parts' shares are the sample's; the last sample's where none ended since), its
+        samples/s and loss."""
         rec = self._base()
-        n, timed = self.steps - self.written_steps, self.timed
+        n, timed = self.steps - self.written_steps, self.timed or self.last_timed
         end = self.step_end
         mean = (end - self.window_start) / n if self.window_start is not None and n > 0 and end is not None \
             else timed[1] if timed else None
@@ -209,8 +210,8 @@ class Writer:
             for part in (FORWARD, BACKWARD, OPTIMIZER):
                 if parts[part]:
                     rec[PARTS[part]] = round(parts[part] * scale, 6)
-            if self.samples_seen and seconds > 0:
-                rec["samples_per_s"] = round(samples / seconds, 3)
+            if self.samples_seen and mean > 0:
+                rec["samples_per_s"] = round(samples / mean, 3)  # the sampled step's samples, each mean step
         self._lr()
         for key, v in self.values.items():
             if key not in rec:
@@ -283,7 +284,7 @@ class Reporter(Writer):
         # The sampled step: its start, its parts (PARTS index), batches' samples, losses, last backward's end.
         self.sampling, self.sample_start, self.sample = True, None, [0.0] * len(PARTS)
         self.sample_samples, self.losses, self.backward_end = 0, [], None
-        self.timed = None  # the last sampled step, for the next record: (parts, seconds, samples)
+        self.timed = self.last_timed = None  # a sampled step for the next record, the last: (parts, seconds, samples)
         self.scaled = None  # (tensor GradScaler.scale returned, the loss it scaled): the loss is the latter
         # Work between steps, watched once a step is LATE: what was last done, when, and saves under way.
         self.watching, self.active, self.busy, self.busy_written = False, None, None, None
@@ -373,7 +374,7 @@ class Reporter(Writer):
                     self.busy = None
                 if self.sampling:
                     self._sample_ended(now, began)
-                    if report:
+                    if report and now >= self.due:  # (paddle samples every step)
                         self._write(now)
                 elif now >= self.due:
                     self.sampling, self.sample_start = True, now
@@ -386,7 +387,7 @@ class Reporter(Writer):
         parts, start = self.sample, self.sample_start if self.sample_start is not None else now
         if began is not None:
             parts[OPTIMIZER] += max(0.0, now - max(began, start))
-        self.timed = (parts, now - start, self.sample_samples)
+        self.timed = self.last_timed = (parts, now - start, self.sample_samples)
         self.sampling, self.sample_start, self.sample, self.sample_samples = False, None, [0.0] * len(PARTS), 0
         losses, self.losses, self.scaled = self.losses, [], None
         if losses and self.logged_loss_at != self.steps:

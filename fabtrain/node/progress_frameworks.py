@@ -396,7 +396,12 @@ def accelerate(core, module):
 
     def log(self, values, step=None, *args, **kwargs):
         out = orig_log(self, values, step, *args, **kwargs)
-        r.framework_values("accelerate", None, values if isinstance(values, dict) else None)
+        values = dict(values) if isinstance(values, dict) else None
+        for key in ("loss", "train_loss", "train/loss"):  # the loss it logs is the step's loss, as Lightning's
+            if values and core._number(values.get(key)) is not None:
+                values["loss"] = values[key]
+                break
+        r.framework_values("accelerate", None, values)
         return out
     Accelerator.__init__ = core._wraps(orig_init, __init__)
     Accelerator.log = core._wraps(orig_log, log)
@@ -421,6 +426,7 @@ def paddle(core, paddle):
                 r.framework = "paddle"
                 _paddle_lr(r, self)
                 r.step()
+                r.sampling, r.sample_start = True, r.perf()  # every step sampled: its wrappers are always in
                 return out
             step = core._wraps(orig, step)
             step._fabtrain = True

@@ -28,7 +28,7 @@ def test_an_accelerate_loop_reports_its_steps_loss_and_what_it_logs_and_computes
     assert recs and all(r["framework"] == "accelerate" and r["source"] == "auto" for r in recs), recs[:2]
     last = recs[-1]
     assert last["step"] == 30 and last["lr"] == 0.05 and last["samples_per_s"] > 0, last
-    # what it logs, under its own names; the loss is the last step's (the tensor backward() ran on)
+    # what it logs, under its own names; the loss is the one it logs (train_loss) for the step
     assert last["loss"] == pytest.approx(last["train_loss"], rel=1e-6) and last["abs_weight"] > 0, last
     assert all(k in last for k in ("data_time", "compute_time", "comm_time", "backward_time")), last
 
