@@ -103,7 +103,7 @@ def _rewatch(core, r, torch):
     a module's forward that finishes is work done (evaluating, under no_grad or inference_mode too), seen at
     the cost of one hook call a look; and a save's bytes written since the last look (/proc/self/io)."""
     from torch.nn.modules import module as nn_module
-    hold = [None]
+    hold, quiet = [None], []
 
     def seen(module, args, output):
         r.active, r.busy = r.perf(), core.BUSY[core.FORWARD]
@@ -118,6 +118,10 @@ def _rewatch(core, r, torch):
                 h.remove()
             return
         if hold[0] is None:
+            if not quiet:  # torch.compile's modules warn of any global hook: of this one, they need not
+                import warnings
+                warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
+                quiet.append(True)
             hold[0] = nn_module.register_module_forward_hook(seen)
         if r.saves:
             written = _written_bytes()
