@@ -67,15 +67,12 @@ MAX_NAMES = 32  # a framework's logged names kept in one record
 
 
 def enabled(environ=os.environ):
-    return bool(environ.get(ENV_METRICS)) and environ.get(ENV_INSTRUMENT, "1").strip().lower() not in (
-        "0", "false", "no", "off")
+    return bool(environ.get(ENV_METRICS)) and environ.get(ENV_INSTRUMENT, "1").strip().lower() not in ("0", "false",
+                                                                                                       "no", "off")
 
 
 def _int(value):
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
+    return int(value) if isinstance(value, str) and value.strip().lstrip("-").isdigit() else None
 
 
 def _finite(v):
@@ -222,7 +219,7 @@ class Writer:
 
     loss_at = None  # self.steps of the step whose loss values["loss"] holds
 
-    def _write(self, now, busy=False):
+    def _write(self, now, busy=False, checkpoint=None):
         if self.fd is None:
             self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
             if self.child is None:
@@ -238,6 +235,8 @@ class Writer:
             rec = self._base()
             rec.update(between_steps=True, busy=self.busy or "working",
                        busy_at=round(rec["ts"] - max(0.0, now - self.active), 3))
+            if checkpoint:  # (progress_frameworks' saves)
+                rec.update({k: v for k, v in self.values.items() if k.startswith("ckpt_")}, checkpoint=checkpoint)
             self.busy_written = self.active
         else:
             rec = self._record()

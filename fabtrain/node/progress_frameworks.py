@@ -77,6 +77,7 @@ def torch(core, torch):
         atexit.register(_let_collective_threads_finish, r)
     r.patch, r.rewatch = _patcher(table, r), _rewatch(core, r, torch)
     torch.save = core._wraps(torch.save, _saves(r, torch.save))
+    torch.load = core._wraps(torch.load, _loads(r, torch.load))
     r.patch(True)  # the first step is sampled
 
 
@@ -131,21 +132,99 @@ def _rewatch(core, r, torch):
     return rewatch
 
 
-def _saves(r, orig):
-    """A checkpoint save (torch.save, DCP's save, a framework's): work done while its bytes are written."""
+def _saves(r, orig, where=lambda args, kwargs: args[1] if len(args) > 1 else kwargs.get("f")):
+    """A checkpoint save (torch.save, DCP's save, a framework's; `where`: the file or folder it writes, from
+    its arguments): work done while its bytes are written, and once the outermost one has returned, the
+    rank's last checkpoint (_checkpointed: its step, path, bytes, seconds)."""
     import functools
 
     @functools.wraps(orig)
     def save(*args, **kwargs):
+        outermost = not r.saves
         r.saves += 1
-        r.save_written = _written_bytes()
-        r.active, r.busy = r.perf(), "saving a checkpoint"
+        written = r.save_written = _written_bytes()
+        t0 = r.perf()
+        r.active, r.busy = t0, "saving a checkpoint"
         try:
-            return orig(*args, **kwargs)
+            out = orig(*args, **kwargs)
         finally:
             r.saves = max(0, r.saves - 1)
             r.active = r.perf()
+        if outermost and r.on:
+            try:
+                path = _path(where(args, kwargs))
+                after = _written_bytes()
+                size = _size(path) if path else None
+                _checkpointed(r, path, size if size is not None else after - written if after is not None and
+                             written is not None else None, r.active - t0, out if _is_future(out) else None)
+            except Exception as e:  # the save itself went as it goes without the hook
+                r.fail("reading a checkpoint save", e)
+        return out
     return save
+
+
+def _checkpointed(r, path, size, seconds, future=None):
+    """A checkpoint saved (its outermost save returned; `future`: an async save's, landed later): the rank's
+    last checkpoint, in a record at once (after the first step) and in every record after it."""
+    if r.lock is None:
+        r._start()
+    with r.lock:
+        v = r.values
+        for key in [k for k in v if k.startswith("ckpt_")]:
+            del v[key]
+        v.update(ckpt_step=r.framework_step if r.framework_step is not None else r.steps,
+                 ckpt_at=round(r.wall(), 3), ckpt_seconds=round(seconds, 3))
+        v.update({k: x for k, x in (("ckpt_path", path), ("ckpt_bytes", size)) if x is not None})
+        if future is not None:
+            v["ckpt_async"] = True
+            future.add_done_callback(lambda _: v.__setitem__("ckpt_landed_at", round(r.wall(), 3)))
+        if r.steps:  # (before it, a record would end the watchdog's startup rule: docs/watchdog.md)
+            r._write(r.perf(), busy=True, checkpoint="saved")
+
+
+def _loads(r, orig, where=lambda args, kwargs: args[0] if args else kwargs.get("f")):
+    """A checkpoint load before the rank's first step (torch.load, DCP's load, a framework's resume): what this
+    generation resumed from."""
+    import functools
+
+    @functools.wraps(orig)
+    def load(*args, **kwargs):
+        out = orig(*args, **kwargs)
+        if not r.steps and r.on:
+            try:  # what this run resumed from: its first record says it
+                r.values["resumed_from"] = _path(where(args, kwargs)) or "(an open file or buffer)"
+            except Exception as e:
+                r.fail("reading a checkpoint load", e)
+        return out
+    return load
+
+
+def _path(f):
+    """A save's or load's file as a string: a path, or the name of an open file; None for a buffer."""
+    import os
+    if isinstance(f, (str, bytes)) or hasattr(f, "__fspath__"):
+        f = os.fsdecode(os.fspath(f))
+        return f or None
+    name = getattr(f, "name", None) if f is not None else None
+    if name is None:
+        path = getattr(f, "path", None)  # DCP's FileSystemWriter / Reader
+        return _path(path) if path is not None and not hasattr(path, "name") else None
+    return name if isinstance(name, str) and name else None
+
+
+def _size(path):
+    """Bytes of a file, or of every file under a folder (DCP's checkpoint); None if it is not there."""
+    import os
+    try:
+        if os.path.isdir(path):
+            return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+        return os.path.getsize(path)
+    except OSError:
+        return None
+
+
+def _is_future(out):
+    return callable(getattr(out, "add_done_callback", None))
 
 
 def _grad_scaler(r, torch, table):
@@ -172,11 +251,18 @@ def _grad_scaler(r, torch, table):
 
 
 def checkpoint(core, dcp):
-    """torch.distributed.checkpoint's saves, followed as torch.save's (DCP writes from its own threads too)."""
+    """torch.distributed.checkpoint's saves, followed as torch.save's (DCP writes from its own threads too),
+    and its loads; the checkpoint is its `checkpoint_id`, else its storage writer's or reader's path."""
+    def where(key):
+        return lambda args, kwargs: kwargs.get("checkpoint_id") or kwargs.get(key)
     for name in ("save", "async_save", "save_state_dict"):
         orig = getattr(dcp, name, None)
         if callable(orig):
-            setattr(dcp, name, _saves(core.REPORTER, orig))
+            setattr(dcp, name, _saves(core.REPORTER, orig, where("storage_writer")))
+    for name in ("load", "load_state_dict"):
+        orig = getattr(dcp, name, None)
+        if callable(orig):
+            setattr(dcp, name, _loads(core.REPORTER, orig, where("storage_reader")))
 
 
 def _batch_size(batch, depth=0):
@@ -352,7 +438,8 @@ def lightning(core, module):
         _add_callback(core, self, FabtrainProgress, "Lightning")
     Trainer.__init__ = core._wraps(orig_init, __init__)
     # Its checkpoints (ModelCheckpoint calls it): torch.save into a buffer, then the buffer's bytes to the file.
-    Trainer.save_checkpoint = _saves(r, Trainer.save_checkpoint)
+    Trainer.save_checkpoint = _saves(r, Trainer.save_checkpoint,
+                                     lambda args, kwargs: args[1] if len(args) > 1 else kwargs.get("filepath"))
 
 
 def transformers(core, module):
@@ -385,7 +472,11 @@ def transformers(core, module):
         _add_callback(core, self, FabtrainProgress, "Hugging Face")
     module.Trainer.__init__ = core._wraps(orig_init, __init__)
     if callable(getattr(module.Trainer, "_save_checkpoint", None)):  # safetensors' writes, not torch.save's
-        module.Trainer._save_checkpoint = _saves(r, module.Trainer._save_checkpoint)
+        module.Trainer._save_checkpoint = _saves(r, module.Trainer._save_checkpoint, lambda args, kwargs: __import__(
+            "os").path.join(args[0].args.output_dir, "checkpoint-%d" % args[0].state.global_step))
+    if callable(getattr(module.Trainer, "_load_from_checkpoint", None)):  # resume_from_checkpoint
+        module.Trainer._load_from_checkpoint = _loads(r, module.Trainer._load_from_checkpoint,
+                                                      lambda args, kwargs: args[1] if len(args) > 1 else None)
 
 
 def accelerate(core, module):
