@@ -386,7 +386,7 @@ class Collector:
                 mark["step"] = step
         if step is not None:
             for key in self.METRIC_KEYS:
-                if rec.get(key) is not None:
+                if rec.get(key) is not None and not (key == "loss" and "loss_step" in rec):  # (an earlier step's)
                     self.series.add(TRAINERS, name, key, step, rec[key])
 
     def _sample_node(self, node: str, health: dict | None) -> None:

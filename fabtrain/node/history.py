@@ -175,8 +175,10 @@ def series(path, process, max_points):
         return {}
     with f:
         rows = by_row(process, f)
-    return {name: thin([{k: rec[k] for k in SERIES if k in rec} for rec in recs], max_points)
-            for name, recs in rows.items()}
+    # A record whose loss is an earlier step's (`loss_step`: the hook's record of steps it did not sample)
+    # gives the series no loss at its step.
+    return {name: thin([{k: rec[k] for k in SERIES if k in rec and not (k == "loss" and "loss_step" in rec)}
+                        for rec in recs], max_points) for name, recs in rows.items()}
 
 
 def op_job(payload):
