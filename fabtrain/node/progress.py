@@ -121,6 +121,10 @@ class Writer:
             self.wake.set()
             writer.join(1.0)
         self.flush()
+        if self.on and self.steps and self.lock is not None:  # its exit is under way: work, not a hang
+            with self.lock:
+                self.active, self.busy = self.perf(), "exiting"
+                self._write(self.active, busy=True)
 
     def _start_thread(self):
         import threading
@@ -131,9 +135,7 @@ class Writer:
     def _forked(self):
         """In a forked child (a DataLoader worker): a fresh lock, and the writer thread again if it steps."""
         import threading
-        self.lock = threading.RLock()
-        self.thread = None
-        self.fd = None
+        self.lock, self.thread, self.fd = threading.RLock(), None, None
 
     def _quiet_writer(self):
         """Every QUIET: watches the work of a rank whose step is LATE, writes a step left pending (a rank that
@@ -418,10 +420,8 @@ class Reporter(Writer):
 
     def _lr(self):
         groups = getattr(self.optimizer, "param_groups", None)
-        if groups:
-            lr = groups[0].get("lr") if isinstance(groups[0], dict) else None
-            if _finite(lr):
-                self.values["lr"] = lr
+        lr = groups[0].get("lr") if groups and isinstance(groups[0], dict) else None
+        self.values.update({"lr": lr} if _finite(lr) else {})
 
     def _read_loss(self, losses):
         """The sampled step's loss, the sum of its backward()s' tensors: at once on the CPU. On a CUDA device

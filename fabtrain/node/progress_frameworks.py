@@ -145,6 +145,11 @@ def _saves(r, orig, where=lambda args, kwargs: args[1] if len(args) > 1 else kwa
         written = r.save_written = _written_bytes()
         t0 = r.perf()
         r.active, r.busy = t0, "saving a checkpoint"
+        if outermost and r.steps and r.on and r.lock is not None:
+            # Said now, from the program's thread: torch.save opens its file holding the GIL, so a save stuck
+            # there stops the writer thread too; its hang then counts from the save's start, and says so.
+            with r.lock:
+                r._write(t0, busy=True)
         try:
             out = orig(*args, **kwargs)
         finally:
