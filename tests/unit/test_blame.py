@@ -2,6 +2,9 @@
 thread and collective (agent/stacks.py), and each rank's steps in a metrics file (agent/supervisor.py)."""
 import json
 import os
+from pathlib import Path
+
+import pytest
 
 from fabtrain.node.agent import stacks
 from fabtrain.node.agent.supervisor import Progress
@@ -84,6 +87,107 @@ def test_a_stack_file_gives_the_main_threads_top_frame_and_its_collective():
     assert stacks.top_frame(STACK) == "/v/site-packages/torch/distributed/distributed_c10d.py:2811 in all_reduce"
     assert stacks.collective(frames) == "all_reduce"
     assert stacks.collective(stacks.main_frames('  File "/w/loader.py", line 88 in __getitem__\n')) is None
+
+
+# Stack files that real processes dumped (faulthandler, all threads), their paths shortened: the ranks of 3-rank DDP
+# jobs on gloo (tests/programs/ddp_stuck.py under fabtrain, tests/local/test_backward_blame.py; the first line is
+# the agent's) and of FSDP jobs on gloo (fully_shard and FullyShardedDataParallel, rank 1 spinning).
+STACKS = Path(__file__).parent.parent / "data" / "stacks"
+WHERE = [  # file, what the main thread waits in (None: it does not wait for the others), where it stands
+    ("ddp-backward.txt", "backward", "graph.py:979 in _engine_run_backward"),  # DDP's reducer, from C++
+    ("skip-goes-on-to-backward.txt", "backward", "graph.py:979 in _engine_run_backward"),
+    ("skip-others-all-reduce.txt", "all_reduce", "distributed_c10d.py:3252 in all_reduce"),
+    ("fsdp1-forward-all-gather.txt", "all_gather", "distributed_c10d.py:4287 in all_gather"),
+    ("fsdp2-forward-all-gather.txt", "all_gather_single", "distributed_c10d.py:4394 in all_gather_single"),
+    ("fsdp2-backward-all-gather.txt", "all_gather_single", "distributed_c10d.py:4394 in all_gather_single"),
+    ("ddp-spin.txt", None, "ddp_stuck.py:61 in spin_forever"),
+    ("fifo.txt", None, "ddp_stuck.py:65 in read_fifo"),  # asleep in open() (state S)
+    ("dataloader-waits-for-its-worker.txt", None, "dataloader.py:1291 in _try_get_data"),  # not selectors.py
+    ("dataloader-inline-getitem.txt", None, "ddp_stuck.py:51 in __getitem__"),  # not threading.py's wait
+]
+
+
+@pytest.mark.parametrize("name, waits_in, where", WHERE)
+def test_real_stacks_say_whether_the_rank_waits_for_the_others_and_where_it_stands(name, waits_in, where):
+    text = (STACKS / name).read_text()
+    assert stacks.collective(stacks.main_frames(text)) == waits_in
+    assert blame.short(stacks.top_frame(text)) == where
+
+
+def test_frames_that_only_pass_a_call_on_are_looked_through_and_only_the_innermost_count():
+    text = (STACKS / "ddp-backward.txt").read_text()
+    user = '  File "/ws/code/train.py", line 77 in <module>'
+    hooked = '  File "/ws/jobs/J/stacks/hook/_fabtrain_progress_frameworks.py", line 47 in backward\n'
+    head, _, tail = text.rpartition('  File "/ws/jobs/')  # the main thread's last frame: the program's
+    wrapped = stacks.main_frames(head + hooked + '  File "/ws/jobs/' + tail)
+    assert wrapped[3][2] == "backward" and stacks.collective(wrapped) == "backward"
+    # the hook's callback that marks the end of the backward's computation, caught running inside the engine
+    callback = '  File "/ws/jobs/J/stacks/hook/_fabtrain_progress_frameworks.py", line 130 in mark\n'
+    current = text.index("Current thread")
+    first = text.index("\n", current) + 1
+    inside = stacks.main_frames(text[:first] + callback + text[first:])
+    assert inside[0][2] == "mark" and stacks.collective(inside) == "backward"
+    # A rank running its model's forward inside FSDP's (or DDP's) forward, or inside torch.distributed.elastic's
+    # `record`, does not wait for anyone: the frames outward of its own code do not count.
+    fsdp = (STACKS / "fsdp1-forward-all-gather.txt").read_text().splitlines()
+    at = next(i for i, line in enumerate(fsdp) if "fully_sharded_data_parallel.py" in line)
+    model = ['  File "/ws/code/model.py", line 12 in spin_forever', '  File "/ws/code/model.py", line 20 in forward',
+             '  File "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1789 in _call_impl']
+    assert stacks.collective(stacks.main_frames("\n".join(fsdp[:1] + model + fsdp[at:]))) is None
+    elastic = ['  File "/ws/code/train.py", line 5 in main',
+               '  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/'
+               '__init__.py", line 367 in wrapper', user]
+    assert stacks.collective(stacks.main_frames("\n".join(elastic))) is None
+    # a DDP's forward waiting in its buffers' broadcast; a forward of torch's own modules under it is not
+    ddp = ['  File "/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", line 2010 in '
+           '_default_broadcast_coalesced',
+           '  File "/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", line 1960 in _sync_buffers',
+           '  File "/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", line 1600 in forward', user]
+    assert stacks.collective(stacks.main_frames("\n".join(ddp))) == "_default_broadcast_coalesced"
+    linear = '  File "/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py", line 134 in forward'
+    assert stacks.collective(stacks.main_frames("\n".join([linear] + ddp[2:]))) is None
+    # torch.distributed.checkpoint writing its files is not waiting; its collectives are
+    dcp = ('  File "/venv/lib/python3.11/site-packages/torch/distributed/checkpoint/filesystem.py", line 300 in '
+           '_write_item')
+    assert stacks.collective(stacks.main_frames("\n".join([dcp, user]))) is None
+
+
+def views_of_files(*names):
+    out = []
+    for r, name in enumerate(names):
+        text = (STACKS / name).read_text()
+        waits_in = stacks.collective(stacks.main_frames(text))
+        out.append(RankView("n0", "trainer-%d" % r, r, 10, stacks.top_frame(text), waits_in))
+    return out
+
+
+@pytest.mark.parametrize("stuck, frame", [
+    ("ddp-spin.txt", "ddp_stuck.py:61 in spin_forever"), ("fifo.txt", "ddp_stuck.py:65 in read_fifo"),
+    ("dataloader-waits-for-its-worker.txt", "dataloader.py:1291 in _try_get_data")])
+def test_the_rank_the_others_wait_for_in_backward_is_named(stuck, frame):
+    found = blame.judge(views_of_files("ddp-backward.txt", stuck, "ddp-backward.txt"))
+    assert [v.rank for v in found.ranks] == [1]
+    assert found.sentence == "rank 1 on n0 stopped stepping at step 10 in `%s`; ranks 0, 2 wait in backward" % frame
+
+
+def test_a_rank_that_skipped_a_collective_and_waits_in_the_next_one_is_named_where_the_others_are_not():
+    found = blame.judge(views_of_files("skip-others-all-reduce.txt", "skip-goes-on-to-backward.txt",
+                                       "skip-others-all-reduce.txt"))
+    assert [v.rank for v in found.ranks] == [1]
+    assert found.sentence == ("rank 1 on n0 stopped stepping at step 10 waiting in backward, where the others are not "
+                              "(`graph.py:979 in _engine_run_backward`); ranks 0, 2 wait in all_reduce")
+    # ... also when its step is ahead of theirs (the collective it skipped came before its optimizer's step)
+    views = [rank(0, step=9), rank(1, step=10, frame="/v/torch/autograd/graph.py:979 in _engine_run_backward",
+                                   collective="backward"), rank(2, step=9), rank(3, step=9)]
+    found = blame.judge(views)
+    assert [v.rank for v in found.ranks] == [1]
+    assert found.sentence.endswith("; ranks 0, 2, 3 wait in all_reduce at step 9"), found.sentence
+    # Two ranks, each waiting in another place: either may have gone astray; the steps rule as before.
+    found = blame.judge(views[:2])
+    assert [v.rank for v in found.ranks] == [0]
+    # Every rank in backward: nobody stands out.
+    everyone = blame.judge(views_of_files("ddp-backward.txt", "ddp-backward.txt", "ddp-backward.txt"))
+    assert everyone.ranks == () and everyone.sentence == "no rank stands out: ranks 0, 1, 2 wait in backward at step 10"
 
 
 def test_rank_processes_are_the_topmost_of_each_rank_and_a_launcher_is_not_one(monkeypatch):

@@ -29,8 +29,25 @@ SETTLE = 0.03  # a file that has not grown for this long after it grew is comple
 POLL = 0.01
 CANNOT = {"T": "stopped (SIGSTOP)", "t": "stopped by a debugger (traced)"}  # states that run no handler now
 FRAME = re.compile(r'^\s*File "(?P<path>[^"]*)", line (?P<line>\d+) in (?P<func>.+)$')
-# A frame in one of these is a rank waiting for the others (the function named is the collective).
-COLLECTIVE_PATHS = ("/torch/distributed/", "/paddle/distributed/", "/horovod/", "/mpi4py/", "/deepspeed/comm/")
+# A main thread whose innermost frames are in one of these waits for the other ranks (the function named is the
+# collective). DDP's own Python (torch/nn/parallel/distributed.py) waits only in its collectives: the buffers'
+# broadcast before a forward, the buckets' rebuild, its start; a forward runs the module's code, whose frames are
+# innermost then.
+COLLECTIVE_PATHS = ("/torch/distributed/", "/paddle/distributed/", "/horovod/", "/mpi4py/", "/deepspeed/comm/",
+                    "/torch/nn/parallel/distributed.py")
+NOT_COLLECTIVE = ("/torch/distributed/checkpoint/",)  # in torch.distributed, but its own work is file I/O
+WRAPPERS = ("wrapper", "_wrapper", "inner")  # decorators' frames: what they wrap says where the rank is
+# torch's backward entry. A main thread still inside backward() at a hang (no new step for hang_timeout) waits
+# for its gradients' reduction: DDP's reducer all-reduces them from C++ at the end of backward (FSDP's final
+# callback too, on a GPU from the autograd engine's threads), with no Python frame of torch.distributed.
+BACKWARD = (("/torch/autograd/graph.py", "_engine_run_backward"), ("/torch/autograd/__init__.py", "backward"),
+            ("/torch/autograd/__init__.py", "grad"), ("/torch/_tensor.py", "backward"))
+BACKWARD_NAME = "backward"
+# Frames that only pass a call on, looked through toward the frame that says where the thread stands:
+# Python's standard library (a wait on a lock, a queue, a selector), torch's op dispatch and stream waits, and
+# the launcher's progress hook, which wraps backward(), DataLoader batches, DDP's forward and the collectives.
+PASS_PATHS = ("/torch/_ops.py", "/torch/cuda/", "/torch/utils/_contextlib.py", "/_fabtrain_progress")
+STDLIB = re.compile(r"^<frozen |/lib(?:64)?/python\d+(?:\.\d+)*/(?!(?:site|dist)-packages/)")
 RANK_KEYS = (b"RANK", b"LOCAL_RANK", b"TORCHELASTIC_RUN_ID")
 
 
@@ -57,18 +74,45 @@ def main_frames(text: str) -> list:
     return []
 
 
-def top_frame(text: str) -> str | None:
-    """The main thread's innermost frame, ``path:line in function``."""
-    frames = main_frames(text)
+def stdlib(path: str) -> bool:
+    """Whether a frame's file is Python's standard library (not site-packages)."""
+    return bool(STDLIB.search(path))
+
+
+def where(frames) -> str | None:
+    """Where the thread stands, ``path:line in function``: its innermost frame outside Python's standard
+    library (a rank blocked on a lock, a queue, a selector or a pipe is named by the code that waits:
+    `dataloader.py:1291 in _try_get_data` for its DataLoader's workers, the user's own line), else its
+    innermost."""
+    for frame in frames:
+        if not stdlib(frame[0]):
+            return "%s:%s in %s" % frame
     return "%s:%s in %s" % frames[0] if frames else None
 
 
+def top_frame(text: str) -> str | None:
+    """Where the main thread stands (`where`)."""
+    return where(main_frames(text))
+
+
 def collective(frames) -> str | None:
-    """The collective the main thread waits in (all_reduce, barrier, ...): the function of its
-    innermost frame in a communication library's Python code (decorators' wrappers passed over)."""
+    """What the main thread waits in for the other ranks, from its innermost frame outward: the function of a
+    communication library's frame (all_reduce, barrier, ...; decorators' wrappers passed over), or `backward`
+    for torch's backward entry (DDP's and FSDP's reducers wait from C++ inside it). Frames that only pass a
+    call on are looked through; any other frame first (the program's own code, a DataLoader, a file read)
+    means the thread is not waiting for the others: None. Only the innermost frames count, so a rank running
+    its model's forward under FSDP's or DDP's forward, or its function under torch.distributed.elastic's
+    `record`, is not in a collective."""
     for path, _, func in frames:
-        if any(p in path for p in COLLECTIVE_PATHS) and func not in ("wrapper", "_wrapper", "inner"):
+        if any(path.endswith(p) and func == f for p, f in BACKWARD):
+            return BACKWARD_NAME
+        if any(p in path for p in COLLECTIVE_PATHS) and not any(p in path for p in NOT_COLLECTIVE):
+            if func in WRAPPERS:
+                continue
             return func
+        if stdlib(path) or any(p in path for p in PASS_PATHS):
+            continue
+        return None
     return None
 
 
@@ -182,10 +226,10 @@ def _read_into(view: dict, path: str) -> None:
     if not frames:
         view["why"] = "no stack: %s holds no Python frame" % path
         return
-    view["frame"] = "%s:%s in %s" % frames[0]
-    where = collective(frames)
-    if where:
-        view["collective"] = where
+    view["frame"] = where(frames)
+    waits_in = collective(frames)
+    if waits_in:
+        view["collective"] = waits_in
 
 
 def targets_of(contexts, names, kids: dict) -> list:

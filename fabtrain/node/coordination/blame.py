@@ -4,15 +4,22 @@ for out, with the one sentence that says it.
 At a hang of a synchronous job every rank stops stepping: the one that got
 stuck, and the others that wait for it in a collective. The rank to blame is
 
-1. by the stacks: the rank(s) whose main thread is not inside a collective
-   (no frame of torch.distributed, paddle.distributed, ...; a stopped rank,
+1. by the stacks: the rank(s) whose main thread does not wait for the others
+   (its innermost frames are not a collective of torch.distributed,
+   paddle.distributed, ..., nor torch's backward(), where DDP's and FSDP's
+   reducers wait from C++: agent/stacks.py `collective`; a stopped rank,
    which cannot answer, counts as outside) while at least one other rank's
-   is;
-2. else by the steps: the rank(s) whose last step is behind the others'.
+   does;
+2. else, when every rank waits but not all in the same place (collective and
+   last step) and more than half of them share one, the rank(s) elsewhere:
+   a rank that skipped a collective the others entered has gone on to wait
+   in another one (or one that entered a collective the others skipped waits
+   in it alone);
+3. else by the steps: the rank(s) whose last step is behind the others'.
 
-If neither tells them apart (every rank waits in a collective, or none
-does, at the same step) no rank is named and the sentence says where they
-all stand. Ranks come from every node (the beats carry each node's after its
+If none tells them apart (every rank waits in a collective, or none does,
+at the same step) no rank is named and the sentence says where they all
+stand. Ranks come from every node (the beats carry each node's after its
 dump), so a rank on another node is named with its node.
 """
 from __future__ import annotations
@@ -39,7 +46,7 @@ class RankView:
 @record
 class Blame:
     ranks: tuple  # the RankViews the others wait for (empty: none stands out)
-    waiting: tuple  # the RankViews in a collective
+    waiting: tuple  # the RankViews in a collective (the others')
     sentence: str
 
 
@@ -76,6 +83,13 @@ def stood(r: RankView) -> str:
     return "%s stopped stepping%s%s" % (label(r), at, where)
 
 
+def apart(r: RankView) -> str:
+    """What a blamed rank that waits elsewhere than most ranks did."""
+    at = " at step %s" % _step(r.step) if r.step is not None else " before its first step"
+    where = " (`%s`)" % short(r.frame) if r.frame else ""
+    return "%s stopped stepping%s waiting in %s, where the others are not%s" % (label(r), at, r.collective, where)
+
+
 def waits(views) -> str:
     """"ranks 0, 1, 3 wait in all_reduce" (grouped by collective)."""
     by: dict = {}
@@ -97,6 +111,17 @@ def judge(views) -> Blame:
     outside = [v for v in views if not v.collective and (v.frame or (v.why and "stopped" in v.why))]
     if inside and outside:
         return Blame(tuple(outside), tuple(inside), "; ".join([s for s in map(stood, outside)] + [waits(inside)]))
+    if len(inside) == len(views):
+        places: dict = {}
+        for v in views:
+            places.setdefault((v.collective, v.step), []).append(v)
+        most = max(places.values(), key=len)
+        if len(places) > 1 and 2 * len(most) > len(views):
+            elsewhere = [v for group in places.values() if group is not most for v in group]
+            elsewhere.sort(key=lambda v: (v.rank is None, v.rank if v.rank is not None else 0, v.node, v.name))
+            rest = waits(most) + (" at step %s" % _step(most[0].step) if any(v.step != most[0].step for v in elsewhere)
+                                  and most[0].step is not None else "")
+            return Blame(tuple(elsewhere), tuple(most), "; ".join([apart(v) for v in elsewhere] + [rest]))
     stepped = [v for v in views if v.step is not None]
     if len(stepped) > 1:
         low = min(v.step for v in stepped)
