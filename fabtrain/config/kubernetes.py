@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from fabtrain.config.checks import INVALID, kind_of, shown, valid
@@ -30,6 +31,13 @@ LABEL_VALUE_RE = re.compile(rf"^({_NAME})?$")
 RESOURCE_RE = re.compile(rf"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/{_NAME}$")  # an extended resource: vendor/name
 HOST_PATH_RE = re.compile(r"^/[A-Za-z0-9_./+@%,:=-]*$")
 DEFAULT_USER = 1000  # a non-root user and group every image can run as (no passwd entry needed)
+# A trainer pod's /dev/shm when kubernetes.trainer.shm is not given: half its memory limit (as Linux sizes a
+# tmpfs), else this. A container runtime's own /dev/shm is 64 MiB: DataLoader workers and NCCL fail on it.
+DEFAULT_SHM = "8Gi"
+SUFFIXES = {"": Decimal(1), "m": Decimal("0.001"), "k": Decimal(10) ** 3, "M": Decimal(10) ** 6,
+            "G": Decimal(10) ** 9, "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
+            "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
+            "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60}
 
 
 @dataclass(frozen=True)
@@ -45,7 +53,9 @@ class PodResources:
     memory: str | None = None
     gpus: int | None = None  # None: from nodes[].gpus / trainer.per_node when job.trainer.use_gpu
     gpu_resource: str = "nvidia.com/gpu"
-    shm: str | None = None  # /dev/shm: a memory emptyDir of this size (None: the container runtime's 64 MiB)
+    # /dev/shm, a memory emptyDir of this size; "0": none (the container runtime's 64 MiB); None: not given
+    # (a trainer pod's is then shm_size's default, a pserver pod has none)
+    shm: str | None = None
 
 
 @dataclass(frozen=True)
@@ -170,12 +180,59 @@ def _quantity(checks, value, where, what):
     return str(value)
 
 
+def quantity_bytes(quantity: str) -> Decimal:
+    """A quantity of bytes that QUANTITY_RE took ("64Gi", "1.5G", "512") as a number of bytes."""
+    number, suffix = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", quantity).groups()
+    return Decimal(number) * SUFFIXES[suffix]
+
+
+def bytes_quantity(count: int, like: str = "") -> str:
+    """`count` bytes as a quantity, in the largest suffix that holds it whole: of the binary family (Ki, Mi, ...)
+    when `like` is written in it, else of the decimal one (k, M, ...); plain bytes when neither does."""
+    binary = [s for s in SUFFIXES if s.endswith("i")]
+    decimal = [s for s in SUFFIXES if s and s != "m" and not s.endswith("i")]
+    families = (binary, decimal) if like.endswith("i") else (decimal, binary)
+    for family in families:
+        for suffix in sorted(family, key=SUFFIXES.get, reverse=True):
+            whole, rest = divmod(Decimal(count), SUFFIXES[suffix])
+            if count and not rest:
+                return f"{whole}{suffix}"
+    return str(count)
+
+
+def shm_size(resources: PodResources, role: str) -> str | None:
+    """The sizeLimit of a pod's /dev/shm (a memory emptyDir), None for none: `shm` as given ("0": none); not
+    given, a trainer pod's is half its memory limit, or DEFAULT_SHM without one, and a pserver pod has none."""
+    if resources.shm is not None:
+        return resources.shm if quantity_bytes(resources.shm) else None
+    if role != "trainer":
+        return None
+    if resources.memory is None:
+        return DEFAULT_SHM
+    half = int(quantity_bytes(resources.memory) / 2)
+    return bytes_quantity(half, resources.memory) if half else None
+
+
+def _shm(checks, value, where, memory):
+    """`shm`: a quantity of bytes, 0 for none, and no more than the pod's memory limit (its pages count against it:
+    the container would be killed for memory before /dev/shm was full)."""
+    shm = _quantity(checks, value, where, "bytes, e.g. 16Gi; 0: no /dev/shm volume")
+    if shm is INVALID or memory is None or memory is INVALID:
+        return shm
+    if quantity_bytes(shm) > quantity_bytes(memory):
+        checks.report(where, f"{shown(value)} is more than the pod's memory limit ({memory}): /dev/shm's pages count "
+                             f"against it; give at most {memory}, or 0 for none")
+        return INVALID
+    return shm
+
+
 def _resources(checks, value, where) -> PodResources:
     r = checks.mapping(value, where, ROLE_FIELDS)
+    memory = _quantity(checks, r["memory"], f"{where}.memory", "bytes, e.g. 64Gi") if "memory" in r else None
     spec = dict(
         cpu=_quantity(checks, r["cpu"], f"{where}.cpu", 'cores, e.g. 8 or "500m"') if "cpu" in r else None,
-        memory=_quantity(checks, r["memory"], f"{where}.memory", "bytes, e.g. 64Gi") if "memory" in r else None,
-        shm=_quantity(checks, r["shm"], f"{where}.shm", "bytes, e.g. 16Gi") if "shm" in r else None,
+        memory=memory,
+        shm=_shm(checks, r["shm"], f"{where}.shm", memory) if "shm" in r else None,
         gpus=checks.integer(r["gpus"], f"{where}.gpus", 0, 1024) if "gpus" in r else None,
         gpu_resource=(checks.string(r["gpu_resource"], f"{where}.gpu_resource", RESOURCE_RE,
                                     "extended resource name (vendor/name, e.g. nvidia.com/gpu, amd.com/gpu)")

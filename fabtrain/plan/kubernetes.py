@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from fabtrain.contract.states import STOP_GRACE
 from fabtrain.config.cluster import Cluster, JobSpec, Node, PserverSpec, SSHSettings, WatchdogSpec
-from fabtrain.config.kubernetes import KubernetesSpec, PodResources, Volume
+from fabtrain.config.kubernetes import KubernetesSpec, PodResources, Volume, shm_size
 from fabtrain.errors import UserError
 from fabtrain.plan.plan import Network, Plan
 
@@ -420,7 +420,7 @@ def _pod_template(plan: Plan, spec: PodSpec, role: str, index_env: str, containe
                                           # root:fsGroup 0440: the pod's own (non-root) user reads it, no one else.
                                           "defaultMode": 0o440}},
                {"name": "workspace", "emptyDir": {}}]
-    shm = getattr(k8s, role).shm
+    shm = shm_size(getattr(k8s, role), role)
     if shm:  # NCCL and DataLoader workers share memory through /dev/shm; a container's default is 64 MiB
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}})

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 
 import pytest
 
+from fabtrain.contract.events import OUTCOMES, EventKind
+from fabtrain.contract.jobfolder import JobFolder
 from tests.conftest import require
 from tests.support.procscan import wait_for
 from tests.support.slurm_cluster import SlurmCluster, slurm_missing
@@ -79,7 +82,12 @@ def test_a_job_preempted_by_a_higher_partition_is_requeued_and_resumes(job, slur
     status = job.fab("status")
     assert status.returncode == 0 and f"job {job.job_id}: finished" in status.stdout, status.stdout
     assert "attempt 2 of 2: requeued after preemption (preempted by Slurm)" in status.stdout, status.stdout
-    assert high
+    # The preemptor: a job id of its own, numbered after ours (sbatch --parsable prints the id alone), that ran in
+    # partition "high" to its end while ours waited (slurmctld keeps an ended job MinJobAge=300 s).
+    assert re.fullmatch(r"\d+", high) and int(high) > int(job.slurm_job), (high, job.slurm_job)
+    preemptor = slurm.run("scontrol", "show", "job", "-o", high, check=False).stdout
+    assert re.search(r"\bPartition=high\b", preemptor) and re.search(r"\bJobState=COMPLETED\b", preemptor), preemptor
+    assert (job.root / f"high-{high}.out").exists()
 
 
 def test_with_continue_after_time_limit_the_job_goes_on_as_its_next_attempt(job):
@@ -114,26 +122,62 @@ def test_a_requeue_past_scheduler_requeue_fails_the_job_saying_so(job):
     assert len(job.starts(0)) == 2  # attempt 3 started nothing
 
 
+def record_on_disk(job) -> dict:
+    """What each node's job folder holds of how the job ended (read through fabtrain.contract's JobFolder): every
+    event, the `killed` marker, health.json's job status and each process's exit record."""
+    out = {}
+    for i in range(job.nodes):
+        folder = JobFolder(str(job.jd(i)))
+        health = json.loads(open(folder.health).read())
+        exits = {name[:-len(".exit")]: open(os.path.join(folder.run, name)).read().strip()
+                 for name in sorted(os.listdir(folder.run)) if name.endswith(".exit")}
+        out[f"node{i}"] = {"events": folder.read_events(), "killed": os.path.exists(folder.killed),
+                           "job": health.get("job"), "exits": exits}
+    return out
+
+
+def outcomes(record: dict) -> dict:
+    """Each node's outcome events (finished, job_failed, kept), by kind."""
+    return {node: [e["kind"] for e in r["events"] if e.get("kind") in OUTCOMES] for node, r in record.items()}
+
+
 def test_kill_all_after_the_end_keeps_what_happened(job):
     job.configure("python resumable.py --period 0.1 --steps 5")
     job.submit()
     assert job.wait_state("COMPLETED", "FAILED", "CANCELLED", timeout=60) == "COMPLETED", job.describe()
     before = job.fab("status")
     assert before.returncode == 0 and "finished" in before.stdout, before.stdout
+    on_disk = record_on_disk(job)
+    # The coordinator's node recorded the job finished; no node recorded another outcome (a node whose agent left
+    # before the job's last status reached it records none).
+    said = outcomes(on_disk)
+    assert said["node0"] == [EventKind.FINISHED] and all(k in ([], [EventKind.FINISHED]) for k in said.values()), said
+    assert not any(r["killed"] for r in on_disk.values()), on_disk
+    assert [on_disk[f"node{i}"]["exits"].get(f"trainer-{i}") for i in range(job.nodes)] == ["0"] * job.nodes, on_disk
     job.fab("kill-all", check=True)
     after = job.fab("status")
     assert after.returncode == 0 and f"job {job.job_id}: finished" in after.stdout, after.stdout
     assert "kill-all" not in after.stdout, after.stdout
+    # The record itself, not only its reading: no event added, no `killed` marker, health and exit codes as they were.
+    assert record_on_disk(job) == on_disk
 
     job.configure("python resumable.py --period 0.1 --steps 5 --no-such-flag")  # exits 2 at once
     job.submit("--no-wait")  # (the job can end between two of the start's looks: it says so, and exits 1)
     assert job.wait_state("FAILED", "COMPLETED", "CANCELLED", timeout=60) == "FAILED", job.describe()
     before = job.fab("status")
     assert before.returncode == 1 and "exited with code 2" in before.stdout, before.stdout
+    on_disk = record_on_disk(job)
+    said = outcomes(on_disk)
+    assert EventKind.JOB_FAILED in said["node0"] and not any(EventKind.FINISHED in k for k in said.values()), said
+    assert not any(r["killed"] for r in on_disk.values()), on_disk
+    # Every trainer's exit recorded; the ones the teardown did not reach first, 2.
+    codes = [on_disk[f"node{i}"]["exits"].get(f"trainer-{i}") for i in range(job.nodes)]
+    assert None not in codes and "2" in codes, on_disk
     job.fab("kill-all", check=True)
     after = job.fab("status")
     assert after.returncode == 1 and "exited with code 2" in after.stdout, after.stdout
     assert "kill-all" not in after.stdout, after.stdout
+    assert record_on_disk(job) == on_disk
 
 
 def test_kill_all_cancels_this_clusters_jobs_by_id_never_a_same_named_job_from_elsewhere(job, slurm):

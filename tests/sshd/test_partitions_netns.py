@@ -85,10 +85,16 @@ def test_a_cut_off_node_under_min_nodes_stops_before_the_smaller_generation_star
         assert cut < gone
         # Healed: node3 neither rejoins nor reports; nothing of the job runs there.
         net.heal("node3")
+        # Its agent is still there when the link comes back (it waits for the coordinator's word on its failure,
+        # 2 peer_timeouts + grace): its next beat is refused as fenced, once, and the agent is told so and ends.
+        assert wait_for(lambda: job.events("node1", "fenced") and job.events("node3", "fenced"),
+                        timeout=3 * PEER_TIMEOUT), job.describe()
+        (refused,) = job.events("node1", "fenced")
+        assert refused["peer"] == "node3" and "it left the job at generation 0" in refused["reason"], refused
+        (told,) = job.events("node3", "fenced")
+        assert told["reason"].startswith("fenced out of the job: node3 left the job at generation 0"), told
         assert wait_for(lambda: not job.job_pids("node3"), timeout=3 * PEER_TIMEOUT + GRACE + 5), job.describe()
         assert not job.events("node3", "restarted"), job.describe()
-        # If its agent was still there when the link came back, the coordinator refused it as fenced.
-        assert all(e["peer"] == "node3" for e in job.events("node1", "fenced"))
         # Running again once every survivor's beat said it started generation 1 (its agent writes health a beat on).
         assert wait_for(lambda: job.health("node1")["job"]["status"] == "running", timeout=4 * INTERVAL + 5), \
             job.health("node1")["job"]
@@ -137,9 +143,12 @@ def test_the_coordinators_node_cut_off_fails_the_job_everywhere_with_one_coordin
             lease = job.health(n)["coordinator"]["lease"]
             assert stopped_at(job, n, f"trainer-{i}") - lease <= STOP_BOUND
         assert "lost" in job.events("node1", "job_failed")[0]["reason"]
-        # No election: only node1 ever hosted a coordinator.
+        # No election: exactly one coordinator, node1's, ever. Its agent's last health says it hosted it, and only
+        # a coordinator writes its board to the job folder (coordinator.json): none on node2 or node3.
         hosted = [n for n in NODES if (job.health(n).get("coordinator") or {}).get("hosted_here")]
-        assert hosted in (["node1"], []), hosted
+        assert hosted == ["node1"], {n: job.health(n).get("coordinator") for n in NODES}
+        boards = [n for n in NODES if (job.jd(n) / "coordinator.json").exists()]
+        assert boards == ["node1"], boards
     finally:
         job.end()
     # The next job starts as usual on the same nodes.

@@ -7,7 +7,8 @@ schema (tests/data/crds), the PyTorchJob through the Kubeflow training
 operator's own models, and the pod entrypoint runs for real as local
 processes, one per pod, over the rendered Secret (tests/local/test_kubernetes_pods.py).
 Regenerate the golden files after a deliberate change with
-FABTRAIN_UPDATE_GOLDEN=1 (then read the diff).
+FABTRAIN_UPDATE_GOLDEN=1: the golden test then rewrites the files that differ
+and still fails, naming them; read the diff and run it again without it.
 """
 import json
 import os
@@ -59,6 +60,10 @@ CASES = {
                           "watchdog": {"on_failure": "restart", "max_restarts": 2}},
                [{"name": f"g{i}", "host": f"10.0.2.{i}", "roles": ["pserver", "trainer"], "gpus": 2} for i in range(3)],
                PLACED),
+    # A trainer pod's /dev/shm from its memory limit: half of 3Gi.
+    "sized": ("job", {"mode": "collective", "image": IMAGE, "trainer": {"command": "python train.py"}},
+              [{"name": f"n{i}", "host": f"10.0.3.{i}", "roles": ["trainer"]} for i in range(2)],
+              {"trainer": {"cpu": 2, "memory": "3Gi"}}),
     "placed": ("job", {"mode": "pserver", "image": IMAGE, "trainer": {"per_node": 2, "use_gpu": True},
                        "watchdog": {"on_failure": "restart", "max_restarts": 2}},
                [{"name": f"g{i}", "host": f"10.0.2.{i}", "roles": ["pserver", "trainer"], "gpus": 2} for i in range(3)],
@@ -84,13 +89,19 @@ def file_name(i, doc):
 def test_manifests_match_the_golden_files(case):
     rendered = {file_name(i, d): manifest_text(d) for i, d in enumerate(docs_of(case))}
     folder = GOLDEN / case
-    if os.environ.get("FABTRAIN_UPDATE_GOLDEN"):
+    golden = {p.name: p.read_text() for p in folder.glob("*.yaml")}  # read before anything may rewrite them
+    if golden != rendered and os.environ.get("FABTRAIN_UPDATE_GOLDEN"):
         folder.mkdir(parents=True, exist_ok=True)
         for old in folder.glob("*.yaml"):
             old.unlink()
         for name, text in rendered.items():
             (folder / name).write_text(text)
-    assert {p.name: p.read_text() for p in folder.glob("*.yaml")} == rendered
+        changed = sorted(n for n in golden.keys() | rendered.keys() if golden.get(n) != rendered.get(n))
+        # Still a failure: the run that rewrites the files has compared nothing. Read the diff, then run again.
+        pytest.fail(f"{folder.relative_to(REPO)}: rewrote {', '.join(changed)} from the code; read "
+                    f"`git diff {folder.relative_to(REPO)}`, then run again without FABTRAIN_UPDATE_GOLDEN",
+                    pytrace=False)
+    assert golden == rendered
 
 
 def validated(paths, version):
@@ -285,8 +296,14 @@ def pods_cluster(count, mode="collective"):
 @pytest.mark.timeout(120)
 def test_the_manifests_of_1000_pods_are_the_size_of_those_of_4():
     """One job spec, one template a role: only the numbers grow a digit or so (WORLD_SIZE 2000 for 8, ...)."""
-    size = {n: [len(manifest_text(d)) for d in render(pods_cluster(n), job_id=JOB_ID, secret=SECRET)]
-            for n in (4, 1000)}
+    docs = {n: render(pods_cluster(n), job_id=JOB_ID, secret=SECRET) for n in (4, 1000)}
+    # The same three objects either way (the Secret, the Service, the trainers' Indexed Job), the Job of 1,000 pods.
+    kinds = {n: [(d["kind"], d["metadata"]["name"]) for d in docs[n]] for n in docs}
+    assert kinds[4] == kinds[1000] and [k for k, _ in kinds[1000]] == ["Secret", "Service", "Job"], kinds
+    assert [d["spec"]["completions"] for d in docs[4] + docs[1000] if d["kind"] == "Job"] == [4, 1000]
+    assert json.loads(docs[1000][0]["stringData"]["job.json"])["pods"]["trainer"]["count"] == 1000
+    size = {n: [len(manifest_text(d)) for d in docs[n]] for n in docs}
+    assert len(size[4]) == len(size[1000]) == 3, size
     assert all(0 <= big - small < 256 for small, big in zip(size[4], size[1000])), size
     assert sum(size[1000]) < 50_000  # a Secret holds 1 MiB
 
@@ -371,6 +388,60 @@ def test_placement_resources_volumes_and_a_non_root_user_come_from_the_kubernete
     assert "shm" not in {m["name"] for m in box["volumeMounts"]}
 
 
+def shm_of(template):
+    """A pod template's /dev/shm: the sizeLimit of the memory emptyDir mounted there, None if none is."""
+    spec = template["spec"]
+    mounted = [m["name"] for m in spec["containers"][0]["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    if not mounted:
+        return None
+    (volume,) = [v for v in spec["volumes"] if v["name"] in mounted]
+    assert volume["emptyDir"]["medium"] == "Memory", volume
+    return volume["emptyDir"]["sizeLimit"]
+
+
+def role_templates(docs):
+    """{role: pod template} of every kind: the Indexed Jobs', the JobSet's, the PyTorchJob's."""
+    out = {}
+    for d in docs:
+        if d["kind"] == "Job":
+            out[d["metadata"]["labels"]["fabtrain.io/role"]] = d["spec"]["template"]
+        elif d["kind"] == "JobSet":
+            out |= {r["name"]: r["template"]["spec"]["template"] for r in d["spec"]["replicatedJobs"]}
+        elif d["kind"] == "PyTorchJob":
+            out |= {r.lower(): s["template"] for r, s in d["spec"]["pytorchReplicaSpecs"].items()}
+    return out
+
+
+@pytest.mark.parametrize("trainer, size", [
+    ({}, "8Gi"),  # no memory limit: the stated default
+    ({"memory": "64Gi"}, "32Gi"), ({"memory": "3Gi"}, "1536Mi"), ({"memory": "3G"}, "1500M"),
+    ({"memory": "1001"}, "500"),  # half of the pod's memory limit, in whole bytes
+    ({"memory": "64Gi", "shm": "4Gi"}, "4Gi"), ({"shm": "20Gi"}, "20Gi"),  # as given
+    ({"memory": "64Gi", "shm": 0}, None), ({"shm": "0"}, None), ({"shm": "0Gi"}, None),  # none
+])
+@pytest.mark.parametrize("kind", kubernetes.KINDS)
+def test_a_trainer_pod_has_dev_shm_of_half_its_memory_limit_by_default_and_shm_0_turns_it_off(kind, trainer, size):
+    mode = "collective" if kind == "pytorchjob" else "pserver"
+    roles = ["trainer"] if mode == "collective" else ["pserver", "trainer"]
+    cluster = parse_cluster({"cluster": {"name": "lab"}, "job": {"mode": mode, "image": IMAGE},
+                             "kubernetes": {"trainer": trainer, "pserver": {"memory": "4Gi"}},
+                             "nodes": [{"name": "a", "host": "10.0.0.1", "roles": roles},
+                                       {"name": "b", "host": "10.0.0.2", "roles": roles}]}, "c.yaml")
+    templates = role_templates(render(cluster, kind, job_id=JOB_ID))
+    expected = {"trainer": size} if kind != "pytorchjob" else {"master": size, "worker": size}
+    if mode == "pserver":
+        expected["pserver"] = None  # a parameter server runs no DataLoader workers nor NCCL: none unless given
+    assert {role: shm_of(t) for role, t in templates.items()} == expected
+
+
+def test_a_pserver_pod_has_dev_shm_only_when_its_shm_is_given():
+    cluster = parse_cluster({"cluster": {"name": "lab"}, "job": {"mode": "pserver", "image": IMAGE},
+                             "kubernetes": {"pserver": {"memory": "4Gi", "shm": "1Gi"}},
+                             "nodes": [{"name": "a", "host": "10.0.0.1", "roles": ["pserver", "trainer"]}]}, "c.yaml")
+    assert {r: shm_of(t) for r, t in role_templates(render(cluster, job_id=JOB_ID)).items()} == \
+        {"pserver": "1Gi", "trainer": "8Gi"}
+
+
 def test_gpus_are_asked_for_on_trainer_pods_only():
     limits = {d["metadata"]["labels"]["fabtrain.io/role"]: d["spec"]["template"]["spec"]["containers"][0]
               .get("resources", {}).get("limits") for d in docs_of("pserver") if d["kind"] == "Job"}
@@ -395,6 +466,11 @@ def test_the_jobset_is_one_gang_with_kueues_label():
     ({"trainer": {"memory": "64GB"}}, "kubernetes.trainer.memory: '64GB' is not a Kubernetes quantity"),
     ({"trainer": {"gpu_resource": "gpu"}}, "kubernetes.trainer.gpu_resource: 'gpu' is not a valid extended resource"),
     ({"trainer": {"shm": -1}}, "kubernetes.trainer.shm: -1 is not a Kubernetes quantity"),
+    ({"trainer": {"shm": "16GB"}}, "kubernetes.trainer.shm: '16GB' is not a Kubernetes quantity"),
+    ({"trainer": {"shm": True}}, "kubernetes.trainer.shm: True is not a Kubernetes quantity"),
+    ({"trainer": {"memory": "8Gi", "shm": "16Gi"}},
+     "kubernetes.trainer.shm: '16Gi' is more than the pod's memory limit (8Gi)"),
+    ({"pserver": {"memory": "1G", "shm": "1Gi"}}, "kubernetes.pserver.shm: '1Gi' is more than the pod's memory limit"),
     ({"volumes": {"data": {"claim": "a", "host_path": "/x"}}}, "kubernetes.volumes.data: give exactly one of"),
     ({"volumes": {"logs": {"claim": "a"}}}, "kubernetes.volumes.logs: unknown field"),
     ({"volumes": {"checkpoints": {"host_path": "mnt/x"}}}, "kubernetes.volumes.checkpoints.host_path: 'mnt/x'"),
