@@ -215,7 +215,7 @@ def export(c, tensorboard=None, job=None, k8s=None, k8s_kind="job", jobset=False
     if not tensorboard:
         raise UserError("say where: --tensorboard=DIR, --k8s=DIR or --slurm=FILE")
     result = export_tensorboard(session(c), tensorboard, job_id=job)
-    for line in result.runs:
+    for line in result.runs + result.checkpoints:
         print(f"{tensorboard}/{line}")
     for line in result.unreachable:
         print(f"unreachable (its part is missing): {line}", file=sys.stderr)

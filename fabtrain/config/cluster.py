@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ HOST_KEY_POLICIES = ("strict", "accept-new")
 ON_FAILURE = ("kill-job", "keep", "restart")
 LAUNCHERS = ("fabtrain", "mpirun")
 NOTIFY_ON = ("failed", "hang", "restart", "finished")  # the default `on`
-NOTIFY_KINDS = NOTIFY_ON + ("straggler",)  # what `on` may name
+NOTIFY_KINDS = NOTIFY_ON + ("straggler", "no_checkpoint")  # what `on` may name
 WEBHOOK_RE = re.compile(r"^https?://[^\s/?#]+[^\s]*$")
 
 
@@ -53,7 +53,8 @@ FIELDS: dict[str, set[str]] = {
     "job.trainer": {"per_node", "command", "use_gpu", "trainer_count", "gpus_per_rank"},
     "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq", "max_extract_mb", "max_expansion"},
     "job.watchdog": {"enabled", "interval", "hang_timeout", "startup_timeout", "grace", "on_failure", "port", "notify",
-                     "max_restarts", "restart_backoff", "restart_on_exit_codes", "straggler", "min_nodes", "instrument"},
+                     "max_restarts", "restart_backoff", "restart_on_exit_codes", "straggler", "min_nodes", "instrument",
+                     "no_checkpoint"},
     "job.watchdog.instrument": {"pserver", "trainer"},
     "job.watchdog.straggler": {"share", "window"},
     "job.watchdog.notify": {"webhook", "command", "on"},
@@ -153,6 +154,9 @@ class WatchdogSpec:
     min_nodes: int | None = None
     # The roles whose Python programs write progress records through the launcher's hook (docs/progress.md).
     instrument: tuple[str, ...] = ("pserver", "trainer")
+    # Seconds without a new checkpoint from any trainer (the hook sees the saves) before a `no_checkpoint`
+    # event and alert (None: never).
+    no_checkpoint: float | None = None
 
 
 @dataclass(frozen=True)
@@ -223,6 +227,18 @@ def cluster_path(path: str | os.PathLike | None = None) -> str:
 
 
 @reported
+def _no_checkpoint(p, w: dict, watchdog: WatchdogSpec) -> WatchdogSpec:
+    """job.watchdog.no_checkpoint: seconds without a new checkpoint before the `no_checkpoint` event and alert.
+    Setting it asks for the alert: a notify without its own `on` sends it too."""
+    if w.get("no_checkpoint") is None:
+        return watchdog
+    limit = p.number(w["no_checkpoint"], "job.watchdog.no_checkpoint", 1, 30 * 86400)
+    notify = watchdog.notify
+    if notify is not None and isinstance(w.get("notify"), dict) and "on" not in w["notify"]:
+        notify = replace(notify, on=notify.on + ("no_checkpoint",))
+    return replace(watchdog, no_checkpoint=limit, notify=notify)
+
+
 def _instrument(checks: Checks, value: Any, where: str) -> tuple[str, ...]:
     """job.watchdog.instrument: true, false, or per role ({trainer: true, pserver: false}; a role left out is
     instrumented)."""
@@ -506,6 +522,7 @@ class _Parser(Checks):
             **self.straggler(w.get("straggler"), dw),
             instrument=_instrument(self, w.get("instrument", True), "job.watchdog.instrument"),
         )
+        watchdog = _no_checkpoint(self, w, watchdog)
 
         env = self.job_env(d.get("env") or {})
         code = self.path_value(d.get("code", JobSpec.code), "job.code")

@@ -29,6 +29,8 @@ class EventKind(str, Enum):
     ZOMBIE = "zombie"
     STRAGGLER = "straggler"
     BLAME = "blame"  # after a hang: the rank the others wait for, from every node's ranks (the first node's agent)
+    RESUMED = "resumed"  # a restarted process's first step: the checkpoint it loaded (or none), the steps lost
+    NO_CHECKPOINT = "no_checkpoint"  # no trainer wrote a checkpoint for job.watchdog.no_checkpoint (the first node's agent)
     # the job
     FAILURE = "failure"  # a failure the coordinator decides on (on_failure restart): a restart or the end
     JOB_FAILED = "job_failed"

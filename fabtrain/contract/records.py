@@ -26,6 +26,10 @@ HEALTH_PROCESS = {
     "last_record": NUMBER,  # when it last wrote a metrics record
     "step_rate": NUMBER,  # steps a second over the straggler window, while it runs
     "hung": FLAG, "killed_by_agent": REASON, "gpu_mem": NUMBER,
+    # checkpoints (the progress hook's, node/agent/checkpoints.py): its last step, its last checkpoint, what
+    # this generation loaded before its first step, and a restarted one's `resumed` sentence
+    "step": NUMBER, "ckpt_step": NUMBER, "ckpt_at": NUMBER, "ckpt_path": TEXT, "ckpt_bytes": NUMBER,
+    "ckpt_seconds": NUMBER, "resumed_from": TEXT, "resumed": REASON,
 }
 
 # health.json's "agent": the agent itself.

@@ -35,6 +35,7 @@ from fabtrain.remote import rpc
 from fabtrain.errors import UserError
 from fabtrain.contract import jobid
 from fabtrain.contract import progress as hook
+from fabtrain.contract.checkpoints import CKPT_FIELDS
 from fabtrain.remote.session import Session
 from fabtrain.remote.transport import NodeError
 
@@ -373,6 +374,9 @@ class Collector:
                 p = None
         if rec.get("between_steps") and p is not None:  # busy without a step (evaluating): alive, nothing new
             p.last, p.last_ts = {**p.last, "ts": rec.get("ts", p.last.get("ts")), "busy": rec.get("busy")}, time.time()
+            if rec.get("checkpoint"):  # a save that just returned: the trainer's last checkpoint from now on
+                p.last = {**{k: v for k, v in p.last.items() if k not in CKPT_FIELDS},
+                          **{k: v for k, v in rec.items() if k in CKPT_FIELDS}}
             return
         if p is None:
             role = rec.get("role") or name.rsplit("-", 1)[0]

@@ -4,10 +4,13 @@ One run directory per job and trainer (DIR/<job id>/<trainer>), so
 TensorBoard's run selector compares jobs and trainers side by side. The
 files are written with the `tensorboard` package's own writer and protos
 (no torch: the controller does not have it); the metrics come from the
-nodes through the run history's `job` op.
+nodes through the run history's `job` op. Each trainer's checkpoint saves and loads (the launcher's hook's,
+generation by generation) go to DIR/<job id>/checkpoints.json, and each save into the trainer's run as the
+scalars checkpoint/bytes and checkpoint/save_seconds.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +30,7 @@ ALL_POINTS = 1 << 40  # the `job` op thins a long series for the page; an export
 @dataclass
 class Exported:
     runs: list[str] = field(default_factory=list)  # "<job>/<trainer>: N points"
+    checkpoints: list[str] = field(default_factory=list)  # "<job>/checkpoints.json: N saves, M loads"
     unreachable: list[str] = field(default_factory=list)
 
 
@@ -94,4 +98,37 @@ def export_tensorboard(session: Session, out_dir: str, job_id: str | None = None
                 continue
             n = write_run(out / jid / trainer, _points(columns))
             result.runs.append(f"{jid}/{trainer}: {n} points")
+        saved = {t: gens for t, gens in (detail.get("checkpoints") or {}).items() if t.startswith("trainer")}
+        if any(g["saves"] or g["loaded"] for gens in saved.values() for g in gens):
+            result.checkpoints.append(write_checkpoints(out / jid, saved))
     return result
+
+
+def write_checkpoints(job_dir: Path, saved: dict[str, list[dict]]) -> str:
+    """Each trainer's checkpoint saves and loads, generation by generation: checkpoints.json in the job's folder,
+    and each save as scalars of the trainer's run (checkpoint/bytes, checkpoint/save_seconds, at its step)."""
+    EventFileWriter, event_pb2, summary_pb2 = _writer_parts()
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / "checkpoints.json").write_text(json.dumps(
+        {"trainers": saved, "about": "each trainer's checkpoint saves (step, at, path, bytes, seconds) and the "
+                                     "checkpoint each generation loaded, as the launcher's hook saw them"}, indent=1))
+    for trainer, gens in saved.items():
+        saves = [c for g in gens for c in g["saves"]]
+        if not saves:
+            continue
+        run = job_dir / trainer
+        run.mkdir(parents=True, exist_ok=True)
+        writer = EventFileWriter(str(run), filename_suffix=".checkpoints")
+        try:
+            for c in saves:
+                values = [summary_pb2.Summary.Value(tag=tag, simple_value=float(c[key]))
+                          for key, tag in (("bytes", "checkpoint/bytes"), ("seconds", "checkpoint/save_seconds"))
+                          if records.finite(c.get(key))]
+                if values:
+                    writer.add_event(event_pb2.Event(wall_time=float(c.get("at") or 0.0), step=int(c["step"]),
+                                                     summary=summary_pb2.Summary(value=values)))
+        finally:
+            writer.close()
+    saves = sum(len(g["saves"]) for gens in saved.values() for g in gens)
+    loads = sum(1 for gens in saved.values() for g in gens if g["loaded"])
+    return f"{job_dir.name}/checkpoints.json: {saves} saves, {loads} loads"

@@ -17,6 +17,7 @@ from typing import Any
 
 from fabtrain.controller import records, state
 from fabtrain.contract.opreplies import MalformedReply, Status
+from fabtrain.contract.checkpoints import last_checkpoint
 from fabtrain.contract.events import JOB_EVENTS, EventKind
 from fabtrain.controller.jobstate import NodeObservation, job_verdict, observe_status
 from fabtrain.remote import rpc
@@ -72,6 +73,37 @@ def _trainer_last(entries: dict[str, dict]) -> dict[str, dict]:
         for name, rec in (entry.get("last_metrics") or {}).items():
             if isinstance(rec, dict) and isinstance(name, str) and name.startswith("trainer"):
                 out[name] = {k: rec[k] for k in SERIES_KEYS if records.finite(rec.get(k))}
+                ck = _checkpoint(last_checkpoint(rec))
+                if ck:  # its last checkpoint (the launcher's hook saw the save)
+                    out[name]["checkpoint"] = ck
+    return out
+
+
+def _checkpoint(ck: Any) -> dict | None:
+    """A checkpoint save or a last checkpoint from a node (untrusted): finite numbers, a bounded path."""
+    if not isinstance(ck, dict) or not records.finite(ck.get("step")):
+        return None
+    out = {k: ck[k] for k in ("step", "at", "bytes", "seconds", "landed_at") if records.finite(ck.get(k))}
+    if isinstance(ck.get("path"), str):
+        out["path"] = ck["path"][:1024]
+    if ck.get("async") is True:
+        out["async"] = True
+    return out
+
+
+def _checkpoints(entries: dict[str, dict]) -> dict[str, list[dict]]:
+    """trainer -> each generation's checkpoint loads and saves ({generation, loaded, saves}), every node's."""
+    out: dict[str, list[dict]] = {}
+    for entry in entries.values():
+        said = entry.get("checkpoints")
+        for name, gens in (said.items() if isinstance(said, dict) else ()):
+            if not isinstance(name, str) or not isinstance(gens, list):
+                continue
+            out[name] = [{"generation": g["generation"],
+                          "loaded": g["loaded"][:1024] if isinstance(g.get("loaded"), str) else None,
+                          "saves": [c for c in (_checkpoint(x) for x in g.get("saves") or []) if c]}
+                         for g in gens if isinstance(g, dict) and isinstance(g.get("generation"), int)
+                         and isinstance(g.get("saves") or [], list)]
     return out
 
 
@@ -170,6 +202,7 @@ def job_detail(session: Session, job_id: str, now: float | None = None, max_poin
     events.sort(key=lambda e: e.get("ts") if records.finite(e.get("ts")) else 0)
     return {
         **summary, "found": True, "series": _series(entries), "events": events,
+        "checkpoints": _checkpoints(entries),  # each trainer's saves and loads, generation by generation
         "logs": {n: e.get("logs") or {} for n, e in entries.items()},
         "unreachable": [{"node": n, "error": why, "cached": n in entries} for n, why in sorted(unreachable.items())],
     }

@@ -113,14 +113,16 @@ class Straggler:
     median: float | None = None  # the median rank's
     # synchronous training (the timings rule): the rank the others wait for, why, and how far off the median
     rank: int | None = None
-    cause: str | None = None  # "data loading" or "compute"
-    ratio: float | None = None
+    cause: str | None = None  # "data loading", "compute" or "communication"
+    ratio: float | None = None  # communication: its share of time with sends backed up over the median rank's
 
     @property
     def mark(self) -> str:
         """What fab status, fab watch and the dashboard put next to its process."""
         if self.cause:
             who = f"rank {self.rank}: " if self.rank is not None else ""
+            if self.cause == "communication":
+                return f"STRAGGLER {who}communication, sends backed up {self.ratio:.1f}x the median"
             return f"STRAGGLER {who}{self.cause} {self.ratio:.1f}x the median"
         return f"STRAGGLER {self.rate:.3g} vs median {self.median:.3g} steps/s"
 

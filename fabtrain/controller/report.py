@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from fabtrain.controller import records
+from fabtrain.controller import checkpoints, records
 from fabtrain.controller.jobstate import NodeObservation, Verdict, job_verdict, observe_status
 from fabtrain.controller.lifecycle import NodeCheck, StartResult
 from fabtrain.controller.preflight import Bandwidth, NetworkCheck
@@ -327,6 +327,7 @@ def status_text(replies: list[Reply]) -> tuple[str, bool]:
     observations = [observe_status(r) for r in replies]
     verdict = job_verdict(observations)
     rows, notes, problem = [], [], verdict.state == JobState.FAILED
+    saved: list = []  # (node, health.json, its time): each trainer's last checkpoint (controller/checkpoints.py)
     for r, obs in zip(replies, observations):
         if not r.ok:
             rows.append([r.node, "-", down_label(r.kind), "", "", "", ""])
@@ -339,6 +340,7 @@ def status_text(replies: list[Reply]) -> tuple[str, bool]:
         node_time = r.value.time
         now = node_time if node_time is not None else time.time()  # health.json's times are the node's
         rows += _process_rows(obs, verdict, now)
+        saved.append((obs.name, obs.agent, now))
         more, wrong = _node_notes(obs, r.value, now)
         notes += more
         problem |= wrong
@@ -349,8 +351,11 @@ def status_text(replies: list[Reply]) -> tuple[str, bool]:
         head += f"  code {', '.join(sorted(codes))}"  # more than one: nodes run different code
     times = [r.value.time for r in replies if r.ok and r.value.time is not None]
     said = sentence(verdict, max(times, default=time.time()))  # the words of the dashboard's banner
+    healths = [(o.name, o.agent) for o in observations if o.job_id]
+    saved = [visible(line) for line in checkpoints.resumed_lines(healths) + checkpoints.health_lines(saved)] + \
+        [line for line in [checkpoints.none_yet(healths)] if line and verdict.state == JobState.RUNNING]
     return "\n".join([head, table(rows, ["node", "process", "state", "uptime", "agent", "progress", "last log line"]),
-                      said, *verdict.notes, *notes]), problem
+                      said, *verdict.notes, *saved, *notes]), problem
 
 
 def kill_text(replies: list[Reply]) -> tuple[str, bool]:

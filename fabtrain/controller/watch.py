@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Callable, TextIO
 
+from fabtrain.controller import checkpoints
 from fabtrain.controller.collector import Collector, NodeSnapshot, Snapshot
 from fabtrain.controller.jobstate import WATCH_EXIT, Verdict
 from fabtrain.controller.lifecycle import no_job
@@ -70,13 +71,16 @@ def frame(snap: Snapshot, now: float, began: float, fresh: dict | None = None, s
              f"   watching {now - began:.0f}s"]
     lines += [visible(scheduler)] if scheduler else []
     lines += [f"note: {note}" for note in verdict.notes]
+    # what this generation resumed from (the agents' `resumed` sentences: controller/checkpoints.py)
+    lines += [visible(line) for line in checkpoints.resumed_lines(
+        [(v.name, v.health) for v in snap.nodes if v.job_id == snap.job_id])]
     for node, d in sorted(snap.dropped.items()):
         lines.append(f"note: {node}: {d['count']} malformed record(s) dropped (latest: {d['last']})")
     rows = [["node", "cpu", "mem", "load", "gpu", "agent", "processes"]]
     for v in snap.nodes:
         rows.append(_node_row(v, verdict, now, fresh))
     lines += _table(rows)
-    trainers = [["process", "node", "step", "loss", "samples/s", "last record"]]
+    trainers = [["process", "node", "step", "loss", "samples/s", "last checkpoint", "last record"]]
     for p in sorted(snap.progress.values(), key=lambda p: (p.role != "trainer", hook.process_of(p.name), str(p.rank))):
         r = p.last
         # samples/s of its last record that has one (the dashboard's number: an evaluation's record has none)
@@ -86,13 +90,13 @@ def frame(snap: Snapshot, now: float, began: float, fresh: dict | None = None, s
         written = r.get("ts") if isinstance(r.get("ts"), (int, float)) else p.last_ts
         trainers.append([p.name, p.node, _step(r),
                          f"{loss:.4g}" if loss is not None else "-", f"{sps:.0f}" if sps is not None else "-",
-                         _age(written, now) + " ago" if written else "-"])
+                         visible(checkpoints.cell(r, now)), _age(written, now) + " ago" if written else "-"])
     # A trainer with no record yet: its last log line is its sign of life.
     quiet = [(v.name, p) for v in snap.nodes if v.job_id == snap.job_id for p in v.processes
              if p["name"].startswith("trainer") and p["name"] not in snap.progress]
     for node, p in quiet:
         line = visible((p.get("last_line") or "").strip())[:100]
-        trainers.append([p["name"], node, "-", "-", "-", f"none yet; log: {line}" if line else "none yet"])
+        trainers.append([p["name"], node, "-", "-", "-", "-", f"none yet; log: {line}" if line else "none yet"])
     if len(trainers) > 1:
         lines += _table(trainers)
     return lines

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+from fabtrain.controller import checkpoints
 from fabtrain.controller.jobstate import process_role
 from fabtrain.controller.state import recorded_ports
 from fabtrain.controller.series import NODES, TRAINERS
@@ -163,6 +164,9 @@ def job_view(snap, stale_after: float, ended: dict, now: float | None = None) ->
         # on_failure restart: the generation, restarts left, and each restart (marked on the step charts)
         "generation": verdict.generation, "restarts_left": verdict.restarts_left,
         "restarts": [dict(r) for r in getattr(snap, "restarts", ())],
+        # what the running generation resumed from (the agents' words, as fab status says them)
+        "resumed": checkpoints.resumed_lines([(n.name, n.health) for n in snap.nodes
+                                              if job_id is None or n.job_id == job_id]),
     }
 
 
@@ -255,6 +259,8 @@ def _trainers(snap, states: dict, health_progress: dict, stale_after: float, now
             "last_line": (p.get("last_line") or "")[-200:],
             "stale": bool(running and age is not None and age > stale_after),
             "records": prog.records if prog else 0,
+            # its last checkpoint and the work a failure now would lose (controller/checkpoints.py)
+            "checkpoint": checkpoints.view(rec, now), "resumed_from": rec.get("resumed_from"),
             # fell behind the median rank and has not caught up (the verdict's, as fab status marks it)
             "straggler": {"rate": short(behind.rate, 4), "median": short(behind.median, 4), "rank": behind.rank,
                           "cause": behind.cause, "ratio": short(behind.ratio, 3), "mark": behind.mark}

@@ -14,6 +14,8 @@ import math
 from fabtrain.contract.states import JobState
 from fabtrain.contract.states import ProcessState
 
+from fabtrain.controller import checkpoints
+
 from .api import number, process_role
 
 PROCESS_STATES = tuple(s.value for s in ProcessState)
@@ -91,6 +93,7 @@ def render(snap, now: float) -> str:
         for key in ("step_time", "data_time", "compute_time", "comm_time"):
             w.add(f"fabtrain_trainer_{key}_seconds", f"Mean {key.replace('_', ' ')} of the latest steps recorded "
                   "(the launcher's hook, docs/progress.md)", pl, rec.get(key))
+        _checkpoint(w, pl, checkpoints.view(rec, now))
     for n in snap.nodes:
         d = snap.dropped.get(n.name) or {"count": 0}
         w.add("fabtrain_records_dropped_total", "Records from the node dropped as malformed (bad JSON, NaN, "
@@ -100,10 +103,11 @@ def render(snap, now: float) -> str:
         sl = {"cluster": cluster_name, "node": s.node, "process": s.name,
               "rank": "" if s.rank is None else str(s.rank), "cause": s.cause or "step rate"}
         w.add("fabtrain_straggler", "1 for a rank the others wait for (watchdog.straggler): by its data loading or "
-              "compute time against the median rank's (synchronous training), or by its step rate", sl, 1)
+              "compute time against the median rank's, or its backed-up sends (synchronous training), or by its "
+              "step rate", sl, 1)
         if s.ratio is not None:
             w.add("fabtrain_straggler_ratio", "The straggler's data loading or compute time a step over the median "
-                  "rank's", sl, s.ratio)
+                  "rank's (communication: its share of time with sends backed up over the median rank's)", sl, s.ratio)
     jl = {"cluster": cluster_name, "job": verdict.job_id or ""}
     if verdict.restarts:
         w.add("fabtrain_job_restarts_total", "Times the watchdog restarted the job (on_failure restart): its generation",
@@ -114,6 +118,23 @@ def render(snap, now: float) -> str:
         w.add("fabtrain_job_state", "1 for the job's current state (the verdict fab status and fab watch show)",
               jl | {"state": s}, verdict.state.value == s)
     return w.text()
+
+
+def _checkpoint(w: _Writer, pl: dict, ck: dict | None) -> None:
+    """A trainer's last checkpoint and the work a failure now would lose (controller/checkpoints.py)."""
+    if ck is None:
+        return
+    w.add("fabtrain_trainer_checkpoint_step", "Step of the trainer's last checkpoint save (the launcher's hook)",
+          pl, ck["step"])
+    w.add("fabtrain_trainer_checkpoint_timestamp_seconds", "When the trainer's last checkpoint save returned", pl,
+          ck["at"])
+    w.add("fabtrain_trainer_checkpoint_age_seconds", "Seconds since the trainer's last checkpoint: the time a "
+          "failure now would lose", pl, ck["seconds_since"])
+    w.add("fabtrain_trainer_steps_since_checkpoint", "Steps since the trainer's last checkpoint: the steps a "
+          "failure now would lose", pl, ck["steps_since"])
+    w.add("fabtrain_trainer_checkpoint_bytes", "Size of the trainer's last checkpoint, bytes", pl, ck["bytes"])
+    w.add("fabtrain_trainer_checkpoint_save_seconds", "Seconds the trainer's last checkpoint save took", pl,
+          ck["seconds"])
 
 
 def _health(w: _Writer, node: dict, h: dict, now: float) -> None:

@@ -15,6 +15,7 @@ from fabtrain.contract.records import SERIES
 from fabtrain.contract.events import JOB_EVENTS, EventKind
 from fabtrain.contract.jobfolder import EVENTS, LOGS, METRICS, JobFolder
 from fabtrain.contract import progress
+from fabtrain.contract.checkpoints import SAVED, last_checkpoint
 from fabtrain.node import atomic, ops
 
 # The events that tell how a job went, as opposed to the watchdog's running commentary.
@@ -181,6 +182,53 @@ def series(path, process, max_points):
                         for rec in recs], max_points) for name, recs in rows.items()}
 
 
+MAX_SAVES = 500  # per trainer and generation in a `job` reply: the last ones
+
+
+def _restarts(jd):
+    """(ts, generation) of this node's `restarted` events: which generation a record of a given time is of."""
+    return sorted((ev["ts"], ev["generation"]) for ev in job_events(jd, (EventKind.RESTARTED,))
+                  if isinstance(ev.get("ts"), (int, float)) and isinstance(ev.get("generation"), int))
+
+
+def checkpoints(path, process, restarts):
+    """Each trainer's checkpoint saves and loads in one metrics file, by generation (the launcher's hook's
+    records, docs/progress.md): {trainer: [{generation, loaded, saves: [{step, at, path, bytes, seconds,
+    async, landed_at}]}]}; `restarts` as _restarts says them."""
+    try:
+        f = open(path, "rb")
+    except OSError:
+        return {}
+    out = {}
+    with f:
+        for line in f:
+            if b'"ckpt_step"' not in line and b'"resumed_from"' not in line:
+                continue  # most records: not parsed
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(rec, dict):
+                continue
+            ts = rec.get("ts") if isinstance(rec.get("ts"), (int, float)) else 0
+            g = max([gen for at, gen in restarts if at <= ts], default=0)
+            gens = out.setdefault(progress.row(process, rec), {})
+            entry = gens.setdefault(g, {"generation": g, "loaded": None, "saves": []})
+            loaded = rec.get("resumed_from")
+            if entry["loaded"] is None and isinstance(loaded, str):
+                entry["loaded"] = loaded[:1024]
+            ck = last_checkpoint(rec)
+            if ck is None:
+                continue
+            if rec.get("checkpoint") == SAVED:
+                entry["saves"] = (entry["saves"] + [ck])[-MAX_SAVES:]
+            elif ck["landed_at"] is not None:  # an async save landed: a later record says when
+                for save in entry["saves"][-3:]:
+                    if save["at"] == ck["at"]:
+                        save["landed_at"] = ck["landed_at"]
+    return {name: [gens[g] for g in sorted(gens)] for name, gens in out.items()}
+
+
 def op_job(payload):
     """One job's story on this node: summary, status, metrics series, events and each log's last lines."""
     job_id = jobid.checked(payload.get("job_id"), ops.UserFacing)
@@ -194,6 +242,9 @@ def op_job(payload):
     entry["series"] = {row: points for name in metric_files(jd)
                        for row, points in series(JobFolder(jd).metrics_file(name), name, max_points).items()}
     entry["events"] = job_events(jd, None, int(payload.get("max_events", MAX_EVENTS)))
+    restarts = _restarts(jd)
+    entry["checkpoints"] = {row: gens for name in metric_files(jd)
+                            for row, gens in checkpoints(JobFolder(jd).metrics_file(name), name, restarts).items()}
     lines = int(payload.get("lines", 50))
     logs = {}
     ldir = JobFolder(jd).logs

@@ -180,6 +180,8 @@ def _watchdog(cluster: Cluster, secret: str | None, port: int | None) -> dict:
     }
     if w.notify is not None:
         watchdog["notify"] = {"webhook": w.notify.webhook, "command": list(w.notify.command), "on": list(w.notify.on)}
+    if w.no_checkpoint is not None:  # the coordinator's agent's rule (node/agent/checkpoints.py)
+        watchdog["no_checkpoint"] = w.no_checkpoint
     if secret:
         watchdog["coordinator"]["secret"] = secret
     return watchdog

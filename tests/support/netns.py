@@ -19,7 +19,13 @@ Cuts and heals:
     cluster.cut(node, "controller") nft in the root namespace: the controller's packets to the node dropped;
                                     the nodes still reach each other (bridged traffic does not pass it)
     cluster.cap(node, "8mbit")      tbf on the root-side veth: what is sent to the node, capped
+    cluster.cap(node, "20mbit", way="out")  tbf on the node's eth0, inside its namespace: what it sends, capped
     cluster.heal(node)              every cut and cap of the node undone
+
+Each namespace has its own /etc/resolv.conf (`ip netns exec` mounts /etc/netns/<ns>/resolv.conf over it, for
+sshd and all it starts): a nameserver on the node's own loopback, so a lookup fails at once. The machine's
+nameserver is out of a node's reach, and a lookup would wait out every timeout (10 s for a reverse lookup,
+which torch.distributed's store makes for each peer that connects).
 
 Clean-up is the fixture's own business, also when a run is interrupted: `close()` (the fixture's
 finalizer, and atexit) kills every process inside the namespaces and removes them, the bridge and the
@@ -44,6 +50,7 @@ PREFIX = "fbtp"  # every namespace, link and nft table this module makes starts 
 SUBNET = "198.51.100"
 SSH_PORT = 22
 SLOTS = 15  # /28 blocks of SUBNET: each cluster alive on this machine holds one
+NETNS_ETC = "/etc/netns"  # per-namespace files `ip netns exec` mounts over /etc's
 
 
 def _take_slot(first: int) -> tuple[int, int]:
@@ -110,6 +117,11 @@ def _remove_namespace(ns: str) -> None:
                 pass
         time.sleep(0.1)
     _run("ip", "netns", "del", ns, check=False)
+    shutil.rmtree(os.path.join(NETNS_ETC, ns), ignore_errors=True)
+    try:
+        os.rmdir(NETNS_ETC)  # only if no other namespace has files there
+    except OSError:
+        pass
 
 
 def sweep(only_pid: int | None = None) -> list[str]:
@@ -127,6 +139,9 @@ def sweep(only_pid: int | None = None) -> list[str]:
         if ns.startswith(PREFIX + "-") and stale(ns):
             _remove_namespace(ns)
             removed.append(ns)
+    for ns in os.listdir(NETNS_ETC) if os.path.isdir(NETNS_ETC) else ():
+        if ns.startswith(PREFIX + "-") and stale(ns):
+            _remove_namespace(ns)
     for line in _run("ip", "-o", "link", "show", check=False).stdout.splitlines():
         m = re.match(r"\d+: ([^:@]+)", line)
         if m and m.group(1).startswith(PREFIX) and stale(m.group(1)):
@@ -171,6 +186,9 @@ class NetnsCluster(SshdCluster):
         for n in self.names:
             ns, veth = self.ns[n], self.veth[n]
             _run("ip", "netns", "add", ns)
+            os.makedirs(os.path.join(NETNS_ETC, ns), exist_ok=True)
+            with open(os.path.join(NETNS_ETC, ns, "resolv.conf"), "w") as f:
+                f.write("nameserver 127.0.0.1\n")
             _run("ip", "link", "add", veth, "type", "veth", "peer", "name", veth + "p")
             _run("ip", "link", "set", veth + "p", "netns", ns)
             _run("ip", "link", "set", veth, "master", self.bridge)
@@ -214,11 +232,16 @@ class NetnsCluster(SshdCluster):
         self.cuts[node].add(how)
         return time.time()
 
-    def cap(self, node: str, rate: str = "8mbit") -> None:
-        """What is sent to `node` limited to `rate` (tbf on the root side of its veth)."""
-        _run("tc", "qdisc", "replace", "dev", self.veth[node], "root", "tbf", "rate", rate, "burst", "32kbit",
-             "latency", "400ms")
-        self.cuts[node].add("cap")
+    def cap(self, node: str, rate: str = "8mbit", way: str = "in") -> None:
+        """What is sent to `node` (way "in": tbf on the root side of its veth), or what it sends (way "out": tbf
+        on its eth0 inside its namespace), limited to `rate`."""
+        tbf = ("root", "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms")
+        if way == "out":
+            _run("tc", "qdisc", "replace", "dev", "eth0", *tbf, ns=self.ns[node])
+            self.cuts[node].add("cap-out")
+        else:
+            _run("tc", "qdisc", "replace", "dev", self.veth[node], *tbf)
+            self.cuts[node].add("cap")
 
     def heal(self, node: str) -> float:
         """Undo every cut and cap of `node`; returns when (time.time())."""
@@ -232,6 +255,8 @@ class NetnsCluster(SshdCluster):
             _run("nft", "delete", "table", "inet", table, check=False)
         if "cap" in cuts:
             _run("tc", "qdisc", "del", "dev", self.veth[node], "root", check=False)
+        if "cap-out" in cuts:
+            _run("tc", "qdisc", "del", "dev", "eth0", "root", check=False, ns=ns)
         cuts.clear()
         return time.time()
 

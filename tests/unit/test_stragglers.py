@@ -117,3 +117,119 @@ def test_timings_come_from_the_beats_running_trainers():
     assert timings_of(tables) == {
         ("node1", "trainer-0", 0): {"data_time": 0.01, "compute_time": 0.05, "comm_time": 0.2, "step_time": 0.26},
         ("node1", "trainer-0", 1): {"data_time": 0.2, "compute_time": 0.05, "comm_time": 0.005, "step_time": 0.26}}
+
+
+# -- communication: the rank whose link does not keep up, from its send backlog ----------------------------------
+
+def comm_bound_job(backlogs, comm=0.58, step=0.6, ranks=3):
+    """Every rank's mean timings a step in a job bound by its all-reduce (every rank waits in it alike), each
+    with the share of samples its sends were backed up in (None: not sampled)."""
+    out = {}
+    for r in range(ranks):
+        t = {"data_time": 0.005, "compute_time": step - comm - 0.005, "comm_time": comm, "step_time": step}
+        if backlogs[r] is not None:
+            t.update(backlog=backlogs[r], backlog_bytes=220_000 * backlogs[r])
+        out[("node%d" % (r + 1), "trainer-%d" % r, r)] = t
+    return out
+
+
+def test_a_rank_whose_sends_stay_backed_up_in_a_comm_bound_job_is_named_for_its_communication():
+    # As measured (docs/watchdog.md): node3's egress capped at 20 mbit, its sends backed up in every sample, the
+    # rank sending to it in half (its acknowledgements come late), the third in a few.
+    timings = comm_bound_job([0.49, 0.11, 1.0])
+    behind, found = Behind(), []
+    for t in range(0, 70, 5):
+        f, behind = judge_timings(timings, behind, t, RULE)
+        found += f
+    assert [(c.node, c.rank, c.cause, c.ratio, c.backed_up, c.others) for c in found] == [
+        ("node3", 2, "communication", 3.33, 1.0, 0.3)]
+    assert cause_reason(found[0]) == (
+        "rank 2 on node3: communication, its sends back up (data waiting to go out in 100% of the samples, 220 kB on "
+        "average, vs 30% for the median rank) while collectives take 97% of its step; the other ranks wait for it in "
+        "their collectives")
+    assert (found[0].seconds, found[0].median) == (0.58, 0.58)
+    assert standing_timings(timings, behind, RULE) == [{"node": "node3", "name": "trainer-2", "rank": 2,
+                                                       "cause": "communication", "ratio": 3.33, "seconds": 0.58,
+                                                       "median": 0.58, "since": 0}]
+    # two ranks; the other's sends never seen backed up: its share counts as MIN_SHARE
+    f, _ = judge_timings(comm_bound_job([1.0, 0.0], ranks=2), Behind(), 0, Rule(share=0.7, window=0))
+    assert [(c.rank, c.cause, c.ratio) for c in f] == [(0, "communication", 20.0)]
+
+
+def test_no_rank_is_named_for_communication_unless_one_link_alone_backs_up_in_a_comm_bound_job():
+    now = Rule(share=0.7, window=0)
+    for timings in (comm_bound_job([0.15, 0.09, 0.03]),  # uncapped: every link drains (as measured)
+                    comm_bound_job([0.9, 0.95, 1.0]),  # every link slow alike (a slow network): nobody to name
+                    comm_bound_job([0.7, 0.1, 0.1]),  # backed up, but not most of the time
+                    comm_bound_job([0.6, 0.55, 1.0]),  # the others back up too, more than half as often
+                    comm_bound_job([0.1, 0.1, 1.0], comm=0.2),  # not comm-bound: its compute or data would tell
+                    comm_bound_job([0.1, None, 1.0])):  # a rank not sampled (an older agent): no comparison
+        assert judge_timings(timings, Behind(), 100, now) == ([], Behind()), timings
+    # rank 0 computes while the others wait, and reads late what rank 2 sends it: rank 2's sends back up, but
+    # rank 0 waits for nobody: it is named, for its compute
+    slow = {**comm_bound_job([0.1, 0.7, 1.0]), ("node1", "trainer-0", 0): {
+        "data_time": 0.005, "compute_time": 0.55, "comm_time": 0.045, "step_time": 0.6, "backlog": 0.1}}
+    assert [(c.rank, c.cause) for c in judge_timings(slow, Behind(), 0, now)[0]] == [(0, "compute")]
+    # a rank the others wait for by its data loading is named for that: while they wait the links idle, and
+    # rank 2's sends, backed up while the gradients go (a third of the step), drain
+    timings = comm_bound_job([0.1, 0.1, 0.3])
+    timings[("node1", "trainer-0", 0)].update(data_time=0.4, comm_time=0.18)
+    assert [(c.rank, c.cause) for c in judge_timings(timings, Behind(), 0, now)[0]] == [(0, "data loading")]
+
+
+def test_a_backed_up_link_is_named_where_the_hook_counts_part_of_some_ranks_wait_as_compute():
+    """Seen with the link capped: the hook's split of a step put 0.18 s of one rank's 0.6 s and 0.34 s of
+    another's in collectives (the rest of the wait counted as compute): the median rank is comm-bound."""
+    timings = comm_bound_job([0.3, 0.05, 1.0])
+    timings[("node1", "trainer-0", 0)].update(compute_time=0.25, comm_time=0.34)
+    timings[("node3", "trainer-2", 2)].update(compute_time=0.41, comm_time=0.18)
+    found, _ = judge_timings(timings, Behind(), 0, Rule(share=0.7, window=0))
+    assert [(c.rank, c.cause) for c in found] == [(2, "communication")]
+
+
+def test_a_backed_up_link_is_named_before_a_rank_that_computes_a_little_longer():
+    """As seen with the link capped on a machine whose 2 cores the ranks share with other work: one rank gets
+    less CPU for a while (0.15 s more compute a step), but every rank still waits over half its step in the
+    all-reduce and node3's sends stay backed up: the link costs the step more, and it is named."""
+    timings = comm_bound_job([0.49, 0.11, 1.0])
+    timings[("node1", "trainer-0", 0)].update(compute_time=0.16, comm_time=0.435)
+    assert judge_timings({k: t for k, t in timings.items() if k[2] != 2} | {
+        ("node3", "trainer-2", 2): {**timings[("node3", "trainer-2", 2)], "backlog": 0.1}}, Behind(), 0,
+        Rule(share=0.7, window=0))[0][0].cause == "compute"  # without the backed-up link: the compute
+    behind, found = Behind(), []
+    for t in range(0, 70, 5):
+        f, behind = judge_timings(timings, behind, t, RULE)
+        found += f
+    assert [(c.rank, c.cause) for c in found] == [(2, "communication")]
+
+
+def test_send_backlogs_come_from_the_beats_sendq_rows_and_a_beat_without_them_is_read_as_before():
+    tables = {"node1": {"trainer-0": {"role": "trainer", "state": "running",
+                                      "timing": [[0, 0.01, 0.01, 0.5, 0.52], [1, 0.01, 0.01, 0.5, 0.52]],
+                                      "sendq": [[0, 1.0, 213000], [1, True, 5], [7, 0.5, 10], "bad", [1, 0.1]]}},
+              "node2": {"trainer-1": {"role": "trainer", "state": "running", "timing": [[2, 0.01, 0.01, 0.5, 0.52]]}}}
+    assert timings_of(tables) == {
+        ("node1", "trainer-0", 0): {"data_time": 0.01, "compute_time": 0.01, "comm_time": 0.5, "step_time": 0.52,
+                                    "backlog": 1.0, "backlog_bytes": 213000},
+        ("node1", "trainer-0", 1): {"data_time": 0.01, "compute_time": 0.01, "comm_time": 0.5, "step_time": 0.52},
+        ("node2", "trainer-1", 2): {"data_time": 0.01, "compute_time": 0.01, "comm_time": 0.5, "step_time": 0.52}}
+    assert judge_timings(timings_of(tables), Behind(), 0, Rule(share=0.7, window=0))[0] == []  # node2 not sampled
+
+
+def test_the_straggler_mark_says_communication():
+    from fabtrain.controller.jobstate import Straggler
+    assert Straggler("n3", "trainer-2", rank=2, cause="communication", ratio=3.33).mark == \
+        "STRAGGLER rank 2: communication, sends backed up 3.3x the median"
+
+
+def test_the_same_rank_found_for_another_cause_is_a_new_finding():
+    """node3's rank named for its compute (starved of CPU before the cap), then for its link once capped."""
+    starved = comm_bound_job([0.1, 0.1, 0.1], comm=0.3, step=0.32)
+    starved[("node3", "trainer-2", 2)].update(compute_time=0.3, comm_time=0.015)
+    behind, found = Behind(), []
+    for t, timings in [(t, starved) for t in range(0, 10, 5)] + [(t, comm_bound_job([0.2, 0.1, 1.0]))
+                                                                for t in range(10, 20, 5)]:
+        f, behind = judge_timings(timings, behind, t, Rule(share=0.7, window=5))
+        found += f
+    assert [(c.rank, c.cause, c.since) for c in found] == [(2, "compute", 0), (2, "communication", 10)]
+    assert [s["cause"] for s in standing_timings(comm_bound_job([0.2, 0.1, 1.0]), behind, RULE)] == ["communication"]

@@ -213,13 +213,28 @@ function renderJob(j) {
     el("td", {class: "num"}, fmt(t.epoch)),
     el("td", {class: "num"}, fmt(t.loss, 5)),
     el("td", {class: "num"}, fmt(t.samples_per_s, 5)),
-    el("td", {}, t.last_progress ? ago(t.last_progress, j.now) : "–")));
+    el("td", {}, t.last_progress ? ago(t.last_progress, j.now) : "–"),
+    checkpointCell(t.checkpoint, j.now)));
   document.querySelector("#trainers tbody").replaceChildren(...rows);
+  // what the running generation resumed from, and the steps the restart lost (fab status's words)
+  const resumed = document.getElementById("resumed");
+  resumed.hidden = !(j.resumed || []).length;
+  resumed.textContent = (j.resumed || []).join(" · ");
   const stale = j.stale.length ? ` · ${j.stale.length} stale` : "";
   document.getElementById("trainer-summary").textContent = `${j.trainers.length} trainers${stale}`;
   const problems = [];
   if (j.stale.length) problems.push(`no progress for over ${j.stale_after}s: ${j.stale.join(", ")}`);
   banner("banner", problems.join(" · "), "");
+}
+
+// A trainer's last checkpoint: its step, age, size and time to save, then the steps since it (at risk).
+function checkpointCell(c, now) {
+  if (!c) return el("td", {class: "muted", title: "no checkpoint save seen"}, "–");
+  const said = [c.at ? ago(c.at, now) : null, c.bytes !== null ? bytes(c.bytes) : null,
+    c.seconds !== null ? `saved in ${c.seconds < 0.1 ? Math.round(c.seconds * 1000) + " ms" :
+      c.seconds < 10 ? c.seconds.toFixed(1) + " s" : duration(c.seconds)}` : null].filter(Boolean);
+  return el("td", {title: c.text || ""}, `step ${fmt(c.step)}` + (said.length ? ` (${said.join(", ")})` : ""),
+    c.steps_since !== null ? el("div", {class: "muted"}, `at risk: ${fmt(c.steps_since)} steps, ${duration(c.seconds_since)}`) : null);
 }
 
 // The Kill button does something only while something of the job can still run; its tooltip says why

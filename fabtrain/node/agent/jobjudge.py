@@ -4,7 +4,8 @@ Every agent keeps its own ranks' last steps and stacks at its dump of stacks
 (a hang's), which its beats carry, and names the rank to blame among them. The
 coordinator's node also judges for the whole job, from what every node's beats
 carry: the rank(s) the others wait for after a hang (one `blame` event), and,
-once an interval, the straggler rule over every rank's step rate. The loop
+once an interval, the straggler rules over every rank's step rate and, in synchronous training, its
+timings and send backlog. The loop
 (loop.py) calls these and puts what they keep into health.json and the beats;
 the rules themselves are coordination/blame.py's and coordination/stragglers.py's.
 """
@@ -102,8 +103,9 @@ class JobJudge:
         self.straggling = stragglers.standing_timings(timings, self.waited_for, self.straggler_rule) + \
             stragglers.standing(rates, self.behind)
         for c in causes:
+            link = {"backed_up": c.backed_up, "backlog": c.backlog} if c.backed_up is not None else {}
             self.events.write(EventKind.STRAGGLER, stragglers.cause_reason(c), c.name, role="trainer", rank=c.rank,
-                              origin=c.node, cause=c.cause, ratio=c.ratio, seconds=c.seconds, median=c.median)
+                              origin=c.node, cause=c.cause, ratio=c.ratio, seconds=c.seconds, median=c.median, **link)
         for f in found:
             p = tables.get(f.node, {}).get(f.name, {})
             self.events.write(EventKind.STRAGGLER, stragglers.reason(f, self.straggler_rule), f.name, role=p.get("role"),

@@ -23,13 +23,13 @@ from fabtrain.contract.events import PROCESS_ENDS, RESTARTS, STACK_DUMPS, EventK
 from fabtrain.contract.states import FINAL, FailureKind, JobState, read_disruption, read_killer, signal_name
 from fabtrain.contract.jobfolder import JobFolder
 
-from . import policy, snapshot, stacks
+from . import checkpoints, policy, snapshot, stacks
 from .events import EventLog
 from .jobjudge import JobJudge
 from .keeper import AgentLife
 from .link import Link
 from .relaunch import relaunch
-from .samplers import GpuSampler, HostSampler
+from .samplers import GpuSampler, HostSampler, SendQueues
 from .supervisor import Markers, ProcessContext, job_running
 
 DISK_FULL_BYTES = 1 << 20  # less than this free in the workspace: a full disk, for the events' reasons
@@ -161,6 +161,7 @@ class Agent:
         self.watch = PidWatch()
         self.gpus = GpuSampler()
         self.gpu_pids: dict[int, int] = {}
+        self.sends = SendQueues()  # comm-bound trainers' TCP send backlog (the communication straggler)
         self.health = snapshot.Health(JobFolder(self.jd).health, self.cfg,
                                       HostSampler(self.ws if os.path.isdir(self.ws) else "/"), self.gpus,
                                       self.events, self.life, self.started, restarted)
@@ -174,6 +175,7 @@ class Agent:
         self.started_generation = 0  # the job's generation this node last started (beats carry it)
         self.launchers: list = []  # launchers this agent started (a restart): reaped here
         self.judge = JobJudge(self.node, self.job.get("watchdog"), self.events)  # blame and stragglers
+        self.no_checkpoint = checkpoints.NoCheckpoint(self.job.get("watchdog"), self.events)
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -185,6 +187,8 @@ class Agent:
         self.ledger, self.started_generation, self.startup_deadline = replay(
             self.events.replay(), self.node, self.by_name, self.started_generation, self.startup_deadline,
             self.started, self.cfg.startup_timeout)
+        for ctx in self.contexts:
+            ctx.generation = self.started_generation
         if took_over:
             self.events.write(EventKind.AGENT_RESTARTED, took_over)
         error = self.life.start_keeper()
@@ -253,6 +257,9 @@ class Agent:
         now = time.time()
         for ctx in self.contexts:
             ctx.poll(self.procs, self.kids, now, tick, self.cfg.interval)
+            said = checkpoints.resumed(ctx)  # a restarted process's first step: what it resumed from
+            if said:
+                self.events.write(EventKind.RESUMED, said[0], ctx.name, **said[1])
         self.obs = self.observe(now)
         actions, self.ledger = policy.decide(self.obs, self.ledger, self.cfg)
         self.execute(actions, now)
@@ -261,6 +268,8 @@ class Agent:
         watched = [p for ctx in self.contexts for p in ctx.watched_pids()]
         self.watch.follow(watched + [o.pid for o in self.ledger.orphans])
         if tick:
+            for ctx in self.contexts:
+                ctx.sample_sends(self.sends, now)
             gone = self.life.launcher_gone()
             if gone:
                 self.events.write(EventKind.AGENT_LAUNCHER_LOST, "the agent's launcher (pid %d) is gone; run/agent.json now "
@@ -269,6 +278,7 @@ class Agent:
             if error:
                 self.events.write(EventKind.AGENT_ERROR, error)
             self.judge.check_stragglers(self.link.coordinator, self.ledger.status.status, now)
+            self.no_checkpoint.check(self.link.coordinator, self.ledger, now)
             self.write_health(now)
         self.judge.check_blame(self.link.coordinator, self.ledger, now)
         self.beat(urgent=not tick)
@@ -527,7 +537,8 @@ def facts(ctx: ProcessContext, procs: dict, starter=None) -> policy.ProcFacts:
         last_activity=progress.last_activity if progress else None, stalled=stalled(progress),
         stopped_since=ctx.stopped_since,
         term_at=ctx.term_at, kill_signal=ctx.kill_signal, close_reason=ctx.close_reason,
-        leftovers=tuple(ctx.leftovers(procs)), zombies=tuple(ctx.zombies), starter=starter)
+        leftovers=tuple(ctx.leftovers(procs)), zombies=tuple(ctx.zombies), starter=starter,
+        loaded=checkpoints.load_failure(ctx) if ctx.ended else None)
 
 
 def stalled(progress) -> tuple | None:

@@ -31,7 +31,8 @@ from fabtrain.contract.jobfolder import JobFolder
 # A hang is told twice: by the node that saw it (its own ranks' blame), and by the coordinator's node once
 # every node's ranks are in (`blame`: the rank the others wait for, job-wide).
 KINDS = {EventKind.JOB_FAILED: "failed", EventKind.HANG: "hang", EventKind.BLAME: "hang",
-         EventKind.RESTARTING: "restart", EventKind.FINISHED: "finished", EventKind.STRAGGLER: "straggler"}
+         EventKind.RESTARTING: "restart", EventKind.FINISHED: "finished", EventKind.STRAGGLER: "straggler",
+         EventKind.NO_CHECKPOINT: "no_checkpoint"}  # written by the coordinator's node only (agent/checkpoints.py)
 JOB_LEVEL = ("failed", "finished", "restart")  # every agent writes these: only nodes[0]'s agent sends
 TRIES = 3
 BACKOFF = (1.0, 2.0)  # seconds between tries: three within about five seconds

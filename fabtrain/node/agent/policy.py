@@ -109,6 +109,7 @@ class Ledger:
     startup_checked: bool = False
     failure_kind: FailureKind | None = None  # whether the coordinator may restart the job
     failure_code: int | None = None
+    failure_loaded: tuple | None = None  # the checkpoint the failed process loaded just before (ProcFacts.loaded)
     generation: int = 0  # the job's generation this agent works on (the one it runs, or is about to start)
     restart_at: float | None = None  # restarting: when the backoff ends (epoch)
     restart_ts: float | None = None  # the `ts` of the coordinator's restarting status that set restart_at
@@ -137,8 +138,8 @@ def decide(obs: Observation, ledger: Ledger, cfg: Config) -> tuple[list, Ledger]
     return d.actions, d.ledger
 
 
-def fail(ledger: Ledger, cfg: Config, reason: str, kind: FailureKind = FailureKind.OTHER, exit_code: int | None = None
-         ) -> tuple[list, Ledger]:
+def fail(ledger: Ledger, cfg: Config, reason: str, kind: FailureKind = FailureKind.OTHER, exit_code: int | None = None,
+         loaded: tuple | None = None) -> tuple[list, Ledger]:
     """Something on this node failed the job (first failure wins).
 
     While the job restarts, the old generation's processes ending are the
@@ -154,7 +155,7 @@ def fail(ledger: Ledger, cfg: Config, reason: str, kind: FailureKind = FailureKi
     note = Note(EventKind.FAILURE if pending else EventKind.JOB_FAILED, reason,
                 fields={"origin": cfg.node, "on_failure": cfg.on_failure, "generation": ledger.generation})
     return [note], replace(ledger, failure=reason, failure_kind=kind, failure_code=exit_code, pending=pending,
-                           status=Status(JobState.FAILED, reason, cfg.node), restart_at=None)
+                           status=Status(JobState.FAILED, reason, cfg.node), restart_at=None, failure_loaded=loaded)
 
 
 def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list, Ledger]:
@@ -185,7 +186,7 @@ def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list
         cause, g, " (%s left after it)" % left if isinstance(left, int) else "", backoff),
         fields={"origin": msg.get("node"), "generation": g, "backoff": backoff, "restarts_left": left})
     return [note], replace(ledger, status=Status(JobState.RESTARTING, cause, msg.get("node")), generation=g, failure=None,
-                           failure_kind=None, failure_code=None, restart_at=now + backoff, restart_ts=msg.get("ts"),
+                           failure_kind=None, failure_code=None, failure_loaded=None, restart_at=now + backoff, restart_ts=msg.get("ts"),
                            acted=False, pending=False)
 
 
@@ -276,8 +277,9 @@ class _Decision:
         self.actions.append(Note(kind, reason, p.name if p else None,
                                  {k: v for k, v in fields.items() if v is not None}))
 
-    def fail(self, reason: str, kind: FailureKind = FailureKind.OTHER, exit_code: int | None = None) -> None:
-        actions, self.ledger = fail(self.ledger, self.cfg, reason, kind, exit_code)
+    def fail(self, reason: str, kind: FailureKind = FailureKind.OTHER, exit_code: int | None = None,
+             loaded: tuple | None = None) -> None:
+        actions, self.ledger = fail(self.ledger, self.cfg, reason, kind, exit_code, loaded)
         self.actions += actions
 
     def update(self, **changes) -> None:
@@ -307,7 +309,7 @@ class _Decision:
             else:
                 self.note(EventKind.EXITED, how, p, exit_code=p.exit_code, signal=sig, pid=p.pid)
                 if p.exit_code != 0:
-                    self.fail("%s on %s %s" % (p.name, self.cfg.node, how), FailureKind.EXIT, p.exit_code)
+                    self.fail("%s on %s %s" % (p.name, self.cfg.node, how), FailureKind.EXIT, p.exit_code, p.loaded)
 
     # -- hangs -------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from fabtrain.node import gpulease
 from fabtrain.node.coordination.elastic import renumbered
 from fabtrain.node.spawn import clear_exit, expand, name_programs, spawn
 
+from . import checkpoints
 from .supervisor import ProcessContext
 
 PROGRAM_WAIT = 3.0  # as node ops: seconds to wait for each launcher to fork its program
@@ -64,6 +65,8 @@ def relaunch(contexts: list, job: dict, job_dir: str, workspace: str, generation
         except OSError:
             pass
         ctx = ProcessContext(spec, job_dir, workspace, records_from=_size(old.metrics_path))
+        # what the generation before left of it: its last step, its checkpoints, what it loaded (checkpoints.py)
+        ctx.generation, ctx.before = generation, checkpoints.summary(old)
         fresh.append(ctx)
         try:
             started.append(spawn(spec, workspace, base_env, generation, leases=gpulease.inherited()))

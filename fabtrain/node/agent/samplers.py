@@ -1,5 +1,6 @@
 """What the agent measures besides processes: the host (CPU, load, memory, swap, disk,
-network, from /proc) and NVIDIA GPUs (through NVML, only where a driver is present).
+network, from /proc), NVIDIA GPUs (through NVML, only where a driver is present), and
+the TCP send backlog of a job's ranks (the communication straggler's signal).
 
 Standard library only; nvidia-ml-py is imported lazily, only where a driver
 is present, so the node side needs nothing installed.
@@ -7,6 +8,8 @@ is present, so the node side needs nothing installed.
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import time
 
 
@@ -159,3 +162,130 @@ class GpuSampler:
             except Exception:
                 pass
         return used
+
+
+# -- the TCP send backlog of given processes: is a rank's link keeping up with what it sends? -----------------
+
+NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY, NLMSG_ERROR, NLMSG_DONE = 4, 20, 2, 3
+NLM_F_DUMP_REQUEST = 0x301  # NLM_F_REQUEST | NLM_F_DUMP
+TCP_ESTABLISHED = 1
+
+
+def socket_inodes(pid: int) -> set | None:
+    """The inodes of the sockets among a process's open files (its /proc/<pid>/fd links ``socket:[N]``), or
+    None where they cannot be read (it is gone)."""
+    base = "/proc/%d/fd" % pid
+    try:
+        fds = os.listdir(base)
+    except OSError:
+        return None
+    out = set()
+    for fd in fds:
+        try:
+            link = os.readlink(base + "/" + fd)
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            out.add(int(link[8:-1]))
+    return out
+
+
+def _netns(pid) -> int | None:
+    try:
+        return os.stat("/proc/%s/ns/net" % pid).st_ino
+    except OSError:
+        return None
+
+
+def diag_send_queues() -> dict:
+    """{socket inode: send backlog} of every established TCP socket (IPv4 and IPv6) of this process's network
+    namespace, through the kernel's sock_diag netlink interface (what `ss` reads): a fraction of the cost of
+    parsing /proc/net/tcp. OSError where the kernel does not answer."""
+    out = {}
+    for family in (socket.AF_INET, socket.AF_INET6):
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as s:
+            s.settimeout(1.0)
+            # inet_diag_req_v2: family, protocol, extensions, pad, the states wanted; an empty inet_diag_sockid
+            req = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 1 << TCP_ESTABLISHED) + bytes(48)
+            s.send(struct.pack("=IHHII", 16 + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_DUMP_REQUEST, 1, 0) + req)
+            done = False
+            while not done:
+                data = s.recv(1 << 16)
+                if not data:
+                    break
+                off = 0
+                while off + 16 <= len(data):
+                    length, kind = struct.unpack_from("=IH", data, off)
+                    if kind == NLMSG_DONE:
+                        done = True
+                        break
+                    if kind == NLMSG_ERROR:
+                        raise OSError("sock_diag: %d" % struct.unpack_from("=i", data, off + 16)[0])
+                    # inet_diag_msg after the header: family, state, timer, retrans, sockid (48 bytes),
+                    # expires, rqueue, wqueue (write_seq - snd_una), uid, inode
+                    if length >= 16 + 72:
+                        wqueue, _, inode = struct.unpack_from("=III", data, off + 16 + 60)
+                        out[inode] = wqueue
+                    if length < 16:
+                        break
+                    off += (length + 3) & ~3
+    return out
+
+
+def proc_send_queues(pid: int) -> dict:
+    """{socket inode: send backlog} of the established TCP sockets of `pid`'s network namespace, from
+    /proc/<pid>/net/tcp and tcp6 (its ``tx_queue``): for a process in another namespace than the agent's."""
+    out = {}
+    for name in ("tcp", "tcp6"):
+        try:
+            with open("/proc/%d/net/%s" % (pid, name)) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            v = line.split()
+            try:
+                if len(v) > 9 and int(v[3], 16) == TCP_ESTABLISHED:
+                    out[int(v[9])] = int(v[4].split(":")[0], 16)
+            except ValueError:
+                continue
+    return out
+
+
+class SendQueues:
+    """Each given process's TCP send backlog: the bytes its established TCP sockets hold written but not yet
+    acknowledged by the peer (the kernel's write_seq - snd_una: waiting in the socket, in the queueing
+    discipline, or in flight). A link slower than what the rank sends keeps it filled through the whole
+    collective; one that keeps up drains it in moments. One table of the namespace's sockets a sample
+    (sock_diag where the process shares the agent's network namespace, else its /proc/<pid>/net/tcp), and
+    each process's open files for which sockets are its own."""
+
+    def __init__(self):
+        self.own_ns = _netns("self")
+        self.netlink = True  # until the kernel refuses sock_diag once
+
+    def _table(self, pid: int, ns) -> dict:
+        if self.netlink and ns is not None and ns == self.own_ns:
+            try:
+                return diag_send_queues()
+            except (OSError, struct.error):  # no sock_diag here, or an answer it cannot read: /proc from now on
+                self.netlink = False
+        return proc_send_queues(pid)
+
+    def sample(self, pids) -> dict:
+        """{pid: bytes of send backlog over its sockets} for every pid whose open files could be read."""
+        tables: dict = {}
+        out = {}
+        for pid in pids:
+            inodes = socket_inodes(pid)
+            if inodes is None:
+                continue
+            if not inodes:
+                out[pid] = 0
+                continue
+            ns = _netns(pid)
+            if ns not in tables:
+                tables[ns] = self._table(pid, ns)
+            table = tables[ns]
+            out[pid] = sum(table.get(i, 0) for i in inodes)
+        return out

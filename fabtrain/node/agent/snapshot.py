@@ -15,6 +15,8 @@ from fabtrain.contract.records import HEALTH_AGENT, HEALTH_PROCESS, record
 from fabtrain.contract.states import FINAL, JobState, signal_name
 from fabtrain.node.coordination import blame
 
+from . import checkpoints
+
 
 def process_view(ctx, ledger, procs: dict, gpu_pids: dict) -> dict:
     live_tree = [p for p in ctx.tree if p in procs and not procs[p].dead]
@@ -33,7 +35,8 @@ def process_view(ctx, ledger, procs: dict, gpu_pids: dict) -> dict:
                   last_record=round(progress.last_record, 3) if progress and progress.last_record else None,
                   step_rate=round(rate, 3) if rate is not None else None,
                   hung=ctx.name in ledger.hung, killed_by_agent=ctx.close_reason,
-                  gpu_mem=sum(gpu_pids.get(p, 0) for p in live_tree) if gpu_pids else None)
+                  gpu_mem=sum(gpu_pids.get(p, 0) for p in live_tree) if gpu_pids else None,
+                  **checkpoints.health_fields(ctx))
 
 
 class Health:
@@ -108,6 +111,19 @@ def timing_rows(ctx) -> list:
     return rows
 
 
+def send_rows(ctx) -> list:
+    """[rank, share of samples with its sends backed up, mean send backlog in bytes] of each watched rank
+    whose sends the agent sampled (supervisor's sample_sends: while it is comm-bound): the communication
+    straggler's input. A beat field of its own, `sendq`, beside the 5-element `timing` rows: an agent that
+    reads only `timing` is unchanged, and one that reads a beat without `sendq` has no backlog to judge by."""
+    rows = []
+    for rank, r in sorted(ctx.progress.ranks.items() if ctx.progress else (), key=lambda kr: str(kr[0])):
+        b = r.send_backlog() if isinstance(rank, int) and r in ctx.progress.watched() else None
+        if b is not None:
+            rows.append([rank, round(b[0], 3), round(b[1])])
+    return rows
+
+
 def beat(job: dict, ledger, contexts, done: bool, generation: int, rank_views=()) -> dict:
     """The heartbeat the coordinator gets, whole (coordination/protocol.py: a connection carries what
     changed): `generation` is the one this node last started; `done`: nothing of the job is left here;
@@ -119,6 +135,12 @@ def beat(job: dict, ledger, contexts, done: bool, generation: int, rank_views=()
         rows = timing_rows(ctx) if ctx.live and ctx.role == "trainer" else []
         if rows:
             procs[ctx.name]["timing"] = rows
+            sends = send_rows(ctx)
+            if sends:
+                procs[ctx.name]["sendq"] = sends
+    for ctx in contexts:
+        if ctx.role == "trainer" and ctx.live:  # the coordinator's node's no_checkpoint rule (checkpoints.py)
+            procs[ctx.name].update(checkpoints.beat_fields(ctx))
     for v in rank_views:
         if v.name in procs:
             procs[v.name].setdefault("ranks", []).extend(blame.to_beat([v]))
@@ -128,5 +150,6 @@ def beat(job: dict, ledger, contexts, done: bool, generation: int, rank_views=()
     return {"op": "beat", "job_id": job["job_id"], "node": job["node"],
             "procs": procs, "done": done,
             "failure": {"reason": ledger.failure, "kind": ledger.failure_kind, "exit_code": ledger.failure_code,
-                        "generation": ledger.generation} if ledger.failure else None, "final": final,
+                        "generation": ledger.generation, "loaded": checkpoints.as_beat(ledger.failure_loaded)}
+            if ledger.failure else None, "final": final,
             "generation": generation, "trainers_expected": job.get("trainers")}

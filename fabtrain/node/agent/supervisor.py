@@ -18,7 +18,8 @@ import signal
 
 from fabtrain.node import launch, procfs
 from fabtrain.node.atomic import read_json
-from fabtrain.node.coordination.stragglers import StepRate
+from fabtrain.node.coordination.stragglers import StepRate, comm_bound
+from fabtrain.node.agent import checkpoints
 from fabtrain.node.kill import send, signal_all, starter, trusted
 from fabtrain.contract.states import ProcessState, signal_of, state_of
 from fabtrain.contract.jobfolder import JobFolder
@@ -31,12 +32,14 @@ NO_RECORD_WAIT = 2.0  # a launcher that outlives its program this long without r
 TAIL = 64 * 1024  # bytes of new records read at most a step: a program that writes faster is read from its tail
 PARSE_ALL = 16 * 1024  # below this many new bytes every record is read; above, only each rank's last
 TIMINGS = ("step_time", "data_time", "compute_time", "comm_time")
+SEND_SAMPLES = 4  # a rank's send backlog is told once this many samples are in (over RATE_WINDOW, or the last ones)
 
 
 class RankSteps:
     """One rank's records in a metrics file: its last step, when it last made progress, its timings."""
 
-    __slots__ = ("step", "changed", "auto", "timings", "total_steps", "busy")
+    __slots__ = ("step", "changed", "auto", "timings", "total_steps", "busy", "ckpt", "saves", "resumed_from",
+                 "framework", "sends")
 
     def __init__(self):
         self.step = None
@@ -44,7 +47,14 @@ class RankSteps:
         self.auto = False
         self.busy: str | None = None  # what the hook last saw it do between steps (evaluating, saving, ...)
         self.timings: list = []  # (time, {step_time, data_time, compute_time, comm_time}) over RATE_WINDOW
+        self.sends: list = []  # (time, its processes' TCP send backlog in bytes), sampled while comm-bound
         self.total_steps = None
+        # Checkpoints (the hook's ckpt_* fields, agent/checkpoints.py): the last one, each path's last save
+        # (path -> (step, at)), what this generation loaded before its first step.
+        self.ckpt: dict | None = None
+        self.saves: dict = {}
+        self.resumed_from: str | None = None
+        self.framework: str | None = None
 
     def take(self, rec: dict, at: float) -> None:
         """A new record of this rank. From the launcher's hook (``source: "auto"``) only a new step is
@@ -63,6 +73,8 @@ class RankSteps:
             self.step = step
         if isinstance(rec.get("total_steps"), int):
             self.total_steps = rec["total_steps"]
+        if "ckpt_step" in rec or "resumed_from" in rec:
+            checkpoints.take(self, rec)
         t = {k: float(rec[k]) for k in TIMINGS if isinstance(rec.get(k), (int, float))
              and not isinstance(rec.get(k), bool) and rec[k] >= 0}
         if t:
@@ -78,6 +90,25 @@ class RankSteps:
             if xs:
                 out[k] = sum(xs) / len(xs)
         return out
+
+    def send(self, backlog: int, at: float) -> None:
+        """A sample of the TCP send backlog of this rank's processes (SendQueues), kept over RATE_WINDOW (and
+        at least the last SEND_SAMPLES, where the interval is long)."""
+        self.sends.append((at, backlog))
+        while len(self.sends) > SEND_SAMPLES and at - self.sends[0][0] > RATE_WINDOW:
+            self.sends.pop(0)
+
+    def age(self, at: float) -> None:
+        """Not sampled now: samples older than RATE_WINDOW go."""
+        self.sends = [s for s in self.sends if at - s[0] <= RATE_WINDOW]
+
+    def send_backlog(self) -> tuple | None:
+        """(the share of samples in which its sends were backed up, the mean backlog in bytes), once there
+        are SEND_SAMPLES samples: the communication straggler's signal."""
+        if len(self.sends) < SEND_SAMPLES:
+            return None
+        xs = [b for _, b in self.sends]
+        return sum(1 for b in xs if b > 0) / len(xs), sum(xs) / len(xs)
 
 
 class Progress:
@@ -217,6 +248,13 @@ class ProcessContext:
         self.close_reason: str | None = None
         self.kill_signal: str | None = None
         self.term_at: float | None = None
+        # on_failure restart (agent/checkpoints.py): the job's generation this context runs, what the one
+        # before left of this process (its last step, its checkpoints, what it loaded), whether the
+        # `resumed` event is written, and what a failed end loaded (computed once, when it failed)
+        self.generation = 0
+        self.before: dict | None = None
+        self.resumed: str | None = None
+        self.load_failure: tuple | bool | None = None
 
     # -- what it is now ------------------------------------------------------------------
 
@@ -283,6 +321,28 @@ class ProcessContext:
         self.progress.output(self.log_path)
         if tick or self.progress.cpu_seen is None:
             self.progress.cpu(sum(procs[p].cpu for p in live_tree), now, interval)
+
+    def sample_sends(self, queues, at: float) -> None:
+        """On a tick: the TCP send backlog of each live, comm-bound rank (stragglers.comm_bound: its mean
+        comm_time at least COMM_SAMPLED of its step) of a running trainer, summed over the processes whose
+        RANK it is (rank_of). Nothing is read for a job that is not comm-bound; the samples of a rank not
+        sampled now age out."""
+        if self.progress is None:
+            return
+        ranks = {}
+        for rank, r in self.progress.ranks.items():
+            if self.live and self.role == "trainer" and rank is not None and comm_bound(r.mean_timings()):
+                ranks[rank] = r
+            elif r.sends:
+                r.age(at)
+        pids = {pid: seen[1] for pid, seen in self.rank_of.items() if seen[1] in ranks}
+        if not pids:
+            return
+        per: dict = {}
+        for pid, backlog in queues.sample(pids).items():
+            per[pids[pid]] = per.get(pids[pid], 0) + backlog
+        for rank, backlog in per.items():
+            ranks[rank].send(backlog, at)
 
     def _live_ranks(self, pids: list, procs: dict, now: float) -> set | None:
         """The RANKs in the environments of the program's live processes (torchrun's workers each have

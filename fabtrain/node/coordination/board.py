@@ -39,7 +39,7 @@ from fabtrain.contract.states import FINAL, LIVE, FailureKind, JobState, Process
 from .connections import hung_timeout
 from .fence import Departures
 from .protocol import compact
-from .restart import RestartPolicy
+from .restart import RestartPolicy, note_loaded
 from .roster import Roster
 
 MAX_PROCS = 4096  # processes one node may report; a real node has a handful
@@ -139,6 +139,7 @@ class Board:
         self.trainers = self.trainers_ok = self.trainers_live = 0  # sums of the peers' counts
         self.expected: int | None = None  # the largest trainers_expected a peer said
         self.superseded = False  # a newer job asked for this port while ours is over
+        self.loaded: dict[int, dict] = {}  # generation -> what a failed process of it had just loaded (restart.py)
         self._status_cache: tuple | None = None  # (status dict, (peers, trainers live), status line, its JSON)
 
     # -- what it says -------------------------------------------------------------------------
@@ -199,6 +200,7 @@ class Board:
     def _failure(self, failure: dict, node: str, now: float, wall: float, events: list) -> bool:
         """A failure an agent reported: restart the job (a new generation) or fail it."""
         generation = self.status["generation"]
+        note_loaded(self.loaded, failure)  # any node's word on it, also after the generation's decision
         if failure.get("generation", 0) != generation or node in self.out:
             return False  # of an older generation, already acted on (or of one this board never started)
         reason = _text(failure.get("reason"), "failed") or "failed"
@@ -214,10 +216,9 @@ class Board:
         """Restart after this failure of the current generation, or fail the job. `not_before`: the
         generation may not start before then (a lost node's fence, fence.py), so its backoff is longer."""
         generation = self.status["generation"]
-        decision = self.restart.decide(failure, generation)
+        decision = self.restart.decide(failure, generation, self.loaded.get(generation - 1))
         if not decision.restart:
-            return self._set_status(JobState.FAILED, reason + ("; not restarted: %s" % decision.why_not
-                                                        if decision.why_not else ""), node, wall)
+            return self._set_status(JobState.FAILED, decision.failed(reason), node, wall)
         for p in self.peers.values():  # once a failure: O(nodes) here is not O(nodes) a beat
             p.had_procs = p.had_procs or bool(p.procs)
         backoff = decision.backoff

@@ -12,6 +12,7 @@ node that left (kind ``left``) restarts the job too, on the nodes that are left.
 """
 from __future__ import annotations
 
+from fabtrain.contract import checkpoints as words
 from fabtrain.contract.states import RESTARTABLE, FailureKind
 from fabtrain.node.structs import record
 
@@ -28,6 +29,15 @@ class Decision:
     generation: int  # the generation to start (restart), else the current one
     backoff: float = 0.0
     why_not: str | None = None  # why a failure under on_failure restart is not restarted
+    damaged: bool = False  # not restarted: two generations in a row failed soon after loading one checkpoint
+
+    def failed(self, cause: str) -> str:
+        """The job's reason when it is not restarted: `<cause>; not restarted: <why>`, or for a damaged
+        checkpoint `<cause>; generation 2 and 3 failed 4 s after loading ...: the checkpoint may be damaged;
+        not restarted`."""
+        if self.damaged:
+            return "%s; %s; not restarted" % (cause, self.why_not)
+        return cause + ("; not restarted: %s" % self.why_not if self.why_not else "")
 
 
 @record
@@ -72,8 +82,9 @@ class RestartPolicy:
         """Seconds from the decision until every node must have started its part of generation g."""
         return self.backoff_for(generation) + self.grace + 1.0 + START_WINDOW
 
-    def decide(self, failure: dict, generation: int) -> Decision:
-        """Restart after this failure of generation `generation`, or not (and why not)."""
+    def decide(self, failure: dict, generation: int, before: dict | None = None) -> Decision:
+        """Restart after this failure of generation `generation`, or not (and why not). `before`: the
+        checkpoint a failed process of the generation before had just loaded (its failure's `loaded`)."""
         if not self.enabled:
             return Decision(False, generation)
         kind, code = failure.get("kind"), failure.get("exit_code")
@@ -82,6 +93,37 @@ class RestartPolicy:
         if kind == FailureKind.EXIT and self.exit_codes is not None and code not in self.exit_codes:
             return Decision(False, generation, why_not="exit code %s is not in restart_on_exit_codes %s"
                             % (code, list(self.exit_codes)))
+        damaged = damaged_checkpoint(failure, generation, before)
+        if damaged:
+            return Decision(False, generation, why_not=damaged, damaged=True)
         if generation >= self.max_restarts:
             return Decision(False, generation, why_not="max_restarts (%d) spent" % self.max_restarts)
         return Decision(True, generation + 1, self.backoff_for(generation + 1))
+
+
+def note_loaded(loaded: dict, failure: dict) -> None:
+    """Keep, per generation, the first `loaded` a failure of it carries (the board's `loaded`)."""
+    g = failure.get("generation", 0)
+    if isinstance(g, int) and isinstance(failure.get("loaded"), dict) and g not in loaded:
+        loaded[g] = failure["loaded"]
+
+
+def _loaded(value) -> tuple | None:
+    """A failure's `loaded` ({path, step, after}: agent/checkpoints.py) as (path, step, after), else None."""
+    if not isinstance(value, dict) or not isinstance(value.get("path"), str) or not value["path"]:
+        return None
+    step, after = value.get("step"), value.get("after")
+    number = (int, float)
+    return (value["path"], step if isinstance(step, number) and not isinstance(step, bool) else None,
+            after if isinstance(after, number) and not isinstance(after, bool) else None)
+
+
+def damaged_checkpoint(failure: dict, generation: int, before: dict | None) -> str | None:
+    """Two generations in a row whose programs failed soon after loading the same checkpoint file: the words
+    that stop the restart loop (a torn or corrupt file fails every restart the same way), else None."""
+    now, then = _loaded(failure.get("loaded")), _loaded(before)
+    if generation < 1 or failure.get("kind") != FailureKind.EXIT or now is None or then is None or now[0] != then[0]:
+        return None
+    afters = [a for a in (now[2], then[2]) if a is not None]  # None: it failed in the load itself
+    step = now[1] if now[1] is not None else then[1]
+    return words.damaged_text(generation - 1, generation, max(afters) if afters else None, now[0], step)

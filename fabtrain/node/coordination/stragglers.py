@@ -11,7 +11,9 @@ records); the rule itself sees only numbers, so tests check it as data.
 In synchronous training (DDP) every rank steps at the slowest one's pace, so
 rates cannot tell: `judge_timings` names the rank the others wait for from
 each rank's time a step in data loading, compute and collectives (the
-records' ``data_time``, ``compute_time``, ``comm_time``).
+records' ``data_time``, ``compute_time``, ``comm_time``), and, where the
+ranks spend their steps in collectives, from the TCP send backlog of each
+rank (the agents' samples): the rank whose link does not keep up.
 """
 from __future__ import annotations
 
@@ -103,6 +105,34 @@ def reason(f: Finding, rule: Rule) -> str:
 
 CAUSES = (("data_time", "data loading"), ("compute_time", "compute"))
 MIN_EXCESS = 0.1  # of the median step time: less extra time a step than this is noise, not a straggler
+# Communication: the median rank spends at least COMM_BOUND of its step in collectives and every rank at least
+# COMM_SAMPLED (the agents sample the sends of such ranks only), and one rank's sends are backed up (data
+# written and not yet acknowledged) in at least BACKED_UP of the samples, while the median other rank's are in
+# at most LINK_SHARE of that. Its ratio is over the median's share, taken as at least MIN_SHARE (the samples
+# cannot tell less).
+COMM_BOUND = 0.5
+COMM_SAMPLED = 0.25
+BACKED_UP = 0.75
+LINK_SHARE = 0.5
+MIN_SHARE = 0.05
+
+
+def step_of(t: dict) -> float:
+    """A rank's step time: the record's, else the sum of its parts."""
+    return t.get("step_time") or sum(t.get(f) or 0.0 for f in ("data_time", "compute_time", "comm_time"))
+
+
+def comm_share(t: dict) -> float:
+    """The share of a rank's step (its mean timings) spent in collectives; 0 where not known."""
+    comm, step = t.get("comm_time"), step_of(t)
+    return comm / step if isinstance(comm, (int, float)) and not isinstance(comm, bool) and step > 0 else 0.0
+
+
+def comm_bound(t: dict) -> bool:
+    """A rank's mean timings spend at least COMM_SAMPLED of its step in collectives: the agent samples its
+    sends then, and only then. (The hook's split of a step is not exact: part of the wait for a slow link
+    can count as a rank's compute, so one rank's share alone is no more than a gate.)"""
+    return comm_share(t) >= COMM_SAMPLED
 
 
 @record
@@ -111,11 +141,15 @@ class Cause:
     node: str
     name: str
     rank: int | None
-    cause: str  # "data loading" or "compute"
-    ratio: float  # its time for the cause over the median rank's
-    seconds: float  # its time for the cause a step (mean over the window)
+    cause: str  # "data loading", "compute" or "communication"
+    ratio: float  # its time for the cause over the median rank's (communication: its backed-up share over the median's)
+    seconds: float  # its time for the cause a step (mean over the window; communication: its comm_time)
     median: float  # the median rank's
     since: float
+    backed_up: float | None = None  # communication: the share of samples its sends were backed up in
+    backlog: float | None = None  # ... its mean send backlog, bytes
+    others: float | None = None  # ... the median other rank's backed-up share
+    comm_share: float | None = None  # ... the share of its step in collectives
 
 
 def judge_timings(timings: dict, behind: Behind, now: float, rule: Rule) -> tuple[list, Behind]:
@@ -125,7 +159,10 @@ def judge_timings(timings: dict, behind: Behind, now: float, rule: Rule) -> tupl
     it waits there least (the least comm_time), and its data loading or compute is far above the
     median of the other ranks' (at least 1/share of it, and by at least MIN_EXCESS of the median step time), while
     the others wait in comm about that much longer than it. A job whose ranks are equally slow has
-    none. Reported after `window` seconds, once while it lasts, as `judge` does."""
+    none. Where the job is comm-bound and one rank's sends stay backed up while the others' drain
+    (`link_suspect`), that rank is named for its communication, first (`suspect`). Reported after
+    `window` seconds, once while it lasts, as `judge` does; the same rank found for another cause (its
+    compute, then its link) is a new finding."""
     known = {k: t for k, t in timings.items() if all(isinstance(t.get(f), (int, float)) for f, _ in CAUSES)
              and isinstance(t.get("comm_time"), (int, float))}
     if len(known) < 2:
@@ -133,19 +170,28 @@ def judge_timings(timings: dict, behind: Behind, now: float, rule: Rule) -> tupl
     found_now = suspect(known, rule)
     since, reported, found = {}, set(), []
     if found_now is not None:
-        key, cause, ratio, seconds, mid = found_now
-        since[key] = behind.since.get(key, now)
-        if key in behind.reported:
-            reported.add(key)
-        elif now - since[key] >= rule.window:
-            reported.add(key)
+        key, cause, ratio, seconds, mid, link = found_now
+        held = key + (cause,)  # (node, name, rank, cause)
+        since[held] = behind.since.get(held, now)
+        if held in behind.reported:
+            reported.add(held)
+        elif now - since[held] >= rule.window:
+            reported.add(held)
             found.append(Cause(key[0], key[1], key[2], cause, round(ratio, 2), round(seconds, 4), round(mid, 4),
-                               since[key]))
+                               since[held], **link))
     return found, replace(behind, since=since, reported=frozenset(reported))
 
 
 def suspect(known: dict, rule: Rule):
-    """(key, cause, ratio, its seconds, the median's) of the rank that makes the others wait, or None."""
+    """(key, cause, ratio, its seconds, the median's, {communication's figures}) of the rank that makes the
+    others wait, or None. A link that backs up (`link_suspect`) comes first: its sends are pending for at
+    least BACKED_UP of the step, so it is what the step waits for; while the others wait for a rank's data
+    loading or compute, the links have nothing to send and drain. (Where ranks share a machine's CPUs, one
+    starved of CPU for a while, or the hook counting part of a rank's wait as its compute, leaves a capped
+    link named.)"""
+    link = link_suspect(known)
+    if link is not None:
+        return link
     key = min(known, key=lambda k: (known[k]["comm_time"], k[0], k[1], k[2] if k[2] is not None else -1))
     mine = known[key]
     step = median(t.get("step_time") or sum(t[f] for f, _ in CAUSES) + t["comm_time"] for t in known.values())
@@ -161,18 +207,55 @@ def suspect(known: dict, rule: Rule):
             best = (excess, cause, ratio, mine[field], mid)
     if best is None:
         return None
-    return key, best[1], min(best[2], 999.0), best[3], best[4]
+    return key, best[1], min(best[2], 999.0), best[3], best[4], {}
+
+
+def link_suspect(known: dict):
+    """Communication: in a ring all-reduce every rank waits in its collectives alike, so comm_time cannot
+    tell which link is slow; its sends can. The rank whose link does not keep up keeps data written and
+    unacknowledged through the whole collective; the others' drain at once. Named when every rank is
+    comm-bound (the median rank at least COMM_BOUND of its step in collectives, every rank COMM_SAMPLED),
+    every rank's backlog was sampled (`backlog`: the share of samples with one), and the most backed-up
+    rank's share is at least BACKED_UP while the median other rank's is at most LINK_SHARE of it. (A rank
+    that does not read what it is sent, busy elsewhere, backs up its sender's link too; but that rank waits
+    for nobody in its collectives, and so stops the rule.)"""
+    if len(known) < 2 or any(not isinstance(t.get("backlog"), (int, float)) or not comm_bound(t)
+                             for t in known.values()) or median(comm_share(t) for t in known.values()) < COMM_BOUND:
+        return None
+    key = max(known, key=lambda k: (known[k]["backlog"], known[k].get("backlog_bytes") or 0, str(k)))
+    mine = known[key]
+    others = median(t["backlog"] for k, t in known.items() if k != key)
+    if mine["backlog"] < BACKED_UP or others > LINK_SHARE * mine["backlog"]:
+        return None
+    ratio = mine["backlog"] / max(others, MIN_SHARE)
+    comm = median(t["comm_time"] for k, t in known.items() if k != key)
+    return key, "communication", ratio, mine["comm_time"], comm, {
+        "backed_up": round(mine["backlog"], 2), "backlog": round(mine.get("backlog_bytes") or 0.0),
+        "others": round(others, 2), "comm_share": round(comm_share(mine), 2)}
+
+
+def size(n: float) -> str:
+    """Bytes as a person reads them: 850 B, 213 kB, 4.2 MB."""
+    return "%d B" % n if n < 1000 else "%.3g kB" % (n / 1e3) if n < 1e6 else "%.3g MB" % (n / 1e6)
 
 
 def cause_reason(c: Cause) -> str:
     """The one sentence: "rank 1 on node2: data loading 4.2x the median"."""
     who = "rank %s" % c.rank if c.rank is not None else c.name
+    if c.cause == "communication":
+        return ("%s on %s: communication, its sends back up (data waiting to go out in %d%% of the samples, %s on "
+                "average, vs %d%% for the median rank) while collectives take %d%% of its step; the other ranks "
+                "wait for it in their collectives"
+                % (who, c.node, round(100 * (c.backed_up or 0)), size(c.backlog or 0), round(100 * (c.others or 0)),
+                   round(100 * (c.comm_share or 0))))
     return ("%s on %s: %s %.1fx the median (%.3g s a step vs %.3g s); the other ranks wait for it in their collectives"
             % (who, c.node, c.cause, c.ratio, c.seconds, c.median))
 
 
 def timings_of(peers: dict) -> dict:
-    """{(node, name, rank): timings} of the running trainers' ranks in the beats' process tables."""
+    """{(node, name, rank): timings} of the running trainers' ranks in the beats' process tables; a rank
+    whose agent sampled its sends (the beat's `sendq` rows: [rank, share backed up, mean bytes]; a beat of
+    an agent that does not sample has none) also has `backlog` (the share) and `backlog_bytes`."""
     out = {}
     for node, procs in peers.items():
         for name, p in (procs or {}).items():
@@ -183,6 +266,11 @@ def timings_of(peers: dict) -> dict:
                     rank, data, compute, comm, step = row
                     out[(node, name, rank if isinstance(rank, int) else None)] = {
                         "data_time": data, "compute_time": compute, "comm_time": comm, "step_time": step}
+            for row in p.get("sendq") or []:
+                if isinstance(row, list) and len(row) == 3 and isinstance(row[0], int) and \
+                        all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in row[1:]) and \
+                        (node, name, row[0]) in out:
+                    out[(node, name, row[0])].update(backlog=row[1], backlog_bytes=row[2])
     return out
 
 
@@ -192,11 +280,12 @@ def standing_timings(timings: dict, behind: Behind, rule: Rule) -> list:
     known = {k: t for k, t in timings.items() if all(isinstance(t.get(f), (int, float)) for f, _ in CAUSES)
              and isinstance(t.get("comm_time"), (int, float))}
     now = suspect(known, rule) if len(known) >= 2 else None
-    if now is None or now[0] not in behind.reported or now[0] not in behind.since:
+    held = now[0] + (now[1],) if now is not None else None
+    if now is None or held not in behind.reported or held not in behind.since:
         return []
-    (node, name, rank), cause, ratio, seconds, mid = now
+    (node, name, rank), cause, ratio, seconds, mid, _ = now
     return [{"node": node, "name": name, "rank": rank, "cause": cause, "ratio": round(ratio, 2),
-             "seconds": round(seconds, 4), "median": round(mid, 4), "since": round(behind.since[now[0]], 3)}]
+             "seconds": round(seconds, 4), "median": round(mid, 4), "since": round(behind.since[held], 3)}]
 
 
 class StepRate:
