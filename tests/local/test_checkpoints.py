@@ -7,7 +7,6 @@ import json
 import os
 import re
 import sys
-import time
 
 import pytest
 
@@ -17,21 +16,12 @@ from fabtrain.controller.export import export_tensorboard
 from fabtrain.dashboard import create_app
 from fabtrain.remote.session import Session
 from tests.support.local_job import LocalJob  # noqa: F401  (the local_job fixture's jobs)
+from tests.support.procscan import wait_for
 from workload.ddp import free_port
 
 TOKEN = "t0k3n-for-checkpoints-0123456789abcdef"
 HOST = "127.0.0.1:8265"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Host": HOST}
-
-
-def wait_for(fn, timeout, interval=0.1):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = fn()
-        if found:
-            return found
-        time.sleep(interval)
-    return None
 
 
 def loop_job(local_job, tmp_path, *args, **watchdog):
