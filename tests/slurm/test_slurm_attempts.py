@@ -148,10 +148,10 @@ def test_kill_all_after_the_end_keeps_what_happened(job):
     before = job.fab("status")
     assert before.returncode == 0 and "finished" in before.stdout, before.stdout
     on_disk = record_on_disk(job)
-    # The coordinator's node recorded the job finished; no node recorded another outcome (a node whose agent left
-    # before the job's last status reached it records none).
+    # A node recorded the job finished (the one whose agent saw the job's last status: in a Slurm step, where every
+    # node's agent leaves as its task ends, that may be any of them); no node recorded another outcome.
     said = outcomes(on_disk)
-    assert said["node0"] == [EventKind.FINISHED] and all(k in ([], [EventKind.FINISHED]) for k in said.values()), said
+    assert [EventKind.FINISHED] in said.values() and all(k in ([], [EventKind.FINISHED]) for k in said.values()), said
     assert not any(r["killed"] for r in on_disk.values()), on_disk
     assert [on_disk[f"node{i}"]["exits"].get(f"trainer-{i}") for i in range(job.nodes)] == ["0"] * job.nodes, on_disk
     job.fab("kill-all", check=True)
@@ -168,7 +168,8 @@ def test_kill_all_after_the_end_keeps_what_happened(job):
     assert before.returncode == 1 and "exited with code 2" in before.stdout, before.stdout
     on_disk = record_on_disk(job)
     said = outcomes(on_disk)
-    assert EventKind.JOB_FAILED in said["node0"] and not any(EventKind.FINISHED in k for k in said.values()), said
+    assert any(EventKind.JOB_FAILED in k for k in said.values()) and not any(EventKind.FINISHED in k for k in
+                                                                            said.values()), said
     assert not any(r["killed"] for r in on_disk.values()), on_disk
     # Every trainer's exit recorded; the ones the teardown did not reach first, 2.
     codes = [on_disk[f"node{i}"]["exits"].get(f"trainer-{i}") for i in range(job.nodes)]

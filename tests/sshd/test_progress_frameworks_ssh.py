@@ -29,8 +29,9 @@ def finished(fab, tmp_path, sshd, nodes, command):
     job_id = re.search(r"job (\S+): trainer started", out.stdout).group(1)
     watch = fab("watch", "--timeout", "800", cluster=path, timeout=840)
     assert watch.returncode == 0, watch.stdout + watch.stderr
-    records = {f"trainer-{i}": [json.loads(x) for x in (tmp_path / f"ws-{node}" / "jobs" / job_id / "metrics" /
-                                                         f"trainer-{i}.jsonl").read_text().splitlines()]
+    records = {f"trainer-{i}": [r for r in map(json.loads, (tmp_path / f"ws-{node}" / "jobs" / job_id / "metrics" /
+                                                         f"trainer-{i}.jsonl").read_text().splitlines())
+                                if not r.get("between_steps")]  # the steps' records (not busy or exiting)
                for i, node in enumerate(nodes)}
     return path, job_id, watch.stdout, records
 
