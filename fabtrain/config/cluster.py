@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from fabtrain.contract.checkpoints import ON_BAD_CHECKPOINT
 from fabtrain.contract.states import STOP_GRACE
 from fabtrain.config.checks import (ENV_NAME_RE, HOST_RE, IFACE_RE, IMAGE_RE, INVALID, NAME_RE, ONE_LINE_RE, USER_RE,
                                     Checks, FieldError, kind_of, reported, shown, valid)
@@ -54,7 +55,7 @@ FIELDS: dict[str, set[str]] = {
     "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq", "max_extract_mb", "max_expansion"},
     "job.watchdog": {"enabled", "interval", "hang_timeout", "startup_timeout", "grace", "on_failure", "port", "notify",
                      "max_restarts", "restart_backoff", "restart_on_exit_codes", "straggler", "min_nodes", "instrument",
-                     "no_checkpoint"},
+                     "no_checkpoint", "on_bad_checkpoint"},
     "job.watchdog.instrument": {"pserver", "trainer"},
     "job.watchdog.straggler": {"share", "window"},
     "job.watchdog.notify": {"webhook", "command", "on"},
@@ -157,6 +158,9 @@ class WatchdogSpec:
     # Seconds without a new checkpoint from any trainer (the hook sees the saves) before a `no_checkpoint`
     # event and alert (None: never).
     no_checkpoint: float | None = None
+    # on_failure restart, two generations in a row failing soon after loading one checkpoint file: stop (the
+    # job fails), or previous (restart once more, FABTRAIN_RESUME_FROM naming the checkpoint saved before it).
+    on_bad_checkpoint: str = ON_BAD_CHECKPOINT[0]
 
 
 @dataclass(frozen=True)
@@ -237,6 +241,14 @@ def _no_checkpoint(p, w: dict, watchdog: WatchdogSpec) -> WatchdogSpec:
     if notify is not None and isinstance(w.get("notify"), dict) and "on" not in w["notify"]:
         notify = replace(notify, on=notify.on + ("no_checkpoint",))
     return replace(watchdog, no_checkpoint=limit, notify=notify)
+
+
+@reported
+def _on_bad_checkpoint(p, w: dict, watchdog: WatchdogSpec) -> WatchdogSpec:
+    """job.watchdog.on_bad_checkpoint: stop (the default), or previous (coordination/restart.py)."""
+    value = p.choice(w.get("on_bad_checkpoint", watchdog.on_bad_checkpoint), "job.watchdog.on_bad_checkpoint",
+                     ON_BAD_CHECKPOINT)
+    return replace(watchdog, on_bad_checkpoint=value) if value in ON_BAD_CHECKPOINT else watchdog
 
 
 def _instrument(checks: Checks, value: Any, where: str) -> tuple[str, ...]:
@@ -522,7 +534,7 @@ class _Parser(Checks):
             **self.straggler(w.get("straggler"), dw),
             instrument=_instrument(self, w.get("instrument", True), "job.watchdog.instrument"),
         )
-        watchdog = _no_checkpoint(self, w, watchdog)
+        watchdog = _on_bad_checkpoint(self, w, _no_checkpoint(self, w, watchdog))
 
         env = self.job_env(d.get("env") or {})
         code = self.path_value(d.get("code", JobSpec.code), "job.code")

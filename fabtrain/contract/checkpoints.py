@@ -3,13 +3,19 @@
 The launcher's progress hook (fabtrain/node/progress_frameworks.py) records each checkpoint save of an
 unchanged program in the rank's metrics records (docs/progress.md): a record at once when a save returns
 (`"checkpoint": "saved"`), and the same `ckpt_*` fields in every record after it; a load before the
-program's first step is its `resumed_from`. The agent (what a restart resumed from, the restart loop a
+program's first step is its `resumed_from` (and, in the file beside the records, `<metrics>.load`, each load
+before the first step as it returned or raised: LOADED, LOAD_FAILED). The agent (what a restart resumed from, the restart loop a
 damaged checkpoint makes) and the controller's views (fab status, fab watch, the dashboard, /metrics)
 say them with these words. Standard library only: shipped to the nodes with the contract.
 """
 
 CKPT_FIELDS = ("ckpt_step", "ckpt_at", "ckpt_path", "ckpt_bytes", "ckpt_seconds", "ckpt_async", "ckpt_landed_at")
 SAVED = "saved"  # a record's "checkpoint" when a save just returned
+# The hook's line in `<metrics>.load` (contract/jobfolder.py's load_file) for a load before the first step:
+# {"ts", "pid", "rank", "load": LOADED or LOAD_FAILED, "path", "seconds", "error" (a failed one's)}.
+LOADED, LOAD_FAILED = "loaded", "failed"
+RESUME_ENV = "FABTRAIN_RESUME_FROM"  # a restarted generation's checkpoint to resume from (agent/relaunch.py)
+ON_BAD_CHECKPOINT = ("stop", "previous")  # job.watchdog.on_bad_checkpoint: the first is the default
 
 
 def number(v):
@@ -91,20 +97,27 @@ def checkpoint_text(ckpt, step, now, live=True):
     return text + ("; a failure now loses %s" % ", ".join(risk) if risk else "")
 
 
-def resumed_text(generation, path, step=None, saved_before=None, lost=None, previous_last=None):
+def resumed_text(generation, path, step=None, saved_before=None, lost=None, previous_last=None, fallback=None):
     """What generation g started from: `generation 2 resumed from out/ckpt.pt (step 1200, saved 14 min before
     the failure): 310 steps lost`, or `generation 2 loaded no checkpoint: it started from step 0 (1510 steps of
-    generation 1 lost)`."""
+    generation 1 lost)`. `fallback`: what on_bad_checkpoint previous pointed it at (the Board's `resume_from`):
+    `..., the checkpoint before out/ckpt-1200.pt, which generation 1 and 2 failed loading`, or, where the
+    program loaded another file, `(FABTRAIN_RESUME_FROM named out/ckpt-1000.pt, the checkpoint before ...)`."""
+    before = _before_text(fallback)
     if not path:
         text = "generation %d loaded no checkpoint: it started from step 0" % generation
         if number(previous_last) is not None:
             text += " (%s steps of generation %d lost)" % (step_text(previous_last), generation - 1)
-        return text
+        return text + (" (FABTRAIN_RESUME_FROM named %s, %s)" % (fallback["path"], before) if before else "")
     text = "generation %d resumed from %s" % (generation, path)
     said = (["step %s" % step_text(step)] if number(step) is not None else []) + \
         (["saved %s before the failure" % seconds_text(saved_before)] if number(saved_before) is not None else [])
     if said:
         text += " (%s)" % ", ".join(said)
+    if before and fallback["path"] == path:
+        text += ", %s" % before
+    elif before:
+        text += " (FABTRAIN_RESUME_FROM named %s, %s)" % (fallback["path"], before)
     if number(lost) is not None:
         text += ": %s step%s lost" % (step_text(lost), "" if lost == 1 else "s")
     elif number(step) is None:
@@ -112,9 +125,32 @@ def resumed_text(generation, path, step=None, saved_before=None, lost=None, prev
     return text
 
 
+def _failed_loading(first, second, after):
+    """`generation 1 and 2 failed loading`, or `... failed 4 s after loading` (`after`: seconds, None: in the load)."""
+    when = "failed %s after loading" % seconds_text(after) if number(after) is not None else "failed loading"
+    return "generation %d and %d %s" % (first, second, when)
+
+
+def _before_text(fallback):
+    """`the checkpoint before out/ckpt-1200.pt, which generation 1 and 2 failed loading`, or None."""
+    if not isinstance(fallback, dict) or not isinstance(fallback.get("path"), str) or \
+            not isinstance(fallback.get("instead_of"), str):
+        return None
+    failed = fallback.get("failed")
+    if not (isinstance(failed, (list, tuple)) and len(failed) == 2 and all(isinstance(g, int) for g in failed)):
+        return "the checkpoint before %s" % fallback["instead_of"]
+    return "the checkpoint before %s, which %s" % (fallback["instead_of"], _failed_loading(
+        failed[0], failed[1], fallback.get("after")))
+
+
+def fallback_text(generation, fallback):
+    """What on_bad_checkpoint previous does: `generation 3 resumes from out/ckpt-1000.pt, the checkpoint before
+    out/ckpt-1200.pt, which generation 1 and 2 failed loading`."""
+    return "generation %d resumes from %s, %s" % (generation, fallback["path"], _before_text(fallback))
+
+
 def damaged_text(first, second, after, path, step=None):
     """`generation 2 and 3 failed 4 s after loading out/ckpt.pt (step 1200): the checkpoint may be damaged`, or
     `... failed loading out/ckpt.pt ...` where both failed in the load itself (`after` None)."""
-    when = "failed %s after loading" % seconds_text(after) if number(after) is not None else "failed loading"
-    return "generation %d and %d %s %s%s: the checkpoint may be damaged" % (
-        first, second, when, path, " (step %s)" % step_text(step) if number(step) is not None else "")
+    return "%s %s%s: the checkpoint may be damaged" % (
+        _failed_loading(first, second, after), path, " (step %s)" % step_text(step) if number(step) is not None else "")

@@ -7,7 +7,9 @@
     launch.py       the launcher (fabtrain.contract.launcher)
     run/            each process's run record (<name>.json) and exit record (<name>.exit); the agent's
     logs/           each process's output, <name>.log
-    metrics/        each trainer's metrics records, <name>.jsonl
+    metrics/        each trainer's metrics records, <name>.jsonl; beside it <name>.jsonl.load, the progress
+                    hook's line for each checkpoint load before a rank's first step (loaded, or failed:
+                    contract/checkpoints.py), which the agent reads when the process fails
     stacks/         the stacks dumped before a hang's teardown, <name>.txt
 
 Node ops, the agent, a Slurm step and a pod name these files through JobFolder; the controller names
@@ -22,6 +24,9 @@ EVENTS = "events.jsonl"
 HEALTH = "health.json"
 KILLED = "killed"
 RUN, LOGS, METRICS, STACKS = "run", "logs", "metrics", "stacks"
+# The hook's loads beside a metrics file: $FABTRAIN_METRICS + LOAD (progress_frameworks._loads writes it so,
+# from the path it is given: it cannot import this module).
+LOAD = ".load"
 
 
 class JobFolder:

@@ -134,8 +134,7 @@ class Writer:
 
     def _forked(self):
         """In a forked child (a DataLoader worker): a fresh lock, and the writer thread again if it steps."""
-        import threading
-        self.lock, self.thread, self.fd = threading.RLock(), None, None
+        self.lock, self.thread, self.fd = __import__("threading").RLock(), None, None
 
     def _quiet_writer(self):
         """Every QUIET: watches the work of a rank whose step is LATE, writes a step left pending (a rank that
@@ -197,7 +196,8 @@ class Writer:
         n, timed = self.steps - self.written_steps, self.timed or self.last_timed
         end = self.step_end
         mean = (end - self.window_start) / n if self.window_start is not None and n > 0 and end is not None \
-            else timed[1] if timed else None
+            else self.mean if self.mean is not None else timed[1] if timed else None
+        self.mean = mean
         if mean is not None:
             rec["step_time"] = round(mean, 6)
         if timed is not None and mean is not None:
@@ -219,7 +219,7 @@ class Writer:
             rec["loss_step"] = rec["step"] - (self.steps - self.loss_at)  # a step's loss not read: the last read
         return rec
 
-    loss_at = None  # self.steps of the step whose loss values["loss"] holds
+    loss_at = mean = None  # self.steps of the step whose loss values["loss"] holds; the last record's step time
 
     def _write(self, now, busy=False, checkpoint=None):
         if self.fd is None:
@@ -502,16 +502,15 @@ def _guarded(where):
 
 
 def _wraps(orig, wrapper):
-    import functools
-    return functools.wraps(orig)(wrapper)
+    return __import__("functools").wraps(orig)(wrapper)
 
 
-def _frameworks():
-    """progress_frameworks.py: beside this file in a program (node ops writes both), else the package's."""
+def _part(part):
+    """progress_<part>.py: beside this file in a program (node ops writes every part), else the package's."""
     if __name__ != HOOK_NAME:
-        from fabtrain.node import progress_frameworks
-        return progress_frameworks
-    name = HOOK_NAME + "_frameworks"
+        from importlib import import_module
+        return import_module("fabtrain.node.progress_" + part)
+    name = HOOK_NAME + "_" + part
     if name not in sys.modules:
         from importlib.util import module_from_spec, spec_from_file_location
         spec = spec_from_file_location(name, os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py"))
@@ -524,7 +523,7 @@ def _frameworks():
 def _framework(kind):
     @_guarded("instrumenting " + kind)
     def instrument(module):
-        getattr(_frameworks(), kind)(sys.modules[__name__], module)
+        getattr(_part("paddle" if kind == "paddle" else "frameworks"), kind)(sys.modules[__name__], module)
     return instrument
 
 
@@ -583,8 +582,9 @@ def install():
 
 def sources():
     """The hook's files as node ops writes them beside the launcher's sitecustomize.py: {file name: text}."""
-    from fabtrain.node import progress_frameworks
-    return {HOOK_NAME + ".py": _text(sys.modules[__name__]), HOOK_NAME + "_frameworks.py": _text(progress_frameworks)}
+    from importlib import import_module
+    return {HOOK_NAME + ".py": _text(sys.modules[__name__]), **{HOOK_NAME + "_%s.py" % part: _text(import_module(
+        "fabtrain.node.progress_" + part)) for part in ("frameworks", "paddle")}}
 
 
 def _text(module):

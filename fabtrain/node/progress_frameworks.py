@@ -188,18 +188,35 @@ def _checkpointed(r, path, size, seconds, future=None):
 
 
 def _loads(r, orig, where=lambda args, kwargs: args[0] if args else kwargs.get("f")):
-    """A checkpoint load before the rank's first step (torch.load, DCP's load, a framework's resume): what this
-    generation resumed from."""
+    """A load before the rank's first step (torch.load, DCP's load, a framework's resume): its first record's
+    `resumed_from`, and as it returns or raises a line in $FABTRAIN_METRICS.load for the agent (not a record:
+    one before the first step would end the startup rule). After the first step a load is not looked at."""
     import functools
+    import json
+
+    def loaded(args, kwargs, error):
+        try:
+            path = _path(where(args, kwargs)) or "(an open file or buffer)"
+            if error is None and r.on:  # what this run resumed from: its first record says it
+                r.values["resumed_from"] = path
+            rec = {"ts": round(r.wall(), 3), "pid": __import__("os").getpid(), "rank": r.rank, "path": path,
+                   "load": "loaded" if error is None else "failed",
+                   "error": None if error is None else ("%s: %s" % (type(error).__name__, error))[:300]}
+            with open(r.path + ".load", "a") as f:  # one line, one write (O_APPEND): ranks never interleave
+                f.write(json.dumps(rec) + "\n")
+        except Exception as e:
+            r.fail("reading a checkpoint load", e)
 
     @functools.wraps(orig)
     def load(*args, **kwargs):
-        out = orig(*args, **kwargs)
-        if not r.steps and r.on:
-            try:  # what this run resumed from: its first record says it
-                r.values["resumed_from"] = _path(where(args, kwargs)) or "(an open file or buffer)"
-            except Exception as e:
-                r.fail("reading a checkpoint load", e)
+        if r.steps or r.failed:
+            return orig(*args, **kwargs)
+        try:
+            out = orig(*args, **kwargs)
+        except Exception as e:  # raised to the program as it was; the agent gets its file and its error
+            loaded(args, kwargs, e)
+            raise
+        loaded(args, kwargs, None)
         return out
     return load
 
@@ -436,6 +453,18 @@ def lightning(core, module):
                         break
             r.framework_values("lightning", trainer.global_step, values, write=True)
 
+        @_safe(r)
+        def on_train_end(self, trainer, pl_module):  # what it logged for its last step, for the last record
+            values = dict(list(trainer.logged_metrics.items())[:core.MAX_NAMES])
+            for key in ("train_loss", "loss"):
+                if core._number(values.get(key)) is not None:
+                    values["loss"] = values[key]
+                    break
+            r.framework_values("lightning", trainer.global_step, values)
+            with r.lock:  # its last step on file already, with an earlier loss: said again, with this one
+                if r.on and r.steps and r.steps == r.written_steps and r.loss_at == r.steps:
+                    r._write(r.perf())
+
     orig_init = Trainer.__init__
 
     def __init__(self, *args, **kwargs):
@@ -505,79 +534,3 @@ def accelerate(core, module):
         return out
     Accelerator.__init__ = core._wraps(orig_init, __init__)
     Accelerator.log = core._wraps(orig_log, log)
-
-
-def paddle(core, paddle):
-    r = core.REPORTER
-    import paddle.optimizer as popt
-    base = popt.Optimizer
-    perf = r.perf
-    for cls in {base} | {getattr(popt, n) for n in dir(popt)
-                         if isinstance(getattr(popt, n), type) and issubclass(getattr(popt, n), base)}:
-        orig = cls.__dict__.get("step")
-        if orig is None or getattr(orig, "_fabtrain", False):
-            continue
-
-        def make(orig):
-            def step(self, *args, **kwargs):
-                t0 = perf()
-                out = orig(self, *args, **kwargs)
-                r.add(core.OPTIMIZER, perf() - t0, t0)
-                r.framework = "paddle"
-                _paddle_lr(r, self)
-                r.step()
-                r.sampling, r.sample_start = True, r.perf()  # every step sampled: its wrappers are always in
-                return out
-            step = core._wraps(orig, step)
-            step._fabtrain = True
-            return step
-        cls.step = make(orig)
-    orig_backward = paddle.Tensor.backward
-
-    def backward(self, *args, **kwargs):
-        t0 = perf()
-        out = orig_backward(self, *args, **kwargs)
-        r.backward(self, perf() - t0, t0)
-        return out
-    paddle.Tensor.backward = core._wraps(orig_backward, backward)
-    try:
-        from paddle.io import DataLoader
-        orig_iter = DataLoader.__iter__
-
-        def __iter__(self):
-            return _PaddleBatches(r, orig_iter(self))
-        DataLoader.__iter__ = core._wraps(orig_iter, __iter__)
-    except ImportError:
-        pass
-
-
-def _paddle_lr(r, optimizer):
-    try:
-        lr = optimizer.get_lr()
-    except Exception:
-        return
-    if isinstance(lr, float) and lr == lr:
-        r.values["lr"] = lr
-
-
-class _PaddleBatches:
-    """A paddle DataLoader's iterator, timed: the time waiting for each batch is data_time."""
-
-    def __init__(self, r, it):
-        self._r, self._it = r, it
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        r = self._r
-        t0 = r.perf()
-        batch = next(self._it)
-        r.batch(r.perf() - t0, t0, _batch_size(batch) if r.sampling else None)
-        return batch
-
-    def __len__(self):
-        return len(self._it)
-
-    def __getattr__(self, name):
-        return getattr(self._it, name)

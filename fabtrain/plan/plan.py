@@ -15,7 +15,7 @@ import string
 import time
 from dataclasses import dataclass, field
 
-from fabtrain.config.cluster import Cluster, Node
+from fabtrain.config.cluster import Cluster, Node, WatchdogSpec
 from fabtrain.config.gpus import visible_devices
 from fabtrain.config.launcher import is_torchrun
 from fabtrain.plan.mpirun import with_mpirun
@@ -182,6 +182,8 @@ def _watchdog(cluster: Cluster, secret: str | None, port: int | None) -> dict:
         watchdog["notify"] = {"webhook": w.notify.webhook, "command": list(w.notify.command), "on": list(w.notify.on)}
     if w.no_checkpoint is not None:  # the coordinator's agent's rule (node/agent/checkpoints.py)
         watchdog["no_checkpoint"] = w.no_checkpoint
+    if w.on_bad_checkpoint != WatchdogSpec.on_bad_checkpoint:  # the restart policy's (coordination/restart.py)
+        watchdog["on_bad_checkpoint"] = w.on_bad_checkpoint
     if secret:
         watchdog["coordinator"]["secret"] = secret
     return watchdog

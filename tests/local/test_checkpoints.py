@@ -107,3 +107,40 @@ def test_a_checkpoint_truncated_between_two_generations_stops_the_restarts_after
     assert kinds.count("restarted") == 2  # not max_restarts (5): the loop stopped after two
     status = job.fab("status").stdout
     assert "the checkpoint may be damaged; not restarted" in status, status
+
+
+@pytest.mark.timeout(300)
+def test_on_bad_checkpoint_previous_resumes_from_the_checkpoint_before_the_damaged_one_and_runs_to_the_end(
+        local_job, tmp_path):
+    """ckpt_steps.py: a save every 10 steps to ckpt-<step>.pt, the first run tears ckpt-20.pt and crashes at 25;
+    generations 1 and 2 get FABTRAIN_RESUME_FROM=ckpt-20.pt and fail loading it; generation 3 gets ckpt-10.pt."""
+    out = tmp_path / "out"
+    job = local_job([("n0", ["trainer"])], mode="collective", master_port=free_port(),
+                    trainer={"command": f"python tests/programs/ckpt_steps.py {out} 40 10 0.02 25 4"},
+                    watchdog={"interval": 0.5, "hang_timeout": 30, "port": free_port(), "on_failure": "restart",
+                              "restart_backoff": 0.5, "max_restarts": 5, "on_bad_checkpoint": "previous"})
+    job.fab("deploy", "start-trainers", check=True)
+    log = job.jd("n0") / "logs" / "trainer-0.log"
+    assert wait_for(lambda: log.exists() and "done at step 40" in log.read_text(), 150), \
+        (log.read_text()[-3000:] if log.exists() else None, [e["kind"] for e in job.events("n0")])
+    torn, before = out / "ckpt-20.pt", out / "ckpt-10.pt"
+    said = (f"generation 3 resumes from {before}, the checkpoint before {torn}, which generation 1 and 2 failed "
+            "loading")
+    events = job.events("n0")
+    restarting = [e for e in events if e["kind"] == "restarting"]
+    assert [e["generation"] for e in restarting] == [1, 2, 3] and said in restarting[-1]["reason"], restarting
+    assert restarting[-1]["resume_from"]["path"] == str(before)
+    restarted = [e for e in events if e["kind"] == "restarted"]
+    assert restarted[-1]["reason"] == f"generation 3: started trainer-0; {said}", restarted
+    resumed = [e for e in events if e["kind"] == "resumed"]
+    assert resumed and resumed[-1]["generation"] == 3 and resumed[-1]["reason"].startswith(
+        f"generation 3 resumed from {before} (step 10, saved ") and resumed[-1]["reason"].endswith(
+        f"), the checkpoint before {torn}, which generation 1 and 2 failed loading"), resumed
+    text = log.read_text()
+    assert text.count(f"resumed from {before} at step 10") == 1 and f"resumed from {torn}" not in text
+    # The hook's word on generation 3's load (each generation's own file), and fab status says the fallback.
+    loads = [json.loads(x) for x in (job.jd("n0") / "metrics" / "trainer-0.jsonl.load").read_text().splitlines()]
+    assert [(x["load"], x["path"]) for x in loads] == [("loaded", str(before))]
+    status = job.fab("status").stdout
+    assert f"trainer-0 on n0: {resumed[-1]['reason']}" in status, status
+    assert wait_for(lambda: event(job, "finished"), 60), [e["kind"] for e in job.events("n0")]

@@ -10,9 +10,13 @@ what they resumed from); from them the agent
 - keeps, across a restart, what the generation before left (`summary`, given to the next generation's
   process context by relaunch.py), and says once the new generation's first step is in what it resumed
   from and how many steps were lost (`resumed`: the `resumed` event);
-- says, for a process that failed, whether it failed soon after loading a checkpoint (`load_failure`): its
-  beats carry it, and the restart policy stops a restart loop when two generations in a row fail so after
-  loading the same file (coordination/restart.py);
+- says, for a process that failed, whether it failed soon after loading a checkpoint (`load_failure`: the
+  hook's own line for a load before the first step, `<metrics>.load`, else its records and log): its beats
+  carry it with the checkpoint saved before that file, and the restart policy stops a restart loop when two
+  generations in a row fail so after loading the same file, or with on_bad_checkpoint previous points the
+  next generation at the one before (coordination/restart.py);
+- names, for each process of a restarted generation, the checkpoint it should resume from (`resume_path`:
+  FABTRAIN_RESUME_FROM, relaunch.py): the newest its family saved, never one found damaged;
 - on the coordinator's node, alerts when no trainer of the job has written a checkpoint for
   job.watchdog.no_checkpoint seconds (`NoCheckpoint`: the `no_checkpoint` event, an alert kind).
 
@@ -20,9 +24,11 @@ Standard library only.
 """
 from __future__ import annotations
 
+import json
 import re
 
 from fabtrain.contract import checkpoints as words
+from fabtrain.contract.jobfolder import LOAD
 from fabtrain.contract.events import EventKind
 from fabtrain.contract.states import LIVE, JobState
 
@@ -102,21 +108,67 @@ def beat_fields(ctx) -> dict:
 
 def summary(ctx) -> dict:
     """What the next generation's context keeps of this process (relaunch.py): its generation, when it ended,
-    its last step, what it loaded, and every path saved so far (path -> (step, at, generation))."""
+    its last step, what it loaded, every path saved so far (path -> (step, at, generation)), the files found
+    damaged (on_bad_checkpoint previous: not resumed from again until saved anew) and the async saves that had
+    not landed when it ended (never resumed from)."""
     before = ctx.before or {}
     saves = dict(before.get("saves") or {})
+    fresh, unlanded = set(), set(before.get("unlanded") or ())
     for r in _ranks(ctx.progress):
         for path, (step, at) in r.saves.items():
+            fresh.add(path)
+            unlanded.discard(path)
             old = saves.get(path)
             if old is None or (at or 0) >= (old[1] or 0):
                 saves[path] = (step, at, ctx.generation)
+        if r.ckpt and r.ckpt["async"] and r.ckpt["landed_at"] is None and r.ckpt["path"]:
+            unlanded.add(r.ckpt["path"])
     if len(saves) > MAX_SAVES:
         saves = dict(sorted(saves.items(), key=lambda kv: kv[1][1] or 0)[-MAX_SAVES:])
     ranks = _ranks(ctx.progress)
     failed = ctx.load_failure if isinstance(ctx.load_failure, tuple) else None
+    loaded = _resumed_from(ctx.progress) or (failed[0] if failed else None)
+    if loaded is None:
+        fact = last_load(ctx.metrics_path) if getattr(ctx, "metrics_path", None) else None
+        loaded = fact["path"] if fact and fact["load"] == words.LOADED else None
     return {"generation": ctx.generation, "ended_at": ctx.ended_at,
             "last_step": ranks[0].step if ranks else None, "framework": ranks[0].framework if ranks else None,
-            "loaded": _resumed_from(ctx.progress) or (failed[0] if failed else None), "saves": saves}
+            "loaded": loaded, "saves": saves,
+            "damaged": [p for p in before.get("damaged") or () if p not in fresh],  # a new save of it is whole
+            "unlanded": sorted(p for p in unlanded if p in saves)}
+
+
+def _usable(before: dict) -> list:
+    """The saves a generation may resume from, oldest first: (path, (step, at, generation)), none damaged or
+    an async save that had not landed."""
+    skip = set(before.get("damaged") or ()) | set(before.get("unlanded") or ())
+    return sorted(((p, v) for p, v in (before.get("saves") or {}).items() if p not in skip),
+                  key=lambda kv: kv[1][1] or 0)
+
+
+def resume_path(before: dict | None) -> str | None:
+    """FABTRAIN_RESUME_FROM of a restarted process: the newest checkpoint its family saved in the generations
+    before (none found damaged, no async save still being written when it ended), else what the one before
+    loaded (a generation that failed before its first save); None: none known (the variable is not set)."""
+    if not before:
+        return None
+    usable = _usable(before)
+    if usable:
+        return usable[-1][0]
+    loaded = before.get("loaded")
+    return loaded if loaded and loaded not in (before.get("damaged") or ()) else None
+
+
+def previous(before: dict | None, path: str) -> tuple | None:
+    """(path, step) of the checkpoint saved before `path` (on_bad_checkpoint previous): the newest other file
+    saved before it, none found damaged; None where `path` was never seen saved, or nothing was saved before
+    it (a program that always overwrites one file)."""
+    saves = (before or {}).get("saves") or {}
+    if path not in saves:
+        return None
+    at = saves[path][1] or 0
+    older = [(p, v) for p, v in _usable(before) if p != path and (v[1] or 0) < at]
+    return (older[-1][0], older[-1][1][0]) if older else None
 
 
 def resumed(ctx):
@@ -129,6 +181,9 @@ def resumed(ctx):
     if not ranks:
         return None
     path = _resumed_from(ctx.progress)
+    if path is None:  # a load the hook saw with no record of it yet (records off: a program's own win)
+        fact = last_load(getattr(ctx, "metrics_path", None))
+        path = fact["path"] if fact and fact["load"] == words.LOADED else None
     last = b.get("last_step")
     saved = (b.get("saves") or {}).get(path) if path else None
     step = at = lost = None
@@ -143,22 +198,61 @@ def resumed(ctx):
         lost = last
     before_failure = b["ended_at"] - at if at is not None and words.number(b.get("ended_at")) is not None else None
     lost = max(0, lost) if words.number(lost) is not None else None
-    ctx.resumed = words.resumed_text(ctx.generation, path, step, before_failure, lost if path else None, last)
+    fallback = b.get("fallback")
+    ctx.resumed = words.resumed_text(ctx.generation, path, step, before_failure, lost if path else None, last,
+                                     fallback)
     rank = ranks[0]
-    return ctx.resumed, {"role": ctx.role, "rank": ctx.rank, "generation": ctx.generation, "path": path,
-                         "ckpt_step": step, "ckpt_at": at, "steps_lost": lost, "last_step": last,
-                         "first_step": rank.step}
+    fields = {"role": ctx.role, "rank": ctx.rank, "generation": ctx.generation, "path": path, "ckpt_step": step,
+              "ckpt_at": at, "steps_lost": lost, "last_step": last, "first_step": rank.step}
+    if b.get("pointed"):
+        fields["resume_env"] = b["pointed"]  # what FABTRAIN_RESUME_FROM named
+    if fallback:
+        fields["fallback"] = fallback
+    return ctx.resumed, fields
 
 
 def newest_known(before: dict | None) -> str | None:
-    """The checkpoint a restarted program most likely loads: the newest saved so far, else what the
-    generation before loaded."""
+    """The checkpoint a restarted program most likely loads: what FABTRAIN_RESUME_FROM named, else the newest
+    saved so far, else what the generation before loaded."""
     if not before:
         return None
+    if before.get("pointed"):
+        return before["pointed"]
     saves = before.get("saves") or {}
     if saves:
         return max(saves.items(), key=lambda kv: kv[1][1] or 0)[0]
     return before.get("loaded")
+
+
+def last_load(metrics_path: str | None) -> dict | None:
+    """The hook's word on this generation's loads before the first step (`<metrics>.load`, relaunch.py clears
+    it): the last line of a rank whose last load failed, else the last line; None where it wrote none. Each
+    line: {"ts", "pid", "rank", "path", "load": loaded or failed, "seconds", "error"}."""
+    if not metrics_path:
+        return None
+    try:
+        with open(metrics_path + LOAD, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - LOG_TAIL))
+            data = f.read()
+    except OSError:
+        return None
+    last: dict = {}  # pid -> its last line
+    for line in data.split(b"\n"):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("path"), str) and rec["path"] and \
+                rec.get("load") in (words.LOADED, words.LOAD_FAILED) and words.number(rec.get("ts")) is not None:
+            rec["path"] = rec["path"][:1024]
+            last.pop(rec.get("pid"), None)
+            last[rec.get("pid")] = rec
+    if not last:
+        return None
+    failed = [r for r in last.values() if r["load"] == words.LOAD_FAILED]
+    return (failed or list(last.values()))[-1]
 
 
 def failed_in_load(log_path: str | None) -> bool:
@@ -193,12 +287,16 @@ def _is_load(path: str, func: str) -> bool:
 
 
 def load_failure(ctx):
-    """(path, step, after) when this process failed soon after loading a checkpoint, else None. Soon: its
-    records say what it resumed from (the hook writes it with the first step) and it failed within
-    LOAD_WINDOW of its first step; or it wrote no record and its log's traceback runs through a checkpoint
-    load (a load that raised leaves no record: the file is then the newest checkpoint the generations before
-    saved or loaded). `after`: seconds from its first step to its end (the load came before it; when is not
-    recorded), None for a failure in the load itself. Computed once, at its end."""
+    """(path, step, after, previous) when this process failed soon after loading a checkpoint, else None.
+
+    Before its first record, the hook's own line says it (`last_load`): its last load before the first
+    step raised (`after` None: it failed in the load), or returned and the process failed within LOAD_WINDOW
+    of it (`after`: the seconds since). With its first record in, its records say what it resumed from and it
+    failed within LOAD_WINDOW of its first step (`after`: seconds from its first step to its end). With
+    neither (a hook that wrote no line), its log's traceback runs through a checkpoint load: the file is then
+    what FABTRAIN_RESUME_FROM named, else the newest checkpoint the generations before saved or loaded.
+    `previous`: (path, step) of the checkpoint saved before that file, or None (on_bad_checkpoint previous).
+    Computed once, at its end."""
     if ctx.load_failure is not None:
         return ctx.load_failure or None
     if not ctx.ended:
@@ -208,28 +306,35 @@ def load_failure(ctx):
         return None
     p = ctx.progress
     first = p.first_record if p is not None else None
+    fact = last_load(getattr(ctx, "metrics_path", None)) if first is None else None
     path = _resumed_from(p)
-    if path:
+    if fact is not None:
+        path = fact["path"]
+        if fact["load"] == words.LOADED and ctx.ended_at - fact["ts"] > LOAD_WINDOW:
+            return None
+        after = None if fact["load"] == words.LOAD_FAILED else round(max(0.0, ctx.ended_at - fact["ts"]), 1)
+    elif path:
         if first is not None and ctx.ended_at - first > LOAD_WINDOW:
             return None
+        after = round(max(0.0, ctx.ended_at - first), 1) if first is not None else None
     elif first is not None or not failed_in_load(ctx.log_path):
         return None
     else:
-        path = newest_known(ctx.before)
+        path, after = newest_known(ctx.before), None
         if path is None:
             return None
-    # after: seconds from its first step (the load came before it) to its end; None: it failed in the load
-    after = round(max(0.0, ctx.ended_at - first), 1) if first is not None else None
     saved = ((ctx.before or {}).get("saves") or {}).get(path)
-    ctx.load_failure = (path, saved[0] if saved else None, after)
+    ctx.load_failure = (path, saved[0] if saved else None, after, previous(ctx.before, path))
     return ctx.load_failure
 
 
 def as_beat(loaded) -> dict | None:
-    """A failure's `loaded` as its beat carries it."""
+    """A failure's `loaded` as its beat carries it: {path, step, after, previous: {path, step} or None}."""
     if not loaded:
         return None
-    return {"path": loaded[0], "step": loaded[1], "after": loaded[2]}
+    prev = loaded[3] if len(loaded) > 3 else None
+    return {"path": loaded[0], "step": loaded[1], "after": loaded[2],
+            "previous": {"path": prev[0], "step": prev[1]} if prev else None}
 
 
 class NoCheckpoint:

@@ -28,7 +28,7 @@ from .events import EventLog
 from .jobjudge import JobJudge
 from .keeper import AgentLife
 from .link import Link
-from .relaunch import relaunch
+from .relaunch import relaunch, restarted
 from .samplers import GpuSampler, HostSampler, SendQueues
 from .supervisor import Markers, ProcessContext, job_running
 
@@ -336,15 +336,15 @@ class Agent:
     def start_generation(self, generation: int) -> None:
         """This node's part of a restart: its processes start again as `generation`; the job runs here again."""
         new = relaunch(self.contexts, self.job, self.jd, self.ws, generation, self.ledger.status.reason,
-                       self.link.view.get("out") or ())
+                       self.link.view.get("out") or (), self.ledger.resume)
+        said, fields = restarted(generation, new.names, self.ledger.resume)
         self.contexts, self.by_name = new.contexts, {ctx.name: ctx for ctx in new.contexts}
         self.launchers += new.launchers
         self.started_generation = generation
         self.ledger = policy.relaunched(self.ledger, generation)
         self.judge.new_generation()
         self.obs = policy.Observation(now=time.time())
-        self.events.write(EventKind.RESTARTED, "generation %d: started %s" % (generation, ", ".join(new.names) or "nothing"),
-                          generation=generation)
+        self.events.write(EventKind.RESTARTED, said, **fields)
         if new.errors:
             actions, self.ledger = policy.fail(self.ledger, self.cfg, "restart %d on %s: %s" % (
                 generation, self.node, "; ".join(new.errors)), FailureKind.START)

@@ -35,8 +35,9 @@ class ProcFacts:
     # process ended and the job's end was known here: it should have left by itself
     starter: tuple | None = None
     zombies: tuple = ()  # (pid, parent pid, create time) of defunct descendants
-    # (path, its step or None, seconds from its start to its end) of the checkpoint it loaded, when it failed
-    # soon after loading one (agent/checkpoints.py's load_failure): the restart policy's damaged-checkpoint rule
+    # (path, its step or None, seconds since the load or its first step, (path, step) of the checkpoint saved
+    # before it or None) of the checkpoint it loaded, when it failed soon after loading one (agent/checkpoints.py's
+    # load_failure): the restart policy's damaged-checkpoint rule
     loaded: tuple | None = None
 
     @property

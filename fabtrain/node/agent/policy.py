@@ -113,6 +113,7 @@ class Ledger:
     generation: int = 0  # the job's generation this agent works on (the one it runs, or is about to start)
     restart_at: float | None = None  # restarting: when the backoff ends (epoch)
     restart_ts: float | None = None  # the `ts` of the coordinator's restarting status that set restart_at
+    resume: dict | None = None  # restarting: the coordinator's `resume_from` (on_bad_checkpoint previous), else None
     pending: bool = False  # our failure may be restarted: the coordinator's word on it is still to come
     stacks_taken: bool = False  # this generation's stacks were dumped (once: before a hang's teardown)
 
@@ -182,12 +183,23 @@ def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list
     backoff = float(msg.get("backoff") or 0.0)
     cause = msg.get("reason") or "failed"
     left = msg.get("restarts_left")
+    resume = _resume(msg.get("resume_from"), g)
+    fields = {"origin": msg.get("node"), "generation": g, "backoff": backoff, "restarts_left": left}
+    if resume:  # the cause says it: `...; generation 3 resumes from X, the checkpoint before Y, ...`
+        fields["resume_from"] = resume
     note = Note(EventKind.RESTARTING, "job failed (%s); restart %d%s in %g s" % (
-        cause, g, " (%s left after it)" % left if isinstance(left, int) else "", backoff),
-        fields={"origin": msg.get("node"), "generation": g, "backoff": backoff, "restarts_left": left})
+        cause, g, " (%s left after it)" % left if isinstance(left, int) else "", backoff), fields=fields)
     return [note], replace(ledger, status=Status(JobState.RESTARTING, cause, msg.get("node")), generation=g, failure=None,
                            failure_kind=None, failure_code=None, failure_loaded=None, restart_at=now + backoff, restart_ts=msg.get("ts"),
-                           acted=False, pending=False)
+                           acted=False, pending=False, resume=resume)
+
+
+def _resume(value, generation: int) -> dict | None:
+    """The coordinator's `resume_from` for generation g (restart.py's Decision.resume), else None."""
+    if isinstance(value, dict) and value.get("generation") == generation and isinstance(value.get("path"), str) \
+            and value["path"]:
+        return value
+    return None
 
 
 def replay_restart(ev: dict, now: float) -> Ledger:
@@ -195,7 +207,8 @@ def replay_restart(ev: dict, now: float) -> Ledger:
     g = ev.get("generation") if isinstance(ev.get("generation"), int) else 0
     if ev.get("kind") == EventKind.RESTARTED:
         return Ledger(generation=g)
-    return Ledger(generation=g, status=Status(JobState.RESTARTING, ev.get("reason"), ev.get("origin")), restart_at=now)
+    return Ledger(generation=g, status=Status(JobState.RESTARTING, ev.get("reason"), ev.get("origin")), restart_at=now,
+                  resume=_resume(ev.get("resume_from"), g))
 
 
 def relaunched(ledger: Ledger, generation: int) -> Ledger:

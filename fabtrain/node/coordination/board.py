@@ -140,6 +140,7 @@ class Board:
         self.expected: int | None = None  # the largest trainers_expected a peer said
         self.superseded = False  # a newer job asked for this port while ours is over
         self.loaded: dict[int, dict] = {}  # generation -> what a failed process of it had just loaded (restart.py)
+        self.resume: dict | None = None  # the restarting generation's fallback checkpoint (on_bad_checkpoint previous)
         self._status_cache: tuple | None = None  # (status dict, (peers, trainers live), status line, its JSON)
 
     # -- what it says -------------------------------------------------------------------------
@@ -190,9 +191,7 @@ class Board:
             return False
         g = self.status["generation"] if generation is None else generation
         self.status = {"status": status, "reason": reason, "node": node, "ts": wall, "generation": g,
-                       "restarts_left": self.restart.restarts_left(g), "backoff": backoff}
-        if self.out:  # the nodes that left (min_nodes): each agent starts its part without them
-            self.status.update(out=sorted(self.out), world_size=self.restart.layout.world_size(self.out))
+                       "restarts_left": self.restart.restarts_left(g), "backoff": backoff, **_extras(self, status, g)}
         if status != JobState.RESTARTING:
             self.restart_due = None
         return True
@@ -213,8 +212,7 @@ class Board:
 
     def _decide(self, failure: dict, reason: str, node: str | None, now: float, wall: float,
                 not_before: float | None = None) -> bool:
-        """Restart after this failure of the current generation, or fail the job. `not_before`: the
-        generation may not start before then (a lost node's fence, fence.py), so its backoff is longer."""
+        """Restart after this failure (not before `not_before`: a lost node's fence, fence.py), or fail the job."""
         generation = self.status["generation"]
         decision = self.restart.decide(failure, generation, self.loaded.get(generation - 1))
         if not decision.restart:
@@ -224,6 +222,7 @@ class Board:
         backoff = decision.backoff
         if not_before is not None and not_before - now > backoff:
             backoff = round(not_before - now, 3)
+        self.resume, reason = decision.resume, decision.restarting(reason)  # on_bad_checkpoint previous's fallback
         changed = self._set_status(JobState.RESTARTING, reason, node, wall, decision.generation, backoff)
         self.restart_due = now + self.restart.start_deadline(decision.generation) + (backoff - decision.backoff)
         self.restart_start = now + backoff
@@ -446,6 +445,9 @@ def _restore_status(board: Board, status: dict, now: float) -> None:
         board.status.update(out=sorted(board.out), world_size=board.restart.layout.world_size(board.out))
     if board.status["status"] == JobState.RESTARTING:  # a fresh deadline, as peers get a fresh peer_timeout
         board.restart_due = now + board.restart.start_deadline(board.status["generation"])
+        resume = status.get("resume_from")
+        if isinstance(resume, dict) and resume.get("generation") == board.status["generation"]:
+            board.resume = board.status["resume_from"] = resume
 
 
 def _restore_peer(board: Board, name: str, p: dict, now: float) -> None:
@@ -459,6 +461,18 @@ def _restore_peer(board: Board, name: str, p: dict, now: float) -> None:
     peer.had_procs = bool(p.get("had_procs"))
     peer.generation = p.get("generation") if isinstance(p.get("generation"), int) else 0
     board.roster.set(name, peer.ts, peer.done, peer.lost)
+
+
+def _extras(board: Board, status: str, g: int) -> dict:
+    """What a status of generation g says beyond its fields: the nodes that left (min_nodes: each agent starts
+    its part without them), and while it restarts, the checkpoint it falls back to (on_bad_checkpoint previous:
+    each agent's FABTRAIN_RESUME_FROM)."""
+    extras = {}
+    if board.out:
+        extras.update(out=sorted(board.out), world_size=board.restart.layout.world_size(board.out))
+    if status == JobState.RESTARTING and board.resume is not None and board.resume.get("generation") == g:
+        extras["resume_from"] = board.resume
+    return extras
 
 
 def _node_left(node: str, left: str, generation: int, layout, out: frozenset) -> Event:

@@ -9,6 +9,11 @@ took the node: a pod evicted, node/hosted.py) or anything else (a node gone
 silent, a start that never joined, ``fab kill-all``, a relaunch that could not
 start): only the first three are restarted. With ``min_nodes`` (elastic.py) a
 node that left (kind ``left``) restarts the job too, on the nodes that are left.
+Two generations in a row failing soon after loading one checkpoint file stop
+the restarts (a damaged checkpoint fails every restart the same way), or, with
+``on_bad_checkpoint: previous``, restart once more pointing the next generation
+at the checkpoint saved before that file (the Decision's ``resume``: the
+board's status carries it, the agents give it as FABTRAIN_RESUME_FROM).
 """
 from __future__ import annotations
 
@@ -30,14 +35,21 @@ class Decision:
     backoff: float = 0.0
     why_not: str | None = None  # why a failure under on_failure restart is not restarted
     damaged: bool = False  # not restarted: two generations in a row failed soon after loading one checkpoint
+    # on_bad_checkpoint previous: what the restarted generation resumes from instead of the damaged file:
+    # {generation, path, step, instead_of, failed: [g-1, g], after, text} (the board's status `resume_from`)
+    resume: dict | None = None
 
     def failed(self, cause: str) -> str:
         """The job's reason when it is not restarted: `<cause>; not restarted: <why>`, or for a damaged
         checkpoint `<cause>; generation 2 and 3 failed 4 s after loading ...: the checkpoint may be damaged;
-        not restarted`."""
+        not restarted` (its why_not may say more before `; not restarted`: no checkpoint before it)."""
         if self.damaged:
             return "%s; %s; not restarted" % (cause, self.why_not)
         return cause + ("; not restarted: %s" % self.why_not if self.why_not else "")
+
+    def restarting(self, cause: str) -> str:
+        """The job's reason while it restarts: the cause, and where it falls back to (on_bad_checkpoint)."""
+        return "%s; %s" % (cause, self.resume["text"]) if self.resume else cause
 
 
 @record
@@ -50,6 +62,7 @@ class RestartPolicy:
     grace: float  # the teardown's SIGTERM -> SIGKILL, before a node can start again
     layout: Layout | None = None  # with min_nodes: the job's nodes, to go on without a lost one
     fence_wait: float = 0.0  # a lost node's silence before a generation without it starts (fence.py)
+    on_bad_checkpoint: str = words.ON_BAD_CHECKPOINT[0]  # stop, or previous: fall back to the checkpoint before
 
     @classmethod
     def never(cls) -> RestartPolicy:
@@ -65,11 +78,15 @@ class RestartPolicy:
         layout = None
         if enabled and min_nodes is not None and job is not None:
             layout = Layout.from_job(min_nodes, job["nodes"], job["trainers"])
+        # on_bad_checkpoint: in job.json only where it is not the default (job.json before it has none)
+        bad = w.get("on_bad_checkpoint", words.ON_BAD_CHECKPOINT[0])
+        if bad not in words.ON_BAD_CHECKPOINT:
+            raise ValueError("on_bad_checkpoint must be one of %s, got %r" % (", ".join(words.ON_BAD_CHECKPOINT), bad))
         return cls(enabled=enabled, max_restarts=int(w["max_restarts"]),
                    backoff=float(w["restart_backoff"]),
                    exit_codes=tuple(int(c) for c in codes) if codes is not None else None,
                    grace=float(w["grace"]), layout=layout,
-                   fence_wait=fence.fence_wait(float(w["interval"]), float(w["grace"])))
+                   fence_wait=fence.fence_wait(float(w["interval"]), float(w["grace"])), on_bad_checkpoint=bad)
 
     def backoff_for(self, generation: int) -> float:
         """Seconds before generation g (1, 2, ...) starts: restart_backoff, doubled each time, capped."""
@@ -94,8 +111,18 @@ class RestartPolicy:
             return Decision(False, generation, why_not="exit code %s is not in restart_on_exit_codes %s"
                             % (code, list(self.exit_codes)))
         damaged = damaged_checkpoint(failure, generation, before)
-        if damaged:
+        if damaged and self.on_bad_checkpoint != "previous":
             return Decision(False, generation, why_not=damaged, damaged=True)
+        if damaged:
+            fallback = previous_checkpoint(failure, generation, before)
+            if fallback is None:
+                return Decision(False, generation, why_not=damaged + " and there is no checkpoint before it to fall "
+                                "back to", damaged=True)
+            if generation >= self.max_restarts:
+                return Decision(False, generation, why_not="%s; %s (the checkpoint before it) is not tried: "
+                                "max_restarts (%d) spent" % (damaged, fallback["path"], self.max_restarts),
+                                damaged=True)
+            return Decision(True, generation + 1, self.backoff_for(generation + 1), resume=fallback)
         if generation >= self.max_restarts:
             return Decision(False, generation, why_not="max_restarts (%d) spent" % self.max_restarts)
         return Decision(True, generation + 1, self.backoff_for(generation + 1))
@@ -109,13 +136,16 @@ def note_loaded(loaded: dict, failure: dict) -> None:
 
 
 def _loaded(value) -> tuple | None:
-    """A failure's `loaded` ({path, step, after}: agent/checkpoints.py) as (path, step, after), else None."""
+    """A failure's `loaded` ({path, step, after, previous}: agent/checkpoints.py) as (path, step, after,
+    previous: (path, step) of the checkpoint saved before it, or None), else None."""
     if not isinstance(value, dict) or not isinstance(value.get("path"), str) or not value["path"]:
         return None
-    step, after = value.get("step"), value.get("after")
-    number = (int, float)
-    return (value["path"], step if isinstance(step, number) and not isinstance(step, bool) else None,
-            after if isinstance(after, number) and not isinstance(after, bool) else None)
+    step, after, prev = words.number(value.get("step")), words.number(value.get("after")), value.get("previous")
+    if isinstance(prev, dict) and isinstance(prev.get("path"), str) and prev["path"] and prev["path"] != value["path"]:
+        prev = (prev["path"], words.number(prev.get("step")))
+    else:
+        prev = None
+    return value["path"], step, after, prev
 
 
 def damaged_checkpoint(failure: dict, generation: int, before: dict | None) -> str | None:
@@ -127,3 +157,17 @@ def damaged_checkpoint(failure: dict, generation: int, before: dict | None) -> s
     afters = [a for a in (now[2], then[2]) if a is not None]  # None: it failed in the load itself
     step = now[1] if now[1] is not None else then[1]
     return words.damaged_text(generation - 1, generation, max(afters) if afters else None, now[0], step)
+
+
+def previous_checkpoint(failure: dict, generation: int, before: dict | None) -> dict | None:
+    """on_bad_checkpoint previous: what generation g+1 resumes from instead of the file generations g-1 and g
+    failed loading (the checkpoint saved before it, as the failing node's agent knows its saves), else None."""
+    now, then = _loaded(failure.get("loaded")), _loaded(before)
+    prev = now[3] or then[3]
+    if prev is None:
+        return None
+    afters = [a for a in (now[2], then[2]) if a is not None]
+    fallback = {"generation": generation + 1, "path": prev[0], "step": prev[1], "instead_of": now[0],
+                "failed": [generation - 1, generation], "after": max(afters) if afters else None}
+    fallback["text"] = words.fallback_text(generation + 1, fallback)
+    return fallback
