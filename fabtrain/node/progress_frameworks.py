@@ -132,14 +132,19 @@ def _rewatch(core, r, torch):
     return rewatch
 
 
-def _saves(r, orig, where=lambda args, kwargs: args[1] if len(args) > 1 else kwargs.get("f")):
-    """A checkpoint save (torch.save, DCP's save, a framework's; `where`: the file or folder it writes, from
-    its arguments): work done while its bytes are written, and once the outermost one has returned, the
-    rank's last checkpoint (_checkpointed: its step, path, bytes, seconds)."""
+def _saves(r, orig, where=lambda args, kwargs: args[1] if len(args) > 1 else kwargs.get("f"), step=None):
+    """A checkpoint save (torch.save, DCP's save, a framework's; `where`: the file or folder it writes, `step`:
+    the framework's step, from its arguments): work done while its bytes are written, and once the outermost
+    one has returned, the rank's last checkpoint (_checkpointed: its step, path, bytes, seconds). A save on
+    another thread than the program's (DCP's async_save writes each tensor with torch.save from its own) is
+    part of one already counted."""
     import functools
+    import threading
 
     @functools.wraps(orig)
     def save(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            return orig(*args, **kwargs)
         outermost = not r.saves
         r.saves += 1
         written = r.save_written = _written_bytes()
@@ -161,14 +166,15 @@ def _saves(r, orig, where=lambda args, kwargs: args[1] if len(args) > 1 else kwa
                 after = _written_bytes()
                 size = _size(path) if path else None
                 _checkpointed(r, path, size if size is not None else after - written if after is not None and
-                             written is not None else None, r.active - t0, out if _is_future(out) else None)
+                              written is not None else None, r.active - t0, out if _is_future(out) else None,
+                              step(args, kwargs) if step is not None else None)
             except Exception as e:  # the save itself went as it goes without the hook
                 r.fail("reading a checkpoint save", e)
         return out
     return save
 
 
-def _checkpointed(r, path, size, seconds, future=None):
+def _checkpointed(r, path, size, seconds, future=None, step=None):
     """A checkpoint saved (its outermost save returned; `future`: an async save's, landed later): the rank's
     last checkpoint, in a record at once (after the first step) and in every record after it."""
     if r.lock is None:
@@ -177,14 +183,33 @@ def _checkpointed(r, path, size, seconds, future=None):
         v = r.values
         for key in [k for k in v if k.startswith("ckpt_")]:
             del v[key]
-        v.update(ckpt_step=r.framework_step if r.framework_step is not None else r.steps,
+        v.update(ckpt_step=step if step is not None else r.framework_step if r.framework_step is not None else r.steps,
                  ckpt_at=round(r.wall(), 3), ckpt_seconds=round(seconds, 3))
         v.update({k: x for k, x in (("ckpt_path", path), ("ckpt_bytes", size)) if x is not None})
-        if future is not None:
-            v["ckpt_async"] = True
-            future.add_done_callback(lambda _: v.__setitem__("ckpt_landed_at", round(r.wall(), 3)))
+        v.update({"ckpt_async": True} if future is not None else {})
         if r.steps:  # (before it, a record would end the watchdog's startup rule: docs/watchdog.md)
             r._write(r.perf(), busy=True, checkpoint="saved")
+        if future is not None:
+            at = v["ckpt_at"]
+
+            def landed(_):  # on the saver's thread: a record that says when, and its bytes now written
+                with r.lock:
+                    if v.get("ckpt_at") == at and r.on:  # still the last checkpoint
+                        size = _size(path) if path else None
+                        v.update(ckpt_landed_at=round(r.wall(), 3), **({"ckpt_bytes": size} if size else {}))
+                        r.active = r.perf()
+                        r._write(r.active, busy=True, checkpoint="landed")
+            future.add_done_callback(_guarded_by(r, landed))
+
+
+def _guarded_by(r, fn):
+    """fn, whose failure is the hook's (said once; the program goes on), never its caller's."""
+    def run(*args):
+        try:
+            fn(*args)
+        except Exception as e:
+            r.fail("recording a checkpoint", e)
+    return run
 
 
 def _loads(r, orig, where=lambda args, kwargs: args[0] if args else kwargs.get("f")):
@@ -473,7 +498,8 @@ def lightning(core, module):
     Trainer.__init__ = core._wraps(orig_init, __init__)
     # Its checkpoints (ModelCheckpoint calls it): torch.save into a buffer, then the buffer's bytes to the file.
     Trainer.save_checkpoint = _saves(r, Trainer.save_checkpoint,
-                                     lambda args, kwargs: args[1] if len(args) > 1 else kwargs.get("filepath"))
+                                     lambda args, kwargs: args[1] if len(args) > 1 else kwargs.get("filepath"),
+                                     lambda args, kwargs: args[0].global_step)
 
 
 def transformers(core, module):
@@ -507,7 +533,8 @@ def transformers(core, module):
     module.Trainer.__init__ = core._wraps(orig_init, __init__)
     if callable(getattr(module.Trainer, "_save_checkpoint", None)):  # safetensors' writes, not torch.save's
         module.Trainer._save_checkpoint = _saves(r, module.Trainer._save_checkpoint, lambda args, kwargs: __import__(
-            "os").path.join(args[0].args.output_dir, "checkpoint-%d" % args[0].state.global_step))
+            "os").path.join(args[0].args.output_dir, "checkpoint-%d" % args[0].state.global_step),
+            lambda args, kwargs: args[0].state.global_step)
     if callable(getattr(module.Trainer, "_load_from_checkpoint", None)):  # resume_from_checkpoint
         module.Trainer._load_from_checkpoint = _loads(r, module.Trainer._load_from_checkpoint,
                                                       lambda args, kwargs: args[1] if len(args) > 1 else None)
