@@ -56,6 +56,7 @@ def health(root, node, job_id):
         return {}
 
 
+@pytest.mark.alone  # beside another test file's jobs a rank really does lose CPU for seconds: a compute finding first
 def test_a_rank_whose_link_is_capped_is_named_for_its_communication(fab, tmp_path, net):
     require_import("torch", "torch", "installed by `make test` (requirements-test.txt)")
     path = write_cluster(tmp_path / "c.yaml", net, ssh_nodes=[(n, ["trainer"]) for n in NODES],
