@@ -11,9 +11,8 @@ import sys
 from invoke import Exit, task
 
 from fabtrain import backends, taskargs
-from fabtrain.backends.backend import fail_if, replies_text
 from fabtrain.contract.states import STOP_GRACE
-from fabtrain.controller import lifecycle
+from fabtrain.controller import lifecycle, report
 from fabtrain.errors import UserError, reader_gone
 from fabtrain.remote.session import get_session
 from fabtrain.taskargs import Number
@@ -51,6 +50,18 @@ def fabtask(fn=None, help: dict[str, str] | None = None, **numbers: Number):
     return task(wrapper, klass=taskargs.CheckedTask, numbers=numbers, help=help or {})
 
 
+def fail_if(failed, message, code=1):
+    if failed:
+        raise Exit(message, code=code)
+
+
+def say_replies(result, ok_text) -> None:
+    """A line a node (report.replies_text), then the result's problem when a node failed."""
+    text, failed = report.replies_text(result.replies, ok_text)
+    print(text)
+    fail_if(failed, result.problem)
+
+
 def session(c):
     return get_session(config=c.config)
 
@@ -65,7 +76,7 @@ def backend(c):
 def plan(c, offline=False):
     """Print the exact commands each node would run (a dry run); asks the nodes their interfaces and free ports unless --offline."""
     place, s = backend(c)
-    place.plan(s, offline=offline)
+    print(report.planned_text(place.plan(s, offline=offline)), end="")
 
 
 @fabtask(help={"venv": "build <workspace>/venv on every node and install the requirements into it",
@@ -74,51 +85,60 @@ def plan(c, offline=False):
 def provision(c, venv=False, wheelhouse=None, requirements=None):
     """Make the workspace on every node; --venv builds a venv (--requirements FILE), --wheelhouse=DIR installs offline."""
     reqs = lifecycle.read_requirements(requirements) if requirements else None
-    replies = lifecycle.provision(session(c), venv=venv, wheelhouse=wheelhouse, requirements=reqs)
-    text, failed = replies_text(replies, lambda v: f"workspace {v.workspace}" + (f", venv {v.venv}" if v.venv else ""))
-    print(text)
-    fail_if(failed, "provision failed on some nodes")
+    place, s = backend(c)
+    say_replies(place.provision(s, venv=venv, wheelhouse=wheelhouse, requirements=reqs),
+                lambda v: f"workspace {v.workspace}" + (f", venv {v.venv}" if v.venv else ""))
 
 
 @fabtask(help={"bandwidth": "also run a short all-reduce across the nodes and report the bus bandwidth"})
 def check(c, bandwidth=False):
     """Check every node can run the job: python, torch/CUDA, paddle, tools, disk, clock, ports, reachability; --bandwidth adds an all-reduce."""
     place, s = backend(c)
-    place.check(s, bandwidth=bandwidth)
+    checked = place.check(s, bandwidth=bandwidth)
+    print(report.checked_text(checked, s.cluster))
+    fail_if(not checked.ok, checked.problem)
 
 
 @fabtask
 def deploy(c):
     """Ship this project's code (job.code) and fabtrain's node runtime to every node (rsync)."""
     place, s = backend(c)
-    place.deploy(s)
+    say_replies(place.deploy(s), lambda v: f"code {report.code_text(v['code'])} synced ({v.get('files', 0)} files sent)")
 
 
 @fabtask(help={"input": "what to split instead of job.data.input: a file, a directory, a URL of a tarball, or sample",
                "force": "split again even when the shards of this input are already there"})
 def split_data(c, input=None, force=False):
     """Split job.data.input into one shard per trainer under job.data.dir (prepare.py)."""
-    from fabtrain.controller import datacopy
-    print(datacopy.split_data(session(c).cluster, input=input, force=force).summary())
+    place, s = backend(c)
+    print(place.split_data(s, input=input, force=force).summary())
 
 
 @fabtask(help={"bwlimit": "rsync's bandwidth limit per node, in KB/s"}, bwlimit=Number(whole=True, lo=1, hi=10**9, unit="KB/s"))
 def copy_data(c, bwlimit=None):
     """Copy each trainer's shards to its node (rsync), verify sha256, skip what matches; --bwlimit=KBPS."""
-    from fabtrain.controller import datacopy
-    replies = datacopy.copy_data(session(c), progress=lambda line: print(line, flush=True),
-                                 bwlimit=bwlimit)
-    text, failed = replies_text(replies, lambda v: (
+    place, s = backend(c)
+    copied = place.copy_data(s, progress=lambda line: print(line, flush=True), bwlimit=bwlimit)
+    say_replies(copied, lambda v: (
         "shared data verified" if v.shared else
         f"{v.files} files verified, {len(v.sent)} sent ({v.bytes_sent} bytes, {v.wire_bytes} over the wire)" if v.sent else
         f"{v.files} files already in place and verified, nothing sent"))
-    print(text)
-    fail_if(failed, "copy-data failed on some nodes")
 
 
 def _start(c, roles, force, resume_from=None, no_wait=False):
     place, s = backend(c)
-    place.start(s, roles, force=force, resume_from=resume_from, no_wait=no_wait)
+    live = sys.stdout.isatty()
+
+    def show(line: str, final: bool) -> None:  # a queued job's line redrawn in place on a terminal
+        if live:
+            print(f"\r\033[K{line}", end="\n" if final else "", flush=True)
+        else:
+            print(line, flush=True)
+
+    started = place.start(s, roles, force=force, resume_from=resume_from, no_wait=no_wait, progress=show)
+    for line in report.started_lines(started):
+        print(line)
+    fail_if(started.problem, started.problem)
 
 
 @fabtask(help={"force": "if a job is running, stop it first (kill-all) and say which",
@@ -140,7 +160,10 @@ def start_trainers(c, force=False, no_wait=False):
 def status(c, job=None):
     """Show every process of the job on every node; exit 1 if one failed."""
     place, s = backend(c)
-    place.status(s, job=job)
+    shown = place.status(s, job=job)
+    text, failed = report.job_status_text(shown)
+    print(text)
+    fail_if(failed, shown.problem)
 
 
 @fabtask(help={"interval": "seconds between reads of the nodes",
@@ -149,8 +172,10 @@ def status(c, job=None):
          timeout=Number(whole=False, lo=0.1, hi=10**7, unit="seconds"))
 def watch(c, interval=1.0, timeout=None, job=None):
     """Follow the job until it ends: node health, trainer progress, watchdog events; exit 0 finished, 1 failed, 3 killed, 124 --timeout."""
+    from fabtrain.controller.watch import watch as follow
     place, s = backend(c)
-    code = place.watch(s, interval=interval, timeout=timeout, job=job)
+    followed = place.watch(s, job=job)
+    code = follow(s, interval=interval, timeout=timeout, job_id=followed.job_id, scheduler_line=followed.place_line)
     if code:
         raise Exit(code=code)
 
@@ -170,14 +195,19 @@ def logs(c, lines=20, follow=False, job=None, stacks=False):
     if lines == 0 and not follow and not stacks:
         raise UserError("--lines 0 shows nothing: give 1 or more (with --follow, 0 shows only new lines)")
     place, s = backend(c)
-    place.logs(s, lines=lines, follow=follow, job=job, stacks=stacks)
+    read = place.logs(s, lines=lines, follow=follow, job=job, stacks=stacks, out=sys.stdout)
+    for r in read.failed:
+        print(report.failed_line(r), file=sys.stderr)
+    fail_if(not read.ok, read.problem)
 
 
 @fabtask(help={"grace": "seconds between SIGTERM and SIGKILL"}, grace=Number(whole=False, lo=0, hi=3600, unit="seconds"))
 def kill_all(c, grace=STOP_GRACE):
     """Stop every fabtrain process on every node: SIGTERM, --grace seconds, SIGKILL, sweep."""
     place, s = backend(c)
-    place.kill_all(s, grace=grace)
+    stopped = place.kill_all(s, grace=grace)
+    print(report.stopped_text(stopped))
+    fail_if(not stopped.clean, stopped.problem)
 
 
 @fabtask(help={"port": "the port to serve on", "host": "the address to serve on (keep 127.0.0.1; use an SSH tunnel)",
@@ -186,9 +216,9 @@ def kill_all(c, grace=STOP_GRACE):
 def dashboard(c, port=8265, host="127.0.0.1", interval=1.0, job=None):
     """Serve the web dashboard on --host (127.0.0.1) --port (8265); prints its URL with the token."""
     from fabtrain.dashboard.serve import serve
-    s = session(c)
+    place, s = backend(c)
     if job:  # a job no node has would be an empty page, served until interrupted
-        lifecycle.require_job(lifecycle.status(s, job_id=job), job)
+        place.status(s, job=job)
     serve(s, host=host, port=port, interval=interval, job_id=job)
 
 
@@ -200,7 +230,6 @@ def dashboard(c, port=8265, host="127.0.0.1", interval=1.0, job=None):
                "slurm": "write the Slurm batch script to this file (submit it with sbatch FILE)"})
 def export(c, tensorboard=None, job=None, k8s=None, k8s_kind="job", jobset=False, slurm=None):
     """Write metrics as TensorBoard files (--tensorboard=DIR, --job ID), or the job as Kubernetes manifests (--k8s=DIR; --jobset: one JobSet) or a Slurm batch script (--slurm=FILE)."""
-    from fabtrain.controller.export import export_tensorboard
     from fabtrain.plan.kubernetes import check_kind
     check_kind(k8s_kind)  # typed wrong is said even without --k8s
     if jobset:
@@ -208,13 +237,16 @@ def export(c, tensorboard=None, job=None, k8s=None, k8s_kind="job", jobset=False
             raise UserError(f"--jobset and --k8s-kind {k8s_kind} do not go together: give one of them")
         k8s_kind = "jobset"
     # The flag names the place whose files are written, whatever place the cluster file describes.
-    if k8s:  # reads only cluster.yaml: no node is asked
-        return backends.KUBERNETES.export(session(c), k8s, kind=k8s_kind)
-    if slurm:
-        return backends.SLURM.export(session(c), slurm)
+    if k8s or slurm:  # k8s reads only cluster.yaml: no node is asked
+        exported = (backends.KUBERNETES.export(session(c), k8s, kind=k8s_kind) if k8s else
+                    backends.SLURM.export(session(c), slurm))
+        for line in exported.lines:
+            print(line)
+        return
     if not tensorboard:
         raise UserError("say where: --tensorboard=DIR, --k8s=DIR or --slurm=FILE")
-    result = export_tensorboard(session(c), tensorboard, job_id=job)
+    place, s = backend(c)
+    result = place.tensorboard(s, tensorboard, job=job)
     for line in result.runs + result.checkpoints:
         print(f"{tensorboard}/{line}")
     for line in result.unreachable:

@@ -20,7 +20,7 @@ from fabtrain.contract.states import STOP_GRACE
 from fabtrain.config.checks import (ENV_NAME_RE, HOST_RE, IFACE_RE, IMAGE_RE, INVALID, NAME_RE, ONE_LINE_RE, USER_RE,
                                     Checks, FieldError, kind_of, reported, shown, valid)
 from fabtrain.config.gpus import fit_gpus, parse_gpus, per_node_given
-from fabtrain.config.elastic import check_min_nodes
+from fabtrain.config.elastic import check_min_nodes, elastic_settings
 from fabtrain.config.kubernetes import KubernetesSpec, parse_kubernetes
 from fabtrain.config.launcher import check_launcher
 from fabtrain.config.scheduler import SlurmSpec, address_placeholder, node_roles, parse_scheduler
@@ -55,7 +55,7 @@ FIELDS: dict[str, set[str]] = {
     "job.data": {"dir", "shared", "input", "test", "strategy", "min_freq", "max_extract_mb", "max_expansion"},
     "job.watchdog": {"enabled", "interval", "hang_timeout", "startup_timeout", "grace", "on_failure", "port", "notify",
                      "max_restarts", "restart_backoff", "restart_on_exit_codes", "straggler", "min_nodes", "instrument",
-                     "no_checkpoint", "on_bad_checkpoint"},
+                     "no_checkpoint", "on_bad_checkpoint", "max_rejoins"},
     "job.watchdog.instrument": {"pserver", "trainer"},
     "job.watchdog.straggler": {"share", "window"},
     "job.watchdog.notify": {"webhook", "command", "on"},
@@ -153,6 +153,8 @@ class WatchdogSpec:
     restart_on_exit_codes: tuple[int, ...] | None = None
     # on_failure restart: a lost node leaves and the job goes on while this many trainer nodes are left (None: fails).
     min_nodes: int | None = None
+    # min_nodes: how many times one node that left may come back into the job; after that it is kept out.
+    max_rejoins: int = 3
     # The roles whose Python programs write progress records through the launcher's hook (docs/progress.md).
     instrument: tuple[str, ...] = ("pserver", "trainer")
     # Seconds without a new checkpoint from any trainer (the hook sees the saves) before a `no_checkpoint`
@@ -529,8 +531,7 @@ class _Parser(Checks):
             restart_backoff=self.number(w.get("restart_backoff", dw.restart_backoff), "job.watchdog.restart_backoff",
                                         0, 3600),
             restart_on_exit_codes=self.exit_codes(w.get("restart_on_exit_codes"), "job.watchdog.restart_on_exit_codes"),
-            min_nodes=self.integer(w["min_nodes"], "job.watchdog.min_nodes", 1, 1 << 20)
-            if w.get("min_nodes") is not None else None,
+            **elastic_settings(self, w, dw),
             **self.straggler(w.get("straggler"), dw),
             instrument=_instrument(self, w.get("instrument", True), "job.watchdog.instrument"),
         )

@@ -2,10 +2,15 @@
 
 A smaller generation gets its world through the environment
 (fabtrain/node/coordination/elastic.py renumbers it), so whatever fixes the
-world's size on the command line at start is refused here, in one line.
+world's size on the command line at start is refused here, in one line. A
+torchrun command gets each generation's --nnodes, --node-rank, --master-addr
+and --master-port as torchrun's own PET_ variables (plan.torchrun_env, renumbered
+the same way), so those flags, and a rendezvous of its own, are refused in it.
 """
 from __future__ import annotations
 
+import os
+import shlex
 import string
 from typing import Callable
 
@@ -14,6 +19,32 @@ from fabtrain.errors import UserError
 
 # Placeholders whose value depends on which nodes are in the job: a smaller generation cannot change them.
 WORLD_PLACEHOLDERS = ("world_size", "num_gradient_servers", "rank", "trainer_id", "node_rank", "nnodes", "master_addr")
+
+
+# torchrun's flags that fix its world or its rendezvous: under min_nodes each generation's come from fabtrain.
+TORCHRUN_FIXED = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--rdzv-backend", "--rdzv-endpoint",
+                  "--rdzv-id", "--rdzv-conf", "--standalone")
+
+
+def torchrun_world_flag(command: str) -> str | None:
+    """The first of torchrun's own flags in `command` (up to its script: a .py, or the module after -m)
+    that fixes its world at start, or None."""
+    argv = shlex.split(command)
+    words = argv[1:] if os.path.basename(argv[0]) == "torchrun" else argv[3:]
+    for i, word in enumerate(words):
+        if word.endswith(".py") or (i and words[i - 1] in ("-m", "--module")):
+            return None
+        flag = word.split("=")[0].replace("_", "-")
+        if flag in TORCHRUN_FIXED:
+            return flag
+    return None
+
+
+def elastic_settings(parser, w: dict, defaults) -> dict:
+    """job.watchdog's min_nodes and max_rejoins, parsed (one line naming the key where one is wrong)."""
+    return {"min_nodes": parser.integer(w["min_nodes"], "job.watchdog.min_nodes", 1, 1 << 20)
+            if w.get("min_nodes") is not None else None,
+            "max_rejoins": parser.integer(w.get("max_rejoins", defaults.max_rejoins), "job.watchdog.max_rejoins", 0, 1000)}
 
 
 def check_min_nodes(cluster, fail: Callable[[str, str], UserError]) -> None:
@@ -32,8 +63,11 @@ def check_min_nodes(cluster, fail: Callable[[str, str], UserError]) -> None:
     if m > trainer_nodes:
         raise fail(where, f"is {m}, but the cluster has {trainer_nodes} trainer node{'s' if trainer_nodes != 1 else ''}")
     if is_torchrun(job.trainer.command):
-        raise fail(where, "not with a torchrun command: its --nnodes and --node-rank are fixed at start; "
-                          "run the script itself (it gets RANK and WORLD_SIZE from fabtrain)")
+        fixed = torchrun_world_flag(job.trainer.command)
+        if fixed:
+            raise fail("job.trainer.command", f"{fixed} is fixed at start, but with job.watchdog.min_nodes fabtrain "
+                                              f"gives torchrun each generation's --nnodes, --node-rank, --master-addr "
+                                              f"and --master-port: leave {fixed} out")
     for field, command in (("job.trainer.command", job.trainer.command), ("job.pserver.command", job.pserver.command)):
         used = [f for _, f, _, _ in string.Formatter().parse(command) if f in WORLD_PLACEHOLDERS]
         if used:

@@ -1,6 +1,6 @@
 """Who starts the trainers: what `job.launcher: mpirun` asks of a cluster, checked with the rest of
 cluster.yaml, and whether a trainer's command is torchrun's (the one test of it: the plan adds
-torchrun's flags; mpirun and job.watchdog.min_nodes refuse it).
+torchrun's flags, or under job.watchdog.min_nodes its PET_ variables, each generation's; mpirun refuses it).
 
 One `mpirun` on the first trainer node starts every rank over SSH, from a
 hostfile of the trainer nodes' addresses (`slots` = job.trainer.per_node).

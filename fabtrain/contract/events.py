@@ -46,6 +46,7 @@ class EventKind(str, Enum):
     PEER_LOST = "peer_lost"
     PEER_BACK = "peer_back"
     NODE_LEFT = "node_left"
+    NODE_BACK = "node_back"  # a node that left the job (min_nodes) is back in a new generation
     FENCED = "fenced"  # a node that left the job (min_nodes) spoke again: the coordinator refused it, it ended
     RESTART_FAILED = "restart_failed"
     COORDINATOR = "coordinator"

@@ -338,6 +338,61 @@ class MarkKilled(Shape):
     FIELDS = {"nodes": list_of(Marked.checked)}  # in the order of the workspaces asked
 
 
+# what the controller watches: `fab watch` and the dashboard (controller/collector.py) ----------------------
+
+class Chunk(Shape):
+    """What `collect` read of one file of the job folder: whole lines (`data`) from the offset asked up to
+    `offset`, and the file's `size` (a file shorter than the offset asked was replaced: read from its top)."""
+    FIELDS = {"offset": within(0, 1 << 62), "size": within(0, 1 << 62), "data": text}
+
+
+def _anything(v):
+    return v
+
+
+class Collect(Shape):
+    """A node's job as the controller watches it, read incrementally (node ops' `collect`): its processes, its
+    `killed` marker and stop, health.json, who holds the GPUs (where asked; None: not asked), and what was
+    appended to events.jsonl, metrics/ and the logs followed since the offsets asked (`files`: by the file's
+    name in the job folder). With no job there, `job_id` is None and only `time` and `gpus` are given.
+
+    The collector reads it with `parts`: a field that fails its check is read as None and said, never the
+    node's loss; a bad chunk of `files` is left out alone. Its records (processes, health.json) are cleaned
+    field by field after (controller/records.py, from contract/records.py's tables)."""
+    OP = "collect"
+    FIELDS = {
+        "time": number,  # the node's clock: health.json's times are the node's
+        "job_id": maybe(job_id),
+        "gpus": maybe(record),  # contract/gpus.py summary
+        "processes": maybe(list_of(_anything)),  # contract/records.py STATUS_PROCESS each, checked one by one
+        "killed": maybe(flag), "killed_by": maybe(text), "stop_reason": maybe(text),  # as Status's
+        "slurm": maybe(record),
+        "health": maybe(record),  # contract/records.py HEALTH
+        "files": maybe(mapping(Chunk.checked)),
+    }
+
+    @classmethod
+    def parts(cls, value):
+        """(the reply, every field that fails its check read as None; [(field, why)] of those). A missing
+        field (an older node's reply) reads as None, unsaid."""
+        values, wrong = {}, []
+        for name, check in cls.FIELDS.items():
+            if name == "files" and isinstance(value.get(name), dict):
+                values[name] = {}
+                for rel, chunk in value[name].items():
+                    try:
+                        values[name][rel] = Chunk.checked(chunk)
+                    except _Wrong as e:
+                        said = "%s %s" % (e.where[1:] or "it", e.why)
+                        wrong.append(("files", "a malformed file chunk (%s: %s)" % (str(rel)[:80], said)))
+                continue
+            try:
+                values[name] = check(value[name]) if value.get(name) is not None else None
+            except _Wrong as e:
+                wrong.append((name, "%s%s %s" % (name, e.where, e.why)))
+        return cls(**values), wrong
+
+
 # copy-data ---------------------------------------------------------------------------------------------
 
 class Verify(Shape):
@@ -422,8 +477,8 @@ class Bandwidth(Shape):
         return read
 
 
-# The ops whose replies rpc reads through their type. Not here: `collect` (the collector checks each part
-# of it as it keeps it, dropping what is malformed) and the run history's `jobs` and `job` (merged with a
+# The ops whose replies rpc reads through their type. Not here: `collect` (the collector reads it part by
+# part, Collect.parts, dropping what is malformed) and the run history's `jobs` and `job` (merged with a
 # cache of what nodes said before, leniently).
 REPLIES = {shape.OP: shape for shape in (Probe, Provision, Start, Status, Logs, Kill, MarkKilled, Verify,
                                          Netcheck, Bandwidth)}

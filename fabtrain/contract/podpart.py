@@ -27,6 +27,8 @@ master replica apart).
 import json
 import os
 
+from fabtrain.contract.jobfolder import JOB, SECRET
+
 
 def address(pods, role, index):
     spec = pods[role]
@@ -84,10 +86,10 @@ def part(spec, role, index, secret=None):
 
 def read(files, role, index):
     """The part of pod `index` from the Secret's files: job.json (the spec) and secret (the agents')."""
-    with open(os.path.join(files, "job.json")) as f:
+    with open(os.path.join(files, JOB)) as f:
         spec = json.load(f)
     try:
-        with open(os.path.join(files, "secret")) as f:
+        with open(os.path.join(files, SECRET)) as f:
             secret = f.read().strip()
     except FileNotFoundError:
         secret = None

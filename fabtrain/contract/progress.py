@@ -5,6 +5,8 @@ program and so imports nothing of fabtrain: it keeps its own copy of the two nam
 tests/unit/test_contract.py holds the two copies equal.
 """
 
+from fabtrain.contract.identity import Trainer
+
 AUTO = "auto"  # a record's "source" when the hook wrote it, not the program
 ENV_INSTRUMENT = "FABTRAIN_INSTRUMENT"  # "0": no instrumentation (job.watchdog.instrument: false)
 
@@ -15,14 +17,15 @@ def row(process, rec):
     A program's own records and the auto records of the process fabtrain
     started (or of local rank 0 among its descendants: torchrun's first
     worker) are the process's; another descendant's auto records are its own
-    trainer, ``<process>.rank<rank>`` (torchrun's other workers)."""
-    if rec.get("source") != AUTO or not rec.get("child") or rec.get("local_rank") in (None, 0):
-        return process
+    trainer, ``<process>.rank<rank>`` (torchrun's other workers). A Trainer (contract/identity.py)."""
     r = rec.get("rank")
-    return "%s.rank%s" % (process, r) if isinstance(r, int) and not isinstance(r, bool) else process
+    if rec.get("source") != AUTO or not rec.get("child") or rec.get("local_rank") in (None, 0) or \
+            not isinstance(r, int) or isinstance(r, bool):
+        return Trainer(process)
+    return Trainer(process, r)
 
 
 def process_of(name):
-    """The process a trainer of the views is (row's inverse): "trainer-0.rank3" -> "trainer-0"."""
-    process, sep, rank = name.rpartition(".rank")
-    return process if sep and rank.isdigit() else name
+    """The process a trainer of the views is (row's inverse): "trainer-0.rank3" -> "trainer-0". For a reader
+    that holds a trainer's name as text; a Trainer says it itself (`.process`)."""
+    return Trainer.of(name).process

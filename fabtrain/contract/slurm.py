@@ -6,13 +6,15 @@ began; the controller (fabtrain/slurm/jobs.py) reads it to name a lost node next
 """
 import re
 
+from fabtrain.contract.jobfolder import ATTEMPT, DRAWN_PORTS
+
 # slurmstepd's line when Slurm ends a job early: "*** JOB 7 ON n1 CANCELLED AT <time> DUE TO PREEMPTION ***"
 # (NODE FAILURE adds ", SEE SLURMCTLD LOG FOR DETAILS").
 DUE_RE = re.compile(r"\*\*\* JOB \d+ ON (\S+) CANCELLED AT \S+ DUE TO ([A-Z ]+?)(?:, [^*]*)? \*\*\*")
 NODE_FAILURE = "srun: error: Node failure on "  # srun's word on which node it lost
 NODE_FAILURE_RE = re.compile(re.escape(NODE_FAILURE) + r"(\S+)")
-ATTEMPT_FILE = "attempt.json"  # in the job folder: {"attempt", "attempts", "line"} of the attempt running
-DRAWN_PORTS_FILE = "ports.json"  # in the job folder: {"ports": {setting: port}}, the `auto` ports drawn there
+ATTEMPT_FILE = ATTEMPT  # in the job folder (contract/jobfolder.py SlurmFolder): the attempt running
+DRAWN_PORTS_FILE = DRAWN_PORTS  # in the job folder: {"ports": {setting: port}}, the `auto` ports drawn there
 
 
 def lost_node(text):

@@ -16,6 +16,8 @@ import os
 import signal as _signal
 from enum import Enum
 
+from fabtrain.contract.jobfolder import DISRUPTED
+
 
 class ProcessState(str, Enum):
     RUNNING = "running"  # alive, neither stopped nor a zombie, whatever the scheduler says (R, S, D)
@@ -71,10 +73,10 @@ KILLERS = ("fab kill-all", "the dashboard's Kill button", "fab start-pserver --f
            START_FAILED, TIME_LIMIT)
 
 # What took a node's part away from outside fabtrain (its platform: an eviction, a preemption), written by the
-# node's supervisor (node/hosted.py) into the job folder's `disrupted` marker before any signal, as "<kind>\n<cause>":
-# never a user's stop. LOST: the node is gone and the job may go on (restart, or without it under min_nodes);
-# ENDED: the platform ended the whole job (every node gets it), which fails with the cause, not a program's.
-DISRUPTED = "disrupted"
+# node's supervisor (node/hosted.py) into the job folder's `disrupted` marker before any signal, as "<kind>\n<cause>"
+# (disruption_marker): never a user's stop. LOST: the node is gone and the job may go on (restart, or without it
+# under min_nodes); ENDED: the platform ended the whole job (every node gets it), which fails with the cause, not a
+# program's.
 LOST, ENDED = "lost", "ended"
 
 
@@ -98,6 +100,13 @@ class FailureKind(str, Enum):
 RESTARTABLE = (FailureKind.EXIT, FailureKind.HANG, FailureKind.LOST)
 
 
+def disruption_marker(kind, cause):
+    """The text of a job folder's `disrupted` marker: its kind (LOST or ENDED), then the cause in words."""
+    if kind not in (LOST, ENDED):
+        raise ValueError("not a disruption's kind: %r" % (kind,))
+    return "%s\n%s\n" % (kind, cause)
+
+
 def read_disruption(jd):
     """(kind, cause) of a job folder's `disrupted` marker, (None, None) if none."""
     try:
@@ -118,8 +127,18 @@ def stopped_by_user(reason):
     return any(stopped_by(who) in str(reason or "") for who in KILLERS)
 
 
+def killed_marker(who, why=None):
+    """The text of a job's `killed` marker, its one format: who stopped the job (one of KILLERS), then, for a
+    failed start (START_FAILED), why on the next line. read_marker reads it back, and reads an older marker
+    (an empty one, a Slurm kill-all's before this format was its too) as KILLERS[0]'s."""
+    if who not in KILLERS:
+        raise ValueError("not one of the stops a `killed` marker names: %r" % (who,))
+    return who + ("\n" + why if why and who == START_FAILED else "")
+
+
 def read_marker(marker):
-    """A job's `killed` marker: (who stopped it, one of KILLERS; why, for a failed start), (None, None) if none."""
+    """A job's `killed` marker (killed_marker's text): (who stopped it, one of KILLERS; why, for a failed start),
+    (None, None) if none. An empty or unreadable marker (an older writer's) reads as KILLERS[0]'s."""
     try:
         with open(marker) as f:
             text = f.read(2000)

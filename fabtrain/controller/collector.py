@@ -29,6 +29,8 @@ from typing import Any
 from fabtrain.controller import records
 from fabtrain.contract.events import JOB_EVENTS, EventKind
 from fabtrain.contract.jobfolder import EVENTS, HEALTH, LOGS, METRICS
+from fabtrain.contract.identity import Trainer
+from fabtrain.contract.opreplies import Chunk, Collect
 from fabtrain.controller.jobstate import NodeObservation, Verdict, job_verdict
 from fabtrain.controller.series import NODES, TRAINERS, Series, SeriesBook, SeriesDelta
 from fabtrain.remote import rpc
@@ -74,7 +76,7 @@ class NodeView:
 @dataclass
 class TrainerProgress:
     node: str
-    name: str
+    name: Trainer  # a process, or a rank of it (contract/progress.py row)
     role: str
     rank: Any
     last: dict = field(default_factory=dict)  # the latest metrics record
@@ -118,7 +120,7 @@ class NodeSnapshot:
 @dataclass(frozen=True)
 class TrainerSnapshot:
     node: str
-    name: str
+    name: Trainer
     role: str
     rank: Any
     last: dict
@@ -165,10 +167,8 @@ def _file_kind(rel: Any) -> tuple[str, str | None] | None:
     return None
 
 
-def _chunk_ok(chunk: Any) -> bool:
-    return isinstance(chunk, dict) and isinstance(chunk.get("data"), str) and \
-        all(isinstance(chunk.get(k), int) and not isinstance(chunk.get(k), bool) and chunk[k] >= 0
-            for k in ("offset", "size"))
+# The parts of a `collect` reply that come again every poll, by the source their drops are counted under.
+SNAPSHOTS = {"processes": "processes", "health": HEALTH, "gpus": "gpus"}
 
 
 class Collector:
@@ -240,73 +240,77 @@ class Collector:
         """One `collect` on one node (a subclass may keep a channel open instead)."""
         return rpc.call(transport, "collect", payload, timeout=timeout)
 
-    def _apply(self, view: NodeView, reply: dict, asked: dict[str, int]) -> None:
-        """Take in one `collect` reply (under the lock): every part checked before it is kept."""
+    def _apply(self, view: NodeView, wire: dict, asked: dict[str, int]) -> None:
+        """Take in one `collect` reply (under the lock), read through its type (contract/opreplies.py Collect)
+        part by part: every part checked before it is kept, a malformed one dropped and said."""
         name = view.name
-        job_id = reply.get("job_id")
-        if job_id is not None and not jobid.is_job_id(job_id):
-            self._drop(name, "collect", f"job_id {str(job_id)[:40]!r} is not a job id")
-            job_id = None
+        reply, wrong = Collect.parts(wire)
+        # The snapshots (processes, health.json, GPUs) come again every poll: what is wrong in them is counted
+        # once, when it first goes wrong (view.bad); anything else is said each time.
+        bad = {(SNAPSHOTS[f], why) for f, why in wrong if f in SNAPSHOTS}
+        for f, why in wrong:
+            if f not in SNAPSHOTS:
+                self._drop(name, "collect", why)
         # Another job than the offsets were for: what was read at them is not the new job's start.
-        misread = job_id != view.job_id and any(v > 0 for v in asked.values())
-        if job_id != view.job_id:
+        misread = reply.job_id != view.job_id and any(v > 0 for v in asked.values())
+        if reply.job_id != view.job_id:
             view.offsets.clear()
             self._forget_job(name)
-        view.job_id = job_id
-        view.killed = reply.get("killed") is True
-        view.killed_by = reply.get("killed_by") if isinstance(reply.get("killed_by"), str) else None
-        view.stop_reason = records.stop_reason(reply.get("stop_reason"))
-        view.slurm_job = records.slurm_job(reply.get("slurm"))
-        view.processes, bad = [], set()
-        procs = reply.get("processes")
-        for p in procs if isinstance(procs, list) else []:
+        view.job_id = reply.job_id
+        view.killed = reply.killed is True
+        view.killed_by = reply.killed_by
+        view.stop_reason = records.stop_reason(reply.stop_reason)
+        view.slurm_job = records.slurm_job(reply.slurm)
+        view.processes = []
+        for p in reply.processes or []:
             try:
                 view.processes.append(records.process(p))
             except records.Malformed as e:
                 bad.add(("processes", str(e)))
         view.health, view.agent_age = None, None
-        if reply.get("health") is not None:
+        if reply.health is not None:
             try:
-                view.health = records.health(reply["health"])
+                view.health = records.health(reply.health)
             except records.Malformed as e:
                 bad.add((HEALTH, str(e)))
-        if "gpus" in reply:
+        if any(f == "gpus" for f, _ in wrong):
+            view.gpus = None
+        elif reply.gpus is not None:  # None: not asked this poll (GPU_EVERY)
             try:
-                view.gpus = records.gpu_holders(reply["gpus"])
+                view.gpus = records.gpu_holders(reply.gpus)
             except records.Malformed as e:
                 view.gpus = None
                 bad.add(("gpus", str(e)))
         for source, why in sorted(bad - view.bad):  # sent again every poll: counted when it first goes wrong
             self._drop(name, source, why)
         view.bad = bad
-        if view.health is not None and records.finite(reply.get("time")):
-            view.agent_age = reply["time"] - view.health["ts"]  # both on the node's clock
-        files = reply.get("files") if isinstance(reply.get("files"), dict) and not misread else {}
-        for rel, chunk in files.items():
+        if view.health is not None and reply.time is not None:
+            view.agent_age = reply.time - view.health["ts"]  # both on the node's clock
+        for rel, chunk in (reply.files or {}).items() if not misread else ():
             self._read_chunk(view, rel, chunk, asked)
         self._sample_node(name, view.health)
 
-    def _read_chunk(self, view: NodeView, rel: Any, chunk: Any, asked: dict[str, int]) -> None:
+    def _read_chunk(self, view: NodeView, rel: str, chunk: Chunk, asked: dict[str, int]) -> None:
         node = view.name
         kind = _file_kind(rel)
-        if kind is None or not _chunk_ok(chunk):
+        if kind is None:
             self._drop(node, "collect", f"a malformed file chunk ({str(rel)[:80]})")
             return
         start = max(asked.get(rel, 0), 0)
-        if asked.get(rel) == -1 and chunk["size"] - chunk["offset"] > self.TAIL_BYTES:
+        if asked.get(rel) == -1 and chunk.size - chunk.offset > self.TAIL_BYTES:
             # A long log we begin to follow: skip to its last TAIL_BYTES rather than read it all.
-            view.offsets[rel] = chunk["size"] - self.TAIL_BYTES
+            view.offsets[rel] = chunk.size - self.TAIL_BYTES
             self._mid_line.add((node, rel))
             return
-        if chunk["offset"] == start and not chunk["data"] and chunk["size"] - start >= self.MAX_BYTES:
+        if chunk.offset == start and not chunk.data and chunk.size - start >= self.MAX_BYTES:
             # One line longer than a poll's read: skip past it rather than ask for it forever.
             if (node, rel) not in self._mid_line and kind[0] != "logs":
                 self._drop(node, rel, f"a line over {self.MAX_BYTES} bytes")
             view.offsets[rel] = start + self.MAX_BYTES
             self._mid_line.add((node, rel))
             return
-        view.offsets[rel] = chunk["offset"]
-        lines = chunk["data"].split("\n")[:-1]  # whole lines only (node ops sends no partial line)
+        view.offsets[rel] = chunk.offset
+        lines = chunk.data.split("\n")[:-1]  # whole lines only (node ops sends no partial line)
         if asked.get(rel) == -1:
             lines = lines[-self.log_lines:]
         if (node, rel) in self._mid_line:
@@ -361,7 +365,7 @@ class Collector:
         self.events.extend(kept)
 
     def _metric(self, node: str, process: str, rec: dict) -> None:
-        name = hook.row(process, rec)
+        name = hook.row(process, rec)  # a Trainer (contract/identity.py)
         p = self.progress.get(name)
         if rec.get("source") == hook.AUTO:
             if name in self.own:
@@ -379,7 +383,7 @@ class Collector:
                           **{k: v for k, v in rec.items() if k in CKPT_FIELDS}}
             return
         if p is None:
-            role = rec.get("role") or name.rsplit("-", 1)[0]
+            role = rec.get("role") or name.role
             p = self.progress[name] = TrainerProgress(node, name, role, rec.get("rank"))
         p.last, p.last_ts, p.records = rec, time.time(), p.records + 1
         if rec.get("samples_per_s") is not None:

@@ -22,6 +22,7 @@ from typing import Iterable
 
 from fabtrain.controller import records
 from fabtrain.contract.events import JOB_EVENTS, RESTARTS, EventKind
+from fabtrain.contract.identity import Process
 from fabtrain.contract.states import (LIVE, TERMINAL, JobState, ProcessState, recorded_state, signal_name,
                                   signal_of, stopped_by)
 
@@ -34,11 +35,10 @@ FIRST_RECORD = "waiting for the first metrics record of "  # a start whose train
 
 
 def process_role(name: str) -> tuple[str, int | None]:
-    """"trainer-3" -> ("trainer", 3); "agent" -> ("agent", None)."""
-    role, _, rank = name.rpartition("-")
-    if not role:
-        return name, None
-    return role, int(rank) if rank.isdigit() else None
+    """"trainer-3" -> ("trainer", 3); "agent" -> ("agent", None): a process's role and index, as its
+    Process (contract/identity.py) says them."""
+    process = Process.of(name)
+    return process.role, process.index
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class NodeObservation:
 @dataclass(frozen=True)
 class ProcessView:
     node: str
-    name: str
+    name: Process
     state: ProcessState
     exit_code: int | None = None
     signal: str | None = None
@@ -76,7 +76,7 @@ class ProcessView:
 
     @property
     def role(self) -> str:
-        return process_role(self.name)[0]
+        return Process.of(self.name).role
 
     @property
     def live(self) -> bool:
@@ -147,6 +147,7 @@ class Verdict:
     stragglers: tuple[Straggler, ...] = ()  # running: the ranks that fell behind and have not caught up
     left: tuple[str, ...] = ()  # min_nodes: the nodes that left the job (node_left events)
     world_size: int | None = None  # min_nodes: the trainers of the smaller world, once a node left
+    back: str | None = None  # min_nodes: `node3 back in generation 2 (WORLD_SIZE 3)`, in the generation that took it
     blame: str | None = None  # failed or restarting after a hang: the rank(s) the others waited for
 
     def straggler(self, node: str, name: str) -> Straggler | None:
@@ -216,7 +217,8 @@ def _process_view(obs: NodeObservation, p: dict, seen: dict | None) -> ProcessVi
             gone = agent_state in LIVE
             state, code = agent_state, seen.get("exit_code")
             sig = seen.get("signal") or signal_name(signal_of(code))
-    return ProcessView(node=obs.name, name=p["name"], state=state, exit_code=code if state != ProcessState.LOST else None,
+    return ProcessView(node=obs.name, name=Process.of(p["name"]), state=state,
+                       exit_code=code if state != ProcessState.LOST else None,
                        signal=sig if state == ProcessState.KILLED else None, launcher_gone=gone,
                        stopped_by_agent=(seen or {}).get("killed_by_agent"), reachable=obs.reachable is True)
 
@@ -242,6 +244,7 @@ class _Facts:
     restart_at: float | None = None  # the restarting event's time + its backoff
     left: set = field(default_factory=set)  # nodes that left the job (min_nodes), as the agents say
     world_size: int | None = None  # the trainers of the smaller world (the smallest an agent says)
+    back: tuple | None = None  # (generation, an agent's word that it took a node back) (min_nodes)
     blame: tuple | None = None  # (every node's ranks?, ts, sentence): the rank(s) the others waited for at a hang
 
 
@@ -263,6 +266,8 @@ def _restart_facts(f: _Facts, n: NodeObservation) -> None:
     for e in n.events:
         if e["kind"] in RESTARTS and isinstance(e.get("generation"), int):
             f.generation = max(f.generation, e["generation"])
+    if isinstance(job.get("back"), str):  # (its generation, the words): the current generation's is said
+        f.back = max(f.back or (-1, ""), (job.get("generation") or 0, job["back"]))
     if job.get("out") and isinstance(job.get("world_size"), int):
         f.left.update(job["out"])
         f.world_size = job["world_size"] if f.world_size is None else min(f.world_size, job["world_size"])
@@ -368,7 +373,7 @@ def _before_first_record(nodes: list[NodeObservation]) -> list[str]:
             continue
         printed = {p["name"] for p in n.processes if p.get("last_line")}
         out += [p["name"] for p in (n.agent or {}).get("processes") or []
-                if process_role(p["name"])[0] == "trainer" and p.get("state") in {s.value for s in LIVE}
+                if Process.of(p["name"]).role == "trainer" and p.get("state") in {s.value for s in LIVE}
                 and p.get("last_record") is None and p["name"] not in printed]
     return out
 
@@ -431,4 +436,6 @@ def job_verdict(nodes: Iterable[NodeObservation], job_id: str | None = None) -> 
                    restart_at=facts.restart_at if state == JobState.RESTARTING else None,
                    stragglers=_stragglers(state, ours, procs),
                    left=tuple(sorted(facts.left)), world_size=facts.world_size,
+                   back=facts.back[1] if facts.back and facts.back[0] == facts.generation
+                   and state in (JobState.RUNNING, JobState.RESTARTING) else None,
                    blame=facts.blame[2] if facts.blame and state in (JobState.FAILED, JobState.RESTARTING) else None)

@@ -63,15 +63,15 @@ class NodeCheck:
     differs: list[str] = field(default_factory=list)  # of VERSIONS, those that differ across the nodes
 
 
-def check(session: Session, timeout: float | None = None) -> list[NodeCheck]:
-    """timeout: for each node's answer (None: the transport's own)."""
+def check(session: Session, timeout: float | None = None, stand_ins: bool = False) -> list[NodeCheck]:
+    """timeout: for each node's answer (None: the transport's own). stand_ins: the nodes are another machine's
+    view of the job's workspaces (a Slurm allocation's, from the login node: its backend asks the allocation's
+    own nodes), so their GPUs are not the job's: CUDA is not asked, and none is no problem."""
     cluster = session.cluster
 
     def probe(t: Transport):
         t0 = time.time()
-        # A Slurm cluster's stand-ins are the login node's view of the shared workspace: its GPUs are not the
-        # allocation's (fab check asks the partition and the allocation's nodes: slurm/jobs.py).
-        payload = {"cluster": cluster.name, **({"torch_cuda": False} if cluster.scheduler else {})}
+        payload = {"cluster": cluster.name, **({"torch_cuda": False} if stand_ins else {})}
         result = rpc.call(t, "probe", payload, timeout=timeout)
         return result, t0, time.time()
 
@@ -85,7 +85,7 @@ def check(session: Session, timeout: float | None = None) -> list[NodeCheck]:
         same_clock = result.boot_id is not None and result.boot_id == boot_id()
         offset = (0.0, 0.0) if same_clock else (result.time - t1, result.time - t0)
         c = NodeCheck(reply.node, True, result, clock_offset=offset)
-        c.problems = _problems(cluster, cluster.node(reply.node), result)
+        c.problems = _problems(cluster, cluster.node(reply.node), result, gpus_here=not stand_ins)
         c.ok = not c.problems
         checks.append(c)
 
@@ -98,7 +98,7 @@ def check(session: Session, timeout: float | None = None) -> list[NodeCheck]:
     return checks
 
 
-def _problems(cluster, node, probe: Probe) -> list[str]:
+def _problems(cluster, node, probe: Probe, gpus_here: bool = True) -> list[str]:
     """What keeps one node from running the job, by its probe: a line each."""
     problems = []
     missing = [tool for tool in probe.tools.missing() if tool != "rsync"]
@@ -110,7 +110,7 @@ def _problems(cluster, node, probe: Probe) -> list[str]:
     uses_workload = any("workload." in cmd for cmd in commands)
     if uses_workload and not probe.torch:
         problems.append("torch not installed (the reference workload needs it)")
-    if cluster.job.trainer.use_gpu and "trainer" in node.roles and not probe.gpus and not cluster.scheduler:
+    if cluster.job.trainer.use_gpu and "trainer" in node.roles and not probe.gpus and gpus_here:
         problems.append("use_gpu is set but torch sees no GPU")
     if probe.workspace_conflict:
         problems.append(probe.workspace_conflict)

@@ -19,6 +19,7 @@ import re
 from typing import Any, Callable
 
 from fabtrain.contract import records as fields
+from fabtrain.contract.identity import Process
 from fabtrain.contract.states import ProcessState
 
 MAX_LINE = 64 * 1024  # characters in one metrics or events line
@@ -170,46 +171,52 @@ CHECKS = {fields.NUMBER: number, fields.INTEGER: integer, fields.FLAG: flag, fie
           fields.STATE: state, fields.SIGNAL: text(32), fields.REASON: text(MAX_REASON), fields.TEXT: text(MAX_TEXT)}
 
 
-def checks(table: dict[str, str], **special: Callable) -> dict[str, Callable]:
+# The checker of a table within a record where it is checked more closely than field by field (its required
+# fields, its own special fields), by the table's identity; any other table is an object checked leniently.
+TABLES: dict[int, Callable] = {}
+
+
+def check_of(kind: Any) -> Callable:
+    """The checker of a contract type: a type's name, a table (a record within the record) or a list_of."""
+    if isinstance(kind, dict):
+        return TABLES.get(id(kind)) or obj(checks(kind), extra=check_of(kind[fields.OTHERS])
+                                           if fields.OTHERS in kind else None, lenient=True)
+    if isinstance(kind, tuple):
+        _, item, most = kind
+        return list_of(check_of(item), most, lenient=True)
+    return CHECKS[kind]
+
+
+def checks(table: dict[str, Any], **special: Callable) -> dict[str, Callable]:
     """The checker of every field of a contract table; `special` for the fields checked more closely."""
-    return {field: CHECKS[kind] for field, kind in table.items()} | special
+    return {field: check_of(kind) for field, kind in table.items() if field != fields.OTHERS} | special
 
 
-# A hang's (or its teardown's) `stacks`: {process: {"frame": "path:line in function"} | {"why": ...}}.
-# With several processes (torchrun's ranks), `ranks` says each one's: {pid, rank, frame | why, collective}.
-RANK_STACK = obj({"pid": integer, "rank": integer, "frame": text(MAX_TEXT), "why": text(MAX_TEXT),
-                  "collective": text(MAX_NAME)}, lenient=True)
-STACK = obj({"frame": text(MAX_TEXT), "why": text(MAX_TEXT), "ranks": list_of(RANK_STACK, 1024, lenient=True)},
-            lenient=True)
-EVENT = obj(checks(fields.EVENT, kind=kind, pids=list_of(integer), stacks=obj({}, extra=STACK, lenient=True)),
-            required=("kind",), extra=scalar)
+def table(contract: dict, check: Callable) -> Callable:
+    """`check` is how a contract table is checked wherever another record holds it."""
+    TABLES[id(contract)] = check
+    return check
+
+
+# An event's `pids` whole or not at all; its `stacks` (contract/records.py EVENT_STACK) field by field.
+EVENT = table(fields.EVENT, obj(checks(fields.EVENT, kind=kind) | checks(fields.EVENT_LISTS, pids=list_of(integer)),
+                                required=("kind",), extra=scalar))
 METRIC = obj(checks(fields.METRIC), extra=scalar)
-PROCESS = obj(checks(fields.STATUS_PROCESS), required=("name", "state"), lenient=True)
-AGENT_PROCESS = obj(checks(fields.HEALTH_PROCESS), required=("name",), lenient=True)
-NUMBERS = obj({}, extra=number, lenient=True)
-HEALTH = obj({
-    "ts": number, "node": NAME, "job_id": NAME, "interval": number, "zombies": integer, "gpu_error": text(MAX_TEXT),
-    "host": obj({"load": list_of(number, 3)}, extra=number, lenient=True),
-    "gpus": list_of(obj({"index": integer, "name": text(MAX_NAME), "util": number, "mem_used": number,
-                         "mem_total": number, "temp": number, "power_w": number}, lenient=True), 64, lenient=True),
-    "processes": list_of(AGENT_PROCESS, 1024, lenient=True),
-    "agent": obj(checks(fields.HEALTH_AGENT), lenient=True),
-    "peers": NUMBERS,
-    "job": obj({"status": NAME, "reason": text(MAX_REASON), "origin": NAME, "on_failure": NAME, "kept": flag,
-                "generation": integer, "restarts_left": integer, "pending": flag, "startup_deadline": number,
-                "out": list_of(NAME, lenient=True), "world_size": integer},
-               lenient=True),
-    "coordinator": obj({"host": NAME, "port": integer, "hosted_here": flag, "connected": flag,
-                        "last_contact": number, "error": text(MAX_REASON), "lost": list_of(NAME, lenient=True),
-                        "done": list_of(NAME, lenient=True)}, lenient=True),
-    "orphans": list_of(obj({"pid": integer, "name": NAME, "job_id": NAME, "reason": text(MAX_REASON)},
-                           lenient=True), 1024, lenient=True),
-    "events": list_of(EVENT, 64, lenient=True),
-    "blame": obj({"text": text(MAX_REASON), "job": flag}, required=("text",), lenient=True),
-    "stragglers": list_of(obj({"node": NAME, "name": NAME, "rate": number, "median": number, "since": number,
-                               "rank": integer, "cause": NAME, "ratio": number, "seconds": number},
-                              required=("node", "name")), 1024, lenient=True),
-}, required=("ts",), lenient=True)
+
+
+def process_name(v: Any) -> Process | None:
+    """A process's name, as its typed identity (contract/identity.py): its role and index read once, here."""
+    v = NAME(v)
+    return None if v is None else Process(v)
+
+
+PROCESS = obj(checks(fields.STATUS_PROCESS, name=process_name), required=("name", "state"), lenient=True)
+AGENT_PROCESS = table(fields.HEALTH_PROCESS, obj(checks(fields.HEALTH_PROCESS, name=process_name), required=("name",),
+                                                 lenient=True))
+table(fields.HEALTH_BLAME, obj(checks(fields.HEALTH_BLAME), required=("text",), lenient=True))
+table(fields.HEALTH_STRAGGLER, obj(checks(fields.HEALTH_STRAGGLER), required=("node", "name")))  # whole, or not
+# health.json: every field of contract/records.py's HEALTH, each part cleaned field by field.
+HEALTH = obj(checks(fields.HEALTH), required=("ts",), lenient=True)
 GPU_HOLDERS = obj({"source": NAME, "total": integer, "free": integer,
                    "busy": list_of(obj({"index": integer, "by": text(MAX_TEXT)}, required=("index",), lenient=True),
                                    1024, lenient=True)}, lenient=True)

@@ -378,3 +378,60 @@ def kill_text(replies: list[Reply]) -> tuple[str, bool]:
             out.append(f"{r.node}: STILL ALIVE: pids {', '.join(map(str, r.value.left))}")
             clean = False
     return "\n".join(out), clean
+
+
+# -- what a Backend's verbs returned (fabtrain/backends/results.py), as fab says it -------------------
+
+
+def replies_text(replies: list[Reply], ok_text) -> tuple[str, bool]:
+    """A line a node: ok_text(its value), or why it failed; and whether one failed."""
+    lines = [f"{r.node}: {ok_text(r.value)}" if r.ok else failed_line(r) for r in replies]
+    return "\n".join(lines), any(not r.ok for r in replies)
+
+
+def planned_text(planned) -> str:
+    """fab plan: the place's own file as it is (it ends its own last line), else the plan's commands."""
+    if planned.script is not None:
+        return planned.script
+    return plan_text(planned.plan, planned.notes, asked=planned.asked) + "\n"
+
+
+def checked_text(checked, cluster) -> str:
+    parts = [check_text(checked.nodes) + "\n"]
+    if checked.network is not None:
+        parts.append(network_text(checked.network, cluster))
+    if checked.bandwidth is not None:
+        problems = checked.bandwidth.problems
+        parts.append("\n".join(problems) if problems else bandwidth_text(checked.bandwidth))
+    return "\n".join(parts + checked.place)
+
+
+def started_lines(started) -> list[str]:
+    """What fab says of a start fab made on the nodes itself (a place that is given the job said it as it went)."""
+    result = started.result
+    if result is None:
+        return []
+    lines = [force_text(result.stopped)] if started.forced else []
+    if started.refused:  # the nodes that said something else than "a job runs here"
+        return lines + [failed_line(r) for r in result.replies if not r.ok and not running_here(r)]
+    return lines + [start_text(result, started.roles)]
+
+
+def job_status_text(shown) -> tuple[str, bool]:
+    """fab status of a JobStatus: the table, the ports, the place's word; and whether something is wrong."""
+    if shown.waiting:
+        return shown.waiting, False
+    if shown.pods is not None:
+        return shown.pods, shown.pods_failed
+    text, failed = status_text(shown.replies)
+    parts = [text]
+    if shown.ports:
+        chosen, auto, drawn = shown.ports
+        parts.append(ports_text(chosen, auto, drawn=drawn))
+    return "\n".join(parts + shown.place), failed
+
+
+def stopped_text(stopped) -> str:
+    """fab kill-all of a Stopped: each node's kill, then the place's word."""
+    parts = [kill_text(stopped.replies)[0]] if stopped.replies else []
+    return "\n".join(parts + stopped.place)

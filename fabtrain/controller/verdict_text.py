@@ -70,6 +70,8 @@ def sentence(v: Verdict, now: float) -> str:
         return v.reason or str(v.state)
     if v.left and v.state in (JobState.RUNNING, JobState.RESTARTING, JobState.STARTING):
         text += f"; without {', '.join(v.left)} (left the job: min_nodes), WORLD_SIZE {v.world_size}"
+    if v.back:
+        text += f"; {v.back}"
     if v.unreachable:
         text += f"; not reached: {', '.join(v.unreachable)} (what runs there is not seen)"
     return text

@@ -4,7 +4,8 @@
 routes live in the `views` blueprint, the page in templates/ and static/.
 The app reads a Collector (fabtrain.controller.collector) only through
 `snapshot()`, `series_since(cursor)` and `follow_log(node, process)` (and its
-`session` for the default kill), so tests can inject one over a real job or
+`session`, whose backend the Kill button and the header's place line go
+through: fabtrain.backends), so tests can inject one over a real job or
 over fabricated node files. `serve` runs it under waitress for `fab dashboard`.
 Who may call what: guard.py.
 """
@@ -17,6 +18,8 @@ from flask import Flask
 from fabtrain.contract.states import STOP_GRACE
 
 from .guard import MAX_BODY_BYTES
+
+KILLED_BY = "the dashboard's Kill button"  # of contract.states.KILLERS: what the job's events and state name
 
 DEFAULTS: dict[str, Any] = {
     "DASHBOARD_TOKEN": None,  # required: every request but the page and static files carries it in a header
@@ -36,11 +39,11 @@ def create_app(config: dict | None = None) -> Flask:
       COLLECTOR        the Collector (required)
       DASHBOARD_TOKEN  the secret token (required)
       ALLOWED_HOSTS    Host header values accepted, e.g. ("127.0.0.1:8265", "localhost:8265")
-      KILL             callable(grace) -> list of fabtrain.remote.transport.Reply, each answered one's value
-                       a fabtrain.contract.opreplies.Kill; default: fabtrain.controller.lifecycle.kill_all on
-                       the collector's session
-      SCHEDULER_LINE   callable(snapshot) -> str or None: the scheduler's own line on the job; default: the
-                       cluster's backend's (fabtrain.backends: Slurm's state for a `scheduler:` cluster), else none
+      KILL             callable(grace) -> a fabtrain.backends.results.Stopped (or only its node replies: a list
+                       of fabtrain.remote.transport.Reply, each answered one's value a contract.opreplies.Kill);
+                       default: the kill_all of the collector's session's backend, by the dashboard's Kill button
+      SCHEDULER_LINE   callable(snapshot) -> str or None: the place's own line on the job; default: the one the
+                       cluster's backend's `watch` gives (Slurm's state of the job), else none
       HISTORY          the run history for /api/jobs (fabtrain.controller.history.History); default:
                        one over the collector's session, made on first use
       REFRESH_MS, STALE_AFTER, EVENTS_LIMIT, KILL_GRACE, MAX_CONTENT_LENGTH: see DEFAULTS
@@ -78,13 +81,17 @@ def _default_scheduler_line(collector) -> Callable | None:
     if session is None:
         return None
     from fabtrain.backends import backend_for
+    from fabtrain.errors import UserError
 
-    return backend_for(session.cluster).scheduler_line(session)
+    try:
+        return backend_for(session.cluster).watch(session).place_line
+    except UserError:  # a place fab cannot follow (pods): the page has the nodes' word only
+        return None
 
 
-def _default_kill(collector) -> Callable[[float], list]:
+def _default_kill(collector) -> Callable:
     def kill(grace: float):
-        from fabtrain.controller.lifecycle import kill_all
+        from fabtrain.backends import backend_for
 
-        return kill_all(collector.session, grace=grace, by="the dashboard's Kill button")
+        return backend_for(collector.session.cluster).kill_all(collector.session, grace=grace, by=KILLED_BY)
     return kill

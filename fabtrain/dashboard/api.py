@@ -15,13 +15,13 @@ import time
 from typing import Any
 
 from fabtrain.controller import checkpoints
-from fabtrain.controller.jobstate import process_role
+from fabtrain.controller.jobstate import process_role  # noqa: F401 (the dashboard's /metrics reads it here)
 from fabtrain.controller.state import recorded_ports
 from fabtrain.controller.series import NODES, TRAINERS
 from fabtrain.controller.verdict_text import sentence
 from fabtrain.contract.events import CAUSES, NODE_CAUSES, EventKind
 from fabtrain.contract.states import TERMINAL, JobState, ProcessState, signal_name, signal_of
-from fabtrain.contract import progress as hook
+from fabtrain.contract.identity import Process, Trainer
 from fabtrain.remote.transport import down_label
 
 __all__ = ["number", "short", "process_role", "process_label", "cluster_view", "job_view",
@@ -50,11 +50,10 @@ def short(value: Any, digits: int = 6) -> float | int | None:
 
 def _process_json(node: str, p: dict, hp: dict, verdict) -> dict:
     """One process as the page shows it: the verdict's state (node ops' and the agent's views merged)."""
-    name = p["name"]
-    role, rank = process_role(name)
+    name = Process.of(p["name"])  # one already (controller/records.py), unless a test made the record
     seen = verdict.process(node, name)
     return {
-        "name": name, "role": role, "rank": rank,
+        "name": name, "role": name.role, "rank": name.index,
         "state": seen.state.value if seen else p["state"],
         "exit_code": seen.exit_code if seen else p.get("exit_code"),
         "signal": seen.signal if seen else signal_name(signal_of(p.get("exit_code"))),
@@ -212,20 +211,20 @@ def kill_control(verdict) -> dict:
 TIMINGS = ("step_time", "data_time", "compute_time", "comm_time")  # the hook's per-step split (docs/progress.md)
 
 
-def _trainer_order(name: str, rank) -> tuple:
+def _trainer_order(name: Trainer, rank) -> tuple:
     """A process's row, then its ranks' (torchrun's workers: progress.row), by rank."""
-    process = hook.process_of(name)
-    r = process_role(process)[1]
-    return (r is None, r or 0, process, name != process, rank if isinstance(rank, int) else 0, name)
+    r = name.process.index
+    return (r is None, r or 0, name.process, name.rank is not None, rank if isinstance(rank, int) else 0, name)
 
 
 def _trainers(snap, states: dict, health_progress: dict, stale_after: float, now: float) -> list[dict]:
-    names = {n for n in states if process_role(n)[0] == "trainer"}
-    names |= {n for n in snap.progress if process_role(hook.process_of(n))[0] == "trainer"}
+    # Each a Trainer (contract/identity.py): a process of node ops' records, or a row of the progress records.
+    names = {Trainer(n) for n in states} | {Trainer.of(n) for n in snap.progress}
+    names = {n for n in names if n.role == "trainer"}
     out = []
     for name in sorted(names, key=lambda n: _trainer_order(n, snap.progress[n].rank if n in snap.progress else None)):
         prog = snap.progress.get(name)
-        process = hook.process_of(name)  # a rank of a process (torchrun's workers) shows its process's state
+        process = name.process  # a rank of a process (torchrun's workers) shows its process's state
         node, p = states.get(process, (prog.node if prog else None, {}))
         rec = prog.last if prog else {}
         seen = snap.verdict.process(node, process) if p else None
@@ -244,7 +243,7 @@ def _trainers(snap, states: dict, health_progress: dict, stale_after: float, now
         behind = snap.verdict.straggler(node, process) if node else None
         out.append({
             "name": name, "node": node or (prog.node if prog else None),
-            "rank": rec.get("rank") if name != process else process_role(name)[1],
+            "rank": rec.get("rank") if name.rank is not None else process.index,
             "process": process,
             "state": seen.state.value if seen else p.get("state"), "label": process_label(p, seen) if p else "?",
             "step": number(rec.get("step")), "epoch": number(rec.get("epoch")),
@@ -255,7 +254,7 @@ def _trainers(snap, states: dict, health_progress: dict, stale_after: float, now
             "total_steps": number(rec.get("total_steps")), "framework": rec.get("framework"),
             "source": rec.get("source"),
             **{k: short(rec.get(k), 4) for k in TIMINGS},
-            "last_progress": (number(health_progress.get(name)) if name == process else None) or ts,
+            "last_progress": (number(health_progress.get(name)) if name.rank is None else None) or ts,
             "last_line": (p.get("last_line") or "")[-200:],
             "stale": bool(running and age is not None and age > stale_after),
             "records": prog.records if prog else 0,

@@ -15,7 +15,9 @@ from flask import (Blueprint, Response, current_app, jsonify, make_response, ren
                    request, send_file)
 from werkzeug.exceptions import HTTPException
 
+from fabtrain.backends.results import Stopped
 from fabtrain.contract import jobid
+from fabtrain.errors import UserError
 from fabtrain.remote.transport import NodeError
 
 from . import api, prometheus
@@ -302,18 +304,23 @@ def api_kill():
             grace = float(g)
     started = time.time()
     current_app.logger.warning("kill requested from %s (grace %.1f s)", request.remote_addr, grace)
-    replies = current_app.config["KILL"](grace)
-    nodes, clean = [], True
-    for r in replies:
+    try:
+        stopped = current_app.config["KILL"](grace)
+    except UserError as e:  # the place could not be told (Slurm's scancel, its login node): its one line
+        raise ApiError(502, str(e)) from None
+    if isinstance(stopped, list):  # a KILL that gives only the nodes' replies
+        stopped = Stopped.of_nodes(stopped)
+    nodes = []
+    for r in stopped.replies:
         if not r.ok:
-            clean = False
             nodes.append({"node": r.node, "ok": False, "error": r.error})
             continue
-        clean &= not r.value.left
         nodes.append({"node": r.node, "ok": True, "left": r.value.left,
                       "killed": [{name: getattr(k, name) for name in KILLED_SHOWN if getattr(k, name) is not None}
                                  for k in r.value.killed]})
-    return jsonify(ok=clean, seconds=round(time.time() - started, 2), nodes=nodes)
+    # place: the place's own word where it stopped the job (Slurm's state of each job it cancelled)
+    return jsonify(ok=stopped.clean, seconds=round(time.time() - started, 2), nodes=nodes, place=stopped.place,
+                   problem=stopped.problem)
 
 
 # -- Prometheus ---------------------------------------------------------------------------------

@@ -36,18 +36,14 @@ import sys
 from fabtrain.contract import portdraw, states
 from fabtrain.contract.clock import boot_id
 from fabtrain.contract.events import OUTCOMES
-from fabtrain.contract.jobfolder import JobFolder
+from fabtrain.contract.jobfolder import JobFolder, SlurmFolder
 from fabtrain.contract.opreplies import Marked, MarkKilled
-from fabtrain.contract.states import ENDED, read_killer
+from fabtrain.contract.states import ENDED, KILLERS, killed_marker, read_killer
 from fabtrain.node import allocports, atomic, attempts, hosted, launch, ops
 from fabtrain.node.elsewhere import running_elsewhere
 from fabtrain.node.netcheck import iface_of, resolve
 from fabtrain.node.workspace import job_dir
 
-PLAN = allocports.PLAN  # the batch shell writes it (slurm/script.py)
-SECRET = "secret"
-TIME_LIMIT = "time-limit"  # left by the batch shell when Slurm's --signal warns of the time limit
-KILLED = "killed"  # node ops' marker: the job was stopped on purpose
 PLACEHOLDER = re.compile(r"@slurm-node-(\d+)@")
 IFACE_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
@@ -159,8 +155,8 @@ def mark_killed(workspace):
     slurm_job = slurm.get("job_id") if isinstance(slurm.get("job_id"), str) else None
     decided = any(ev.get("kind") in OUTCOMES for ev in JobFolder(jd).read_events())
     ended = decided or not (ops.live_job_processes(jd) or running_elsewhere(jd))
-    if not ended:
-        open(os.path.join(jd, KILLED), "a").close()
+    if not ended and read_killer(JobFolder(jd).killed) is None:  # a stop already marked keeps its word
+        atomic.write(JobFolder(jd).killed, killed_marker(KILLERS[0]))  # `fab kill-all`: it alone asks this
     return Marked(marked=None if ended else os.path.basename(jd), slurm_job=slurm_job)
 
 
@@ -225,10 +221,10 @@ def sigterm_cause(folder, jd, node, slurm_job):
       the user's stop, never a program's failure."""
     if job_over(jd, node):
         return hosted.Stop("the job's Slurm step ended after the job did")
-    who = read_killer(os.path.join(jd, KILLED))
+    who = read_killer(JobFolder(jd).killed)
     if who:
         return hosted.Stop(who, by=who)
-    if os.path.exists(os.path.join(folder, TIME_LIMIT)):
+    if os.path.exists(SlurmFolder(folder).time_limit):
         return time_limit_stop()
     return hosted.Stop(slurm_cause(*slurm_job_state(slurm_job)), disruption=ENDED)
 
@@ -246,11 +242,11 @@ class SlurmStep(hosted.Host):
         self.node = None
 
     def part(self):
-        template = atomic.read_json(os.path.join(self.folder, PLAN))
+        template = atomic.read_json(SlurmFolder(self.folder).plan)
         if not isinstance(template, dict):
             raise SystemExit("fabtrain: no plan in %s" % self.folder)
         try:
-            with open(os.path.join(self.folder, SECRET)) as f:
+            with open(SlurmFolder(self.folder).secret) as f:
                 secret = f.read().strip()
         except OSError:
             secret = None
@@ -269,7 +265,7 @@ class SlurmStep(hosted.Host):
         return sigterm_cause(self.folder, jd, self.node, self.environ.get("SLURM_JOB_ID", ""))
 
     def warned(self, jd):
-        return time_limit_stop() if os.path.exists(os.path.join(self.folder, TIME_LIMIT)) else None
+        return time_limit_stop() if os.path.exists(SlurmFolder(self.folder).time_limit) else None
 
 
 def start_attempt(folder, ws, job, template, environ):

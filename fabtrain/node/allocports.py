@@ -19,15 +19,13 @@ import random
 import time
 
 from fabtrain.contract import portdraw
-from fabtrain.contract import slurm as slurm_output
+# The Slurm folder's files (contract/jobfolder.py's SlurmFolder), by the names its tests read them here.
+from fabtrain.contract.jobfolder import BUSY, DRAWN_PORTS as DRAWN, PLAN, SlurmFolder  # noqa: F401
 from fabtrain.node import atomic
 from fabtrain.node.netcheck import busy_ports, claimed_ports
 
-PLAN = "plan.json"  # every node's job.json, as the batch shell wrote it (slurm/script.py)
-BUSY = "busy-%d.json"  # a node's busy ports, by its index: {"node": K, "busy": [port, ...]}
 WAIT = 120  # seconds a task waits for the other nodes' reports (node 0) or the draw (the others)
 POLL = 0.01
-DRAWN = slurm_output.DRAWN_PORTS_FILE  # {"ports": {setting: port}}: what every node's task fills the tokens with
 
 
 def busy(template, environ):
@@ -45,7 +43,7 @@ def reports(folder, nodes):
     """{node index: its busy ports} of every node that has reported (a malformed file is not a report)."""
     got = {}
     for index in range(nodes):
-        entry = atomic.read_json(os.path.join(folder, BUSY % index))
+        entry = atomic.read_json(SlurmFolder(folder).busy(index))
         try:
             if int(entry["node"]) == index:
                 got[index] = set(int(p) for p in entry["busy"])
@@ -88,8 +86,8 @@ def report_and_draw(folder, environ, template, wait=WAIT):
     if "ports" not in template:
         return {}
     index, nodes = int(environ["SLURM_NODEID"]), len(template["nodes"])
-    atomic.write_json(os.path.join(folder, BUSY % index), busy(template, environ))
-    result = os.path.join(folder, DRAWN)
+    atomic.write_json(SlurmFolder(folder).busy(index), busy(template, environ))
+    result = SlurmFolder(folder).drawn_ports
     if index == 0:
         _wait(lambda: len(reports(folder, nodes)) == nodes, wait)
         try:
@@ -109,10 +107,10 @@ def drawn(folder, template):
     """The ports node 0 drew for this attempt ({} for a plan without auto ports)."""
     if "ports" not in template:
         return {}
-    ports = atomic.read_json(os.path.join(folder, DRAWN))
+    ports = atomic.read_json(SlurmFolder(folder).drawn_ports)
     if isinstance(ports, dict) and isinstance(ports.get("error"), str):
         raise SystemExit(ports["error"])
     if not isinstance(ports, dict) or not isinstance(ports.get("ports"), dict):
         raise SystemExit("fabtrain: no auto ports drawn in %s: node 0's step task draws them before the job starts"
-                         % os.path.join(folder, DRAWN))
+                         % SlurmFolder(folder).drawn_ports)
     return ports["ports"]

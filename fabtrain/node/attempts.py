@@ -22,14 +22,15 @@ import os
 import time
 
 from fabtrain.contract.events import EventKind
-from fabtrain.contract.slurm import ATTEMPT_FILE, DUE_RE, NODE_FAILURE_RE
+from fabtrain.contract import jobfolder
+from fabtrain.contract.jobfolder import JobFolder, SlurmFolder
+from fabtrain.contract.slurm import DUE_RE, NODE_FAILURE_RE
 from fabtrain.node import atomic
 from fabtrain.node.killevents import append_events
 from fabtrain.node.workspace import make_private_dirs
 
-ARCHIVE = "attempts"
-PER_ATTEMPT = ("events.jsonl", "coordinator.json", "health.json", "killed", "run", "metrics")
-CAUSE_FILE = "requeue-cause-%d"  # the batch shell's, for attempt K: it requeued the job itself (the time limit)
+PER_ATTEMPT = (jobfolder.EVENTS, jobfolder.COORDINATOR, jobfolder.HEALTH, jobfolder.KILLED, jobfolder.RUN,
+               jobfolder.METRICS)
 CAUSES = {"PREEMPTION": "requeued after preemption (preempted by Slurm)",
           "JOB REQUEUE": "requeued by scontrol requeue",
           "NODE FAILURE": "requeued after a node failed (NODE_FAIL)",
@@ -45,7 +46,7 @@ def attempt_of(environ):
 def cause(folder, slurm_job, attempt):
     """Why the last attempt ended, as `attempt` says it."""
     try:
-        with open(os.path.join(folder, CAUSE_FILE % attempt)) as f:
+        with open(SlurmFolder(folder).cause(attempt)) as f:
             said = f.read().strip()
         if said:
             return "requeued at the " + said
@@ -53,7 +54,7 @@ def cause(folder, slurm_job, attempt):
         pass
     found, lost = None, None
     try:
-        with open(os.path.join(folder, "slurm-%s.out" % slurm_job), errors="replace") as f:
+        with open(SlurmFolder(folder).output(slurm_job), errors="replace") as f:
             for text in f:
                 m = DUE_RE.search(text) or NODE_FAILURE_RE.search(text)
                 if m and m.re is DUE_RE:
@@ -81,8 +82,8 @@ def begin(jd, node, attempt, allowed, why):
     if attempt <= 1:
         return None, False
     if os.path.isdir(jd):
-        archive = os.path.join(jd, ARCHIVE, str(attempt - 1))
-        make_private_dirs(os.path.join(jd, ARCHIVE), archive)
+        archive = os.path.join(JobFolder(jd).attempts, str(attempt - 1))
+        make_private_dirs(JobFolder(jd).attempts, archive)
         for name in PER_ATTEMPT:
             try:
                 os.replace(os.path.join(jd, name), os.path.join(archive, name))
@@ -99,8 +100,8 @@ def begin(jd, node, attempt, allowed, why):
                        "origin": node,
                        "reason": "Slurm started attempt %d, but scheduler.requeue allows %d attempts (%s)"
                                  % (attempt, allowed, why)})
-    append_events(os.path.join(jd, "events.jsonl"), events)
-    logs = os.path.join(jd, "logs")
+    append_events(JobFolder(jd).events, events)
+    logs = JobFolder(jd).logs
     for entry in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
         try:
             with open(os.path.join(logs, entry), "a") as f:
@@ -113,7 +114,7 @@ def begin(jd, node, attempt, allowed, why):
 
 def record(folder, attempt, allowed, said):
     """The attempt now running, for the controller (every node writes the same, atomically)."""
-    atomic.write_json(os.path.join(folder, ATTEMPT_FILE), {"attempt": attempt, "attempts": allowed, "line": said})
+    atomic.write_json(SlurmFolder(folder).attempt, {"attempt": attempt, "attempts": allowed, "line": said})
 
 
 def restarts_before(job, attempt):

@@ -7,6 +7,7 @@ Slurm's step task writes the machine into job.json (fabtrain/node/allocation.py)
 import time
 
 from fabtrain.contract.clock import boot_id
+from fabtrain.contract.records import STATUS_PROCESS, record
 from fabtrain.contract.states import LIVE
 from fabtrain.contract.jobfolder import JobFolder
 from fabtrain.node import atomic
@@ -25,9 +26,7 @@ def states_from_health(job, health):
     for proc in job.get("processes", []):
         p = seen.get(proc["name"])
         info = {k: p.get(k) for k in ("state", "pid", "exit_code", "signal")} if p else {"state": "not started"}
-        info["name"] = proc["name"]
-        info["reported_by"] = "agent"
-        out.append(info)
+        out.append(record(STATUS_PROCESS, name=proc["name"], reported_by="agent", **info))
     return out
 
 

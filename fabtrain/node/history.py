@@ -13,7 +13,7 @@ import os
 from fabtrain.contract import jobid
 from fabtrain.contract.records import SERIES
 from fabtrain.contract.events import JOB_EVENTS, EventKind
-from fabtrain.contract.jobfolder import EVENTS, LOGS, METRICS, JobFolder
+from fabtrain.contract.jobfolder import EVENTS, JOBS, LOGS, METRICS, JobFolder, job_folder
 from fabtrain.contract import progress
 from fabtrain.contract.checkpoints import SAVED, last_checkpoint
 from fabtrain.node import atomic, ops
@@ -129,7 +129,7 @@ def ended_at(jd):
 
 
 def job_entry(ws, job_id):
-    jd = os.path.join(ws, "jobs", job_id)
+    jd = job_folder(ws, job_id).path
     job = atomic.read_json(JobFolder(jd).job_json, {})
     status = ops.op_status({"workspace": ws, "job_id": job_id, "health": True})
     return {
@@ -147,7 +147,7 @@ def job_entry(ws, job_id):
 def op_jobs(payload):
     """Every job this node has a directory for, newest first: summary, status, outcome events, last metrics."""
     ws = ops.workspace(payload)
-    root = os.path.join(ws, "jobs")
+    root = os.path.join(ws, JOBS)
     try:
         ids = sorted((d for d in os.listdir(root) if jobid.is_job_id(d) and os.path.isdir(os.path.join(root, d))),
                      reverse=True)
@@ -233,7 +233,7 @@ def op_job(payload):
     """One job's story on this node: summary, status, metrics series, events and each log's last lines."""
     job_id = jobid.checked(payload.get("job_id"), ops.UserFacing)
     ws = ops.workspace(payload)
-    jd = os.path.join(ws, "jobs", job_id)
+    jd = job_folder(ws, job_id).path
     if not os.path.isdir(jd):
         return {"job_id": job_id, "found": False}
     entry = job_entry(ws, job_id)

@@ -44,8 +44,9 @@ import time
 
 from fabtrain.node import launch, ops, procfs
 from fabtrain.node.spawn import clear_exit, expand
-from fabtrain.contract.events import EventKind, read_events
-from fabtrain.contract.states import DISRUPTED, JobState
+from fabtrain.contract.events import EventKind
+from fabtrain.contract.jobfolder import JobFolder
+from fabtrain.contract.states import JobState, disruption_marker
 from fabtrain.node.structs import record
 from fabtrain.node.workspace import job_dir
 
@@ -88,7 +89,7 @@ class Host:
 
 
 def events(jd):
-    return read_events(os.path.join(jd, "events.jsonl"))
+    return JobFolder(jd).read_events()
 
 
 def outcome(jd, node):
@@ -112,7 +113,7 @@ def exit_code(jd, job, ws, stopped, agents=True):
     ended = outcome(jd, job["node"])
     if ended == JobState.FINISHED:
         return 0
-    if stopped is not None or os.path.exists(os.path.join(jd, "killed")):  # marked: stopped from outside
+    if stopped is not None or os.path.exists(JobFolder(jd).killed):  # marked: stopped from outside
         return STOPPED
     if ended == JobState.FAILED or agents:
         return 1  # failed, or agents that never said how it ended
@@ -127,8 +128,8 @@ def agent_said_exit(jd, node):
 def stop_node(ws, jd, node, grace, stop):
     """Stop this node's part: the platform's cause first (the `disrupted` marker), then node ops' kill."""
     if stop.disruption:
-        with open(os.path.join(jd, DISRUPTED), "w") as f:
-            f.write("%s\n%s\n" % (stop.disruption, stop.reason))
+        with open(JobFolder(jd).disrupted, "w") as f:
+            f.write(disruption_marker(stop.disruption, stop.reason))
     payload = {"workspace": ws, "grace": grace, "node": node, "reason": stop.reason, "mark": stop.mark}
     if stop.by:
         payload["by"] = stop.by
@@ -140,7 +141,7 @@ def forget_earlier_part(jd, job):
     """This node's part starts again (a pod that replaces an evicted one, on the same workspace): the
     old disruption is over, and the old processes' exit records are not the new ones'."""
     try:
-        os.unlink(os.path.join(jd, DISRUPTED))
+        os.unlink(JobFolder(jd).disrupted)
     except OSError:
         pass
     for proc in job["processes"]:

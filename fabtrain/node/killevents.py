@@ -6,6 +6,7 @@ import os
 import time
 
 from fabtrain.contract.events import EventKind
+from fabtrain.contract.identity import Process
 from fabtrain.contract.jobfolder import JobFolder
 
 
@@ -33,13 +34,13 @@ def write_kill_events(jobs_root, touched, killed, node, reason):
                 by_name.setdefault(k.name, []).append(k)
         events = []
         for name, ks in sorted(by_name.items()):
-            role, _, rank = name.rpartition("-")
+            process = Process(name)  # its role and index (contract/identity.py); a name with none: its role
             orphan = any(k.orphan for k in ks)
             daemons = sorted(k.pid for k in ks if k.starter)
             own = [k.pid for k in ks if not k.starter]
             events.append({
-                "ts": now, "node": node, "kind": EventKind.KILLED, "role": role,
-                "rank": int(rank) if rank.isdigit() else rank, "name": name, "pid": min(own or daemons),
+                "ts": now, "node": node, "kind": EventKind.KILLED, "role": process.role,
+                "rank": process.index, "name": name, "pid": min(own or daemons),
                 "pids": sorted(k.pid for k in ks),
                 "reason": reason + (" (orphan: run record lost, or it left its launcher)" if orphan else "")
                 + (" (and Open MPI's daemon that started it here, pid %s)" % ", ".join(map(str, daemons))

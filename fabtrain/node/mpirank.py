@@ -13,7 +13,7 @@ import sys
 import time
 
 from fabtrain.contract.launcher import SCRIPT
-from fabtrain.contract.jobfolder import JobFolder
+from fabtrain.contract.jobfolder import JobFolder, job_folder
 from fabtrain.node import procfs, spawn
 
 WAIT = 60.0  # seconds node ops' start may take on this node after mpirun reached it
@@ -43,7 +43,7 @@ def parent():
 
 def main(ws, job_id):
     rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    job = read_job(os.path.join(ws, "jobs", job_id), time.time() + WAIT)
+    job = read_job(job_folder(ws, job_id).path, time.time() + WAIT)
     spec = next((p for p in job["processes"] if p.get("started_by") and p["rank"] == rank), None)
     if spec is None:
         sys.exit("fabtrain: rank %d is not a process of job %s on node %s: mpirun placed it on the wrong node"

@@ -28,7 +28,7 @@ import socket
 import struct
 import time
 
-from fabtrain.contract.jobfolder import JobFolder
+from fabtrain.contract.jobfolder import job_folder
 from fabtrain.contract.opreplies import Claim, Listened, Netcheck, Owner, Reached, Route, kept
 from fabtrain.node import procfs
 from fabtrain.node.hostnames import for_resolver
@@ -234,7 +234,7 @@ def claimed_ports(own_workspace, own_job):
     claims = []
     for ws, job in sorted(jobs):
         try:
-            with open(JobFolder(os.path.join(ws, "jobs", job)).job_json) as f:
+            with open(job_folder(ws, job).job_json) as f:
                 listens = json.load(f).get("listens") or []
         except (OSError, ValueError, AttributeError):
             continue

@@ -23,16 +23,17 @@ from fabtrain.node import atomic, gpulease, launch, procfs, progress, runtime
 from fabtrain.node.elsewhere import elsewhere, running_elsewhere, states_from_health
 from fabtrain.node.kill import family, send, starter, stop_all, trusted
 from fabtrain.node.killevents import append_events, write_kill_events
-from fabtrain.contract import opreplies
-from fabtrain.contract.opreplies import Killed, Kill, Logs, NotStarted, Start, Started, Status, Verify, kept
+from fabtrain.contract import opreplies, records as fields
+from fabtrain.contract.opreplies import (Chunk, Collect, Killed, Kill, Logs, NotStarted, Start, Started, Status, Verify,
+                                        kept)
 from fabtrain.contract.replies import COORDINATOR_LISTENS, UserFacing, job_running
 from fabtrain.node.workspace import (check_workspace, claim_workspace, code_refusal, job_dir, make_private_dirs,
                                      snapshot_code, workspace)
 from fabtrain.node.spawn import expand, name_programs, program_of, spawn
 from fabtrain.contract.events import EventKind, read_events
-from fabtrain.contract.states import (KILLERS, START_FAILED, STOP_GRACE, ProcessState, read_marker, signal_name,
-                                      signal_of, state_of)
-from fabtrain.contract.jobfolder import EVENTS, METRICS, JobFolder
+from fabtrain.contract.states import (KILLERS, START_FAILED, STOP_GRACE, ProcessState, killed_marker, read_marker,
+                                      signal_name, signal_of, state_of)
+from fabtrain.contract.jobfolder import EVENTS, JOBS, METRICS, JobFolder
 
 PROGRAM_WAIT = 3.0  # seconds a start waits for each launcher to fork its program
 
@@ -176,10 +177,10 @@ def op_start(payload):
     # Refuse to start over a running job unless told (`--force` kills it first on the controller side),
     # before anything of the new job exists here. Each record's launcher is read alone, not a scan of
     # /proc: every node of a start does this at once, and a scan's CPU is what the start itself needs.
-    jobs_root = os.path.join(ws, "jobs")
+    jobs_root = os.path.join(ws, JOBS)
     for other in sorted(os.listdir(jobs_root)) if os.path.isdir(jobs_root) else []:
         if other != job["job_id"]:
-            live = live_job_processes(os.path.join(ws, "jobs", other))
+            live = live_job_processes(os.path.join(jobs_root, other))
             if live:
                 raise job_running(other, live)
     # The job's GPUs here: leased by its first start on this node, before anything of it runs.
@@ -193,7 +194,8 @@ def op_start(payload):
 
 
 def _start_leased(payload, job, ws, jd, leases, warnings):
-    make_private_dirs(ws, os.path.join(ws, "jobs"), jd, *(os.path.join(jd, sub) for sub in ("logs", "run", "metrics")))
+    folder = JobFolder(jd)
+    make_private_dirs(ws, os.path.join(ws, JOBS), jd, folder.logs, folder.run, folder.metrics)
     roles = set(payload["roles"])
     # A rank that mpirun starts is not started here; mpirun itself starts with the trainers.
     wanted = [p for p in job["processes"] if p.get("starts_with", p["role"]) in roles and not p.get("started_by")]
@@ -216,7 +218,7 @@ def _start_leased(payload, job, ws, jd, leases, warnings):
         atomic.write(os.path.join(hook, name), text)
     atomic.write(os.path.join(jd, SCRIPT), launch.source())
     tmp_link = os.path.join(ws, ".current.%d" % os.getpid())
-    os.symlink(os.path.join("jobs", job["job_id"]), tmp_link)
+    os.symlink(os.path.join(JOBS, job["job_id"]), tmp_link)
     os.replace(tmp_link, os.path.join(ws, "current"))
 
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("FABTRAIN_")}
@@ -289,7 +291,7 @@ def job_status(payload):
         info = process_record(jd, name, procs, kids)
         info["name"] = name
         info["last_line"] = (tail_lines(JobFolder(jd).log(name), 1) or [""])[0][-200:]
-        out.append(info)
+        out.append(fields.record(fields.STATUS_PROCESS, **info))
     return status_reply(jd, job, out, health, payload)
 
 
@@ -430,7 +432,7 @@ def op_kill(payload):
     grace = float(payload.get("grace", STOP_GRACE))
     by = payload.get("by") if payload.get("by") in KILLERS else KILLERS[0]
     only, reason = payload.get("job_id"), payload.get("reason")
-    jobs_root = os.path.join(ws, "jobs")
+    jobs_root = os.path.join(ws, JOBS)
     procs = procfs.scan()
     skip = procfs.ancestors()
     records, untrusted, starters = [], [], []
@@ -467,13 +469,13 @@ def op_kill(payload):
         if os.path.isdir(os.path.join(jobs_root, job_id)):
             # Before any signal: the agents read it (a user's act or a failed start: no restart, no failure).
             why = reason if by == START_FAILED else None  # otherwise `reason` only words the killed events
-            marker = os.path.join(jobs_root, job_id, "killed")
-            if read_marker(marker) == (by, why):
+            folder = JobFolder(os.path.join(jobs_root, job_id))
+            if read_marker(folder.killed) == (by, why):
                 continue  # marked so by the stop's marking pass: its event is said once, its time kept
             if why:
-                append_events(JobFolder(os.path.join(jobs_root, job_id)).events, [{
+                append_events(folder.events, [{
                     "ts": time.time(), "node": payload.get("node"), "kind": EventKind.START_FAILED, "reason": why}])
-            atomic.write(marker, by + ("\n" + why if why else ""))
+            atomic.write(folder.killed, killed_marker(by, why))
     if payload.get("signal", True) is False:  # marking only: every node is marked before any node signals
         return Kill(killed=[], left=[], untrusted=untrusted).wire()
     sent, left = stop_all(find, grace)
@@ -527,21 +529,24 @@ def op_collect(payload):
     """
     ws = workspace(payload)
     jd = job_dir(ws, payload.get("job_id"))
-    reply = {"time": time.time(), "job_id": None}
+    now, gpus = time.time(), None
     if payload.get("gpus"):  # who holds the node's GPUs (the dashboard asks every few polls: nvidia-smi is slow)
         from fabtrain.contract.gpus import summary
         from fabtrain.node import gpuinv
 
-        reply["gpus"] = summary(gpuinv.inventory())
+        gpus = summary(gpuinv.inventory())
     if not jd or not os.path.isdir(jd):
-        return reply
+        return Collect(time=now, gpus=gpus).wire()
     job_id = os.path.basename(jd)
-    reply["job_id"] = job_id
     offsets = payload.get("offsets", {}) if payload.get("job_id") in (None, job_id) else {}
     status = job_status({"workspace": payload["workspace"], "job_id": job_id})
-    reply.update(processes=status.processes, killed=status.killed, killed_by=status.killed_by,
-                 stop_reason=status.stop_reason, slurm=status.slurm)
-    reply["health"] = atomic.read_json(JobFolder(jd).health)
+    return Collect(time=now, job_id=job_id, gpus=gpus, processes=status.processes, killed=status.killed,
+                   killed_by=status.killed_by, stop_reason=status.stop_reason, slurm=status.slurm,
+                   health=atomic.read_json(JobFolder(jd).health), files=_appended(jd, offsets, payload)).wire()
+
+
+def _appended(jd, offsets, payload):
+    """{file: Chunk} of what was appended to the job's events, metrics and the logs asked since `offsets`."""
     max_bytes = int(payload.get("max_bytes", 1 << 20))
     metrics = JobFolder(jd).metrics
     wanted = [EVENTS] + ([METRICS + "/" + f for f in sorted(os.listdir(metrics)) if f.endswith(".jsonl")]
@@ -563,9 +568,8 @@ def op_collect(payload):
         except OSError:
             continue
         end = data.rfind(b"\n") + 1  # whole lines only
-        files[rel] = {"offset": start + end, "size": size, "data": data[:end].decode("utf-8", "replace")}
-    reply["files"] = files
-    return reply
+        files[rel] = Chunk(offset=start + end, size=size, data=data[:end].decode("utf-8", "replace"))
+    return files
 
 
 OPS = {"start": op_start, "status": op_status, "logs": op_logs, "kill": op_kill, "verify": op_verify,

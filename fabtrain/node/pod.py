@@ -24,6 +24,7 @@ import sys
 from fabtrain.contract import podpart
 from fabtrain.node import hosted
 from fabtrain.node.spawn import expand
+from fabtrain.contract.jobfolder import JobFolder, job_folder
 from fabtrain.contract.states import LOST, read_killer
 
 EVICTED = "evicted by Kubernetes"
@@ -56,10 +57,11 @@ def prepare(job, code_dir):
     """The job's code is the image's (no snapshot to make); the agent runs from the image's fabtrain."""
     ws = os.path.abspath(os.path.expanduser(job["workspace"]))
     os.makedirs(ws, mode=0o700, exist_ok=True)
-    link(code_dir, os.path.join(ws, "jobs", job["job_id"], "code"))
+    jd = job_folder(ws, job["job_id"]).path
+    link(code_dir, JobFolder(jd).code)
     if job.get("agent"):
         link(PACKAGE, os.path.join(expand(job["agent"]["cwd"], ws), "fabtrain"))
-    return ws, os.path.join(ws, "jobs", job["job_id"])
+    return ws, jd
 
 
 class LogFollower:
@@ -104,7 +106,7 @@ def sigterm_cause(jd):
     apart instead: it writes the job's `killed` marker (node ops' kill) before any signal. So a SIGTERM
     without it is Kubernetes' (an eviction, a preemption, a drain, a deletion): the node is lost, never
     the user's stop (the `disrupted` marker, LOST)."""
-    who = read_killer(os.path.join(jd, "killed"))
+    who = read_killer(JobFolder(jd).killed)
     if who:
         return hosted.Stop(who, by=who)
     return hosted.Stop(EVICTED, disruption=LOST)

@@ -13,6 +13,7 @@ import sys
 import time
 
 from fabtrain.contract.clock import boot_id
+from fabtrain.contract.jobfolder import JOBS
 from fabtrain.node import gpuinv
 from fabtrain.contract.opreplies import Probe, Provision, Tools
 from fabtrain.contract.replies import UserFacing
@@ -82,7 +83,7 @@ def op_provision(payload):
     refusal = check_workspace(ws)
     if refusal:
         raise UserFacing(refusal)
-    make_private_dirs(ws, os.path.join(ws, "jobs"))
+    make_private_dirs(ws, os.path.join(ws, JOBS))
     for sub in ("code", "data", "runtime"):
         os.makedirs(os.path.join(ws, sub), exist_ok=True)
     if not payload.get("venv"):

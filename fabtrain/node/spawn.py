@@ -9,6 +9,7 @@ import os
 import select
 import time
 
+from fabtrain.contract.jobfolder import JobFolder
 from fabtrain.node import atomic, gpulease, launch, procfs
 
 
@@ -124,7 +125,7 @@ def name_programs(started, ws, procs_by_name, deadline):
 def clear_exit(job_dir, name):
     """A process's exit record from an earlier run of it (and any reservation left by a launcher killed
     outright), before it starts again: the launcher writes a new one when it ends."""
-    run = os.path.join(job_dir, "run")
+    run = JobFolder(job_dir).run
     for entry in os.listdir(run) if os.path.isdir(run) else ():
         if entry == name + ".exit" or entry.startswith(name + ".exit.pending."):
             try:

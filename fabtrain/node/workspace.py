@@ -10,6 +10,7 @@ import os
 import stat
 
 from fabtrain.contract import jobid
+from fabtrain.contract.jobfolder import JOBS, JobFolder
 from fabtrain.node import atomic
 from fabtrain.contract.replies import UserFacing
 
@@ -89,7 +90,7 @@ def job_dir(ws, job_id=None):
     """<ws>/jobs/<job_id>, or the current job's (None when there is none). An id that is not a
     job id is refused here, whatever sent it: nothing outside jobs/ is ever read for a job."""
     if job_id is not None:
-        return os.path.join(ws, "jobs", jobid.checked(job_id, UserFacing))
+        return os.path.join(ws, JOBS, jobid.checked(job_id, UserFacing))
     cur = os.path.join(ws, "current")
     return os.path.realpath(cur) if os.path.islink(cur) else None
 
@@ -101,7 +102,7 @@ def code_refusal(ws, jd):
     """None when the job has its code (its snapshot, or a deployed <ws>/code to make it from);
     else the one line that says to deploy. `fab deploy` always writes CODE_IDENTITY, so code/
     without it (missing, or the empty folder `fab provision` makes) was never deployed."""
-    if os.path.isdir(os.path.join(jd, "code")) or os.path.isfile(os.path.join(ws, "code", CODE_IDENTITY)):
+    if os.path.isdir(JobFolder(jd).code) or os.path.isfile(os.path.join(ws, "code", CODE_IDENTITY)):
         return None
     return "no code deployed to %s: run `fab deploy` first" % os.path.join(ws, "code")
 
@@ -113,7 +114,7 @@ def snapshot_code(ws, jd):
     file by renaming a new one over it, never writing into it, so a deploy while
     the job runs leaves the job's code as it was. Returns which code it is.
     """
-    src, dst = os.path.join(ws, "code"), os.path.join(jd, "code")
+    src, dst = os.path.join(ws, "code"), JobFolder(jd).code
     if not os.path.isdir(dst):
         tmp = dst + ".tmp.%d" % os.getpid()
         _link_tree(src, tmp)  # deployed: code_refusal

@@ -112,9 +112,11 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
                 # One torchrun a node: its place among the nodes; torchrun gives its workers their own RANK.
                 env = pin | mpi_env(node_rank, len(trainer_nodes), 0, 1) | {
                     "NODE_RANK": str(node_rank), "MASTER_ADDR": master.address, "MASTER_PORT": str(master_port)}
+                if job.watchdog.min_nodes is not None:  # each generation's place among the nodes (elastic.py)
+                    env |= torchrun_env(len(trainer_nodes), node_rank, master.address, master_port)
                 if job.trainer.use_gpu:  # its workers' LOCAL_RANK as a device index: the PCI order, as in _trainer_env
                     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-                command = _with_torchrun_flags(job.trainer.command)
+                command = _with_torchrun_flags(job.trainer.command, elastic=job.watchdog.min_nodes is not None)
                 procs.append(_process(cluster, node, "trainer", node_rank, command, values, env, job_id, resume_from))
             else:
                 for local in range(per_node):
@@ -184,6 +186,10 @@ def _watchdog(cluster: Cluster, secret: str | None, port: int | None) -> dict:
         watchdog["no_checkpoint"] = w.no_checkpoint
     if w.on_bad_checkpoint != WatchdogSpec.on_bad_checkpoint:  # the restart policy's (coordination/restart.py)
         watchdog["on_bad_checkpoint"] = w.on_bad_checkpoint
+    if w.min_nodes is not None:  # the board's rejoin bound (coordination/fence.py), only where it applies
+        watchdog["max_rejoins"] = w.max_rejoins
+    if w.min_nodes is not None and is_torchrun(cluster.job.trainer.command):  # ranks a trainer process holds:
+        watchdog["ranks_per_trainer"] = cluster.job.trainer.per_node  # a smaller world's size (elastic.py)
     if secret:
         watchdog["coordinator"]["secret"] = secret
     return watchdog
@@ -299,15 +305,27 @@ def fill_placeholders(command: str, values: dict) -> list[str]:
     return [formatter.vformat(token, (), {k: str(v) for k, v in values.items()}) for token in shlex.split(command)]
 
 
-def _with_torchrun_flags(command: str) -> str:
-    """Add torchrun's multi-node flags where the command does not give them."""
+# torchrun's flags a generation's world decides: under min_nodes they travel as torchrun's own PET_ variables
+# (its argparse defaults), which coordination/elastic.py renumbers for each generation, never on its argv.
+TORCHRUN_WORLD_FLAGS = (("--nnodes", "nnodes"), ("--node-rank", "node_rank"), ("--master-addr", "master_addr"),
+                        ("--master-port", "master_port"))
+
+
+def torchrun_env(nnodes: int, node_rank: int, master_addr: str, master_port: int) -> dict[str, str]:
+    """What torchrun reads for the flags of TORCHRUN_WORLD_FLAGS when its argv does not give them."""
+    return {"PET_NNODES": str(nnodes), "PET_NODE_RANK": str(node_rank), "PET_MASTER_ADDR": master_addr,
+            "PET_MASTER_PORT": str(master_port)}
+
+
+def _with_torchrun_flags(command: str, elastic: bool = False) -> str:
+    """Add torchrun's multi-node flags where the command does not give them (`elastic`: only
+    --nproc-per-node; the others come from torchrun_env)."""
     argv = shlex.split(command)
     at = 1 if os.path.basename(argv[0]) == "torchrun" else 3
     given = {a.split("=")[0].replace("_", "-") for a in argv}
-    extra = [f"{flag}={{{key}}}" for flag, key in (
-        ("--nnodes", "nnodes"), ("--node-rank", "node_rank"), ("--nproc-per-node", "nproc_per_node"),
-        ("--master-addr", "master_addr"), ("--master-port", "master_port"),
-    ) if flag not in given]
+    extra = [f"{flag}={{{key}}}" for flag, key in (*TORCHRUN_WORLD_FLAGS[:2], ("--nproc-per-node", "nproc_per_node"),
+                                                    *TORCHRUN_WORLD_FLAGS[2:])
+             if flag not in given and not (elastic and (flag, key) in TORCHRUN_WORLD_FLAGS)]
     return shlex.join(argv[:at] + extra + argv[at:]) if extra else command
 
 

@@ -84,14 +84,19 @@ class ElasticJob:
         return "\n".join(out)
 
 
-@pytest.fixture
-def job(fab, tmp_path, sshd):
-    j = ElasticJob(fab, tmp_path, sshd)
+def elastic_job(fab, tmp_path, sshd, command=FAKE):
+    """An ElasticJob for a fixture to yield; every sshd node started again and the job killed after."""
+    j = ElasticJob(fab, tmp_path, sshd, command)
     yield j
     for node in sshd.nodes:
         if node.process is None or node.process.poll() is not None:
             sshd.start(node)
     j.fab("kill-all", "--grace", "1")
+
+
+@pytest.fixture
+def job(fab, tmp_path, sshd):
+    yield from elastic_job(fab, tmp_path, sshd)
 
 
 def test_a_lost_node_leaves_the_job_which_goes_on_smaller_until_min_nodes(job):

@@ -58,8 +58,9 @@ def root(tmp_path_factory):
 def test_a_cut_off_node_under_min_nodes_stops_before_the_smaller_generation_starts(fab, root, net):
     # node3's trainer takes its whole grace to die (it ignores SIGTERM), as a trainer saving a checkpoint does:
     # a backoff of 2 s alone would start the smaller world while it still runs.
+    # max_rejoins 0: the healed node is kept out (tests/sshd/test_elastic_rejoin_netns.py takes it back)
     job = PartitionJob(fab, root, net, trainer_args="--ignore-term trainer-2", on_failure="restart",
-                       restart_backoff=2, max_restarts=2, min_nodes=2)
+                       restart_backoff=2, max_restarts=2, min_nodes=2, max_rejoins=0)
     try:
         old_pid = job.run_record("node3", "trainer-2")["program_pid"]
         cut = net.cut("node3", "drop")  # every packet in and out of node3 dropped: TCP just stops

@@ -29,7 +29,7 @@ def cluster(mode="collective", min_nodes=2, per_node=1, roles=None, command=None
     ({"on_failure": "kill-job"}, "job.watchdog.min_nodes: needs job.watchdog.on_failure: restart"),
     ({"min_nodes": 4}, "job.watchdog.min_nodes: is 4, but the cluster has 3 trainer nodes"),
     ({"min_nodes": 0}, "job.watchdog.min_nodes: must be between 1 and"),
-    ({"command": "torchrun train.py"}, "job.watchdog.min_nodes: not with a torchrun command"),
+    ({"command": "torchrun --nnodes=3 train.py"}, "job.trainer.command: --nnodes is fixed at start"),
     ({"command": "python train.py --world {world_size}"}, "job.trainer.command: {world_size} is fixed at start"),
 ])
 def test_min_nodes_that_cannot_work_is_one_line_naming_the_field(changes, words):
@@ -72,7 +72,8 @@ def board(backoff=10.0, **watchdog):
 
 
 def test_a_lost_node_leaves_and_the_generation_not_yet_started_runs_without_it():
-    b = board(backoff=20.0)  # the generation starts at 21: after n3's fence (its last beat at 0 + fence_wait 14)
+    # the generation starts at 21: after n3's fence (its last beat at 0 + fence_wait 14); max_rejoins 0: it stays out
+    b = board(backoff=20.0, max_rejoins=0)
     beat(b, "n2", 1, failure={"reason": "trainer-0 on n2 exited 1", "kind": "exit", "generation": 0})
     assert b.status["status"] == "restarting" and b.status["generation"] == 1
     beat(b, "n1", 6)
@@ -84,7 +85,7 @@ def test_a_lost_node_leaves_and_the_generation_not_yet_started_runs_without_it()
     assert "n3 left the job" in events[1].reason and "WORLD_SIZE 2" in events[1].reason
     beat(b, "n1", 22, generation=1)
     assert beat(b, "n2", 22, generation=1).changed and b.status["status"] == "running"  # n3 is not waited for
-    # It stays out: its beats count for nothing, and its agent is told it is fenced out.
+    # It stays out (max_rejoins 0): its beats count for nothing, and its agent is told it is fenced out.
     out = beat(b, "n3", 23, failure={"reason": "x", "kind": "exit", "generation": 1}, seq=7)
     assert b.status["status"] == "running" and b.trainers == 2
     assert out.reply["op"] == "fenced" and out.reply["ack"] == 7 and "n3 left the job at generation 1" in \

@@ -559,8 +559,12 @@ async function kill() {
     const killed = body.nodes.reduce((n, x) => n + (x.killed ? x.killed.filter(k => !k.child).length : 0), 0);
     const failed = body.nodes.filter(x => !x.ok).map(x => `${x.node}: ${x.error}`);
     const left = body.nodes.filter(x => x.left && x.left.length).map(x => `${x.node}: pids ${x.left.join(", ")} still alive`);
-    banner("kill-result", `kill: ${killed} processes stopped on ${body.nodes.length} nodes in ${body.seconds}s` +
-      (failed.length || left.length ? " · " + failed.concat(left).join(" · ") : ""), body.ok ? "ok" : "bad");
+    // where the place stopped the job (Slurm's scancel), its own word instead of the nodes'
+    const said = body.nodes.length || !(body.place || []).length ?
+      `kill: ${killed} processes stopped on ${body.nodes.length} nodes in ${body.seconds}s` :
+      `kill: ${body.place.join(" · ")} in ${body.seconds}s`;
+    const problems = failed.concat(left, body.ok || !body.problem ? [] : [body.problem]);
+    banner("kill-result", said + (problems.length ? " · " + problems.join(" · ") : ""), body.ok ? "ok" : "bad");
   } catch (e) {
     banner("kill-result", "kill refused: " + e.message, "bad");
   } finally {

@@ -15,6 +15,7 @@ import sys
 import time
 
 from fabtrain.contract.events import read_events
+from fabtrain.contract.jobfolder import JobFolder
 
 RESERVE_BYTES = 256 * 1024
 
@@ -23,7 +24,7 @@ class EventLog:
     def __init__(self, path: str, node: str, out=None):
         self.path, self.node = path, node
         self.out = out if out is not None else sys.stdout
-        self.reserve_path = os.path.join(os.path.dirname(path), "run", "events.reserve")
+        self.reserve_path = JobFolder(os.path.dirname(path)).events_reserve
         self.recent: list[dict] = []  # the last few, for health.json
         # Alerts (job.json's watchdog.notify) go out from here: every event passes this one writer.
         from .notify import from_job_dir

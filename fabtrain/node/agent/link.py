@@ -12,10 +12,11 @@ put together: the latest status line, with `peers`, `done` and `lost`.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 
+from fabtrain.contract.jobfolder import JobFolder
+from fabtrain.contract.records import HEALTH_COORDINATOR, record
 from fabtrain.node.coordination.client import Client
 from fabtrain.node.coordination.restart import RestartPolicy
 from fabtrain.node.coordination.roster import merged
@@ -29,7 +30,7 @@ class Link:
         self.job_id, self.node, self.nodes, self.cfg, self.restart = job["job_id"], job["node"], nodes, cfg, restart
         coord = job["watchdog"]["coordinator"]
         self.host, self.port, self.secret = coord["host"], int(coord["port"]), coord.get("secret")
-        self.path = os.path.join(job_dir, "coordinator.json")
+        self.path = JobFolder(job_dir).coordinator
         self.on_event, self.wake = on_event, wake
         self.coordinator = None  # the Coordinator, on the node that hosts it
         self.client: Client | None = None
@@ -124,14 +125,14 @@ class Link:
     def health(self) -> dict:
         """health.json's `coordinator`."""
         c, co, view = self.client, self.coordinator, self.view
-        return {"host": self.host, "port": self.port, "hosted_here": co is not None,
-                "connected": bool(c and c.connected),
-                "last_contact": round(c.last_contact_epoch, 3) if c and c.last_contact_epoch else None,
-                "lease": round(c.lease_epoch, 3) if c and c.lease_epoch else None,
-                "fenced": (self.fenced or {}).get("reason"),
-                "pulses": c.pulser.answered if c else 0,  # answered pulses (coordination/pulse.py)
-                "error": (c.error if c else None) or (co.bind_error if co else None),
-                "lost": view.get("lost") or [], "done": view.get("done") or []}
+        return record(HEALTH_COORDINATOR, host=self.host, port=self.port, hosted_here=co is not None,
+                      connected=bool(c and c.connected),
+                      last_contact=round(c.last_contact_epoch, 3) if c and c.last_contact_epoch else None,
+                      lease=round(c.lease_epoch, 3) if c and c.lease_epoch else None,
+                      fenced=(self.fenced or {}).get("reason"),
+                      pulses=c.pulser.answered if c else 0,  # answered pulses (coordination/pulse.py)
+                      error=(c.error if c else None) or (co.bind_error if co else None),
+                      lost=view.get("lost") or [], done=view.get("done") or [])
 
     def stop(self) -> None:
         if self.client:

@@ -21,7 +21,7 @@ from fabtrain.node.coordination.restart import RestartPolicy
 from fabtrain.node.kill import send
 from fabtrain.contract.events import PROCESS_ENDS, RESTARTS, STACK_DUMPS, EventKind
 from fabtrain.contract.states import FINAL, FailureKind, JobState, read_disruption, read_killer, signal_name
-from fabtrain.contract.jobfolder import JobFolder
+from fabtrain.contract.jobfolder import JobFolder, job_folder
 
 from . import checkpoints, policy, snapshot, stacks
 from .events import EventLog
@@ -64,8 +64,12 @@ def settings(job: dict, nodes: list[str]) -> tuple[policy.Config, RestartPolicy]
             node=job["node"], job_id=job["job_id"], interval=float(w["interval"]),
             hang_timeout=float(w["hang_timeout"]), startup_timeout=float(w["startup_timeout"]),
             grace=float(w["grace"]), on_failure=str(w["on_failure"]),
-            coordinator_node=nodes[0], coordinator="%s:%d" % (coord["host"], int(coord["port"])))
-        return cfg, RestartPolicy.from_watchdog(w, job)
+            coordinator_node=nodes[0], coordinator="%s:%d" % (coord["host"], int(coord["port"])),
+            elastic=w.get("min_nodes") is not None and w["on_failure"] == "restart")
+        restart = RestartPolicy.from_watchdog(w, job)
+        if restart.layout is not None:  # min_nodes: why a lost coordinator's node ends the job (elastic.py)
+            cfg = replace(cfg, without_coordinator=restart.layout.without_first())
+        return cfg, restart
     except KeyError as e:
         raise SystemExit("agent: job.json of job %s has no watchdog setting %s" % (job.get("job_id"), e)) from None
     except (TypeError, ValueError) as e:
@@ -298,7 +302,7 @@ class Agent:
                        for ctx in self.contexts),
             strays=tuple(strays(self.procs, self.markers, mine, self.job_id, self.ws, now)),
             orphans_alive=frozenset(o.pid for o in self.ledger.orphans if procfs.alive(o.pid, o.ctime, self.procs)),
-            killed_by=read_killer(os.path.join(self.jd, "killed")), peers=self.link.peers(),
+            killed_by=read_killer(JobFolder(self.jd).killed), peers=self.link.peers(),
             disrupted=platform_stop(self.jd, self.job, self.stop_signal is not None and self.ledger.status.status not in FINAL),
             must_join=self.must_join, startup_deadline=self.startup_deadline, disk_full=disk_full(self.jd, self.ws))
 
@@ -389,7 +393,7 @@ class Agent:
             self.done_since, self.is_done = now, True
             self.beat()
         if self.cfg.on_failure == "restart" and self.ledger.failure and self.link.view.get("status") not in FINAL \
-                and now - self.done_since < 2 * self.cfg.peer_timeout + self.cfg.grace:
+                and now - self.done_since < policy.word_wait(self.ledger, self.cfg):
             return False  # our failure may be restarted: wait for the coordinator's word on it
         acked, co = self.link.acked, self.link.coordinator
         if co is not None:  # the coordinator stays while others may still need it
@@ -420,7 +424,7 @@ class Agent:
 
     def stop(self, why: str) -> int:
         live = [ctx.name for ctx in self.contexts if ctx.live]
-        if live and self.ledger.status.status == JobState.RUNNING and not os.path.exists(os.path.join(self.jd, "killed")):
+        if live and self.ledger.status.status == JobState.RUNNING and not os.path.exists(JobFolder(self.jd).killed):
             actions, self.ledger = policy.fail(self.ledger, self.cfg, *stopped_failure(self.jd, self.node, why, live))
             self.execute(actions, time.time())
             self.beat(urgent=True)
@@ -446,7 +450,7 @@ def platform_stop(jd, job, signalled):
     step gets Slurm's SIGTERM at once, this agent and its programs too, while the step task (node/hosted.py)
     asks slurmctld why: a signalled agent whose job nobody marked gives it a moment to say, so that neither
     its stop nor its programs' ends read as the job's failure."""
-    killed = os.path.join(jd, "killed")
+    killed = JobFolder(jd).killed
     if signalled and job.get("slurm") and not os.path.exists(killed):
         deadline = time.monotonic() + PLATFORM_SAYS_WHY
         while read_disruption(jd)[1] is None and not os.path.exists(killed) and time.monotonic() < deadline:
@@ -561,7 +565,7 @@ def strays(procs: dict, markers: Markers, mine: set, job_id: str, workspace: str
         if pid in mine or p is None or p.dead or pid < 2:
             continue
         if job not in running:
-            running[job] = job == job_id or job_running(os.path.join(workspace, "jobs", job, "run"), procs)
+            running[job] = job == job_id or job_running(job_folder(workspace, job).run, procs)
         out.append(policy.Stray(pid, p.create_time, job, role, rank, now - p.create_time, running[job]))
     return out
 

@@ -42,6 +42,8 @@ class Config:
     on_failure: str
     coordinator_node: str = ""
     coordinator: str = ""  # host:port, for messages
+    elastic: bool = False  # job.watchdog.min_nodes: a node that fences itself leaves the job, and may come back
+    without_coordinator: str = ""  # min_nodes: why the job cannot go on without the coordinator's node (elastic.py)
 
     @property
     def peer_timeout(self) -> float:
@@ -148,7 +150,8 @@ def fail(ledger: Ledger, cfg: Config, reason: str, kind: FailureKind = FailureKi
     cannot start (kind start) fails it then.
     """
     status = ledger.status.status
-    if status in FINAL or (status == JobState.RESTARTING and kind not in (FailureKind.KILL_ALL, FailureKind.START)):
+    if status in FINAL or (status == JobState.RESTARTING and kind not in (FailureKind.KILL_ALL, FailureKind.START)
+                           and not (cfg.elastic and kind == FailureKind.LOST)):  # min_nodes: this node leaves
         return [], ledger
     # Under on_failure restart an exit or a hang is a `failure` until the coordinator says what
     # follows (`restarting`, or `job_failed` from on_status): `fab status` must not call it the end.
@@ -169,6 +172,12 @@ def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list
     g = msg.get("generation")
     if cfg.on_failure != "restart" or not isinstance(g, int) or g < ledger.generation:
         return [], ledger
+    out = cfg.node in (msg.get("out") or ())  # min_nodes: this node left; it starts nothing until it is back
+    if g == ledger.generation and ledger.status.status == JobState.RESTARTING and ledger.restart_at is None \
+            and not out and msg.get("ts") != ledger.restart_ts:  # back in the generation it waits out (board.py)
+        return [Note(EventKind.RESTARTING, "%s back in generation %d; it starts in %g s" % (
+            cfg.node, g, float(msg.get("backoff") or 0.0)), fields={"generation": g})], replace(
+            ledger, restart_at=now + float(msg.get("backoff") or 0.0), restart_ts=msg.get("ts"))
     if g == ledger.generation:
         # The coordinator moved the start of the generation this node waits for (a lost node's fence,
         # fence.py): a status with a new `ts` says so, once (the same status comes with every reply);
@@ -187,10 +196,13 @@ def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list
     fields = {"origin": msg.get("node"), "generation": g, "backoff": backoff, "restarts_left": left}
     if resume:  # the cause says it: `...; generation 3 resumes from X, the checkpoint before Y, ...`
         fields["resume_from"] = resume
-    note = Note(EventKind.RESTARTING, "job failed (%s); restart %d%s in %g s" % (
-        cause, g, " (%s left after it)" % left if isinstance(left, int) else "", backoff), fields=fields)
+    said = msg["back"] if isinstance(msg.get("back"), str) else "job failed (%s)" % cause
+    note = Note(EventKind.RESTARTING, "%s; restart %d%s in %g s%s" % (
+        said, g, " (%s left after it)" % left if isinstance(left, int) else "", backoff,
+        "; %s is out of it: it stops its part and starts nothing" % cfg.node if out else ""), fields=fields)
     return [note], replace(ledger, status=Status(JobState.RESTARTING, cause, msg.get("node")), generation=g, failure=None,
-                           failure_kind=None, failure_code=None, failure_loaded=None, restart_at=now + backoff, restart_ts=msg.get("ts"),
+                           failure_kind=None, failure_code=None, failure_loaded=None,
+                           restart_at=None if out else now + backoff, restart_ts=msg.get("ts"),
                            acted=False, pending=False, resume=resume)
 
 
@@ -251,6 +263,15 @@ def on_status(msg: dict, job_id: str, ledger: Ledger, cfg: Config, now: float = 
     note = Note(EventKind.JOB_FAILED, msg.get("reason") or "failed",
                 fields={"origin": msg.get("node"), "on_failure": cfg.on_failure})
     return [note], ledger
+
+
+REJOIN_WAIT = 600.0  # min_nodes: how long an agent that fenced itself waits to hear it is back in the job
+
+
+def word_wait(ledger: Ledger, cfg: Config) -> float:
+    """How long an agent whose part failed waits for the coordinator's word on it before it ends: under
+    min_nodes, one that fenced itself waits to be taken back into a later generation (board.py)."""
+    return REJOIN_WAIT if cfg.elastic and ledger.failure_kind == FailureKind.LOST else 2 * cfg.peer_timeout + cfg.grace
 
 
 def next_deadline(obs: Observation, ledger: Ledger, cfg: Config) -> float | None:
@@ -398,11 +419,14 @@ class _Decision:
         reason = ("coordinator %s (agent of %s) unreachable: no answer to a beat for %.1f s (%s); this node "
                   "fences itself: it stops its part of the job (fence_after %g s)" % (
                       cfg.coordinator, cfg.coordinator_node, age, peers.error or "no answer", cfg.fence_after)
+                  + ("; %s" % cfg.without_coordinator if cfg.without_coordinator else "")
                   if not peers.connected else
                   "coordinator %s (agent of %s) answered nothing for %.0f s on an open connection (hung_timeout %.0f s)"
                   % (cfg.coordinator, cfg.coordinator_node, age, cfg.hung_timeout))
         self.note(EventKind.PEER_LOST, reason, peer=cfg.coordinator_node)
-        self.fail(reason)
+        # min_nodes: this node is as good as lost, which the coordinator takes as its leaving (should this
+        # beat reach it before it lost the node), not as the job's failure; healed, it may come back
+        self.fail(reason, FailureKind.LOST if cfg.elastic else FailureKind.OTHER)
 
     # -- orphans -------------------------------------------------------------------------------
 
@@ -488,8 +512,8 @@ class _Decision:
 
     def relaunch(self) -> None:
         ledger, obs, cfg = self.ledger, self.obs, self.cfg
-        if ledger.status.status != JobState.RESTARTING or ledger.restart_at is None:
-            return
+        if ledger.status.status != JobState.RESTARTING:
+            return  # (restart_at None: not yet, or this node is out of the generation and waits to be back)
         if obs.killed_by:
             self.fail("%s during the restart to generation %d: the job is not restarted"
                       % (stopped_by(obs.killed_by), ledger.generation), FailureKind.KILL_ALL)
@@ -497,10 +521,10 @@ class _Decision:
         if coordinator_lost(obs.peers, cfg):
             age = obs.peers.lease_age if obs.peers.lease_age is not None else obs.peers.silent_for
             self.fail("cannot restart: coordinator %s (agent of %s) unreachable for %.0f s"
-                      % (cfg.coordinator, cfg.coordinator_node, age), FailureKind.START)
+                      % (cfg.coordinator, cfg.coordinator_node, age), FailureKind.LOST if cfg.elastic else FailureKind.START)
             return
         left = any(p.live or p.leftovers for p in obs.procs) or ledger.orphans
-        if left or obs.now < ledger.restart_at:
+        if left or ledger.restart_at is None or obs.now < ledger.restart_at:
             return
         self.update(restart_at=None)
         self.actions.append(Relaunch(ledger.generation))

@@ -1,9 +1,10 @@
 """health.json and the heartbeat: what the agent tells the controller and the other agents.
 
-health.json's contract (docs/architecture.md, docs/watchdog.md): ``ts node
-job_id interval host gpus processes agent peers`` plus ``job``,
+health.json's contract is fabtrain/contract/records.py's HEALTH (docs/architecture.md, docs/watchdog.md):
+``ts node job_id interval host gpus processes agent peers`` plus ``job``,
 ``coordinator``, ``orphans``, ``zombies``, the last five ``events`` and, on the
 coordinator's node, ``stragglers`` (the ranks reported behind and still behind).
+Every part of it is built here through that table's `record`: a field the table does not name raises.
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import os
 import time
 
 from fabtrain.node import atomic, procfs
-from fabtrain.contract.records import HEALTH_AGENT, HEALTH_PROCESS, record
+from fabtrain.contract.records import (HEALTH, HEALTH_AGENT, HEALTH_BLAME, HEALTH_GPU, HEALTH_HOST, HEALTH_JOB,
+                                       HEALTH_ORPHAN, HEALTH_PROCESS, HEALTH_STRAGGLER, record)
 from fabtrain.contract.states import FINAL, JobState, signal_name
 from fabtrain.node.coordination import blame
 
@@ -63,34 +65,32 @@ class Health:
               straggling: list = (), blame: dict | None = None) -> None:
         cfg, me, view = self.cfg, procs.get(self.pid), link.view
         processes = [process_view(ctx, ledger, procs, gpu_pids) for ctx in contexts]
-        snapshot = {
-            "ts": round(now, 3), "node": cfg.node, "job_id": cfg.job_id, "interval": cfg.interval,
-            "host": self.host.sample(), "gpus": self.gpus.sample(), "processes": processes,
-            "agent": record(HEALTH_AGENT, pid=self.pid, rss=me.rss if me else None,
-                            cpu_percent=self._own_cpu_percent(), started=round(self.started, 3),
-                            restarted=self.restarted, keeper_pid=self.life.keeper_pid,
-                            launcher_pid=self.life.launcher),
-            "peers": view.get("peers") or {},
-            "job": {"status": ledger.status.status, "reason": ledger.status.reason, "origin": ledger.status.origin,
-                    "on_failure": cfg.on_failure, "generation": ledger.generation,
-                    "restarts_left": view.get("restarts_left"), "pending": ledger.pending,
-                    # min_nodes: the nodes that left the job and the trainers of the smaller world
-                    "out": view.get("out") or [], "world_size": view.get("world_size"),
-                    "kept": cfg.on_failure == "keep" and ledger.status.status == JobState.FAILED,
-                    # when startup_timeout fails a start that has not come together (the controller's
-                    # "starting: ... left"); none once that check is done or cannot fire any more
-                    "startup_deadline": None if ledger.startup_checked else round(startup_deadline, 3)},
-            "coordinator": link.health(),
-            "orphans": [{"pid": o.pid, "name": o.name, "job_id": o.job or cfg.job_id, "reason": o.reason}
-                        for o in ledger.orphans],
-            "zombies": sum(p["zombies"] for p in processes),
-            "events": self.events.recent,
-            "stragglers": list(straggling),
+        snapshot = record(
+            HEALTH, ts=round(now, 3), node=cfg.node, job_id=cfg.job_id, interval=cfg.interval,
+            host=record(HEALTH_HOST, **self.host.sample()), gpus=[record(HEALTH_GPU, **g) for g in self.gpus.sample()],
+            gpu_error=self.gpus.error if self.gpus.error != "no NVIDIA driver" else None, processes=processes,
+            agent=record(HEALTH_AGENT, pid=self.pid, rss=me.rss if me else None,
+                         cpu_percent=self._own_cpu_percent(), started=round(self.started, 3),
+                         restarted=self.restarted, keeper_pid=self.life.keeper_pid,
+                         launcher_pid=self.life.launcher),
+            peers=view.get("peers") or {},
+            job=record(HEALTH_JOB, status=ledger.status.status, reason=ledger.status.reason,
+                       origin=ledger.status.origin, on_failure=cfg.on_failure, generation=ledger.generation,
+                       restarts_left=view.get("restarts_left"), pending=ledger.pending,
+                       # min_nodes: the nodes that left the job and the trainers of the smaller world
+                       out=view.get("out") or [], world_size=view.get("world_size"), back=view.get("back"),
+                       kept=cfg.on_failure == "keep" and ledger.status.status == JobState.FAILED,
+                       # when startup_timeout fails a start that has not come together (the controller's
+                       # "starting: ... left"); none once that check is done or cannot fire any more
+                       startup_deadline=None if ledger.startup_checked else round(startup_deadline, 3)),
+            coordinator=link.health(),
+            orphans=[record(HEALTH_ORPHAN, pid=o.pid, name=o.name, job_id=o.job or cfg.job_id, reason=o.reason)
+                     for o in ledger.orphans],
+            zombies=sum(p["zombies"] for p in processes),
+            events=self.events.recent,
+            stragglers=[record(HEALTH_STRAGGLER, **s) for s in straggling],
             # after a hang: the rank(s) the others wait for; job: every node's ranks (the coordinator's node)
-            "blame": blame,
-        }
-        if self.gpus.error and self.gpus.error != "no NVIDIA driver":
-            snapshot["gpu_error"] = self.gpus.error
+            blame=record(HEALTH_BLAME, **blame) if blame else None)
         try:
             atomic.write_json(self.path, snapshot, durable=False)  # rewritten every interval
         except OSError:
@@ -113,7 +113,7 @@ def timing_rows(ctx) -> list:
 
 def send_rows(ctx) -> list:
     """[rank, share of samples with its sends backed up, mean send backlog in bytes] of each watched rank
-    whose sends the agent sampled (supervisor's sample_sends: while it is comm-bound): the communication
+    whose sends the agent sampled (supervisor's sample_sends: while it spends time in collectives): the communication
     straggler's input. A beat field of its own, `sendq`, beside the 5-element `timing` rows: an agent that
     reads only `timing` is unchanged, and one that reads a beat without `sendq` has no backlog to judge by."""
     rows = []

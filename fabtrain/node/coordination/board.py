@@ -39,7 +39,7 @@ from fabtrain.contract.states import FINAL, LIVE, FailureKind, JobState, Process
 from .connections import hung_timeout
 from .fence import Departures
 from .protocol import compact
-from .restart import RestartPolicy, note_loaded
+from .restart import REJOIN, RestartPolicy, note_loaded
 from .roster import Roster
 
 MAX_PROCS = 4096  # processes one node may report; a real node has a handful
@@ -78,6 +78,7 @@ class Peer:
     trainers_ok: int = 0
     trainers_live: int = 0
     roster: dict | None = None  # the roster version the agent last said it holds (roster.py)
+    running: int = 0  # of procs, those alive (any role), kept after it left: a node back with none may rejoin
 
 
 def beat_error(msg: dict) -> str | None:
@@ -132,7 +133,9 @@ class Board:
         self.restart_due: float | None = None  # monotonic: every node's part of the generation started by then
         self.restart_start: float | None = None  # monotonic: when the agents start the generation (backoff over)
         self.out: frozenset = frozenset()  # nodes that left the job (min_nodes): no generation waits for them
-        self.departed = Departures()  # when and why each of them left; which were told (fence.py)
+        self.departed = Departures(self.restart.max_rejoins)  # when and why each left; which were told (fence.py)
+        self.back: set = set()  # nodes of `out` that beat again with nothing of the job left: the next generation's
+        self.joining: tuple = ()  # (generation, `node3 back in generation 2 (WORLD_SIZE 3)`): its status says so
         self.peers: dict[str, Peer] = {}
         self.roster = Roster()
         self.spoke = 0  # peers that are nodes of the job
@@ -205,7 +208,7 @@ class Board:
         reason = _text(failure.get("reason"), "failed") or "failed"
         if failure.get("kind") in (FailureKind.START, FailureKind.LOST) and self.restart.layout is not None:
             # min_nodes: the job goes on without it
-            return self._leave(node, reason, now, wall, events)
+            return self._leave(node, reason, now, wall, events, failure.get("kind") == FailureKind.LOST)
         if failure.get("kind") == FailureKind.LOST and node in self.peers:  # its platform took it: silent now, not lost
             self.peers[node].done = True
         return self._decide(failure, reason, node, now, wall)
@@ -228,8 +231,9 @@ class Board:
         self.restart_start = now + backoff
         return changed
 
-    def _leave(self, node: str, reason: str, now: float, wall: float, events: list) -> bool:
-        """`node` is lost or could not start its part: the job goes on without it (min_nodes), or fails."""
+    def _leave(self, node: str, reason: str, now: float, wall: float, events: list, returns: bool = True) -> bool:
+        """`node` is lost or could not start its part: the job goes on without it (min_nodes), or fails.
+        `returns`: it may come back (lost, or fenced itself), not one that could not start its part."""
         layout, st = self.restart.layout, self.status
         if st["status"] in FINAL:
             return False
@@ -239,7 +243,7 @@ class Board:
         if out == self.out:
             return False
         self.out = out
-        self.departed.leave(node, st["generation"], reason)
+        self.departed.leave(node, st["generation"], reason, returns)
         peer = self.peers.get(node)
         # Its agent stops everything of the job there within the fence's bound of its last beat: no
         # generation without it starts before then (fence.py).
@@ -304,7 +308,7 @@ class Board:
         node, events = msg["node"], []
         peer = self.peers.get(node) or self._join(node, now)
         if node in self.out:
-            return self._fenced(peer, node, msg, now, wall)
+            return _returning(self, peer, node, msg, now, wall)
         if peer.lost:
             peer.lost = False  # it came back; the job's status stays what it is
             events.append(Event(EventKind.PEER_BACK, node, "agent on %s beats again" % node))
@@ -322,6 +326,7 @@ class Board:
                 self._count(peer, {})
         elif "procs" in msg:
             self._count(peer, msg["procs"] or {})
+            peer.running = _alive(peer.procs)
         peer.had_procs = peer.had_procs or bool(peer.procs)
         status = False
         started = msg.get("generation")
@@ -336,17 +341,9 @@ class Board:
                                        _text(final.get("node"), node), wall)
         if self.status["status"] == JobState.RUNNING and self.finished_now():
             status |= self._set_status(JobState.FINISHED, "every trainer exited with code 0", None, wall)
-        if "roster" in msg:
-            peer.roster = msg["roster"]
-        seq = msg.get("seq")
-        extra = {"ack": seq}
-        roster = self.roster.since(peer.roster)
-        if roster is not None:
-            extra["roster"] = roster
-        # The reply to nearly every beat is the status line and the ack: that one written directly.
-        tail = b'"ack":%d}' % seq if roster is None and type(seq) is int else compact(extra)[1:].encode()
-        line, line_json = self.encoded_status()
-        return Outcome({**line, **extra}, changed or status, events, status, line_json[:-1] + b"," + tail)
+        if self.back:
+            status |= _grow(self, now, wall, events)
+        return _answer(self, peer, msg, changed or status, events, status)
 
     def _fenced(self, peer: Peer, node: str, msg: dict, now: float, wall: float) -> Outcome:
         """A beat from a node that left the job: it counts for nothing (no failure, no process, no
@@ -384,6 +381,7 @@ class Board:
             events.append(Event(EventKind.PEER_LOST, name, reason))
             if name not in self.out:
                 self._leave(name, "node %s lost: %s" % (name, reason), now, wall, events)
+            self.back.discard(name)
         if self.status["status"] == JobState.RESTARTING and self.restart_due is not None and now >= self.restart_due:
             g = self.status["generation"]
             late = sorted(n for n, p in self.peers.items() if p.had_procs and p.generation < g and n not in self.out)
@@ -392,7 +390,8 @@ class Board:
                 self.restart.start_deadline(g), self.status["reason"]))
             if self.restart.layout is not None and late:
                 for name in late:
-                    self._leave(name, "node %s did not start its part of generation %d" % (name, g), now, wall, events)
+                    self._leave(name, "node %s did not start its part of generation %d" % (name, g), now, wall, events,
+                                False)
             else:
                 self._set_status(JobState.FAILED, reason, late[0] if late else None, wall)
             if self.status["status"] == JobState.FAILED:
@@ -463,6 +462,81 @@ def _restore_peer(board: Board, name: str, p: dict, now: float) -> None:
     board.roster.set(name, peer.ts, peer.done, peer.lost)
 
 
+def _answer(board: Board, peer: Peer, msg: dict, changed: bool, events: list, status: bool) -> Outcome:
+    """The reply to `peer`'s beat `msg`: the status line, the ack, and the roster it lacks."""
+    if "roster" in msg:
+        peer.roster = msg["roster"]
+    seq = msg.get("seq")
+    extra = {"ack": seq}
+    roster = board.roster.since(peer.roster)
+    if roster is not None:
+        extra["roster"] = roster
+    # The reply to nearly every beat is the status line and the ack: that one written directly.
+    tail = b'"ack":%d}' % seq if roster is None and type(seq) is int else compact(extra)[1:].encode()
+    line, line_json = board.encoded_status()
+    return Outcome({**line, **extra}, changed, events, status, line_json[:-1] + b"," + tail)
+
+
+def _alive(procs: dict) -> int:
+    return sum(1 for p in procs.values() if p.get("state") in LIVE)
+
+
+def _returning(board: Board, peer: Peer, node: str, msg: dict, now: float, wall: float) -> Outcome:
+    """A beat from a node that left the job. Fenced (it counts for nothing) once it left more than max_rejoins
+    times; else it is heard again, and with nothing of the job left there it is back: the next generation takes
+    it in (_grow). Its old processes are gone by its own word, and that generation has a rendezvous of its own."""
+    if board.restart.layout is None or not board.departed.may_rejoin(node):
+        return board._fenced(peer, node, msg, now, wall)
+    events = []
+    if peer.lost:
+        peer.lost = False
+        events.append(Event(EventKind.PEER_BACK, node, "agent on %s beats again (it left the job)" % node))
+    peer.seen = peer.beat_seen = now
+    peer.ts, peer.fencing = wall, False
+    if "done" in msg:
+        peer.done = bool(msg["done"])
+    if "procs" in msg:
+        peer.running = _alive(msg["procs"] or {})
+    changed = board.roster.set(node, wall, peer.done, peer.lost)
+    if not peer.running and board.status["status"] not in FINAL:
+        board.back.add(node)
+    status = _grow(board, now, wall, events) if board.back else False
+    return _answer(board, peer, msg, changed or status, events, status)
+
+
+def _grow(board: Board, now: float, wall: float, events: list) -> bool:
+    """The nodes back (board.back) into the next generation: the one that has not started yet (more than a
+    second before its start), else a new one once the job runs (a restart on the larger world, after one
+    restart_backoff, counted against max_restarts). None while a generation starts, or no restart is left."""
+    st, layout = board.status, board.restart.layout
+    ready = sorted(n for n in board.back if n in board.out and not board.peers[n].lost and not board.peers[n].running)
+    if not ready or st["status"] in FINAL:
+        return False
+    waiting = st["status"] == JobState.RESTARTING and board.restart_start is not None and now < board.restart_start - 1.0
+    if st["status"] == JobState.RESTARTING and not waiting:
+        return False  # the generation about to start runs without them; the next one takes them (once it runs)
+    if not waiting and not board.restart.decide({"kind": REJOIN}, st["generation"]).restart:
+        return False  # no restart left to take them in: they stay out, idle
+    board.out, board.back = board.out - set(ready), board.back - set(ready)
+    for n in ready:
+        board.peers[n].had_procs = True  # it must start its part of the generation, as every other node
+    g, world = st["generation"] + (not waiting), layout.world_size(board.out)
+
+    def back(names) -> str:
+        return "%s back in generation %d (WORLD_SIZE %d)" % (", ".join(names), g, world)
+
+    board.joining = (g, back(ready))
+
+    if waiting:
+        changed = board._set_status(JobState.RESTARTING, st["reason"], st["node"], wall, g,
+                                    round(board.restart_start - now, 3))
+    else:
+        changed = board._decide({"kind": REJOIN}, back(ready), ready[0], now, wall)
+    fields = {"generation": g, "world_size": world, "nodes": layout.nodes_left(board.out)}
+    events += [Event(EventKind.NODE_BACK, n, back([n]), fields) for n in ready]
+    return changed
+
+
 def _extras(board: Board, status: str, g: int) -> dict:
     """What a status of generation g says beyond its fields: the nodes that left (min_nodes: each agent starts
     its part without them), and while it restarts, the checkpoint it falls back to (on_bad_checkpoint previous:
@@ -472,6 +546,8 @@ def _extras(board: Board, status: str, g: int) -> dict:
         extras.update(out=sorted(board.out), world_size=board.restart.layout.world_size(board.out))
     if status == JobState.RESTARTING and board.resume is not None and board.resume.get("generation") == g:
         extras["resume_from"] = board.resume
+    if board.joining and board.joining[0] == g:  # the nodes it took back (min_nodes): not a failure
+        extras["back"] = board.joining[1]
     return extras
 
 

@@ -23,30 +23,42 @@ class Layout:
     trainer_nodes: tuple  # the names of the nodes with the trainer role, in order
     pserver_nodes: frozenset
     trainers: int  # the job's trainer processes at full size
+    ranks_per_trainer: int = 1  # ranks one trainer process holds (a torchrun's --nproc-per-node)
 
     @classmethod
-    def from_job(cls, min_nodes: int, nodes: list, trainers: int) -> Layout:
-        """From job.json's `nodes` ([{"name", "address", "roles"}]) and `trainers`, strictly."""
+    def from_job(cls, min_nodes: int, nodes: list, trainers: int, ranks_per_trainer: int = 1) -> Layout:
+        """From job.json's `nodes` ([{"name", "address", "roles"}]), `trainers` and watchdog's
+        `ranks_per_trainer` (torchrun's), strictly."""
         return cls(min_nodes=int(min_nodes), nodes=tuple(n["name"] for n in nodes),
                    trainer_nodes=tuple(n["name"] for n in nodes if "trainer" in n["roles"]),
                    pserver_nodes=frozenset(n["name"] for n in nodes if "pserver" in n["roles"]),
-                   trainers=int(trainers))
+                   trainers=int(trainers), ranks_per_trainer=int(ranks_per_trainer))
 
     def world_size(self, out) -> int:
-        """Trainer processes once the nodes in `out` are gone (every trainer node runs as many)."""
-        per_node = self.trainers // max(1, len(self.trainer_nodes))
+        """Trainer ranks once the nodes in `out` are gone (every trainer node runs as many)."""
+        per_node = self.trainers // max(1, len(self.trainer_nodes)) * self.ranks_per_trainer
         return per_node * sum(1 for n in self.trainer_nodes if n not in out)
 
     def nodes_left(self, out) -> int:
         return sum(1 for n in self.trainer_nodes if n not in out)
+
+    def without_first(self) -> str:
+        """Why the job cannot go on without nodes[0], in one line (its agents' fence says it, board.leave too)."""
+        first, n = self.nodes[0], len(self.nodes)
+        why = "%s is the first node: the agents' coordinator lives there, so the job cannot go on without it" % first
+        if n <= 2:
+            why += " (%d of %d nodes is no majority: the other cannot tell %s gone from itself cut off)" % (
+                n - 1, n, first)
+        if first in self.pserver_nodes:
+            why += "; and it runs parameter servers, whose shard of the model lives only there"
+        return why
 
     def leave(self, node: str, out: frozenset) -> tuple[frozenset | None, str]:
         """The nodes out once `node` leaves, or None and why the job cannot go on without it."""
         if node in out:
             return out, ""
         if self.nodes and node == self.nodes[0]:
-            return None, ("%s is the first node: the agents' coordinator lives there, so the job cannot go "
-                          "on without it" % node)
+            return None, self.without_first()
         if node in self.pserver_nodes:
             return None, ("%s runs parameter servers: their shard of the model lives only there, so a "
                           "pserver job cannot go on without it" % node)
@@ -60,6 +72,10 @@ class Layout:
 
 # The variables that say the size of the trainers' world, on trainers and pservers alike.
 WORLD_SIZE_KEYS = ("WORLD_SIZE", "PADDLE_TRAINERS_NUM", "PADDLE_INIT_NUM_GRADIENT_SERVERS")
+# MASTER_PORT, and torchrun's own for its --master-port (plan.torchrun_env): the start's + the generation.
+MASTER_PORT_KEYS = ("MASTER_PORT", "PET_MASTER_PORT")
+# torchrun's --nnodes under min_nodes (plan.torchrun_env): its presence says the process is one torchrun a node.
+TORCHRUN_NODES = "PET_NNODES"
 # A trainer's rank among all trainers.
 RANK_KEYS = ("RANK", "PADDLE_TRAINER_ID", "PADDLE_INIT_TRAINER_ID", "OMPI_COMM_WORLD_RANK")
 
@@ -77,8 +93,9 @@ def renumbered(job: dict, spec: dict, out, generation: int = 0) -> dict:
     node (plan/ports.py).
     """
     env = dict(spec["env"])
-    if generation and "MASTER_PORT" in env and env["MASTER_PORT"].isdigit():
-        env["MASTER_PORT"] = str(int(env["MASTER_PORT"]) + generation)
+    for key in MASTER_PORT_KEYS:
+        if generation and key in env and env[key].isdigit():
+            env[key] = str(int(env[key]) + generation)
     if not out:
         return env
     trainer_nodes = [n for n in job["nodes"] if "trainer" in n["roles"]]
@@ -89,6 +106,16 @@ def renumbered(job: dict, spec: dict, out, generation: int = 0) -> dict:
     def put(key: str, value) -> None:
         if key in env:
             env[key] = str(value)
+
+    if TORCHRUN_NODES in env:  # one torchrun a node: its place among the nodes left; it numbers its workers
+        if spec["role"] == "trainer" and kept:
+            node_rank = [n["name"] for n in kept].index(job["node"])
+            for key, value in ((TORCHRUN_NODES, len(kept)), ("OMPI_COMM_WORLD_SIZE", len(kept)),
+                               ("PET_NODE_RANK", node_rank), ("NODE_RANK", node_rank),
+                               ("OMPI_COMM_WORLD_RANK", node_rank), ("PET_MASTER_ADDR", kept[0]["address"]),
+                               ("MASTER_ADDR", kept[0]["address"])):
+                put(key, value)
+        return env
 
     for key in WORLD_SIZE_KEYS:
         put(key, world)

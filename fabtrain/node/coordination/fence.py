@@ -25,8 +25,10 @@ nothing.
 - The coordinator lets a generation that runs without a lost node start only
   once that node has been silent for `fence_wait` = `stop_bound` + 1 s: its
   old processes are gone before the new world starts, by construction, not
-  by the backoff's luck. A node that left is fenced for good: the
-  coordinator answers its beats with `fenced` and its agent ends.
+  by the backoff's luck. A node that left may come back (its processes
+  all gone, it beats again) into a later generation, up to `max_rejoins`
+  times; after that it is fenced for good: the coordinator answers its
+  beats with `fenced` and its agent ends.
 """
 from __future__ import annotations
 
@@ -59,16 +61,27 @@ def fence_wait(interval: float, grace: float) -> float:
 
 
 class Departures:
-    """The nodes that left the job (min_nodes), fenced out of it for good: the generation each left at
-    and why, and which were told so (the coordinator answers each of their beats with `fenced`)."""
+    """The nodes that left the job (min_nodes): the generation each left at and why, how many times, and
+    which were told they are fenced out for good (left more than `max_rejoins` times: the coordinator
+    answers each of their beats with `fenced`)."""
 
-    def __init__(self):
+    def __init__(self, max_rejoins: int = 0):
+        self.max_rejoins = max_rejoins
         self.left_at: dict = {}  # node -> the generation it left at
         self.left_why: dict = {}  # node -> why
+        self.times: dict = {}  # node -> how many times it left
+        self.stuck: set = set()  # nodes that left because they could not start their part: never taken back
         self.told: set = set()  # nodes whose beats were answered `fenced` (the event once a node)
 
-    def leave(self, node: str, generation: int, reason: str) -> None:
+    def leave(self, node: str, generation: int, reason: str, returns: bool = True) -> None:
         self.left_at[node], self.left_why[node] = generation, reason
+        self.times[node] = self.times.get(node, 0) + 1
+        if not returns:
+            self.stuck.add(node)
+
+    def may_rejoin(self, node: str) -> bool:
+        """Whether `node`, which left, may come back into a later generation (it has not flapped past the bound)."""
+        return node not in self.stuck and self.times.get(node, 0) <= self.max_rejoins
 
     def refusal(self, job_id: str, node: str, generation: int, seq) -> tuple[dict, str | None]:
         """The `fenced` answer to a beat from `node`, which left; and the event's reason the first time
@@ -79,7 +92,11 @@ class Departures:
             self.told.add(node)
             reason = ("refused a beat from %s: it left the job at generation %s; its agent is told it is fenced "
                       "out and ends" % (node, left_at))
+        times = self.times.get(node, 1)
+        kept = ("a node that left never rejoins it" if not self.max_rejoins else
+                "a node that could not start its part is not taken back" if node in self.stuck else
+                "it left %d times, more than max_rejoins (%d): it is kept out" % (times, self.max_rejoins))
         reply = {"op": "fenced", "job_id": job_id, "node": node, "generation": generation,
-                 "reason": "%s left the job at generation %s (%s); a node that left never rejoins it" % (
-                     node, left_at, self.left_why.get(node, "lost")), "ack": seq}
+                 "reason": "%s left the job at generation %s (%s); %s" % (
+                     node, left_at, self.left_why.get(node, "lost"), kept), "ack": seq}
         return reply, reason

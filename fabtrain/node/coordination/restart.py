@@ -8,7 +8,8 @@ signal), ``hang`` (the agent stopped a hung process), ``lost`` (its platform
 took the node: a pod evicted, node/hosted.py) or anything else (a node gone
 silent, a start that never joined, ``fab kill-all``, a relaunch that could not
 start): only the first three are restarted. With ``min_nodes`` (elastic.py) a
-node that left (kind ``left``) restarts the job too, on the nodes that are left.
+node that left (kind ``left``) restarts the job too, on the nodes that are left,
+and one that is back (``rejoin``, the board's) restarts it on the larger world.
 Two generations in a row failing soon after loading one checkpoint file stop
 the restarts (a damaged checkpoint fails every restart the same way), or, with
 ``on_bad_checkpoint: previous``, restart once more pointing the next generation
@@ -25,6 +26,9 @@ from . import fence
 from .elastic import Layout
 
 BACKOFF_CAP = 300.0  # the doubling stops here (or at restart_backoff, if that is larger)
+# The board's own kind (min_nodes): a node that left is back; the next generation takes it in. A new
+# generation like any restart (its own MASTER_PORT, in the range checked at start): it counts against max_restarts.
+REJOIN = "rejoin"
 START_WINDOW = 15.0  # after backoff + teardown, how long every node has to report its part started
 
 
@@ -63,6 +67,7 @@ class RestartPolicy:
     layout: Layout | None = None  # with min_nodes: the job's nodes, to go on without a lost one
     fence_wait: float = 0.0  # a lost node's silence before a generation without it starts (fence.py)
     on_bad_checkpoint: str = words.ON_BAD_CHECKPOINT[0]  # stop, or previous: fall back to the checkpoint before
+    max_rejoins: int = 0  # min_nodes: times one node that left may come back into the job (board.py, REJOIN)
 
     @classmethod
     def never(cls) -> RestartPolicy:
@@ -77,7 +82,7 @@ class RestartPolicy:
         codes, enabled, min_nodes = w["restart_on_exit_codes"], w["on_failure"] == "restart", w["min_nodes"]
         layout = None
         if enabled and min_nodes is not None and job is not None:
-            layout = Layout.from_job(min_nodes, job["nodes"], job["trainers"])
+            layout = Layout.from_job(min_nodes, job["nodes"], job["trainers"], w.get("ranks_per_trainer", 1))
         # on_bad_checkpoint: in job.json only where it is not the default (job.json before it has none)
         bad = w.get("on_bad_checkpoint", words.ON_BAD_CHECKPOINT[0])
         if bad not in words.ON_BAD_CHECKPOINT:
@@ -86,7 +91,8 @@ class RestartPolicy:
                    backoff=float(w["restart_backoff"]),
                    exit_codes=tuple(int(c) for c in codes) if codes is not None else None,
                    grace=float(w["grace"]), layout=layout,
-                   fence_wait=fence.fence_wait(float(w["interval"]), float(w["grace"])), on_bad_checkpoint=bad)
+                   fence_wait=fence.fence_wait(float(w["interval"]), float(w["grace"])), on_bad_checkpoint=bad,
+                   max_rejoins=int(w.get("max_rejoins", 0)) if layout is not None else 0)  # an older job.json: 0
 
     def backoff_for(self, generation: int) -> float:
         """Seconds before generation g (1, 2, ...) starts: restart_backoff, doubled each time, capped."""
@@ -105,6 +111,10 @@ class RestartPolicy:
         if not self.enabled:
             return Decision(False, generation)
         kind, code = failure.get("kind"), failure.get("exit_code")
+        if kind == REJOIN and self.layout is not None:  # not a failure: the world grows back, after one backoff
+            if generation >= self.max_restarts:
+                return Decision(False, generation, why_not="max_restarts (%d) spent" % self.max_restarts)
+            return Decision(True, generation + 1, self.backoff)
         if kind not in RESTARTABLE and not (kind == FailureKind.LEFT and self.layout is not None):
             return Decision(False, generation, why_not="not a restartable failure (only an exit, a hang or a lost node is)")
         if kind == FailureKind.EXIT and self.exit_codes is not None and code not in self.exit_codes:
