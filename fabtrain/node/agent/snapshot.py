@@ -113,7 +113,7 @@ def timing_rows(ctx) -> list:
 
 def send_rows(ctx) -> list:
     """[rank, share of samples with its sends backed up, mean send backlog in bytes] of each watched rank
-    whose sends the agent sampled (supervisor's sample_sends: while it is comm-bound): the communication
+    whose sends the agent sampled (supervisor's sample_sends: while it spends time in collectives): the communication
     straggler's input. A beat field of its own, `sendq`, beside the 5-element `timing` rows: an agent that
     reads only `timing` is unchanged, and one that reads a beat without `sendq` has no backlog to judge by."""
     rows = []
