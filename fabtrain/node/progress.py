@@ -137,13 +137,24 @@ class Writer:
         self.lock, self.thread, self.fd = __import__("threading").RLock(), None, None
 
     def _quiet_writer(self):
-        """Every QUIET: watches the work of a rank whose step is LATE, writes a step left pending (a rank that
-        steps writes its own records) and a busy rank's record. Never calls into the framework: QUIET."""
+        """Watches the work of a rank whose step is LATE, writes a step left pending (a rank that steps writes its
+        own records) and a busy rank's record. Never calls into the framework: QUIET."""
         me = self.thread
         while self.on and self.thread is me:
-            self.wake.wait(QUIET)
+            self.wake.wait(self._next_look())
             self._watch()
             self.flush(due_only=True)
+
+    def _next_look(self):
+        """Seconds to the writer's next look: every QUIET while it watches; else once the step is LATE, or a step
+        pending may be due (flush: INTERVAL after the record, QUIET after the step; a rank that steps writes its
+        own record by then, so one look a record while it steps: its cost, bench/hook_cost.py)."""
+        if self.watching or self.step_end is None:
+            return QUIET
+        at = self.step_end + LATE
+        if self.steps > self.written_steps:
+            at = min(at, max(self.last_write + INTERVAL, self.step_end) + QUIET)
+        return min(max(at - self.perf(), 0.01), LATE)
 
     def _watch(self):
         """A step LATE: the patches put in (a batch, a forward, a collective that finishes is work done; a
@@ -291,8 +302,6 @@ class Reporter(Writer):
         self.watching, self.active, self.busy, self.busy_written = False, None, None, None
         self.saves, self.save_written = 0, None  # saves under way; bytes written when last looked (frameworks)
 
-    # -- failures ---------------------------------------------------------------------------
-
     def fail(self, where, exc):
         """The first failure inside the hook: one line in the rank's log, and no more of the hook."""
         if self.failed:
@@ -392,7 +401,7 @@ class Reporter(Writer):
         self.sampling, self.sample_start, self.sample, self.sample_samples = False, None, [0.0] * len(PARTS), 0
         losses, self.losses, self.scaled = self.losses, [], None
         if losses and self.logged_loss_at != self.steps:
-            self._read_loss(losses)
+            _part("frameworks").read_loss(sys.modules[__name__], self, losses)
 
     def framework_values(self, framework, step=None, values=None, write=False):
         """What a framework knows (its global step, logged names, total steps); `write`: its step ended, and a
@@ -422,30 +431,6 @@ class Reporter(Writer):
         groups = getattr(self.optimizer, "param_groups", None)
         lr = groups[0].get("lr") if groups and isinstance(groups[0], dict) else None
         self.values.update({"lr": lr} if _finite(lr) else {})
-
-    def _read_loss(self, losses):
-        """The sampled step's loss, the sum of its backward()s' tensors: at once on the CPU. On a CUDA device
-        (reading it would wait for the device) their sum is copied to pinned host memory on the program's stream
-        and read at a later record, once its event says it landed: a loss up to one record old."""
-        if self.loss_copy is not None and self.loss_copy[2].query():
-            value, at, self.loss_copy = _number(self.loss_copy[1]), self.loss_copy[3], None
-            if value is not None:
-                self.values["loss"], self.loss_at = value, at
-        values = [_number(t) for t in losses]
-        if None not in values:
-            self.values["loss"], self.loss_at = sum(values), self.steps
-            return
-        t = losses[0]
-        if self.loss_copy is None and getattr(t, "is_cuda", False) is True and t.numel() == 1 and \
-                t.is_floating_point():
-            cuda = sys.modules["torch"].cuda
-            total = t.reshape(()).float()
-            for other in losses[1:]:
-                total = total + other.reshape(()).float()
-            landed = cuda.Event()
-            # total is kept until the copy has landed, so its memory is not reused before the copy reads it.
-            self.loss_copy = (total, total.to("cpu", non_blocking=True), landed, self.steps)
-            landed.record(cuda.current_stream(t.device))
 
 
 def _program_record(fd, seen, rank):

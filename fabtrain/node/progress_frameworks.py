@@ -9,6 +9,31 @@ Standard library only (the framework's classes come from the module given).
 """
 
 
+def read_loss(core, r, losses):
+    """The loss of `r`'s sampled step (Reporter._sample_ended), the sum of its backward()s' tensors: at once on
+    the CPU. On a CUDA device (reading it would wait for the device) their sum is copied to host memory on the
+    program's stream and read at a later record, once its event says it landed: a loss up to one record old."""
+    if r.loss_copy is not None and r.loss_copy[2].query():
+        value, at, r.loss_copy = core._number(r.loss_copy[1]), r.loss_copy[3], None
+        if value is not None:
+            r.values["loss"], r.loss_at = value, at
+    values = [core._number(t) for t in losses]
+    if None not in values:
+        r.values["loss"], r.loss_at = sum(values), r.steps
+        return
+    t = losses[0]
+    if r.loss_copy is None and getattr(t, "is_cuda", False) is True and t.numel() == 1 and \
+            t.is_floating_point():
+        cuda = core.sys.modules["torch"].cuda
+        total = t.reshape(()).float()
+        for other in losses[1:]:
+            total = total + other.reshape(()).float()
+        landed = cuda.Event()
+        # total is kept until the copy has landed, so its memory is not reused before the copy reads it.
+        r.loss_copy = (total, total.to("cpu", non_blocking=True), landed, r.steps)
+        landed.record(cuda.current_stream(t.device))
+
+
 def torch(core, torch):
     """torch's optimizer steps counted (one global post-hook: every optimizer, DDP, FSDP); `patch` puts in, for a
     sampled step or a rank watched between steps, the timers around DataLoader batches, backward(), DDP's forward

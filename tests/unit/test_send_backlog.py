@@ -88,25 +88,27 @@ def trainer(tmp_path, timings):
     return ctx
 
 
-def test_the_agent_samples_the_sends_of_comm_bound_ranks_only_by_the_pids_whose_rank_they_are(tmp_path):
+def test_the_agent_samples_the_sends_of_ranks_in_collectives_only_by_the_pids_whose_rank_they_are(tmp_path):
     bound = {"data_time": 0.01, "compute_time": 0.01, "comm_time": 0.5, "step_time": 0.52}
-    ctx = trainer(tmp_path, {0: bound, 1: bound, 2: {**bound, "compute_time": 0.41, "comm_time": 0.1}})
-    # torchrun (pid 10, the RANK fabtrain gave it) and its workers 11 and 12; 13 is rank 2 (not comm-bound)
-    ctx.rank_of = {10: (0.0, 0), 11: (0.0, 0), 12: (0.0, 1), 13: (0.0, 2), 14: (0.0, None)}
-    queues = Queues({10: 0, 11: 300_000, 12: 0, 13: 9})
+    alone = {**bound, "compute_time": 0.51, "comm_time": 0.0}  # one rank, no collectives: nothing to sample
+    ctx = trainer(tmp_path, {0: bound, 1: bound, 2: {**bound, "compute_time": 0.47, "comm_time": 0.04}, 3: alone})
+    # torchrun (pid 10, the RANK fabtrain gave it) and its workers 11 and 12; 13 is rank 2, whose wait the
+    # hook counted as compute (it is sampled all the same); 15 is rank 3, in no collective
+    ctx.rank_of = {10: (0.0, 0), 11: (0.0, 0), 12: (0.0, 1), 13: (0.0, 2), 14: (0.0, None), 15: (0.0, 3)}
+    queues = Queues({10: 0, 11: 300_000, 12: 0, 13: 9, 15: 5})
     for t in range(4):
         ctx.sample_sends(queues, float(t))
-    assert queues.asked == [[10, 11, 12]] * 4
-    assert snapshot.send_rows(ctx) == [[0, 1.0, 300000], [1, 0.0, 0]]
+    assert queues.asked == [[10, 11, 12, 13]] * 4
+    assert snapshot.send_rows(ctx) == [[0, 1.0, 300000], [1, 0.0, 0], [2, 1.0, 9]]
     beat = snapshot.beat({"job_id": "J", "node": "n1"}, policy.Ledger(), [ctx], False, 0)
-    assert beat["procs"]["trainer-0"]["sendq"] == [[0, 1.0, 300000], [1, 0.0, 0]]
-    assert [row[0] for row in beat["procs"]["trainer-0"]["timing"]] == [0, 1, 2]  # 5-element rows, unchanged
+    assert beat["procs"]["trainer-0"]["sendq"] == [[0, 1.0, 300000], [1, 0.0, 0], [2, 1.0, 9]]
+    assert [row[0] for row in beat["procs"]["trainer-0"]["timing"]] == [0, 1, 2, 3]  # 5-element rows, unchanged
     assert all(len(row) == 5 for row in beat["procs"]["trainer-0"]["timing"])
-    # no longer comm-bound: nothing is read, and its samples age out over the window
+    # no longer in collectives: nothing is read, and its samples age out over the window
     for r in ctx.progress.ranks.values():
-        r.timings = [(5.0, {**bound, "compute_time": 0.41, "comm_time": 0.1})]
+        r.timings = [(5.0, alone)]
     ctx.sample_sends(queues, 5.0)
-    assert len(queues.asked) == 4 and snapshot.send_rows(ctx) == [[0, 1.0, 300000], [1, 0.0, 0]]
+    assert len(queues.asked) == 4 and snapshot.send_rows(ctx) == [[0, 1.0, 300000], [1, 0.0, 0], [2, 1.0, 9]]
     ctx.sample_sends(queues, 12.5)
     assert len(queues.asked) == 4 and snapshot.send_rows(ctx) == []
     beat = snapshot.beat({"job_id": "J", "node": "n1"}, policy.Ledger(), [ctx], False, 0)

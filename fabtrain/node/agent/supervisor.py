@@ -18,7 +18,7 @@ import signal
 
 from fabtrain.node import launch, procfs
 from fabtrain.node.atomic import read_json
-from fabtrain.node.coordination.stragglers import StepRate, comm_bound
+from fabtrain.node.coordination.stragglers import StepRate, in_collectives
 from fabtrain.node.agent import checkpoints
 from fabtrain.node.kill import send, signal_all, starter, trusted
 from fabtrain.contract.states import ProcessState, signal_of, state_of
@@ -323,15 +323,14 @@ class ProcessContext:
             self.progress.cpu(sum(procs[p].cpu for p in live_tree), now, interval)
 
     def sample_sends(self, queues, at: float) -> None:
-        """On a tick: the TCP send backlog of each live, comm-bound rank (stragglers.comm_bound: its mean
-        comm_time at least COMM_SAMPLED of its step) of a running trainer, summed over the processes whose
-        RANK it is (rank_of). Nothing is read for a job that is not comm-bound; the samples of a rank not
-        sampled now age out."""
+        """On a tick: the TCP send backlog of each live rank of a running trainer that spends any time in
+        collectives (stragglers.in_collectives), summed over the processes whose RANK it is (rank_of).
+        Nothing is read for a program of one rank; the samples of a rank not sampled now age out."""
         if self.progress is None:
             return
         ranks = {}
         for rank, r in self.progress.ranks.items():
-            if self.live and self.role == "trainer" and rank is not None and comm_bound(r.mean_timings()):
+            if self.live and self.role == "trainer" and rank is not None and in_collectives(r.mean_timings()):
                 ranks[rank] = r
             elif r.sends:
                 r.age(at)

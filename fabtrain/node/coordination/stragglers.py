@@ -105,13 +105,14 @@ def reason(f: Finding, rule: Rule) -> str:
 
 CAUSES = (("data_time", "data loading"), ("compute_time", "compute"))
 MIN_EXCESS = 0.1  # of the median step time: less extra time a step than this is noise, not a straggler
-# Communication: the median rank spends at least COMM_BOUND of its step in collectives and every rank at least
-# COMM_SAMPLED (the agents sample the sends of such ranks only), and one rank's sends are backed up (data
-# written and not yet acknowledged) in at least BACKED_UP of the samples, while the median other rank's are in
-# at most LINK_SHARE of that. Its ratio is over the median's share, taken as at least MIN_SHARE (the samples
-# cannot tell less).
+# Communication: the median of the other ranks spends at least COMM_BOUND of its step in collectives (they wait
+# there), and one rank's sends are backed up (data written and not yet acknowledged) in at least BACKED_UP of the
+# samples, while the median other rank's are in at most LINK_SHARE of that. Its ratio is over the median's share,
+# taken as at least MIN_SHARE (the samples cannot tell less). A rank that spends under COMM_WAITS of its step in
+# collectives waits for nobody: where it is also the one the others wait for by its compute or data loading, it
+# is named for that, not the link of a rank it reads late from.
 COMM_BOUND = 0.5
-COMM_SAMPLED = 0.25
+COMM_WAITS = 0.25
 BACKED_UP = 0.75
 LINK_SHARE = 0.5
 MIN_SHARE = 0.05
@@ -128,11 +129,12 @@ def comm_share(t: dict) -> float:
     return comm / step if isinstance(comm, (int, float)) and not isinstance(comm, bool) and step > 0 else 0.0
 
 
-def comm_bound(t: dict) -> bool:
-    """A rank's mean timings spend at least COMM_SAMPLED of its step in collectives: the agent samples its
-    sends then, and only then. (The hook's split of a step is not exact: part of the wait for a slow link
-    can count as a rank's compute, so one rank's share alone is no more than a gate.)"""
-    return comm_share(t) >= COMM_SAMPLED
+def in_collectives(t: dict) -> bool:
+    """A rank's mean timings have some time in collectives: it is one of several ranks, and the agent samples
+    its sends. Not a share of its step: the hook's split of a step is not exact, and under a capped link
+    most of the capped rank's own wait can count as its compute (the rank the others wait for looks, by its
+    timings, like one that computes long); its send backlog tells the two apart."""
+    return comm_share(t) > 0
 
 
 @record
@@ -184,14 +186,22 @@ def judge_timings(timings: dict, behind: Behind, now: float, rule: Rule) -> tupl
 
 def suspect(known: dict, rule: Rule):
     """(key, cause, ratio, its seconds, the median's, {communication's figures}) of the rank that makes the
-    others wait, or None. A link that backs up (`link_suspect`) comes first: its sends are pending for at
-    least BACKED_UP of the step, so it is what the step waits for; while the others wait for a rank's data
-    loading or compute, the links have nothing to send and drain. (Where ranks share a machine's CPUs, one
-    starved of CPU for a while, or the hook counting part of a rank's wait as its compute, leaves a capped
-    link named.)"""
+    others wait, or None. A link that backs up (`link_suspect`) is what the step waits for: its sends are
+    pending for at least BACKED_UP of the step. The rank the timings name (`timing_suspect`) is named instead
+    only where it waits in its collectives for under COMM_WAITS of its step, and is not the backed-up rank:
+    a rank busy elsewhere reads late what its neighbour sends it, and backs up that neighbour's link. (The
+    backed-up rank itself often looks, by the hook's split, like a rank that computes long: the wait for its
+    own sends counted as compute. Where ranks share a machine's CPUs, one starved of CPU for a while that still
+    waits in its collectives leaves the capped link named.)"""
     link = link_suspect(known)
-    if link is not None:
+    timing = timing_suspect(known, rule)
+    if link is not None and (timing is None or timing[0] == link[0] or comm_share(known[timing[0]]) >= COMM_WAITS):
         return link
+    return timing
+
+
+def timing_suspect(known: dict, rule: Rule):
+    """The rank the others wait for by its data loading or compute, from the timings alone (see judge_timings)."""
     key = min(known, key=lambda k: (known[k]["comm_time"], k[0], k[1], k[2] if k[2] is not None else -1))
     mine = known[key]
     step = median(t.get("step_time") or sum(t[f] for f, _ in CAUSES) + t["comm_time"] for t in known.values())
@@ -213,19 +223,19 @@ def suspect(known: dict, rule: Rule):
 def link_suspect(known: dict):
     """Communication: in a ring all-reduce every rank waits in its collectives alike, so comm_time cannot
     tell which link is slow; its sends can. The rank whose link does not keep up keeps data written and
-    unacknowledged through the whole collective; the others' drain at once. Named when every rank is
-    comm-bound (the median rank at least COMM_BOUND of its step in collectives, every rank COMM_SAMPLED),
-    every rank's backlog was sampled (`backlog`: the share of samples with one), and the most backed-up
-    rank's share is at least BACKED_UP while the median other rank's is at most LINK_SHARE of it. (A rank
-    that does not read what it is sent, busy elsewhere, backs up its sender's link too; but that rank waits
-    for nobody in its collectives, and so stops the rule.)"""
-    if len(known) < 2 or any(not isinstance(t.get("backlog"), (int, float)) or not comm_bound(t)
-                             for t in known.values()) or median(comm_share(t) for t in known.values()) < COMM_BOUND:
+    unacknowledged through the whole collective; the others' drain at once. Named when every rank's backlog
+    was sampled (`backlog`: the share of samples with one), the most backed-up rank's share is at least
+    BACKED_UP while the median other rank's is at most LINK_SHARE of it, and the other ranks wait in their
+    collectives (their median at least COMM_BOUND of its step). Its own share of collectives is not asked:
+    the hook may count its wait as compute. (A rank that does not read what it is sent, busy elsewhere,
+    backs up its sender's link too; `suspect` names that rank instead.)"""
+    if len(known) < 2 or any(not isinstance(t.get("backlog"), (int, float)) for t in known.values()):
         return None
     key = max(known, key=lambda k: (known[k]["backlog"], known[k].get("backlog_bytes") or 0, str(k)))
     mine = known[key]
     others = median(t["backlog"] for k, t in known.items() if k != key)
-    if mine["backlog"] < BACKED_UP or others > LINK_SHARE * mine["backlog"]:
+    if mine["backlog"] < BACKED_UP or others > LINK_SHARE * mine["backlog"] or \
+            median(comm_share(t) for k, t in known.items() if k != key) < COMM_BOUND:
         return None
     ratio = mine["backlog"] / max(others, MIN_SHARE)
     comm = median(t["comm_time"] for k, t in known.items() if k != key)
