@@ -202,6 +202,28 @@ def test_a_backed_up_link_is_named_where_the_hook_counts_nearly_all_of_its_own_w
     assert [(c.rank, c.cause) for c in f] == [(2, "compute")]
 
 
+def test_a_backed_up_link_is_named_where_the_hook_counts_its_receivers_wait_as_compute():
+    """As seen with node3's egress capped (3 ranks, DDP over gloo, its agents' figures): rank 0, which receives
+    from node3, by the hook's split computes 0.5 s of a 0.6 s step and waits 0.08 s in collectives, as a rank
+    the others wait for would; node3's sends are backed up in every sample. Rank 0's sockets hold bytes
+    received and unread in few samples: it reads what comes as it comes, so it waits for the link; node3's
+    link is named. A rank that really computes while its neighbour's data waits in its sockets, unread, is
+    named for its compute."""
+    timings = comm_bound_job([0.35, 0.15, 1.0])
+    timings[("node1", "trainer-0", 0)].update(compute_time=0.5, comm_time=0.08, unread=0.1)
+    timings[("node2", "trainer-1", 1)].update(compute_time=0.156, comm_time=0.433, unread=0.05)
+    timings[("node3", "trainer-2", 2)].update(compute_time=0.288, comm_time=0.301, unread=0.0)
+    now = Rule(share=0.7, window=0)
+    assert [(c.rank, c.cause) for c in judge_timings(timings, Behind(), 0, now)[0]] == [(2, "communication")]
+    timings[("node1", "trainer-0", 0)].update(unread=0.9)  # busy elsewhere: node3's data waits in its sockets
+    assert [(c.rank, c.cause) for c in judge_timings(timings, Behind(), 0, now)[0]] == [(0, "compute")]
+    del timings[("node1", "trainer-0", 0)]["unread"]  # an older agent's 3-element rows: its timings, as before
+    assert [(c.rank, c.cause) for c in judge_timings(timings, Behind(), 0, now)[0]] == [(0, "compute")]
+    tables = {"node1": {"trainer-0": {"role": "trainer", "state": "running", "timing": [[0, 0.005, 0.5, 0.08, 0.6]],
+                                      "sendq": [[0, 0.35, 70000, 0.1]]}}}
+    assert timings_of(tables)[("node1", "trainer-0", 0)]["unread"] == 0.1
+
+
 def test_a_backed_up_link_is_named_before_a_rank_that_computes_a_little_longer():
     """As seen with the link capped on a machine whose 2 cores the ranks share with other work: one rank gets
     less CPU for a while (0.15 s more compute a step), but every rank still waits over half its step in the

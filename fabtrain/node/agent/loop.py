@@ -29,7 +29,7 @@ from .jobjudge import JobJudge
 from .keeper import AgentLife
 from .link import Link
 from .relaunch import relaunch, restarted
-from .samplers import GpuSampler, HostSampler, SendQueues
+from .samplers import GpuSampler, HostSampler, TcpQueues
 from .supervisor import Markers, ProcessContext, job_running
 
 DISK_FULL_BYTES = 1 << 20  # less than this free in the workspace: a full disk, for the events' reasons
@@ -165,7 +165,7 @@ class Agent:
         self.watch = PidWatch()
         self.gpus = GpuSampler()
         self.gpu_pids: dict[int, int] = {}
-        self.sends = SendQueues()  # comm-bound trainers' TCP send backlog (the communication straggler)
+        self.sends = TcpQueues()  # trainers' TCP queues, each rank's (the communication straggler)
         self.health = snapshot.Health(JobFolder(self.jd).health, self.cfg,
                                       HostSampler(self.ws if os.path.isdir(self.ws) else "/"), self.gpus,
                                       self.events, self.life, self.started, restarted)

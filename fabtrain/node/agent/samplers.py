@@ -164,7 +164,7 @@ class GpuSampler:
         return used
 
 
-# -- the TCP send backlog of given processes: is a rank's link keeping up with what it sends? -----------------
+# -- the TCP queues of given processes: is a rank's link keeping up with what it sends, does it read what it gets? --
 
 NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY, NLMSG_ERROR, NLMSG_DONE = 4, 20, 2, 3
 NLM_F_DUMP_REQUEST = 0x301  # NLM_F_REQUEST | NLM_F_DUMP
@@ -197,10 +197,10 @@ def _netns(pid) -> int | None:
         return None
 
 
-def diag_send_queues() -> dict:
-    """{socket inode: send backlog} of every established TCP socket (IPv4 and IPv6) of this process's network
-    namespace, through the kernel's sock_diag netlink interface (what `ss` reads): a fraction of the cost of
-    parsing /proc/net/tcp. OSError where the kernel does not answer."""
+def diag_tcp_queues() -> dict:
+    """{socket inode: (send backlog, bytes received and not yet read)} of every established TCP socket (IPv4 and
+    IPv6) of this process's network namespace, through the kernel's sock_diag netlink interface (what `ss`
+    reads): a fraction of the cost of parsing /proc/net/tcp. OSError where the kernel does not answer."""
     out = {}
     for family in (socket.AF_INET, socket.AF_INET6):
         with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as s:
@@ -222,19 +222,20 @@ def diag_send_queues() -> dict:
                     if kind == NLMSG_ERROR:
                         raise OSError("sock_diag: %d" % struct.unpack_from("=i", data, off + 16)[0])
                     # inet_diag_msg after the header: family, state, timer, retrans, sockid (48 bytes),
-                    # expires, rqueue, wqueue (write_seq - snd_una), uid, inode
+                    # expires, rqueue (received, not read), wqueue (write_seq - snd_una), uid, inode
                     if length >= 16 + 72:
-                        wqueue, _, inode = struct.unpack_from("=III", data, off + 16 + 60)
-                        out[inode] = wqueue
+                        rqueue, wqueue, _, inode = struct.unpack_from("=IIII", data, off + 16 + 56)
+                        out[inode] = (wqueue, rqueue)
                     if length < 16:
                         break
                     off += (length + 3) & ~3
     return out
 
 
-def proc_send_queues(pid: int) -> dict:
-    """{socket inode: send backlog} of the established TCP sockets of `pid`'s network namespace, from
-    /proc/<pid>/net/tcp and tcp6 (its ``tx_queue``): for a process in another namespace than the agent's."""
+def proc_tcp_queues(pid: int) -> dict:
+    """{socket inode: (send backlog, bytes received and not yet read)} of the established TCP sockets of `pid`'s
+    network namespace, from /proc/<pid>/net/tcp and tcp6 (its ``tx_queue:rx_queue``): for a process in another
+    namespace than the agent's."""
     out = {}
     for name in ("tcp", "tcp6"):
         try:
@@ -246,17 +247,20 @@ def proc_send_queues(pid: int) -> dict:
             v = line.split()
             try:
                 if len(v) > 9 and int(v[3], 16) == TCP_ESTABLISHED:
-                    out[int(v[9])] = int(v[4].split(":")[0], 16)
+                    tx, rx = v[4].split(":")
+                    out[int(v[9])] = (int(tx, 16), int(rx, 16))
             except ValueError:
                 continue
     return out
 
 
-class SendQueues:
+class TcpQueues:
     """Each given process's TCP send backlog: the bytes its established TCP sockets hold written but not yet
     acknowledged by the peer (the kernel's write_seq - snd_una: waiting in the socket, in the queueing
     discipline, or in flight). A link slower than what the rank sends keeps it filled through the whole
-    collective; one that keeps up drains it in moments. One table of the namespace's sockets a sample
+    collective; one that keeps up drains it in moments. And the bytes they hold received and not yet read by
+    the process: a rank busy elsewhere leaves what its neighbour sends it unread; one that waits for it in a
+    collective reads it as it comes. One table of the namespace's sockets a sample
     (sock_diag where the process shares the agent's network namespace, else its /proc/<pid>/net/tcp), and
     each process's open files for which sockets are its own."""
 
@@ -267,13 +271,14 @@ class SendQueues:
     def _table(self, pid: int, ns) -> dict:
         if self.netlink and ns is not None and ns == self.own_ns:
             try:
-                return diag_send_queues()
+                return diag_tcp_queues()
             except (OSError, struct.error):  # no sock_diag here, or an answer it cannot read: /proc from now on
                 self.netlink = False
-        return proc_send_queues(pid)
+        return proc_tcp_queues(pid)
 
     def sample(self, pids) -> dict:
-        """{pid: bytes of send backlog over its sockets} for every pid whose open files could be read."""
+        """{pid: (bytes of send backlog, bytes received and unread) over its sockets} for every pid whose open
+        files could be read."""
         tables: dict = {}
         out = {}
         for pid in pids:
@@ -281,11 +286,12 @@ class SendQueues:
             if inodes is None:
                 continue
             if not inodes:
-                out[pid] = 0
+                out[pid] = (0, 0)
                 continue
             ns = _netns(pid)
             if ns not in tables:
                 tables[ns] = self._table(pid, ns)
             table = tables[ns]
-            out[pid] = sum(table.get(i, 0) for i in inodes)
+            queues = [table[i] for i in inodes if i in table]
+            out[pid] = (sum(q[0] for q in queues), sum(q[1] for q in queues))
         return out

@@ -112,15 +112,16 @@ def timing_rows(ctx) -> list:
 
 
 def send_rows(ctx) -> list:
-    """[rank, share of samples with its sends backed up, mean send backlog in bytes] of each watched rank
-    whose sends the agent sampled (supervisor's sample_sends: while it spends time in collectives): the communication
-    straggler's input. A beat field of its own, `sendq`, beside the 5-element `timing` rows: an agent that
-    reads only `timing` is unchanged, and one that reads a beat without `sendq` has no backlog to judge by."""
+    """[rank, share of samples with its sends backed up, mean send backlog in bytes, share of samples with bytes
+    received and unread] of each watched rank whose sockets the agent sampled (supervisor's sample_sends: while
+    it spends time in collectives): the communication straggler's input. A beat field of its own, `sendq`,
+    beside the 5-element `timing` rows: an agent that reads only `timing` is unchanged, one that reads a beat
+    without `sendq` has no backlog to judge by, and a 3-element row (an older agent's) has no unread share."""
     rows = []
     for rank, r in sorted(ctx.progress.ranks.items() if ctx.progress else (), key=lambda kr: str(kr[0])):
         b = r.send_backlog() if isinstance(rank, int) and r in ctx.progress.watched() else None
         if b is not None:
-            rows.append([rank, round(b[0], 3), round(b[1])])
+            rows.append([rank, round(b[0], 3), round(b[1]), round(b[2], 3)])
     return rows
 
 

@@ -47,7 +47,7 @@ class RankSteps:
         self.auto = False
         self.busy: str | None = None  # what the hook last saw it do between steps (evaluating, saving, ...)
         self.timings: list = []  # (time, {step_time, data_time, compute_time, comm_time}) over RATE_WINDOW
-        self.sends: list = []  # (time, its processes' TCP send backlog in bytes), sampled while comm-bound
+        self.sends: list = []  # (time, its processes' TCP send backlog, bytes received unread), while in collectives
         self.total_steps = None
         # Checkpoints (the hook's ckpt_* fields, agent/checkpoints.py): the last one, each path's last save
         # (path -> (step, at)), what this generation loaded before its first step.
@@ -91,10 +91,10 @@ class RankSteps:
                 out[k] = sum(xs) / len(xs)
         return out
 
-    def send(self, backlog: int, at: float) -> None:
-        """A sample of the TCP send backlog of this rank's processes (SendQueues), kept over RATE_WINDOW (and
-        at least the last SEND_SAMPLES, where the interval is long)."""
-        self.sends.append((at, backlog))
+    def send(self, backlog: int, at: float, unread: int = 0) -> None:
+        """A sample of the TCP send backlog of this rank's processes, and of the bytes they hold received and
+        unread (TcpQueues), kept over RATE_WINDOW (and at least the last SEND_SAMPLES, where the interval is long)."""
+        self.sends.append((at, backlog, unread))
         while len(self.sends) > SEND_SAMPLES and at - self.sends[0][0] > RATE_WINDOW:
             self.sends.pop(0)
 
@@ -103,12 +103,14 @@ class RankSteps:
         self.sends = [s for s in self.sends if at - s[0] <= RATE_WINDOW]
 
     def send_backlog(self) -> tuple | None:
-        """(the share of samples in which its sends were backed up, the mean backlog in bytes), once there
-        are SEND_SAMPLES samples: the communication straggler's signal."""
+        """(the share of samples in which its sends were backed up, the mean backlog in bytes, the share of
+        samples in which it held bytes received and unread), once there are SEND_SAMPLES samples: the
+        communication straggler's signal."""
         if len(self.sends) < SEND_SAMPLES:
             return None
-        xs = [b for _, b in self.sends]
-        return sum(1 for b in xs if b > 0) / len(xs), sum(xs) / len(xs)
+        xs = [b for _, b, _ in self.sends]
+        n = len(xs)
+        return sum(1 for b in xs if b > 0) / n, sum(xs) / n, sum(1 for _, _, u in self.sends if u > 0) / n
 
 
 class Progress:
@@ -338,10 +340,11 @@ class ProcessContext:
         if not pids:
             return
         per: dict = {}
-        for pid, backlog in queues.sample(pids).items():
-            per[pids[pid]] = per.get(pids[pid], 0) + backlog
-        for rank, backlog in per.items():
-            ranks[rank].send(backlog, at)
+        for pid, (backlog, unread) in queues.sample(pids).items():
+            was = per.get(pids[pid], (0, 0))
+            per[pids[pid]] = (was[0] + backlog, was[1] + unread)
+        for rank, (backlog, unread) in per.items():
+            ranks[rank].send(backlog, at, unread)
 
     def _live_ranks(self, pids: list, procs: dict, now: float) -> set | None:
         """The RANKs in the environments of the program's live processes (torchrun's workers each have

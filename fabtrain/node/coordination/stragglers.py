@@ -105,14 +105,17 @@ def reason(f: Finding, rule: Rule) -> str:
 
 CAUSES = (("data_time", "data loading"), ("compute_time", "compute"))
 MIN_EXCESS = 0.1  # of the median step time: less extra time a step than this is noise, not a straggler
-# Communication: the median of the other ranks spends at least COMM_BOUND of its step in collectives (they wait
-# there), and one rank's sends are backed up (data written and not yet acknowledged) in at least BACKED_UP of the
+# Communication: another rank spends at least COMM_BOUND of its step in collectives (it waits there), and one
+# rank's sends are backed up (data written and not yet acknowledged) in at least BACKED_UP of the
 # samples, while the median other rank's are in at most LINK_SHARE of that. Its ratio is over the median's share,
 # taken as at least MIN_SHARE (the samples cannot tell less). A rank that spends under COMM_WAITS of its step in
 # collectives waits for nobody: where it is also the one the others wait for by its compute or data loading, it
 # is named for that, not the link of a rank it reads late from.
+# A rank that holds bytes received and unread in under UNREAD of the samples reads what it is sent as it comes:
+# it waits for its data, whatever the hook's split of its step says.
 COMM_BOUND = 0.5
 COMM_WAITS = 0.25
+UNREAD = 0.5
 BACKED_UP = 0.75
 LINK_SHARE = 0.5
 MIN_SHARE = 0.05
@@ -195,9 +198,19 @@ def suspect(known: dict, rule: Rule):
     waits in its collectives leaves the capped link named.)"""
     link = link_suspect(known)
     timing = timing_suspect(known, rule)
-    if link is not None and (timing is None or timing[0] == link[0] or comm_share(known[timing[0]]) >= COMM_WAITS):
+    if link is not None and (timing is None or timing[0] == link[0] or comm_share(known[timing[0]]) >= COMM_WAITS
+                             or reads_as_it_comes(known[timing[0]])):
         return link
     return timing
+
+
+def reads_as_it_comes(t: dict) -> bool:
+    """Its sockets held bytes received and unread in under UNREAD of the samples: it waits for what it is sent
+    (a rank busy elsewhere leaves it unread). Under a capped link the hook may count the wait of the rank that
+    receives from it as that rank's compute (seen: 0.5 s of a 0.6 s step); its sockets tell. Unknown (an
+    older agent's rows): False."""
+    unread = t.get("unread")
+    return isinstance(unread, (int, float)) and not isinstance(unread, bool) and unread < UNREAD
 
 
 def timing_suspect(known: dict, rule: Rule):
@@ -225,9 +238,9 @@ def link_suspect(known: dict):
     tell which link is slow; its sends can. The rank whose link does not keep up keeps data written and
     unacknowledged through the whole collective; the others' drain at once. Named when every rank's backlog
     was sampled (`backlog`: the share of samples with one), the most backed-up rank's share is at least
-    BACKED_UP while the median other rank's is at most LINK_SHARE of it, and the other ranks wait in their
-    collectives (their median at least COMM_BOUND of its step). Its own share of collectives is not asked:
-    the hook may count its wait as compute. (A rank that does not read what it is sent, busy elsewhere,
+    BACKED_UP while the median other rank's is at most LINK_SHARE of it, and another rank waits in its
+    collectives for at least COMM_BOUND of its step. Neither its own share of collectives nor all the
+    others' is asked: the hook may count a wait for the link as compute, its own or its receiver's. (A rank that does not read what it is sent, busy elsewhere,
     backs up its sender's link too; `suspect` names that rank instead.)"""
     if len(known) < 2 or any(not isinstance(t.get("backlog"), (int, float)) for t in known.values()):
         return None
@@ -235,7 +248,7 @@ def link_suspect(known: dict):
     mine = known[key]
     others = median(t["backlog"] for k, t in known.items() if k != key)
     if mine["backlog"] < BACKED_UP or others > LINK_SHARE * mine["backlog"] or \
-            median(comm_share(t) for k, t in known.items() if k != key) < COMM_BOUND:
+            max(comm_share(t) for k, t in known.items() if k != key) < COMM_BOUND:
         return None
     ratio = mine["backlog"] / max(others, MIN_SHARE)
     comm = median(t["comm_time"] for k, t in known.items() if k != key)
@@ -264,8 +277,9 @@ def cause_reason(c: Cause) -> str:
 
 def timings_of(peers: dict) -> dict:
     """{(node, name, rank): timings} of the running trainers' ranks in the beats' process tables; a rank
-    whose agent sampled its sends (the beat's `sendq` rows: [rank, share backed up, mean bytes]; a beat of
-    an agent that does not sample has none) also has `backlog` (the share) and `backlog_bytes`."""
+    whose agent sampled its sockets (the beat's `sendq` rows: [rank, share backed up, mean bytes, share with
+    bytes unread]; a beat of an agent that does not sample has none; an older agent's rows have 3 elements)
+    also has `backlog` (the share), `backlog_bytes` and, from a 4-element row, `unread`."""
     out = {}
     for node, procs in peers.items():
         for name, p in (procs or {}).items():
@@ -277,10 +291,12 @@ def timings_of(peers: dict) -> dict:
                     out[(node, name, rank if isinstance(rank, int) else None)] = {
                         "data_time": data, "compute_time": compute, "comm_time": comm, "step_time": step}
             for row in p.get("sendq") or []:
-                if isinstance(row, list) and len(row) == 3 and isinstance(row[0], int) and \
+                if isinstance(row, list) and len(row) in (3, 4) and isinstance(row[0], int) and \
                         all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in row[1:]) and \
                         (node, name, row[0]) in out:
                     out[(node, name, row[0])].update(backlog=row[1], backlog_bytes=row[2])
+                    if len(row) == 4:
+                        out[(node, name, row[0])]["unread"] = row[3]
     return out
 
 
