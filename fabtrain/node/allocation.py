@@ -141,11 +141,13 @@ def op_mark_killed(payload):
     """`fab kill-all` on a Slurm job, before scancel: the agents read the marker and call it a kill, not a failure.
     Only a job that still runs is marked: one that ended (finished, failed, stopped for the time limit) keeps
     what happened. `workspaces`: every stand-in's (they share the login node's filesystem: one call marks all).
-    The reply names, for each, the Slurm job its job ran as (a script submitted by hand too)."""
-    return MarkKilled(nodes=[mark_killed(ws) for ws in payload.get("workspaces") or [payload["workspace"]]]).wire()
+    The reply names, for each, the Slurm job its job ran as (a script submitted by hand too). `by`: who stops it
+    (contract/states.py KILLERS: `fab kill-all`, the dashboard's Kill button)."""
+    by = payload.get("by") if payload.get("by") in KILLERS else KILLERS[0]
+    return MarkKilled(nodes=[mark_killed(ws, by) for ws in payload.get("workspaces") or [payload["workspace"]]]).wire()
 
 
-def mark_killed(workspace):
+def mark_killed(workspace, by=KILLERS[0]):
     ws = os.path.abspath(os.path.expanduser(workspace))
     jd = job_dir(ws)
     if not jd or not os.path.isdir(jd):
@@ -156,7 +158,7 @@ def mark_killed(workspace):
     decided = any(ev.get("kind") in OUTCOMES for ev in JobFolder(jd).read_events())
     ended = decided or not (ops.live_job_processes(jd) or running_elsewhere(jd))
     if not ended and read_killer(JobFolder(jd).killed) is None:  # a stop already marked keeps its word
-        atomic.write(JobFolder(jd).killed, killed_marker(KILLERS[0]))  # `fab kill-all`: it alone asks this
+        atomic.write(JobFolder(jd).killed, killed_marker(by))
     return Marked(marked=None if ended else os.path.basename(jd), slurm_job=slurm_job)
 
 

@@ -146,14 +146,12 @@ class Writer:
             self.flush(due_only=True)
 
     def _next_look(self):
-        """Seconds to the writer's next look: every QUIET while it watches; else once the step is LATE, or a step
-        pending may be due (flush: INTERVAL after the record, QUIET after the step; a rank that steps writes its
-        own record by then, so one look a record while it steps: its cost, bench/hook_cost.py)."""
+        """Seconds to the writer's next look: every QUIET while it watches; else once the step is LATE, or once a
+        step left pending would be due (flush: INTERVAL after the record, QUIET after the step; a rank that
+        steps writes its own record by then, so one look a record while it steps: its cost, bench/hook_cost.py)."""
         if self.watching or self.step_end is None:
             return QUIET
-        at = self.step_end + LATE
-        if self.steps > self.written_steps:
-            at = min(at, max(self.last_write + INTERVAL, self.step_end) + QUIET)
+        at = min(self.step_end + LATE, max(self.last_write + INTERVAL, self.step_end) + QUIET)
         return min(max(at - self.perf(), 0.01), LATE)
 
     def _watch(self):

@@ -292,10 +292,8 @@ def cancel_all(session: Session, grace: float = STOP_GRACE, wait: float = 60.0, 
     ended keeps its outcome."""
     nodes = session.cluster.nodes  # stand-ins on one filesystem, reached the same way: one call marks them all
     try:
-        said = rpc.call(session.transport(nodes[0]), "mark_killed", {"workspaces": [n.workspace for n in nodes]},
-                        timeout=60).nodes
-        if by != KILLERS[0]:  # mark_killed's marker names fab kill-all: the kill op's marking pass names `by`
-            _mark_by(session, {n.name: r.marked for n, r in zip(nodes, said) if r.marked}, by)
+        said = rpc.call(session.transport(nodes[0]), "mark_killed",
+                        {"workspaces": [n.workspace for n in nodes], "by": by}, timeout=60).nodes
     except NodeError as e:
         raise UserError(f"kill-all: cannot mark the job killed in the workspaces ({e}); nothing was cancelled") from None
     marked = [n.name for n, r in zip(nodes, said) if r.marked]
@@ -313,15 +311,6 @@ def cancel_all(session: Session, grace: float = STOP_GRACE, wait: float = 60.0, 
             record_jobs(session, [j for j in recorded_jobs(session) if j in left])
             return Cancelled(states, marked, left)
         time.sleep(0.1)
-
-
-def _mark_by(session: Session, marked: dict[str, str], by: str) -> None:
-    """Each of `marked` ({node: its job}) marked as stopped by `by`, before any signal (signal: false)."""
-    nodes = [n for n in session.cluster.nodes if n.name in marked]
-    for r in session.map(lambda t: rpc.call(t, "kill", {"job_id": marked[t.node.name], "by": by, "signal": False},
-                                            timeout=60), nodes):
-        if not r.ok:
-            raise NodeError(r.error or f"{r.node}: not marked")
 
 
 def lost_node(session: Session, job_id: str, slurm_job: str) -> str | None:
