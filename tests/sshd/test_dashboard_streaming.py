@@ -1,6 +1,7 @@
 """fabtrain.controller.streaming: one open collect loop per node, over local and real SSH nodes."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -20,13 +21,19 @@ pytestmark = pytest.mark.timeout(90)
 JOB = "20261122-030000-beef"
 
 
-def loops() -> list[psutil.Process]:
-    """The node-side collect loops running on this machine (local and sshd nodes alike)."""
+def loops(sshd) -> list[psutil.Process]:
+    """The node-side collect loops of this test's nodes running on this machine (local and sshd nodes alike):
+    below this process (a local node) or below one of its sshd daemons, not another test's running beside it."""
+    roots = {os.getpid()} | {n.process.pid for n in sshd.nodes if n.process is not None}
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
         if len(cmd) > 2 and cmd[1] == "-c" and cmd[2] == rpc.LAUNCHER:
-            found.append(p)
+            try:
+                if roots & {q.pid for q in p.parents()}:
+                    found.append(p)
+            except psutil.Error:  # gone meanwhile
+                continue
     return found
 
 
@@ -57,7 +64,7 @@ def ssh_world(sshd, tmp_path):
 
 
 def test_it_sees_what_the_plain_collector_sees_and_catches_up_fast(ssh_world):
-    before = {p.pid for p in loops()}
+    before = {p.pid for p in loops(ssh_world["sshd"])}
     plain = Collector(ssh_world["session"])
     for _ in range(4):
         plain.poll()
@@ -66,7 +73,7 @@ def test_it_sees_what_the_plain_collector_sees_and_catches_up_fast(ssh_world):
     try:
         assert wait_until(lambda: all(p.records == 20000 for p in stream.progress.values()) and len(stream.progress) == 3)
         # One loop per node, kept open (the plain collector's one-shot calls may take a moment to exit).
-        assert wait_until(lambda: len({p.pid for p in loops()} - before) == 3, timeout=5)
+        assert wait_until(lambda: len({p.pid for p in loops(ssh_world["sshd"])} - before) == 3, timeout=5)
         with stream.lock:
             assert {n: v.up for n, v in stream.nodes.items()} == {"node0": True, "node1": True, "node2": True}
             assert [p["state"] for v in stream.nodes.values() for p in v.processes] == ["running"] * 3
@@ -79,7 +86,7 @@ def test_it_sees_what_the_plain_collector_sees_and_catches_up_fast(ssh_world):
     finally:
         stream.stop()
     # The node-side loops see their stdin close and exit: nothing left behind.
-    assert wait_until(lambda: not ({p.pid for p in loops()} - before), timeout=10)
+    assert wait_until(lambda: not ({p.pid for p in loops(ssh_world["sshd"])} - before), timeout=10)
 
 
 def test_a_lost_node_is_marked_down_and_reconnected(ssh_world):
