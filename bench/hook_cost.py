@@ -10,7 +10,9 @@ resolve. This bench measures the cost itself, inside one process, where
 nothing but the hook changes: the loop runs in blocks of --steps steps, the
 hook put in for one block and taken out for the next (its optimizer post-hook,
 which counts every step and puts its timing patches in for a sampled step,
-emptied; a sample under way dropped), on, off, off, on, ...; each block's CPU time is the loop thread's
+emptied; a sample under way dropped; its clock to the next record paused while it is out, so that the blocks
+with the hook in sample once each INTERVAL of their own time, as a job does, not once at each block's start),
+on, off, off, on, ...; each block's CPU time is the loop thread's
 (`time.thread_time`: gloo's threads and other processes' load left out).
 Those blocks move by hundreds of us with the machine's other load, more than
 the hook costs; so the cost is also taken apart and each part timed alone,
@@ -72,11 +74,18 @@ if reporter is None or reporter.patch is None or not hooks:
     sys.exit("no hook in this program: its reporter or its optimizer hook was not found")
 
 
+left = [None]  # how long the next record was still off when the hook was taken out (the hook's clock paused)
+
+
 def hook(on):
     optim_mod._global_optimizer_post_hooks.clear()
     if on:
         optim_mod._global_optimizer_post_hooks.update(hooks)
-    else:  # a sample under way is dropped, its patches taken out; the next block's first due step samples again
+        if left[0] is not None:  # the record's time goes on from where it was: a record each INTERVAL of on-time,
+            reporter.due, left[0] = reporter.perf() + left[0], None  # as in a job, not one at each on-block's start
+    else:  # a sample under way is dropped, its patches taken out
+        if left[0] is None:
+            left[0] = reporter.due - reporter.perf()
         reporter.sampling = False
         reporter.patch(False)
 
