@@ -20,7 +20,7 @@ from fabtrain.dashboard import create_app
 from fabtrain.remote.session import Session
 from fabtrain.contract.states import JobState
 from tests.support.local_job import LocalJob  # noqa: F401  (the local_job fixture's jobs)
-from tests.support.launched import launched, read_records
+from tests.support.launched import launched, read_records, torch_exit_race
 from workload.ddp import free_port
 
 TOKEN = "t0k3n-for-progress-0123456789abcdef"
@@ -75,8 +75,11 @@ def test_a_ddp_job_of_three_ranks_computes_the_same_with_the_hook_and_its_all_re
         out_dir.mkdir(parents=True)
         argv = ["-m", "torch.distributed.run", "--nproc-per-node=3", "--master-port", str(free_port()),
                 "tests/programs/ddp_min.py", str(out_dir)]
-        done = launched(tmp_path / tag, argv, tmp_path / f"{tag}.jsonl", **env)
-        assert done.returncode == 0, done.stderr[-3000:]
+        # unbuffered, as a job's plan runs trainers: a rank that torchrun stops after another's abort has its lines out
+        done = launched(tmp_path / tag, argv, tmp_path / f"{tag}.jsonl", PYTHONUNBUFFERED="1", **env)
+        # Without the hook, torch's own race at a rank's exit may abort it after its last line and its weights
+        # (both compared below, so a rank cut short still fails): the baseline's, not fabtrain's.
+        assert done.returncode == 0 or tag == "off" and torch_exit_race(done), done.stderr[-3000:]
         lines = sorted(re.findall(r"rank (\d)/3 step (\d+) loss (\S+?)(?=rank|\n|$)", done.stdout))  # 3 ranks, 1 stdout
         assert len(lines) == 3 * 20, done.stdout
         return lines, [json.loads((out_dir / f"rank-{r}.json").read_text()) for r in range(3)]
