@@ -10,9 +10,10 @@ once the program imports it itself (``torch``, ``lightning`` /
 
 What each rank then appends to ``$FABTRAIN_METRICS`` (one ``os.write`` of one
 line, O_APPEND: ranks sharing a file never interleave; the fields and their
-meaning: docs/progress.md) costs it a few attribute writes a step: every
-optimizer step is counted, and one step each ``INTERVAL`` seconds is sampled:
-the frameworks' timing patches are put in for that step only, its parts timed
+meaning: docs/progress.md) costs it a count a step: every optimizer step is
+counted (the clock is read at looked-at steps only), and one step each
+``INTERVAL`` seconds (the writer thread says when) is sampled: the
+frameworks' timing patches are put in for that step only, its parts timed
 (data, communication, forward, backward, optimizer) and its loss read (the sum
 of the tensors ``backward()`` ran on since the step before: under gradient
 accumulation, the step's mean loss; GradScaler's scaling undone). A record
@@ -43,6 +44,7 @@ QUIET = 0.1  # seconds between two looks of the writer thread; a step left pendi
 # thread inside torch's item() at finalization aborts the process (exit 134; 20 times of 20).
 LATE = 1.0  # seconds without an optimizer step after which the rank's work between steps is watched (_watch)
 BUSY_EVERY = 1.0  # seconds between two records of a rank that works without stepping (it evaluates, saves)
+NEVER = 1 << 62  # look_at while no step need be looked at: a step only counts (the clock is the writer thread's)
 ENV_METRICS = "FABTRAIN_METRICS"
 # These two are the contract's (fabtrain/contract/progress.py), copied: the hook runs inside the user's
 # program, which cannot import fabtrain; tests/unit/test_contract.py holds them equal.
@@ -142,17 +144,29 @@ class Writer:
         me = self.thread
         while self.on and self.thread is me:
             self.wake.wait(self._next_look())
+            self._look()
             self._watch()
             self.flush(due_only=True)
 
+    def _look(self):
+        """Steps seen since the last look (their time is known at looked-at steps only); a record due: the next
+        step is looked at, and starts the sample whose end writes the record."""
+        with self.lock:
+            if self.steps != self.seen_steps:
+                self.seen_steps, self.seen_at = self.steps, self.perf()
+            if self.perf() >= self.due and self.steps > self.written_steps:
+                self.look_at = 0
+
+    def _progress_at(self):  # perf time by which the last step had ended: its own if looked at, else the look's
+        return max(self.step_end if self.step_end is not None else float("-inf"), self.seen_at)
+
     def _next_look(self):
-        """Seconds to the writer's next look: every QUIET while it watches; else once the step is LATE, or once a
-        step left pending would be due (flush: INTERVAL after the record, QUIET after the step; a rank that
-        steps writes its own record by then, so one look a record while it steps: its cost, bench/hook_cost.py)."""
-        if self.watching or self.step_end is None:
+        """Seconds to the writer's next look: each QUIET while it watches or a record is overdue; else once a
+        record is due or the step LATE (one look a record while the rank steps: its cost, bench/hook_cost.py)."""
+        if self.watching or not self.steps:
             return QUIET
-        at = min(self.step_end + LATE, max(self.last_write + INTERVAL, self.step_end) + QUIET)
-        return min(max(at - self.perf(), 0.01), LATE)
+        at = min(self._progress_at() + LATE, self.last_write + INTERVAL)
+        return min(max(at - self.perf(), 0.0) or QUIET, LATE)
 
     def _watch(self):
         """A step LATE: the patches put in (a batch, a forward, a collective that finishes is work done; a
@@ -162,8 +176,8 @@ class Writer:
         try:
             now = self.perf()
             with self.lock:
-                if not self.watching and self.steps and self.step_end is not None and now - self.step_end >= LATE:
-                    self.watching = True
+                if not self.watching and self.steps and now - self._progress_at() >= LATE:
+                    self.watching, self.look_at = True, 0
                     if self.patch is not None:
                         self.patch(True)
                 if self.watching and self.rewatch is not None:
@@ -182,10 +196,10 @@ class Writer:
             with self.lock:
                 now = self.perf()
                 if self.steps > self.written_steps and (not due_only or (
-                        now - self.last_write >= INTERVAL and now - self.step_end >= QUIET)):
+                        now - self.last_write >= INTERVAL and now - self._progress_at() >= QUIET)):
                     self._write(now)
                 elif due_only and self.watching and self.active is not None and self.active != self.busy_written \
-                        and self.active > self.step_end and now - self.last_write >= BUSY_EVERY:
+                        and self.active > self._progress_at() and now - self.last_write >= BUSY_EVERY:
                     self._write(now, busy=True)
         except Exception as e:
             self.fail("writing a record", e)
@@ -202,7 +216,8 @@ class Writer:
         to that mean: the parts' shares are the sample's; the last sample's where none ended since), its
         samples/s and loss."""
         rec = self._base()
-        n, timed = self.steps - self.written_steps, self.timed or self.last_timed
+        # the mean of the steps up to the last one looked at (a step left pending after it has no time of its own)
+        n, timed = self.end_steps - self.window_steps, self.timed or self.last_timed
         end = self.step_end
         mean = (end - self.window_start) / n if self.window_start is not None and n > 0 and end is not None \
             else self.mean if self.mean is not None else timed[1] if timed else None
@@ -251,8 +266,8 @@ class Writer:
             self.busy_written = self.active
         else:
             rec = self._record()
-            self.written_steps, self.window_start, self.timed = self.steps, self.step_end, None
-            self.due = now + INTERVAL
+            self.written_steps, self.window_start, self.window_steps = self.steps, self.step_end, self.end_steps
+            self.timed, self.due = None, now + INTERVAL
         os.write(self.fd, (json.dumps(rec, separators=(", ", ": ")) + "\n").encode())
         self.last_write = now
 
@@ -284,8 +299,10 @@ class Reporter(Writer):
         self.framework_step = None  # the framework's own global step, where it has one
         self.last_write = float("-inf")  # perf time of the last record
         self.due = float("-inf")  # perf time from which the next step is sampled (a record is due)
-        self.step_end = None  # perf time of the last step's end
-        self.written_steps, self.window_start = 0, None  # steps and the step's end at the last record
+        self.step_end, self.end_steps = None, 0  # perf time of the last looked-at step's end, and its count
+        self.look_at = 0  # self.steps from which a step is looked at (stepped): 0 each step, NEVER none
+        self.seen_steps, self.seen_at = 0, float("-inf")  # self.steps at the writer's last look, when it changed
+        self.written_steps, self.window_start, self.window_steps = 0, None, 0  # at the last record (end_steps)
         self.values = {}  # loss, lr, epoch, total_steps, the framework's names: the latest known
         self.logged_loss_at = None  # self.steps when a framework logged its own loss (it wins for that step)
         self.loss_copy = None  # a CUDA loss on its way to the host: (tensor, host copy, its event)
@@ -362,11 +379,9 @@ class Reporter(Writer):
         """An optimizer step ended: counted; the rest only when a sample ends or starts, or work was watched
         (`report`: False where a framework's callbacks write the records; `began`: perf time the optimizer's
         part began, the step's last backward's end). torch's post-hook inlines the counting (progress_frameworks)."""
-        now = self.perf()
         self.steps += 1
-        self.step_end = now
-        if self.sampling or self.watching or now >= self.due:
-            self.stepped(now, optimizer, report, began)
+        if self.steps >= self.look_at:
+            self.stepped(self.perf(), optimizer, report, began)
 
     def stepped(self, now, optimizer, report, began):
         if not self.on:
@@ -377,6 +392,7 @@ class Reporter(Writer):
             if optimizer is not None:
                 self.optimizer = optimizer
             with self.lock:
+                self.step_end, self.end_steps = now, self.steps
                 if self.watching:
                     self.watching = False
                     self.busy = None
@@ -388,6 +404,7 @@ class Reporter(Writer):
                     self.sampling, self.sample_start = True, now
                 if self.patch is not None:
                     self.patch(self.sampling)
+                self.look_at = 0 if self.sampling or now >= self.due else NEVER
         except Exception as e:
             self.fail("recording a step", e)
 

@@ -44,14 +44,13 @@ def torch(core, torch):
     from torch.optim import optimizer as optim_mod
 
     # After each step (a pre-hook as well cost about 1 us a step; with a closure, as Lightning's, the step's
-    # forward and backward run inside it): counted inline, the rest only when a sample ends or starts, or the
-    # rank was watched (Reporter.step, inlined: this runs every step).
+    # forward and backward run inside it): counted inline, the rest only when a sample ends or starts, a record
+    # is due or the rank was watched (Reporter.step, inlined: this runs every step, and a clock read and the
+    # checks of each case cost about 2 us a step more in a training loop, bench/hook_cost.py).
     def post(optimizer, args, kwargs):
-        now = perf()
         r.steps += 1
-        r.step_end = now
-        if r.sampling or r.watching or now >= r.due:
-            r.stepped(now, optimizer, r.framework not in core.DRIVERS, r.backward_end)
+        if r.steps >= r.look_at:
+            r.stepped(perf(), optimizer, r.framework not in core.DRIVERS, r.backward_end)
 
     optim_mod.register_optimizer_step_post_hook(post)
     table = []  # (owner, name, original, wrapper): in place only while patched

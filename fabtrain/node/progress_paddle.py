@@ -26,7 +26,8 @@ def paddle(core, paddle):
                 r.framework = "paddle"
                 _paddle_lr(r, self)
                 r.step()
-                r.sampling, r.sample_start = True, r.perf()  # every step sampled: its wrappers are always in
+                # every step sampled (its wrappers are always in), so each is looked at
+                r.sampling, r.sample_start, r.look_at = True, r.perf(), 0
                 return out
             step = core._wraps(orig, step)
             step._fabtrain = True

@@ -1,6 +1,6 @@
 """Every step counted, one step a record's window sampled (fabtrain/node/progress.py).
 
-The hook counts each optimizer step with a few attribute writes; the timing patches (backward(), batches,
+The hook counts each optimizer step (the clock is the writer thread's); the timing patches (backward(), batches,
 DDP's forward, collectives, GradScaler) are in place for one step each INTERVAL only, whose parts and loss
 (the sum of the tensors backward() ran on since the step before) the record carries. The 3-rank DDP test in
 tests/local/test_progress.py checks the parts on real all-reduce waits; tests/local/test_real_loops.py the
@@ -61,7 +61,8 @@ def test_every_step_is_counted_and_one_step_a_window_is_sampled_with_the_sum_of_
             r.step()
         assert r.steps == 10 and len(records(tmp_path)) == 1 and r.losses == []
         clock[0] += progress.INTERVAL
-        r.step()  # step 11 finds a record due: step 12 is sampled
+        r._look()  # the writer thread's look (none in this test) finds a record due: step 11 looks, 12 is sampled
+        r.step()
         assert r.sampling and len(records(tmp_path)) == 1
         r.backward(Loss(1.0), 0.02, clock[0], waited=0.005)
         r.backward(Loss(2.0), 0.02, clock[0] + 0.02, waited=0.015)

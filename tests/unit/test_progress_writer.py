@@ -49,13 +49,18 @@ def test_the_writer_thread_writes_a_quiet_step_without_reading_the_loss(tmp_path
         assert [rec["loss"] for rec in records(path)] == [2.5] and first.readers == [threading.current_thread().name]
         r.backward(second, 0.001, r.perf())
         r.step()  # not due yet: left pending, then the rank is quiet
-        clock[0] += progress.INTERVAL + progress.QUIET
-        assert wait_for(lambda: len(records(path)) == 2, timeout=5)  # the writer thread wrote it
+
+        def time_passes(until):  # the writer knows a rank quiet once two of its looks saw the same steps
+            clock[0] += progress.QUIET / 2
+            return until()
+        clock[0] += progress.INTERVAL
+        assert wait_for(lambda: time_passes(lambda: len(records(path)) == 2), timeout=5)  # the writer wrote it
         last = records(path)[-1]
         assert last["step"] == 2 and last["loss"] == 2.5 and last["loss_step"] == 1  # the last read, said so
         assert second.readers == []  # never read on the writer thread
-        clock[0] += progress.INTERVAL
-        r.step()  # a record is due: the next step is sampled
+        clock[0] += progress.INTERVAL  # over LATE since the last step: the writer's next look watches the rank
+        assert wait_for(lambda: r.look_at == 0, timeout=5)  # so its next step is looked at
+        r.step()  # a record is due: this step starts the sample
         r.backward(third, 0.001, r.perf())
         r.step()  # the sampled step: the program's thread reads its loss and writes
         assert records(path)[-1]["step"] == 4 and records(path)[-1]["loss"] == 0.5
