@@ -20,15 +20,17 @@ FAB = str(Path(sys.executable).parent / "fab")
 
 
 class SshdJob:
-    def __init__(self, root: Path, count: int, roles, job: dict):
-        """count sshd nodes; roles(names) -> [(node, [roles])]; job: the cluster file's job section,
-        its watchdog's port chosen here."""
-        self.root, self.sshd = root, SshdCluster(root / "sshd", count=count)
+    def __init__(self, root: Path, count: int, roles, job: dict, cluster=SshdCluster):
+        """count sshd nodes of `cluster` (an SshdCluster, or tests/support/netns.py's NetnsCluster: each node its
+        own network); roles(names) -> [(node, [roles])]; job: the cluster file's job section, its watchdog's
+        port chosen here unless it names one (a port of nodes with their own networks is not probed from here)."""
+        self.root, self.sshd = root, cluster(root / "sshd", count=count)
         self.names = [node.name for node in self.sshd.nodes]
         self.ws = {name: root / f"ws-{name}" for name in self.names}
         self.path = root / "cluster.yaml"
         self.env = {**os.environ, "FABTRAIN_CLUSTER": str(self.path), "FABTRAIN_STATE_DIR": str(root / "state")}
-        job["watchdog"]["port"] = free_port([node.address for node in self.sshd.nodes])
+        if "port" not in job["watchdog"]:
+            job["watchdog"]["port"] = free_port([node.address for node in self.sshd.nodes])
         write_cluster(self.path, self.sshd, ssh_nodes=roles(self.names), job=job)
         self.job_id = None
 
