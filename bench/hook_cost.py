@@ -8,7 +8,7 @@ one kind spread by a fifth from one to the next, and so do separate
 processes' CPU times for the same loop: far more than the 1 % it must
 resolve. This bench measures the cost itself, inside one process, where
 nothing but the hook changes: the loop runs in blocks of --steps steps, the
-hook put in for one block and taken out for the next (its optimizer post-hook,
+hook put in for one block and taken out for the next (its count of optimizer steps,
 which counts every step and puts its timing patches in for a sampled step,
 emptied; a sample under way dropped; its clock to the next record paused while it is out, so that the blocks
 with the hook in sample once each INTERVAL of their own time, as a job does, not once at each block's start),
@@ -16,7 +16,7 @@ on, off, off, on, ...; each block's CPU time is the loop thread's
 (`time.thread_time`: gloo's threads and other processes' load left out).
 Those blocks move by hundreds of us with the machine's other load, more than
 the hook costs; so the cost is also taken apart and each part timed alone,
-many times, alternating with its baseline: torch calling the post-hook on a
+many times, alternating with its baseline: the count on a
 step not sampled (in the loop itself, the hook in and out step by step: the
 loop evicts the hook from the caches between two steps, which an optimizer
 that steps nothing, also timed, does not); once a
@@ -69,21 +69,25 @@ batches = iter(DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=1
 model = DDP(torch.nn.Linear(128, 1))
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
-# The hook as the launcher put it in when the program imported torch: its optimizer post-hook counts every step;
-# its timing patches are in place for one sampled step a record only (Reporter.patch).
+# The hook as the launcher put it in when the program imported torch: its count of every step takes the place of
+# Optimizer._optimizer_step_code, torch's empty method called after each step; its timing patches are in place
+# for one sampled step a record only (Reporter.patch).
 reporter = getattr(sys.modules.get("_fabtrain_progress"), "REPORTER", None)
-hooks = dict(optim_mod._global_optimizer_post_hooks)
-if reporter is None or reporter.patch is None or not hooks:
-    sys.exit("no hook in this program: its reporter or its optimizer hook was not found")
+count = optim_mod.Optimizer.__dict__.get("_optimizer_step_code")
+if reporter is None or reporter.patch is None or getattr(count, "__module__", "") != "_fabtrain_progress_frameworks":
+    sys.exit("no hook in this program: its reporter or its count of optimizer steps was not found")
+
+
+def empty(self):  # torch's own Optimizer._optimizer_step_code: the hook out
+    """Entry point for `torch.profile.profiler`."""
 
 
 left = [None]  # how long the next record was still off when the hook was taken out (the hook's clock paused)
 
 
 def hook(on):
-    optim_mod._global_optimizer_post_hooks.clear()
+    optim_mod.Optimizer._optimizer_step_code = count if on else empty  # set either way: the class changes alike
     if on:
-        optim_mod._global_optimizer_post_hooks.update(hooks)
         if left[0] is not None:  # the record's time goes on from where it was: a record each INTERVAL of on-time,
             reporter.due, left[0] = reporter.perf() + left[0], None  # as in a job, not one at each on-block's start
     else:  # a sample under way is dropped, its patches taken out
@@ -135,7 +139,7 @@ def alternate(pairs, n, part, base):
     return diffs[len(diffs) // 2]
 
 
-# (a) Every step: torch calling the post-hook on a step not sampled. An optimizer whose one parameter has no
+# (a) Every step: the count on a step not sampled. An optimizer whose one parameter has no
 # gradient steps in a few us, all of it torch's step wrappers: timed with the hook in and out.
 idle = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
 inf = float("inf")
@@ -155,7 +159,7 @@ every_step = alternate(100, 2000, idle_steps(True), idle_steps(False))
 
 
 # (a') The same in the training loop itself, the hook in and out step by step (on, off, off, on, ...; no record
-# due, so no step sampled): between two of its steps the loop evicts what the post-hook touches from the caches,
+# due, so no step sampled): between two of its steps the loop evicts what the count touches from the caches,
 # which the idle optimizer above keeps warm. The median of on - off over neighbouring steps.
 def in_loop(steps):
     times = {True: [], False: []}
@@ -215,7 +219,7 @@ def main() -> None:
             raise SystemExit(f"bench: the loop exited {out.returncode}: {out.stderr[-2000:]}")
         records = (root / "metrics.jsonl").read_text().splitlines() if (root / "metrics.jsonl").exists() else []
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"the hook's optimizer post-hook taken out and put back (its timing patches are in for sampled steps "
+    print(f"the hook's count of optimizer steps taken out and put back (its timing patches are in for sampled steps "
           f"only); {result['steps']} steps counted, {len(records)} records written")
     blocks = result["blocks"]
     for n, (on, cpu) in enumerate(blocks):
@@ -243,7 +247,7 @@ def main() -> None:
     w = result["writer_cpu"] / result["run_steps"]
     total = a + b / per_interval + w
     print(f"the cost taken apart (each part timed alone, against its baseline, alternating):")
-    print(f"  every step, torch calling the post-hook (a step not sampled), in the loop itself: {a * 1e6:.2f} us "
+    print(f"  every step, the count (a step not sampled), in the loop itself: {a * 1e6:.2f} us "
           f"(on an optimizer that steps nothing, its caches warm: {idle * 1e6:.2f} us)")
     print(f"  once a record ({interval} s: 1 step in {per_interval:.0f} at this run's step), a sampled step and "
           f"the record written: {b * 1e6:.1f} us, {b / per_interval * 1e6:.2f} us a step")

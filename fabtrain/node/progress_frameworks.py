@@ -35,7 +35,7 @@ def read_loss(core, r, losses):
 
 
 def torch(core, torch):
-    """torch's optimizer steps counted (one global post-hook: every optimizer, DDP, FSDP); `patch` puts in, for a
+    """torch's optimizer steps counted (after each step of every optimizer, DDP's, FSDP's); `patch` puts in, for a
     sampled step or a rank watched between steps, the timers around DataLoader batches, backward(), DDP's forward
     and the collectives called through torch.distributed, and GradScaler's scale and update; checkpoint saves
     (torch.save) are followed whenever they run."""
@@ -43,16 +43,21 @@ def torch(core, torch):
     perf = r.perf
     from torch.optim import optimizer as optim_mod
 
-    # After each step (a pre-hook as well cost about 1 us a step; with a closure, as Lightning's, the step's
-    # forward and backward run inside it): counted inline, the rest only when a sample ends or starts, a record
-    # is due or the rank was watched (Reporter.step, inlined: this runs every step, and a clock read and the
-    # checks of each case cost about 2 us a step more in a training loop, bench/hook_cost.py).
-    def post(optimizer, args, kwargs):
+    # After each step (with a closure, as Lightning's, the step's forward and backward run inside it): counted,
+    # the rest only when a sample ends or starts, a record is due or the rank was watched (Reporter.step,
+    # inlined: this runs every step). torch's step wrapper calls Optimizer._optimizer_step_code, an empty method
+    # (the profiler's entry point, which reads it anew each time it starts), after every step of every optimizer,
+    # DDP's and FSDP's: the count takes its place, so a step pays the count alone. A post-hook costs a Python
+    # call more, about 1.5 us a step in a training loop (bench/hook_cost.py); it is the way where that is gone.
+    def counted(optimizer, args=None, kwargs=None):
         r.steps += 1
         if r.steps >= r.look_at:
             r.stepped(perf(), optimizer, r.framework not in core.DRIVERS, r.backward_end)
 
-    optim_mod.register_optimizer_step_post_hook(post)
+    if callable(getattr(optim_mod.Optimizer, "_optimizer_step_code", None)):
+        optim_mod.Optimizer._optimizer_step_code = counted
+    else:
+        optim_mod.register_optimizer_step_post_hook(counted)
     table = []  # (owner, name, original, wrapper): in place only while patched
 
     from torch.utils.data import dataloader
