@@ -34,6 +34,20 @@ def read_loss(core, r, losses):
         landed.record(cuda.current_stream(t.device))
 
 
+_REPORTER = _DRIVERS = None  # the rank's Reporter and the frameworks whose callbacks write records (torch())
+
+
+def _optimizer_step_code(self, args=None, kwargs=None):
+    """After each optimizer step (with a closure, as Lightning's, its forward and backward ran inside): counted,
+    the rest only when a sample ends or starts, a record is due or the rank was watched (Reporter.step, inlined:
+    this runs every step). Not a closure: torch's profiler reads this frame as the optimizer's, and a closure's
+    frame crashes it (with_stack=True)."""
+    r = _REPORTER
+    r.steps += 1
+    if r.steps >= r.look_at:
+        r.stepped(r.perf(), self, r.framework not in _DRIVERS, r.backward_end)
+
+
 def torch(core, torch):
     """torch's optimizer steps counted (after each step of every optimizer, DDP's, FSDP's); `patch` puts in, for a
     sampled step or a rank watched between steps, the timers around DataLoader batches, backward(), DDP's forward
@@ -43,21 +57,15 @@ def torch(core, torch):
     perf = r.perf
     from torch.optim import optimizer as optim_mod
 
-    # After each step (with a closure, as Lightning's, the step's forward and backward run inside it): counted,
-    # the rest only when a sample ends or starts, a record is due or the rank was watched (Reporter.step,
-    # inlined: this runs every step). torch's step wrapper calls Optimizer._optimizer_step_code, an empty method
-    # (the profiler's entry point, which reads it anew each time it starts), after every step of every optimizer,
-    # DDP's and FSDP's: the count takes its place, so a step pays the count alone. A post-hook costs a Python
-    # call more, about 1.5 us a step in a training loop (bench/hook_cost.py); it is the way where that is gone.
-    def counted(optimizer, args=None, kwargs=None):
-        r.steps += 1
-        if r.steps >= r.look_at:
-            r.stepped(perf(), optimizer, r.framework not in core.DRIVERS, r.backward_end)
-
+    # torch's step wrapper calls Optimizer._optimizer_step_code, an empty method (the profiler's entry, read anew
+    # at each start), after each step of every optimizer: the count takes its place, so a step pays the count
+    # alone; a post-hook (where that method is gone) costs a Python call more: ~1.5 us a step, bench/hook_cost.py.
+    global _REPORTER, _DRIVERS
+    _REPORTER, _DRIVERS = r, core.DRIVERS
     if callable(getattr(optim_mod.Optimizer, "_optimizer_step_code", None)):
-        optim_mod.Optimizer._optimizer_step_code = counted
+        optim_mod.Optimizer._optimizer_step_code = _optimizer_step_code
     else:
-        optim_mod.register_optimizer_step_post_hook(counted)
+        optim_mod.register_optimizer_step_post_hook(_optimizer_step_code)
     table = []  # (owner, name, original, wrapper): in place only while patched
 
     from torch.utils.data import dataloader

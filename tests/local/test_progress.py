@@ -222,3 +222,16 @@ def test_the_hook_keeps_no_graph_alive_a_program_that_swaps_a_leafs_data_between
     assert on.stdout == off.stdout and on.stderr == ""
     recs = [r for r in read_records(tmp_path / "on.jsonl") if not r.get("between_steps")]
     assert recs and recs[-1]["step"] == 30 and recs[-1]["loss"] > 0, recs[-1:]
+
+
+@pytest.mark.timeout(300)
+def test_a_loop_under_the_torch_profiler_with_python_stacks_runs_as_without_the_hook_and_its_steps_count(tmp_path):
+    """The hook counts steps where torch's step wrapper calls Optimizer._optimizer_step_code, which the profiler
+    also hooks with its Python tracer: a closure there crashed the profiled program (SIGSEGV)."""
+    program = ["tests/programs/profiled_loop.py", "7"]
+    off = launched(tmp_path / "off", program, tmp_path / "off.jsonl", FABTRAIN_INSTRUMENT="0")
+    on = launched(tmp_path / "on", program, tmp_path / "on.jsonl")
+    assert off.returncode == 0 and on.returncode == 0, on.stderr[-2000:]
+    assert on.stdout == off.stdout and "profiled optimizer steps 7; adam's steps 7" in on.stdout, on.stdout
+    recs = [r for r in read_records(tmp_path / "on.jsonl") if not r.get("between_steps")]
+    assert recs and recs[-1]["step"] == 7, recs[-1:]
