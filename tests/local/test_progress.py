@@ -10,6 +10,7 @@ twice).
 import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -32,11 +33,20 @@ TIMINGS = ("step_time", "data_time", "compute_time", "comm_time")
 @pytest.mark.timeout(600)
 def test_the_hook_reports_a_plain_loop_and_changes_nothing_of_it(tmp_path):
     loop = ["tests/programs/torch_loop.py", "40", "0", "600"]  # 40 steps, then 6 s or more of evaluation
-    # job.watchdog.instrument: false: the same launcher and sitecustomize, no records
-    off = launched(tmp_path / "off", loop, tmp_path / "off.jsonl", FABTRAIN_INSTRUMENT="0")
+    # job.watchdog.instrument: false: the same launcher and sitecustomize, no records. Its evaluation is of one
+    # batch: the program draws the same random numbers however long it evaluates (one iterator), so its output
+    # is the longer run's, and only a run with the hook has records to make in the evaluation.
+    # The three runs (this one, with the hook, with a hook that fails) at once: each its own process and files,
+    # their evaluations mostly asleep.
+    (tmp_path / "dir.jsonl").mkdir()
+    with ThreadPoolExecutor(3) as pool:
+        runs = [pool.submit(launched, tmp_path / "off", loop[:-1] + ["1"], tmp_path / "off.jsonl",
+                            FABTRAIN_INSTRUMENT="0"),
+                pool.submit(launched, tmp_path / "on", loop, tmp_path / "on.jsonl"),
+                pool.submit(launched, tmp_path / "broken", loop, tmp_path / "dir.jsonl")]
+        off, on, broken = (r.result() for r in runs)
     assert off.returncode == 0 and off.stdout.startswith("weights"), off.stderr
     assert not (tmp_path / "off.jsonl").exists()
-    on = launched(tmp_path / "on", loop, tmp_path / "on.jsonl")
     assert on.returncode == 0, on.stderr
     # The same output, bit for bit: the weights (numerics) and the next random numbers (RNG).
     assert on.stdout == off.stdout and on.stderr == off.stderr == ""
@@ -57,8 +67,6 @@ def test_the_hook_reports_a_plain_loop_and_changes_nothing_of_it(tmp_path):
 
 
     # A failure inside the hook (its file cannot be opened): said once in the log, the program goes on.
-    (tmp_path / "dir.jsonl").mkdir()
-    broken = launched(tmp_path / "broken", loop, tmp_path / "dir.jsonl")
     assert broken.returncode == 0 and broken.stdout == off.stdout
     said = [line for line in broken.stderr.splitlines() if line.startswith("fabtrain progress:")]
     assert len(said) == 1 and "Is a directory" in said[0] and "the program goes on" in said[0], broken.stderr
