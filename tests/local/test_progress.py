@@ -10,7 +10,6 @@ twice).
 import json
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -21,13 +20,14 @@ from fabtrain.dashboard import create_app
 from fabtrain.remote.session import Session
 from fabtrain.contract.states import JobState
 from tests.support.local_job import LocalJob  # noqa: F401  (the local_job fixture's jobs)
-from tests.support.launched import launched, read_records
+from tests.support.launched import launched, launched_at_once, read_records
 from workload.ddp import free_port
 
 TOKEN = "t0k3n-for-progress-0123456789abcdef"
 HOST = "127.0.0.1:8265"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Host": HOST}
 TIMINGS = ("step_time", "data_time", "compute_time", "comm_time")
+OFF = {"FABTRAIN_INSTRUMENT": "0"}  # job.watchdog.instrument: false
 
 
 @pytest.mark.timeout(600)
@@ -39,12 +39,9 @@ def test_the_hook_reports_a_plain_loop_and_changes_nothing_of_it(tmp_path):
     # The three runs (this one, with the hook, with a hook that fails) at once: each its own process and files,
     # their evaluations mostly asleep.
     (tmp_path / "dir.jsonl").mkdir()
-    with ThreadPoolExecutor(3) as pool:
-        runs = [pool.submit(launched, tmp_path / "off", loop[:-1] + ["1"], tmp_path / "off.jsonl",
-                            FABTRAIN_INSTRUMENT="0"),
-                pool.submit(launched, tmp_path / "on", loop, tmp_path / "on.jsonl"),
-                pool.submit(launched, tmp_path / "broken", loop, tmp_path / "dir.jsonl")]
-        off, on, broken = (r.result() for r in runs)
+    off, on, broken = launched_at_once((tmp_path / "off", loop[:-1] + ["1"], tmp_path / "off.jsonl", OFF),
+                                       (tmp_path / "on", loop, tmp_path / "on.jsonl", {}),
+                                       (tmp_path / "broken", loop, tmp_path / "dir.jsonl", {}))
     assert off.returncode == 0 and off.stdout.startswith("weights"), off.stderr
     assert not (tmp_path / "off.jsonl").exists()
     assert on.returncode == 0, on.stderr
@@ -220,9 +217,9 @@ def test_the_hook_keeps_no_graph_alive_a_program_that_swaps_a_leafs_data_between
     rows) fails its backward if anything keeps the last step's graph alive: autograd then reuses the leaf's
     cached gradient accumulator, with the old shape."""
     program = ["tests/programs/swapped_leaf.py"]
-    off = launched(tmp_path / "off", program, tmp_path / "off.jsonl", FABTRAIN_INSTRUMENT="0")
+    off, on = launched_at_once((tmp_path / "off", program, tmp_path / "off.jsonl", OFF),
+                               (tmp_path / "on", program, tmp_path / "on.jsonl", {}))
     assert off.returncode == 0 and off.stdout.startswith("grad sum"), off.stderr
-    on = launched(tmp_path / "on", program, tmp_path / "on.jsonl")
     assert on.returncode == 0, on.stderr
     assert on.stdout == off.stdout and on.stderr == ""
     recs = [r for r in read_records(tmp_path / "on.jsonl") if not r.get("between_steps")]

@@ -65,3 +65,13 @@ def launched(tmp_path: Path, argv: list[str], metrics, **env) -> subprocess.Comp
     return subprocess.run([sys.executable, "-I", "-S", str(jd / SCRIPT), "--exit", str(jd / "run" / "t.exit"),
                            "--", sys.executable, *argv], cwd=REPO, env=clean, capture_output=True, text=True,
                           timeout=280)
+
+
+def launched_at_once(*runs: tuple) -> list[subprocess.CompletedProcess]:
+    """Several `launched` runs at once, each (tmp_path, argv, metrics, env), in their own folders and files;
+    their results in the same order. For runs that are compared (with the hook and without it): what one does
+    cannot change another's output, and their waits (imports, sleeps) overlap."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(len(runs)) as pool:
+        futures = [pool.submit(launched, path, argv, metrics, **env) for path, argv, metrics, env in runs]
+        return [f.result() for f in futures]
