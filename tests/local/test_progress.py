@@ -10,6 +10,7 @@ twice).
 import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -86,8 +87,8 @@ def test_a_ddp_job_of_three_ranks_computes_the_same_with_the_hook_and_its_all_re
         assert len(lines) == 3 * 20, done.stdout
         return lines, [json.loads((out_dir / f"rank-{r}.json").read_text()) for r in range(3)]
 
-    off = run("off", FABTRAIN_INSTRUMENT="0")
-    on = run("on")
+    with ThreadPoolExecutor(2) as pool:  # the two jobs at once: their own ports, folders and files
+        off, on = (f.result() for f in [pool.submit(run, "off", **OFF), pool.submit(run, "on")])
     assert on == off  # every rank's losses and final weights, bit for bit (json floats round-trip exactly)
     assert not (tmp_path / "off.jsonl").exists()
     recs = [r for r in read_records(tmp_path / "on.jsonl") if not r.get("between_steps")]
