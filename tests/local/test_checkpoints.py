@@ -126,7 +126,7 @@ def test_on_bad_checkpoint_previous_resumes_from_the_checkpoint_before_the_damag
     job = local_job([("n0", ["trainer"])], mode="collective", master_port=free_port(),
                     trainer={"command": f"python tests/programs/ckpt_steps.py {out} 40 10 0.02 25 4"},
                     watchdog={"interval": 0.5, "hang_timeout": 30, "port": free_port(), "on_failure": "restart",
-                              "restart_backoff": 0.5, "max_restarts": 5, "on_bad_checkpoint": "previous"})
+                              "restart_backoff": 0.1, "max_restarts": 5, "on_bad_checkpoint": "previous"})
     job.fab("deploy", "start-trainers", check=True)
     log = job.jd("n0") / "logs" / "trainer-0.log"
     assert wait_for(lambda: log.exists() and "done at step 40" in log.read_text(), 150), \

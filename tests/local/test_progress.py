@@ -10,6 +10,7 @@ twice).
 import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -20,23 +21,30 @@ from fabtrain.dashboard import create_app
 from fabtrain.remote.session import Session
 from fabtrain.contract.states import JobState
 from tests.support.local_job import LocalJob  # noqa: F401  (the local_job fixture's jobs)
-from tests.support.launched import launched, read_records, torch_exit_race
+from tests.support.launched import launched, launched_at_once, read_records, torch_exit_race
 from workload.ddp import free_port
 
 TOKEN = "t0k3n-for-progress-0123456789abcdef"
 HOST = "127.0.0.1:8265"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Host": HOST}
 TIMINGS = ("step_time", "data_time", "compute_time", "comm_time")
+OFF = {"FABTRAIN_INSTRUMENT": "0"}  # job.watchdog.instrument: false
 
 
 @pytest.mark.timeout(600)
 def test_the_hook_reports_a_plain_loop_and_changes_nothing_of_it(tmp_path):
     loop = ["tests/programs/torch_loop.py", "40", "0", "600"]  # 40 steps, then 6 s or more of evaluation
-    # job.watchdog.instrument: false: the same launcher and sitecustomize, no records
-    off = launched(tmp_path / "off", loop, tmp_path / "off.jsonl", FABTRAIN_INSTRUMENT="0")
+    # job.watchdog.instrument: false: the same launcher and sitecustomize, no records. Its evaluation is of one
+    # batch: the program draws the same random numbers however long it evaluates (one iterator), so its output
+    # is the longer run's, and only a run with the hook has records to make in the evaluation.
+    # The three runs (this one, with the hook, with a hook that fails) at once: each its own process and files,
+    # their evaluations mostly asleep.
+    (tmp_path / "dir.jsonl").mkdir()
+    off, on, broken = launched_at_once((tmp_path / "off", loop[:-1] + ["1"], tmp_path / "off.jsonl", OFF),
+                                       (tmp_path / "on", loop, tmp_path / "on.jsonl", {}),
+                                       (tmp_path / "broken", loop, tmp_path / "dir.jsonl", {}))
     assert off.returncode == 0 and off.stdout.startswith("weights"), off.stderr
     assert not (tmp_path / "off.jsonl").exists()
-    on = launched(tmp_path / "on", loop, tmp_path / "on.jsonl")
     assert on.returncode == 0, on.stderr
     # The same output, bit for bit: the weights (numerics) and the next random numbers (RNG).
     assert on.stdout == off.stdout and on.stderr == off.stderr == ""
@@ -57,8 +65,6 @@ def test_the_hook_reports_a_plain_loop_and_changes_nothing_of_it(tmp_path):
 
 
     # A failure inside the hook (its file cannot be opened): said once in the log, the program goes on.
-    (tmp_path / "dir.jsonl").mkdir()
-    broken = launched(tmp_path / "broken", loop, tmp_path / "dir.jsonl")
     assert broken.returncode == 0 and broken.stdout == off.stdout
     said = [line for line in broken.stderr.splitlines() if line.startswith("fabtrain progress:")]
     assert len(said) == 1 and "Is a directory" in said[0] and "the program goes on" in said[0], broken.stderr
@@ -84,8 +90,8 @@ def test_a_ddp_job_of_three_ranks_computes_the_same_with_the_hook_and_its_all_re
         assert len(lines) == 3 * 20, done.stdout
         return lines, [json.loads((out_dir / f"rank-{r}.json").read_text()) for r in range(3)]
 
-    off = run("off", FABTRAIN_INSTRUMENT="0")
-    on = run("on")
+    with ThreadPoolExecutor(2) as pool:  # the two jobs at once: their own ports, folders and files
+        off, on = (f.result() for f in [pool.submit(run, "off", **OFF), pool.submit(run, "on")])
     assert on == off  # every rank's losses and final weights, bit for bit (json floats round-trip exactly)
     assert not (tmp_path / "off.jsonl").exists()
     recs = [r for r in read_records(tmp_path / "on.jsonl") if not r.get("between_steps")]
@@ -215,9 +221,9 @@ def test_the_hook_keeps_no_graph_alive_a_program_that_swaps_a_leafs_data_between
     rows) fails its backward if anything keeps the last step's graph alive: autograd then reuses the leaf's
     cached gradient accumulator, with the old shape."""
     program = ["tests/programs/swapped_leaf.py"]
-    off = launched(tmp_path / "off", program, tmp_path / "off.jsonl", FABTRAIN_INSTRUMENT="0")
+    off, on = launched_at_once((tmp_path / "off", program, tmp_path / "off.jsonl", OFF),
+                               (tmp_path / "on", program, tmp_path / "on.jsonl", {}))
     assert off.returncode == 0 and off.stdout.startswith("grad sum"), off.stderr
-    on = launched(tmp_path / "on", program, tmp_path / "on.jsonl")
     assert on.returncode == 0, on.stderr
     assert on.stdout == off.stdout and on.stderr == ""
     recs = [r for r in read_records(tmp_path / "on.jsonl") if not r.get("between_steps")]

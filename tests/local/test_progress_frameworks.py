@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 
 from tests.conftest import require
-from tests.support.launched import launched, read_records
+from tests.support.launched import launched, launched_at_once, read_records
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -20,8 +20,8 @@ def installed(module):
 def test_an_accelerate_loop_reports_its_steps_loss_and_what_it_logs_and_computes_the_same(tmp_path):
     installed("accelerate")
     loop = ["tests/programs/accelerate_loop.py", "30"]
-    off = launched(tmp_path / "off", loop, tmp_path / "off.jsonl", FABTRAIN_INSTRUMENT="0")
-    on = launched(tmp_path / "on", loop, tmp_path / "on.jsonl")
+    off, on = launched_at_once((tmp_path / "off", loop, tmp_path / "off.jsonl", {"FABTRAIN_INSTRUMENT": "0"}),
+                               (tmp_path / "on", loop, tmp_path / "on.jsonl", {}))
     assert on.returncode == off.returncode == 0, on.stderr + off.stderr
     assert on.stdout == off.stdout and on.stdout.startswith("weights")  # its weights, bit for bit
     recs = [r for r in read_records(tmp_path / "on.jsonl") if not r.get("between_steps")]  # steps: not its exit

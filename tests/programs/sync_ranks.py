@@ -10,7 +10,7 @@ rank waits in for the last one), then the optimizer's step. The all-reduce is on
 flattened gradients called here (as Horovod-style loops do), or, with --ddp, DistributedDataParallel's own
 (its C++ reducer, at the end of ``backward()``). --spin: that rank spins in Python forever after that step,
 while the others wait in their all-reduce. --cgroup: that rank moves itself into a cgroup whose CPU quota the
-test set: it has less CPU than the others.
+test set, once it is set up and before its first step: it has less CPU than the others for its steps.
 """
 import argparse
 import contextlib
@@ -33,9 +33,6 @@ args = ap.parse_args()
 dist.init_process_group("gloo", timeout=timedelta(seconds=300))
 rank, world = dist.get_rank(), dist.get_world_size()
 local_rank = int(os.environ.get("LOCAL_RANK", 0))
-if args.cgroup and int(args.cgroup.split(":", 1)[0]) == rank:
-    with open(os.path.join(args.cgroup.split(":", 1)[1], "cgroup.procs"), "w") as f:
-        f.write(str(os.getpid()))
 torch.set_num_threads(1)
 torch.manual_seed(0)
 spin_rank, spin_step = map(int, args.spin.split(":")) if args.spin else (None, None)
@@ -65,6 +62,9 @@ if args.ddp:
     model = torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.001)
 loader = iter(torch.utils.data.DataLoader(Data(), batch_size=16, num_workers=0))
+if args.cgroup and int(args.cgroup.split(":", 1)[0]) == rank:  # once set up (DDP's first use imports much): its steps
+    with open(os.path.join(args.cgroup.split(":", 1)[1], "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
 for step in range(1, args.steps + 1):
     x, y = next(loader)
     opt.zero_grad()

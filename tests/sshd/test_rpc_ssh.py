@@ -134,10 +134,11 @@ def test_the_jobs_secret_never_appears_in_any_command_line(tmp_path, sshd):
 
 def test_a_node_that_connects_but_answers_slowly_is_slow_not_unreachable(tmp_path, sshd):
     """A node that connects but answers after fab status's timeout is NO REPLY, never UNREACHABLE.
-    Here a node's python sleeps before it starts (an sshd node and a local one), next to a node
-    with no sshd at all: only that one is unreachable."""
-    slow = tmp_path / "slow-python"
-    slow.write_text(f"#!/bin/sh\nsleep 8\nexec {sys.executable} \"$@\"\n")
+    Here a node's python waits before it starts (an sshd node and a local one) until the test lets it go
+    (a file; at most 60 s), next to a node with no sshd at all: only that one is unreachable."""
+    slow, release = tmp_path / "slow-python", tmp_path / "release"
+    slow.write_text(f"#!/bin/sh\ni=0\nwhile [ ! -e {release} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n"
+                    f"exec {sys.executable} \"$@\"\n")
     slow.chmod(0o755)
     path = write_cluster(tmp_path / "c.yaml", sshd, ssh_nodes=[("node1", ["trainer"]), ("node2", ["trainer"])],
                          local_nodes=[("local0", ["trainer"])], job={"mode": "collective"},
@@ -162,15 +163,15 @@ def test_a_node_that_connects_but_answers_slowly_is_slow_not_unreachable(tmp_pat
         text = report.check_text(list(probes.values()))
         assert re.search(r"^node1\s+NO REPLY", text, re.M) and re.search(r"^gone\s+UNREACHABLE", text, re.M), text
         collector = Collector(session)
-        for node in ("node1", "local0", "node2", "gone"):
-            collector.poll_node(node, timeout=4)
+        session.map(lambda t: collector.poll_node(t.node.name, timeout=4))  # in parallel, as fab watch polls
         text = "\n".join(watch.frame(collector.snapshot(), time.time(), time.time()))
         assert re.search(r"^node1\s+NO REPLY", text, re.M) and re.search(r"^gone\s+UNREACHABLE", text, re.M), text
         app = create_app({"COLLECTOR": collector, "DASHBOARD_TOKEN": "t" * 32})
         nodes = {n["name"]: n for n in app.test_client().get(
             "/api/cluster", headers={"Authorization": "Bearer " + "t" * 32, "Host": "127.0.0.1"}).get_json()["nodes"]}
         assert (nodes["node1"]["down"], nodes["gone"]["down"], nodes["node2"]["down"]) == ("no reply", "unreachable", None)
-        # Given the time, the slow nodes answer.
+        # Slow no more, the slow nodes answer.
+        release.touch()
         replies = {r.node: r for r in lifecycle.status(session, timeout=30)}
         assert replies["node1"].ok and replies["local0"].ok, replies
     finally:

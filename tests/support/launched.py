@@ -73,3 +73,13 @@ def torch_exit_race(done: subprocess.CompletedProcess) -> bool:
     test's baseline) may end so after it did everything; the hook's exit wait makes it rare under the hook."""
     return done.returncode != 0 and "terminate called without an active exception" in done.stderr \
         and "exitcode  : -6" in done.stderr
+
+
+def launched_at_once(*runs: tuple) -> list[subprocess.CompletedProcess]:
+    """Several `launched` runs at once, each (tmp_path, argv, metrics, env), in their own folders and files;
+    their results in the same order. For runs that are compared (with the hook and without it): what one does
+    cannot change another's output, and their waits (imports, sleeps) overlap."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(len(runs)) as pool:
+        futures = [pool.submit(launched, path, argv, metrics, **env) for path, argv, metrics, env in runs]
+        return [f.result() for f in futures]
