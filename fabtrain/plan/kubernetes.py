@@ -21,6 +21,7 @@ import math
 import re
 from dataclasses import dataclass, replace
 
+from fabtrain.contract.jobfolder import JOB
 from fabtrain.contract.states import STOP_GRACE
 from fabtrain.config.cluster import Cluster, JobSpec, Node, PserverSpec, SSHSettings, WatchdogSpec
 from fabtrain.config.kubernetes import KubernetesSpec, PodResources, Volume, shm_size
@@ -361,7 +362,7 @@ def manifests(plan: Plan, spec: PodSpec, pods: dict | None = None) -> list[dict]
     secret = {"apiVersion": "v1", "kind": "Secret",
               "metadata": _metadata(plan, spec, f"{name}-job"), "type": "Opaque",
               # The agents' secret: a Secret, never a ConfigMap. One job spec for every pod.
-              "stringData": {"job.json": json.dumps(job_spec(plan, pods), separators=(",", ":"), sort_keys=True)}
+              "stringData": {JOB: json.dumps(job_spec(plan, pods), separators=(",", ":"), sort_keys=True)}
               | ({"secret": secret_value} if secret_value else {})}
     if spec.kind == "pytorchjob":
         return [secret, _pytorchjob(plan, spec, name)]

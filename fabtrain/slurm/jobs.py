@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from fabtrain.contract.jobfolder import SlurmFolder
 from fabtrain.contract.states import KILLERS, STOP_GRACE
 from fabtrain.controller import preflight, state, terminal
 from fabtrain.errors import UserError
@@ -353,7 +354,7 @@ def drawn_ports(session: Session, job_id: str) -> dict:
 def stopped_for_time_limit(session: Session, job_id: str) -> bool:
     """The batch shell got Slurm's warning (--signal) and every node stopped its programs."""
     commands = SlurmCommands(session)
-    return commands.run(["test", "-e", f"{job_folder(session.cluster, job_id, commands.home())}/time-limit"]).ok
+    return commands.run(["test", "-e", SlurmFolder(job_folder(session.cluster, job_id, commands.home())).time_limit]).ok
 
 
 def check_tools(session: Session) -> list[str]:
