@@ -262,7 +262,10 @@ class Sweep:
                 continue
             key = (pid, p.start_ticks)
             if key not in self.carrying:
-                self.carrying[key] = carries(environ_raw(pid), self.mark)
+                raw = environ_raw(pid)
+                if not raw:  # mid-exec (the kernel sets up the new environment after Popen's return) or gone:
+                    continue  # read again at the next poll, not remembered as not ours
+                self.carrying[key] = carries(raw, self.mark)
             if self.carrying[key]:
                 out.append(pid)
         return out

@@ -44,7 +44,7 @@ QUIET = 0.1  # seconds between two looks of the writer thread; a step left pendi
 # thread inside torch's item() at finalization aborts the process (exit 134; 20 times of 20).
 LATE = 1.0  # seconds without an optimizer step after which the rank's work between steps is watched (_watch)
 BUSY_EVERY = 1.0  # seconds between two records of a rank that works without stepping (it evaluates, saves)
-NEVER = 1 << 62  # look_at while no step need be looked at: a step only counts (the clock is the writer thread's)
+TICK = 0.05  # seconds between two looked-at steps, about (a step only counts; the clock is the writer thread's)
 ENV_METRICS = "FABTRAIN_METRICS"
 # These two are the contract's (fabtrain/contract/progress.py), copied: the hook runs inside the user's
 # program, which cannot import fabtrain; tests/unit/test_contract.py holds them equal.
@@ -149,8 +149,7 @@ class Writer:
             self.flush(due_only=True)
 
     def _look(self):
-        """Steps seen since the last look (their time is known at looked-at steps only); a record due: the next
-        step is looked at, and starts the sample whose end writes the record."""
+        """Steps seen since the last look; a record due: the next step looked at starts the sample that writes it."""
         with self.lock:
             if self.steps != self.seen_steps:
                 self.seen_steps, self.seen_at = self.steps, self.perf()
@@ -300,7 +299,7 @@ class Reporter(Writer):
         self.last_write = float("-inf")  # perf time of the last record
         self.due = float("-inf")  # perf time from which the next step is sampled (a record is due)
         self.step_end, self.end_steps = None, 0  # perf time of the last looked-at step's end, and its count
-        self.look_at = 0  # self.steps from which a step is looked at (stepped): 0 each step, NEVER none
+        self.look_at = 0  # self.steps from which a step is looked at (stepped): 0 each step, else one a TICK
         self.seen_steps, self.seen_at = 0, float("-inf")  # self.steps at the writer's last look, when it changed
         self.written_steps, self.window_start, self.window_steps = 0, None, 0  # at the last record (end_steps)
         self.values = {}  # loss, lr, epoch, total_steps, the framework's names: the latest known
@@ -404,7 +403,8 @@ class Reporter(Writer):
                     self.sampling, self.sample_start = True, now
                 if self.patch is not None:
                     self.patch(self.sampling)
-                self.look_at = 0 if self.sampling or now >= self.due else NEVER
+                mean = self.mean or (self.timed or self.last_timed or (0, 0))[1]  # a step's time, as last known
+                self.look_at = 0 if self.sampling or now >= self.due or not mean else self.steps + int(TICK / mean)
         except Exception as e:
             self.fail("recording a step", e)
 

@@ -2,7 +2,8 @@
 
     python profiled_loop.py STEPS
 
-Prints the profiler's count of optimizer steps and Adam's own count of them.
+Prints Adam's count of its steps. (It leaves the profile's events unread: reading them fails now and then
+under torch 2.13 with Python stacks, an event's name not UTF-8, with or without fabtrain.)
 """
 import sys
 
@@ -20,5 +21,4 @@ with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memo
         opt.zero_grad()
         loss.backward()
         opt.step()
-profiled = sum(1 for e in prof.events() if e.name.startswith("Optimizer.step#Adam.step"))
-print(f"profiled optimizer steps {profiled}; adam's steps {int(opt.state[model[0].weight]['step'].item())}")
+print(f"adam's steps {int(opt.state[model[0].weight]['step'].item())}")

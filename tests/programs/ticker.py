@@ -10,8 +10,11 @@ import sys
 import time
 
 role, rank = os.environ["FABTRAIN_ROLE"], os.environ["FABTRAIN_RANK"]
-with open(os.path.join(os.environ["FABTRAIN_WORKSPACE"], f"env-{role}-{rank}.json"), "w") as f:
+# Whole or not there (a test polls for it; a restarted process writes it again): written aside, then renamed.
+path = os.path.join(os.environ["FABTRAIN_WORKSPACE"], f"env-{role}-{rank}.json")
+with open(f"{path}.{os.getpid()}", "w") as f:
     json.dump({"env": dict(os.environ), "argv": sys.argv, "cwd": os.getcwd(), "pid": os.getpid()}, f)
+os.replace(f"{path}.{os.getpid()}", path)
 print(f"{role} {rank} started argv={sys.argv[1:]}")
 step = 0
 metrics = open(os.environ["FABTRAIN_METRICS"], "a")
