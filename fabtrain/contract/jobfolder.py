@@ -9,6 +9,8 @@
     attempts/<K>/   a requeued Slurm job's files of attempt K (node/attempts.py)
     disrupted       the marker a node's platform leaves when it takes the node's part away: kind, then cause
                     (contract/states.py: disruption_marker, read_disruption)
+    disrupted.before the same marker of this node's earlier part, kept by the supervisor that starts the part
+                    again (a pod replacing an evicted one): the new agent reports that loss first (node/hosted.py)
     coordinator.json the coordinator's own state, on the node that hosts it (node/coordination/server.py)
     launch.py       the launcher (fabtrain.contract.launcher)
     run/            each process's run record (<name>.json) and exit record (<name>.exit); the agent's;
@@ -38,6 +40,7 @@ EVENTS = "events.jsonl"
 HEALTH = "health.json"
 KILLED = "killed"
 DISRUPTED = "disrupted"
+DISRUPTED_BEFORE = DISRUPTED + ".before"
 COORDINATOR = "coordinator.json"
 CODE, ATTEMPTS = "code", "attempts"
 EVENTS_RESERVE = "events.reserve"  # in run/
@@ -87,6 +90,10 @@ class JobFolder(_Folder):
     @property
     def disrupted(self):
         return os.path.join(self.path, DISRUPTED)
+
+    @property
+    def disrupted_before(self):
+        return os.path.join(self.path, DISRUPTED_BEFORE)
 
     @property
     def coordinator(self):

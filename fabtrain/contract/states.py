@@ -107,10 +107,10 @@ def disruption_marker(kind, cause):
     return "%s\n%s\n" % (kind, cause)
 
 
-def read_disruption(jd):
-    """(kind, cause) of a job folder's `disrupted` marker, (None, None) if none."""
+def read_disruption(jd, name=DISRUPTED):
+    """(kind, cause) of a job folder's `disrupted` marker (or `name`: DISRUPTED_BEFORE), (None, None) if none."""
     try:
-        with open(os.path.join(jd, DISRUPTED)) as f:
+        with open(os.path.join(jd, name)) as f:
             kind, _, cause = f.read(2000).partition("\n")
     except OSError:
         return None, None

@@ -46,7 +46,7 @@ from fabtrain.node import launch, ops, procfs
 from fabtrain.node.spawn import clear_exit, expand
 from fabtrain.contract.events import EventKind
 from fabtrain.contract.jobfolder import JobFolder
-from fabtrain.contract.states import JobState, disruption_marker
+from fabtrain.contract.states import LOST, JobState, disruption_marker, read_disruption
 from fabtrain.node.structs import record
 from fabtrain.node.workspace import job_dir
 
@@ -139,9 +139,16 @@ def stop_node(ws, jd, node, grace, stop):
 
 def forget_earlier_part(jd, job):
     """This node's part starts again (a pod that replaces an evicted one, on the same workspace): the
-    old disruption is over, and the old processes' exit records are not the new ones'."""
+    old disruption is over, and the old processes' exit records are not the new ones'. A loss of the node
+    (LOST) is kept as `disrupted.before`, which the new agent reports first: the agent the platform took may
+    not have said it (stopped in its first moments, or by SIGKILL), and the coordinator must not read the
+    new part as the old one going on."""
+    folder = JobFolder(jd)
     try:
-        os.unlink(JobFolder(jd).disrupted)
+        if read_disruption(jd)[0] == LOST:
+            os.replace(folder.disrupted, folder.disrupted_before)
+        else:
+            os.unlink(folder.disrupted)
     except OSError:
         pass
     for proc in job["processes"]:

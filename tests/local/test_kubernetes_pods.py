@@ -210,6 +210,41 @@ def test_an_evicted_pod_is_a_lost_node_that_restarts_the_job_never_a_kill_all(po
     assert [p.poll() for p in job.procs] == [None, None]  # generation 1 runs in both pods
 
 
+def test_a_pod_evicted_before_its_agent_could_say_so_is_still_a_lost_node_when_its_replacement_starts(pods):
+    """The kubelet's SIGTERM can reach a pod whose agent cannot answer it (killed, or in its first moments before
+    its handler is in): the replacement pod, on the same workspace, must not read as generation 0 going on."""
+    job = pods("python3 tests/programs/ticker.py",
+               watchdog={"on_failure": "restart", "restart_backoff": 1, "max_restarts": 2})
+    first = job.program(0, "trainer-0")
+    job.program(1, "trainer-1")
+    assert wait_for(lambda: any(e["kind"] == "agent_started" for e in job.events(1)), timeout=30)  # its keeper is up
+    agent = json.loads((job.jds[1] / "run" / "agent.json").read_text())["program_pid"]
+    # The OOM killer takes the agent and the keeper that would restart it; then the kubelet evicts the pod.
+    keeper = [int(pid) for pid in Path(f"/proc/{agent}/task/{agent}/children").read_text().split()
+              if b"if read line" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(keeper) == 1, keeper
+    for pid in keeper + [agent]:
+        os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: not os.path.exists(f"/proc/{agent}") or
+                    Path(f"/proc/{agent}/stat").read_text().split()[2] == "Z", timeout=10)
+    job.procs[1].send_signal(signal.SIGTERM)
+    assert job.procs[1].wait(timeout=30) == 143, job.describe()
+    assert not [e for e in job.events(1) if e["kind"] in ("failure", "agent_stopped")], job.events(1)  # it said nothing
+    job.replaced.append(job.procs[1])
+    job.procs[1] = job.start_pod(1)
+
+    def restarted():
+        env = job.workspaces[1] / "env-trainer-1.json"
+        return env.exists() and json.loads(env.read_text())["env"].get("FABTRAIN_RESTART_COUNT") == "1" and \
+            job.program(0, "trainer-0") != first
+    assert wait_for(restarted, timeout=60), job.describe()
+    said = [e for pod in (0, 1) for e in job.events(pod)]
+    assert [e["generation"] for e in said if e["kind"] == "restarting"] == [1, 1], said  # once, on both pods
+    assert any(e["kind"] == "restarting" and "node trainer-1 evicted by Kubernetes" in e["reason"] for e in said), said
+    assert not (job.jds[1] / "disrupted.before").exists()  # said once: a later start of this pod says nothing again
+    assert [p.poll() for p in job.procs] == [None, None]
+
+
 @pytest.fixture
 def kubectl(tmp_path):
     """tests/support/fake_kubectl.py as `kubectl`, first on PATH; its pods are stopped by pid at the end."""

@@ -13,7 +13,8 @@ from fabtrain.node import hosted, pod
 from fabtrain.node.agent.loop import platform_stop, stopped_failure
 from fabtrain.node.allocation import slurm_cause
 from fabtrain.node.coordination.restart import RestartPolicy
-from fabtrain.contract.states import ENDED, LOST, JobState, read_disruption
+from fabtrain.contract.jobfolder import DISRUPTED_BEFORE
+from fabtrain.contract.states import ENDED, LOST, JobState, disruption_marker, read_disruption
 
 JOB = {"node": "n1", "processes": [{"name": "pserver-0", "exit": "$WS/jobs/j/run/pserver-0.exit"}]}
 
@@ -109,3 +110,11 @@ def test_a_signalled_agent_in_a_slurm_step_waits_for_the_step_task_to_say_why(tm
     assert platform_stop(str(tmp_path), {}, True) == (None, None)  # SSH nodes: fabtrain marks before it signals
     assert platform_stop(str(tmp_path), {"slurm": {"job_id": "7"}}, False) == (None, None)
     assert time.monotonic() - t0 < 0.2
+
+
+@pytest.mark.parametrize("kind, kept", [(LOST, True), (ENDED, False)])
+def test_a_part_started_again_keeps_the_loss_of_the_one_before_for_its_agent_and_never_an_end(tmp_path, kind, kept):
+    (tmp_path / "disrupted").write_text(disruption_marker(kind, "evicted by Kubernetes"))
+    hosted.forget_earlier_part(str(tmp_path), JOB)
+    assert read_disruption(str(tmp_path)) == (None, None)  # the new part is not disrupted
+    assert read_disruption(str(tmp_path), DISRUPTED_BEFORE) == ((LOST, "evicted by Kubernetes") if kept else (None, None))

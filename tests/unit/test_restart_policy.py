@@ -274,3 +274,27 @@ def test_a_restartable_failure_is_not_the_jobs_end_until_the_coordinator_says_so
     assert not ledger.pending and ledger.status.status == "failed"
     actions, _ = fail(Ledger(), CFG, "stopped by fab kill-all", "kill-all")
     assert [a.kind for a in actions] == ["job_failed"]  # never restarted: final at once
+
+
+def test_an_evicted_nodes_loss_said_by_the_agent_that_replaced_it_restarts_once_and_keeps_that_agent_watched():
+    lost = {"reason": "node n2 evicted by Kubernetes", "kind": "lost", "generation": 0}
+    said_by_old = Board("J", ["n1", "n2"], 5.0, POLICY)
+    said_by_new = Board("J", ["n1", "n2"], 5.0, POLICY)
+    for b in (said_by_old, said_by_new):
+        b.beat({"node": "n1", "procs": {}}, 0, 1000)
+    said_by_old.beat({"node": "n2", "procs": {}, "failure": lost}, 1, 1001)
+    said_by_new.beat({"node": "n2", "procs": {}, "failure": dict(lost, before=True)}, 1, 1001)
+    for b in (said_by_old, said_by_new):
+        assert (b.status["status"], b.status["generation"]) == ("restarting", 1)
+    assert said_by_old.peers["n2"].done  # the agent the platform took goes silent: not lost
+    assert not said_by_new.peers["n2"].done  # the new one runs: its silence is a loss
+    said_by_new.beat({"node": "n2", "failure": dict(lost, before=True)}, 2, 1002)  # said again: the same restart
+    assert said_by_new.status["generation"] == 1
+    assert [e.kind for e in said_by_new.check_peers(10, 1010)] == ["peer_lost", "peer_lost"]
+
+
+def test_the_agent_of_a_replaced_part_says_its_loss_first_and_only_while_the_job_runs():
+    actions, ledger = fail(Ledger(), CFG, "node n2 evicted by Kubernetes", "lost", before=True)
+    assert ledger.failure_before and ledger.pending and [a.kind for a in actions] == ["failure"]
+    _, later = fail(replace(ledger, status=Status(JobState.RUNNING)), CFG, "trainer-1 on n2 exited 1", "exit")
+    assert not later.failure_before  # a failure of its own part is not its predecessor's

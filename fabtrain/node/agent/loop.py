@@ -9,6 +9,7 @@ and a heartbeat. See docs/watchdog.md.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -21,7 +22,7 @@ from fabtrain.node.coordination.restart import RestartPolicy
 from fabtrain.node.kill import send
 from fabtrain.contract.events import PROCESS_ENDS, RESTARTS, STACK_DUMPS, EventKind
 from fabtrain.contract.states import FINAL, FailureKind, JobState, read_disruption, read_killer, signal_name
-from fabtrain.contract.jobfolder import JobFolder, job_folder
+from fabtrain.contract.jobfolder import DISRUPTED_BEFORE, JobFolder, job_folder
 
 from . import checkpoints, policy, snapshot, stacks
 from .events import EventLog
@@ -193,6 +194,8 @@ class Agent:
             self.started, self.cfg.startup_timeout)
         for ctx in self.contexts:
             ctx.generation = self.started_generation
+        actions, self.ledger = earlier_loss(self.jd, self.node, self.ledger, self.cfg, self.events)
+        self.execute(actions, time.time())
         if took_over:
             self.events.write(EventKind.AGENT_RESTARTED, took_over)
         error = self.life.start_keeper()
@@ -374,16 +377,8 @@ class Agent:
 
     # -- the end ------------------------------------------------------------------------------
 
-    def local_done(self) -> bool:
-        if any(ctx.live for ctx in self.contexts) or self.ledger.orphans:
-            return False
-        if any(ctx.launcher_alive(self.procs) or ctx.family for ctx in self.contexts):
-            return False
-        pending = any(not ctx.started for ctx in self.contexts)
-        return not pending or self.ledger.status.status in FINAL
-
     def should_exit(self) -> bool:
-        if not self.local_done() or self.ledger.status.status == JobState.RESTARTING:
+        if not local_done(self.contexts, self.ledger, self.procs) or self.ledger.status.status == JobState.RESTARTING:
             self.done_since, self.is_done = None, False
             return False
         if self.final_at is not None and any(ctx.starter_alive(self.procs) for ctx in self.contexts):
@@ -468,6 +463,32 @@ def stopped_failure(jd, node, why, live):
 
 
 # -- observe: what the policy is given -------------------------------------------------------------
+
+
+def local_done(contexts, ledger, procs) -> bool:
+    """Nothing of the job is left on this node (or nothing was started, once the job ended)."""
+    if any(ctx.live for ctx in contexts) or ledger.orphans:
+        return False
+    if any(ctx.launcher_alive(procs) or ctx.family for ctx in contexts):
+        return False
+    return all(ctx.started for ctx in contexts) or ledger.status.status in FINAL
+
+
+def earlier_loss(jd, node, ledger, cfg, events) -> tuple[list, policy.Ledger]:
+    """(actions, ledger): this node's earlier part taken by its platform, as kept by the supervisor that started
+    it again (node/hosted.py), is this node's failure of that part's generation (the coordinator takes it once)."""
+    cause = read_disruption(jd, DISRUPTED_BEFORE)[1]
+    if cause is None:
+        return [], ledger
+    with contextlib.suppress(OSError):
+        os.unlink(JobFolder(jd).disrupted_before)
+    if ledger.status.status != JobState.RUNNING:
+        return [], ledger
+    reason, g = "node %s %s" % (node, cause), ledger.generation
+    actions, ledger = policy.fail(ledger, cfg, reason, FailureKind.LOST, before=True)
+    said = any(ev.get("node") == node and ev.get("kind") in (EventKind.FAILURE, EventKind.JOB_FAILED)
+               and ev.get("reason") == reason and ev.get("generation") == g for ev in events.replay())
+    return ([] if said else actions), ledger  # the earlier agent wrote it: the beat says it again, not the log
 
 
 def replay(events, node: str, by_name: dict, generation: int, startup_deadline: float, started: float,

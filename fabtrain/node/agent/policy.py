@@ -112,6 +112,7 @@ class Ledger:
     failure_kind: FailureKind | None = None  # whether the coordinator may restart the job
     failure_code: int | None = None
     failure_loaded: tuple | None = None  # the checkpoint the failed process loaded just before (ProcFacts.loaded)
+    failure_before: bool = False  # the failure is this node's earlier part's, which its platform took (hosted.py)
     generation: int = 0  # the job's generation this agent works on (the one it runs, or is about to start)
     restart_at: float | None = None  # restarting: when the backoff ends (epoch)
     restart_ts: float | None = None  # the `ts` of the coordinator's restarting status that set restart_at
@@ -142,7 +143,7 @@ def decide(obs: Observation, ledger: Ledger, cfg: Config) -> tuple[list, Ledger]
 
 
 def fail(ledger: Ledger, cfg: Config, reason: str, kind: FailureKind = FailureKind.OTHER, exit_code: int | None = None,
-         loaded: tuple | None = None) -> tuple[list, Ledger]:
+         loaded: tuple | None = None, before: bool = False) -> tuple[list, Ledger]:
     """Something on this node failed the job (first failure wins).
 
     While the job restarts, the old generation's processes ending are the
@@ -159,7 +160,8 @@ def fail(ledger: Ledger, cfg: Config, reason: str, kind: FailureKind = FailureKi
     note = Note(EventKind.FAILURE if pending else EventKind.JOB_FAILED, reason,
                 fields={"origin": cfg.node, "on_failure": cfg.on_failure, "generation": ledger.generation})
     return [note], replace(ledger, failure=reason, failure_kind=kind, failure_code=exit_code, pending=pending,
-                           status=Status(JobState.FAILED, reason, cfg.node), restart_at=None, failure_loaded=loaded)
+                           status=Status(JobState.FAILED, reason, cfg.node), restart_at=None, failure_loaded=loaded,
+                           failure_before=before)
 
 
 def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list, Ledger]:

@@ -125,6 +125,18 @@ def send_rows(ctx) -> list:
     return rows
 
 
+def failure(ledger) -> dict | None:
+    """This node's failure as its beats carry it; `before`: its earlier part's (the coordinator counts the node
+    that says it as there, not done)."""
+    if not ledger.failure:
+        return None
+    said = {"reason": ledger.failure, "kind": ledger.failure_kind, "exit_code": ledger.failure_code,
+            "generation": ledger.generation, "loaded": checkpoints.as_beat(ledger.failure_loaded)}
+    if ledger.failure_before:
+        said["before"] = True
+    return said
+
+
 def beat(job: dict, ledger, contexts, done: bool, generation: int, rank_views=()) -> dict:
     """The heartbeat the coordinator gets, whole (coordination/protocol.py: a connection carries what
     changed): `generation` is the one this node last started; `done`: nothing of the job is left here;
@@ -150,7 +162,5 @@ def beat(job: dict, ledger, contexts, done: bool, generation: int, rank_views=()
         if status.status in FINAL else None
     return {"op": "beat", "job_id": job["job_id"], "node": job["node"],
             "procs": procs, "done": done,
-            "failure": {"reason": ledger.failure, "kind": ledger.failure_kind, "exit_code": ledger.failure_code,
-                        "generation": ledger.generation, "loaded": checkpoints.as_beat(ledger.failure_loaded)}
-            if ledger.failure else None, "final": final,
+            "failure": failure(ledger), "final": final,
             "generation": generation, "trainers_expected": job.get("trainers")}

@@ -209,7 +209,8 @@ class Board:
         if failure.get("kind") in (FailureKind.START, FailureKind.LOST) and self.restart.layout is not None:
             # min_nodes: the job goes on without it
             return self._leave(node, reason, now, wall, events, failure.get("kind") == FailureKind.LOST)
-        if failure.get("kind") == FailureKind.LOST and node in self.peers:  # its platform took it: silent now, not lost
+        if failure.get("kind") == FailureKind.LOST and node in self.peers and not failure.get("before"):
+            # its platform took it: silent now, not lost (unless the agent saying so is the one that replaced it)
             self.peers[node].done = True
         return self._decide(failure, reason, node, now, wall)
 
