@@ -22,6 +22,7 @@ import json
 import posixpath
 import shlex
 
+from fabtrain.contract.jobfolder import BUSY, CAUSE, DRAWN_PORTS, OUTPUT, PLAN, SECRET, TIME_LIMIT
 from fabtrain.contract.states import STOP_GRACE
 from fabtrain.config.cluster import Cluster
 from fabtrain.config.launcher import is_torchrun
@@ -78,7 +79,7 @@ def sbatch_options(cluster: Cluster, folder: str, plan: Plan | None = None) -> l
     spec = cluster.scheduler
     # --open-mode=append: each attempt's output follows the last one's (Slurm's "DUE TO PREEMPTION" line too).
     options = [f"--job-name={job_name(cluster)}", f"--nodes={spec.nodes}", "--ntasks-per-node=1",
-               f"--output={folder}/slurm-%j.out", "--open-mode=append",
+               f"--output={folder}/{OUTPUT % '%j'}", "--open-mode=append",
                "--requeue" if spec.requeue else "--no-requeue"]
     if spec.partition:
         options.append(f"--partition={spec.partition}")
@@ -148,19 +149,19 @@ def render(cluster: Cluster, plan: Plan, roles: tuple[str, ...], home: str, grac
              "umask 077",
              f"folder={q(folder)}",
              'mkdir -p "$folder" || exit 1',
-             f"cat > \"$folder/plan.json\" <<'{PLAN_END}'",
+             f"cat > \"$folder/{PLAN}\" <<'{PLAN_END}'",
              *([f"# (every node's job.json as one JSON line, {len(data)} bytes: what runs is, in short:)",
                 *summary(plan_json)] if readable else [data]),
              PLAN_END,
              "# A Slurm attempt after the first (requeued) starts from nothing of the last one's stop.",
-             'rm -f "$folder/time-limit"',
+             f'rm -f "$folder/{TIME_LIMIT}"',
              "# The agents' secret: drawn here, read by each node from the shared folder, never on a command line.",
-             "[ -s \"$folder/secret\" ] || od -An -N16 -tx1 /dev/urandom | tr -d ' \\n' > \"$folder/secret\" || exit 1",
+             f"[ -s \"$folder/{SECRET}\" ] || od -An -N16 -tx1 /dev/urandom | tr -d ' \\n' > \"$folder/{SECRET}\" || exit 1",
              "# Slurm's warning before the time limit (--signal=B:USR1): every node stops its programs, SIGTERM first.",
-             "trap 'touch \"$folder/time-limit\"' USR1",
+             f"trap 'touch \"$folder/{TIME_LIMIT}\"' USR1",
              *(["# `auto` ports: the step's tasks draw them, among those free on every node of this attempt's",
                 "# allocation (fabtrain/node/allocports.py): nothing of an earlier attempt's draw counts.",
-                'rm -f "$folder/ports.json" "$folder"/busy-*.json']
+                f'rm -f "$folder/{DRAWN_PORTS}" "$folder"/{BUSY.replace("%d", "*")}']
                if "ports" in plan_json else []),
              "# A node whose part failed ends the step (--kill-on-bad-exit): a lost or frozen node cannot hold the",
              "# allocation once the agents have torn the job down.",
@@ -170,12 +171,12 @@ def render(cluster: Cluster, plan: Plan, roles: tuple[str, ...], home: str, grac
              "# wait returns early when the trap runs: wait again until the step has ended.",
              'while :; do wait "$step"; code=$?; kill -0 "$step" 2>/dev/null || break; done',
              *(["# Stopped for the time limit: the job goes on as its next Slurm attempt (continue_after_time_limit).",
-                '[ -e "$folder/time-limit" ] && echo "time limit" > '
-                '"$folder/requeue-cause-$((${SLURM_RESTART_COUNT:-0} + 2))" && '
+                f'[ -e "$folder/{TIME_LIMIT}" ] && echo "time limit" > '
+                f'"$folder/{CAUSE.replace("%d", "$((${SLURM_RESTART_COUNT:-0} + 2))")}" && '
                 'scontrol requeue "$SLURM_JOB_ID" && exit 0']
                if spec.continue_after_time_limit else
                ["# Stopped for the time limit: Slurm ends the job at it, so its state says TIMEOUT, as without fabtrain.",
-                '[ -e "$folder/time-limit" ] && while :; do sleep 60; done']),
+                f'[ -e "$folder/{TIME_LIMIT}" ] && while :; do sleep 60; done']),
              'exit "$code"',
              ""]
     return "\n".join(lines)
