@@ -205,6 +205,11 @@ def _start_leased(payload, job, ws, jd, leases, warnings):
             raise UserFacing("%s of job %s is already running here" % (p["name"], job["job_id"]))
 
     job["code"] = snapshot_code(ws, jd)
+    # This node's part of the job: the same while anything of it runs here (a start of another role, an
+    # agent its keeper restarts), a new one once nothing did (a replacement pod): the coordinator tells
+    # a node's part started again from the part it knew going on (board.py, `part`).
+    earlier = atomic.read_json(JobFolder(jd).job_json) if already else None
+    job["part"] = (earlier or {}).get("part") or os.urandom(8).hex()
     # 0600: it holds the coordinator's secret.
     for rel, text in sorted(job.get("files", {}).items()):  # mpirun's hostfile and ssh config
         make_private_dirs(os.path.dirname(os.path.join(jd, rel)))

@@ -210,14 +210,19 @@ def test_an_evicted_pod_is_a_lost_node_that_restarts_the_job_never_a_kill_all(po
     assert [p.poll() for p in job.procs] == [None, None]  # generation 1 runs in both pods
 
 
-def test_a_pod_evicted_before_its_agent_could_say_so_is_still_a_lost_node_when_its_replacement_starts(pods):
+@pytest.mark.parametrize("workspace", ["kept", "fresh"])
+def test_a_pod_evicted_before_its_agent_could_say_so_is_still_a_lost_node_when_its_replacement_starts(pods, workspace):
     """The kubelet's SIGTERM can reach a pod whose agent cannot answer it (killed, or in its first moments before
-    its handler is in): the replacement pod, on the same workspace, must not read as generation 0 going on."""
+    its handler is in): its replacement must not read as generation 0 going on, whether it starts on the evicted
+    pod's workspace (which kept the eviction) or on a fresh one (an emptyDir: only the coordinator can tell)."""
     job = pods("python3 tests/programs/ticker.py",
                watchdog={"on_failure": "restart", "restart_backoff": 1, "max_restarts": 2})
     first = job.program(0, "trainer-0")
     job.program(1, "trainer-1")
-    assert wait_for(lambda: any(e["kind"] == "agent_started" for e in job.events(1)), timeout=30)  # its keeper is up
+    # Its keeper is up, and the coordinator has heard the pod's agent (it knows its part going on).
+    assert wait_for(lambda: any(e["kind"] == "agent_started" for e in job.events(1)) and
+                    "trainer-1" in (json.loads((job.jds[0] / "health.json").read_text()).get("peers") or {})
+                    if (job.jds[0] / "health.json").exists() else False, timeout=30)
     agent = json.loads((job.jds[1] / "run" / "agent.json").read_text())["program_pid"]
     # The OOM killer takes the agent and the keeper that would restart it; then the kubelet evicts the pod.
     keeper = [int(pid) for pid in Path(f"/proc/{agent}/task/{agent}/children").read_text().split()
@@ -230,6 +235,8 @@ def test_a_pod_evicted_before_its_agent_could_say_so_is_still_a_lost_node_when_i
     job.procs[1].send_signal(signal.SIGTERM)
     assert job.procs[1].wait(timeout=30) == 143, job.describe()
     assert not [e for e in job.events(1) if e["kind"] in ("failure", "agent_stopped")], job.events(1)  # it said nothing
+    if workspace == "fresh":
+        job.workspaces[1].rename(job.workspaces[1].with_name("ws-of-the-evicted-pod"))
     job.replaced.append(job.procs[1])
     job.procs[1] = job.start_pod(1)
 
@@ -240,7 +247,9 @@ def test_a_pod_evicted_before_its_agent_could_say_so_is_still_a_lost_node_when_i
     assert wait_for(restarted, timeout=60), job.describe()
     said = [e for pod in (0, 1) for e in job.events(pod)]
     assert [e["generation"] for e in said if e["kind"] == "restarting"] == [1, 1], said  # once, on both pods
-    assert any(e["kind"] == "restarting" and "node trainer-1 evicted by Kubernetes" in e["reason"] for e in said), said
+    why = "node trainer-1 evicted by Kubernetes" if workspace == "kept" else \
+        "node trainer-1 lost: its part was started again while generation 0 ran there"
+    assert any(e["kind"] == "restarting" and why in e["reason"] for e in said), said
     assert not (job.jds[1] / "disrupted.before").exists()  # said once: a later start of this pod says nothing again
     assert [p.poll() for p in job.procs] == [None, None]
 

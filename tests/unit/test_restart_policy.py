@@ -298,3 +298,42 @@ def test_the_agent_of_a_replaced_part_says_its_loss_first_and_only_while_the_job
     assert ledger.failure_before and ledger.pending and [a.kind for a in actions] == ["failure"]
     _, later = fail(replace(ledger, status=Status(JobState.RUNNING)), CFG, "trainer-1 on n2 exited 1", "exit")
     assert not later.failure_before  # a failure of its own part is not its predecessor's
+
+
+def part_beat(b, node, part, now, **kw):
+    return b.beat({"node": node, "part": part, "procs": {f"t-{node}": {"role": "trainer", "state": "running"}}, **kw},
+                  now, 1000 + now)
+
+
+def test_a_nodes_part_started_again_while_its_generation_ran_restarts_the_job_once():
+    b = Board("J", ["n1", "n2"], 5.0, POLICY)
+    part_beat(b, "n1", "a1", 0)
+    part_beat(b, "n2", "b1", 0)
+    part_beat(b, "n2", "b1", 1)  # the same part going on (a new connection, the agent restarted by its keeper)
+    assert b.status["status"] == "running"
+    part_beat(b, "n2", "b2", 2)  # a replacement pod: its agent beats before any silence could lose the old one
+    assert (b.status["status"], b.status["generation"]) == ("restarting", 1)
+    assert "node n2 lost: its part was started again while generation 0 ran there" in b.status["reason"]
+    assert not b.peers["n2"].done  # the new part's agent is watched
+    part_beat(b, "n2", "b3", 3)  # not of the generation running: nothing more
+    assert b.status["generation"] == 1
+
+
+@pytest.mark.parametrize("before", [{"done": True}, {"procs": {}}])
+def test_a_new_part_after_the_old_one_ended_or_never_ran_is_no_loss(before):
+    b = Board("J", ["n1", "n2"], 5.0, POLICY)
+    part_beat(b, "n1", "a1", 0)
+    b.beat({"node": "n2", "part": "b1", "procs": {}, **before}, 0, 1000)
+    part_beat(b, "n2", "b2", 1)
+    assert b.status["status"] == "running"
+
+
+def test_a_restored_board_knows_each_nodes_part():
+    b = Board("J", ["n1", "n2"], 5.0, POLICY)
+    part_beat(b, "n1", "a1", 0)
+    part_beat(b, "n2", "b1", 0)
+    restored = Board.restore(b.saved(1000), "J", ["n1", "n2"], 5.0, 10, POLICY)
+    part_beat(restored, "n2", "b1", 11)
+    assert restored.status["status"] == "running"
+    part_beat(restored, "n2", "b2", 12)
+    assert restored.status["status"] == "restarting"

@@ -163,4 +163,4 @@ def beat(job: dict, ledger, contexts, done: bool, generation: int, rank_views=()
     return {"op": "beat", "job_id": job["job_id"], "node": job["node"],
             "procs": procs, "done": done,
             "failure": failure(ledger), "final": final,
-            "generation": generation, "trainers_expected": job.get("trainers")}
+            "generation": generation, "trainers_expected": job.get("trainers"), "part": job.get("part")}

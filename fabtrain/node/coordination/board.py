@@ -79,6 +79,7 @@ class Peer:
     trainers_live: int = 0
     roster: dict | None = None  # the roster version the agent last said it holds (roster.py)
     running: int = 0  # of procs, those alive (any role), kept after it left: a node back with none may rejoin
+    part: str | None = None  # the id of the node's part its agent said (job.json's `part`): a new one is a new start
 
 
 def beat_error(msg: dict) -> str | None:
@@ -209,8 +210,7 @@ class Board:
         if failure.get("kind") in (FailureKind.START, FailureKind.LOST) and self.restart.layout is not None:
             # min_nodes: the job goes on without it
             return self._leave(node, reason, now, wall, events, failure.get("kind") == FailureKind.LOST)
-        if failure.get("kind") == FailureKind.LOST and node in self.peers and not failure.get("before"):
-            # its platform took it: silent now, not lost (unless the agent saying so is the one that replaced it)
+        if failure.get("kind") == FailureKind.LOST and node in self.peers and not failure.get("before"):  # silent now
             self.peers[node].done = True
         return self._decide(failure, reason, node, now, wall)
 
@@ -308,6 +308,7 @@ class Board:
             return Outcome({"op": "error", "error": error}, False, [])
         node, events = msg["node"], []
         peer = self.peers.get(node) or self._join(node, now)
+        replaced = _part_replaced(self, peer, msg)
         if node in self.out:
             return _returning(self, peer, node, msg, now, wall)
         if peer.lost:
@@ -340,6 +341,8 @@ class Board:
         elif final and final.get("status") in FINAL:
             status |= self._set_status(final["status"], _text(final.get("reason"), ""),
                                        _text(final.get("node"), node), wall)
+        if replaced:  # after the beat's own failure: a cause its agent knows (an eviction) is the better word
+            status |= self._failure(replaced, node, now, wall, events)
         if self.status["status"] == JobState.RUNNING and self.finished_now():
             status |= self._set_status(JobState.FINISHED, "every trainer exited with code 0", None, wall)
         if self.back:
@@ -460,6 +463,7 @@ def _restore_peer(board: Board, name: str, p: dict, now: float) -> None:
     board._count(peer, {k: v for k, v in procs.items() if isinstance(v, dict)})
     peer.had_procs = bool(p.get("had_procs"))
     peer.generation = p.get("generation") if isinstance(p.get("generation"), int) else 0
+    peer.part = p.get("part") if isinstance(p.get("part"), str) else None
     board.roster.set(name, peer.ts, peer.done, peer.lost)
 
 
@@ -476,6 +480,24 @@ def _answer(board: Board, peer: Peer, msg: dict, changed: bool, events: list, st
     tail = b'"ack":%d}' % seq if roster is None and type(seq) is int else compact(extra)[1:].encode()
     line, line_json = board.encoded_status()
     return Outcome({**line, **extra}, changed, events, status, line_json[:-1] + b"," + tail)
+
+
+def _part_replaced(board: Board, peer: Peer, msg: dict) -> dict | None:
+    """The failure of the node's part of the running generation when `msg` comes from a part started again
+    there (a pod replacing an evicted one on a fresh workspace, whose agent was killed before it could say
+    so), or None. Its agent was heard going on, so no silence will lose it: the new part's agent beats
+    within peer_timeout, with new programs in a world that lost the old ones. The peer takes the new part."""
+    part = msg.get("part")
+    if not isinstance(part, str):
+        return None
+    earlier, peer.part = peer.part, part
+    g = board.status["generation"]
+    if earlier is None or earlier == part or board.status["status"] != JobState.RUNNING or peer.done \
+            or not peer.had_procs or peer.generation != g:
+        return None
+    return {"kind": FailureKind.LOST, "generation": g, "before": True,
+            "reason": "node %s lost: its part was started again while generation %d ran there (its programs are "
+                      "new, the old ones gone)" % (msg["node"], g)}
 
 
 def _alive(procs: dict) -> int:
@@ -560,4 +582,4 @@ def _node_left(node: str, left: str, generation: int, layout, out: frozenset) ->
                  {"world_size": world, "nodes_left": layout.nodes_left(out), "generation": generation})
 
 
-SAVED = ("ts", "done", "lost", "procs", "expected", "had_procs", "generation")  # what a restored board needs of a peer
+SAVED = ("ts", "done", "lost", "procs", "expected", "had_procs", "generation", "part")  # what a restored board needs of a peer
