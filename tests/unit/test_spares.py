@@ -51,7 +51,9 @@ def test_a_spare_with_mpirun_or_kubernetes_or_a_non_boolean_is_refused_naming_th
 
 
 def test_a_spare_is_not_in_the_world_at_start_but_holds_its_trainer_spec():
-    with_spare, without = make_plan(cluster(), "J"), make_plan(cluster(spares=()), "J")
+    d = doc()
+    d["nodes"].pop()  # the same job without its spare n4
+    with_spare, without = make_plan(cluster(), "J"), make_plan(parse_cluster(d, "c.yaml"), "J")
     for node in ("n1", "n2", "n3"):
         a, b = with_spare.job_json(node), without.job_json(node)
         assert a["processes"] == b["processes"] and a["trainers"] == b["trainers"] == 3
