@@ -63,3 +63,127 @@ def test_a_spare_is_not_in_the_world_at_start_but_holds_its_trainer_spec():
     assert proc["role"] == "trainer" and proc["started_by"] == "stand_in"  # node ops' start leaves it alone
     assert proc["env"]["WORLD_SIZE"] == "3" and proc["env"]["MASTER_ADDR"] == "10.0.0.1"
     assert spare["trainers"] == 3
+
+
+# -- the board ---------------------------------------------------------------------------------------------
+
+from fabtrain.node.coordination.board import Board  # noqa: E402
+from fabtrain.node.coordination.elastic import renumbered  # noqa: E402
+from fabtrain.node.coordination.restart import RestartPolicy  # noqa: E402
+from fabtrain.node.structs import replace  # noqa: E402
+
+RUNNING = {"role": "trainer", "state": "running"}
+IDLE = {"role": "trainer", "state": "not started"}
+
+
+def beat(b, node, now, idle=False, **kw):
+    procs = {f"t-{node}": IDLE if idle else RUNNING}
+    return b.beat({"node": node, "procs": procs, **kw}, now, 1000 + now)
+
+
+def board(c, backoff=10.0):
+    """A board of `c`'s job that runs: every trainer node beats with its trainer running, every spare idle."""
+    j = make_plan(c, "J").job_json("n1")
+    b = Board("J", [n.name for n in c.nodes], 5.0, replace(RestartPolicy.from_watchdog(j["watchdog"], j),
+                                                          backoff=backoff))
+    for n in c.nodes:
+        beat(b, n.name, 0, idle=n.spare)
+    return b
+
+
+def lose(b, node, at, alive):
+    """`node` silent since its last beat, lost at `at`; the nodes `alive` beat up to then."""
+    for n in alive:
+        beat(b, n, at, idle=n in b.restart.layout.spares and n not in b.stand_in)
+    return b.check_peers(at, 1000 + at)
+
+
+def test_a_spare_waits_idle_and_counts_for_nothing_until_a_node_leaves():
+    b = board(cluster())
+    assert b.status["status"] == "running" and "out" not in b.status and "stand_in" not in b.status
+    assert b.trainers == 3 and b.trainers_live == 3  # the spare's trainer, never started, is not the job's
+    for n in ("n1", "n2", "n3"):  # every trainer of the world exits 0: the job is finished, spare or none
+        b.beat({"node": n, "procs": {f"t-{n}": {"role": "trainer", "state": "exited", "exit_code": 0}}}, 1, 1001)
+    assert b.status["status"] == "finished"
+    # a spare lost while idle is its peer_lost only: no node_left, the job goes on as it is
+    b = board(cluster())
+    events = lose(b, "n4", 6.0, ("n1", "n2", "n3"))
+    assert [e.kind for e in events] == ["peer_lost"] and b.status["status"] == "running"
+
+
+def test_a_spare_takes_a_lost_nodes_slot_with_the_same_world_size_and_ranks():
+    b = board(cluster())
+    events = lose(b, "n2", 6.0, ("n1", "n3", "n4"))
+    st = b.status
+    assert st["status"] == "restarting" and st["generation"] == 1 and st["out"] == ["n2"]
+    assert st["stand_in"] == {"n4": "n2"} and st["world_size"] == 3
+    kinds = [e.kind for e in events]
+    assert kinds == ["peer_lost", "node_left", "stand_in"], kinds
+    (left,) = [e for e in events if e.kind == "node_left"]
+    assert "generation 1 runs on 3 of 3 nodes without n2, n4 (spare) in n2's place (WORLD_SIZE 3)" in left.reason
+    (took,) = [e for e in events if e.kind == "stand_in"]
+    assert took.node == "n4" and took.reason == "n4 (spare) takes n2's place in generation 1 (WORLD_SIZE 3)"
+    assert took.fields == {"generation": 1, "world_size": 3, "slot": "n2"}
+    # the generation waits for the spare's part too
+    start = b.restart_start
+    for n in ("n1", "n3"):
+        beat(b, n, start + 1, generation=1)
+    assert b.status["status"] == "restarting"
+    beat(b, "n4", start + 1, generation=1)
+    assert b.status["status"] == "running" and b.status["stand_in"] == {"n4": "n2"} and b.trainers == 3
+    # each process's world: n4 in n2's slot (rank 1), n1 and n3 keep theirs
+    plan = make_plan(cluster(), "J")
+    ranks = {n: renumbered(plan.job_json(n), plan.job_json(n)["processes"][0], {"n2"}, 1, {"n4": "n2"})
+             for n in ("n1", "n3", "n4")}
+    assert {n: (e["RANK"], e["WORLD_SIZE"], e["NODE_RANK"]) for n, e in ranks.items()} == {
+        "n1": ("0", "3", "0"), "n3": ("2", "3", "2"), "n4": ("1", "3", "1")}
+    assert ranks["n4"]["FABTRAIN_RANK"] == "1" and ranks["n3"]["FABTRAIN_RANK"] == "2"  # the slot it holds
+    assert ranks["n4"]["MASTER_PORT"] == "29501" and ranks["n4"]["MASTER_ADDR"] == "10.0.0.1"
+    endpoints = ranks["n1"]["PADDLE_TRAINER_ENDPOINTS"].split(",")
+    assert endpoints[1] == plan.job_json("n4")["processes"][0]["env"]["PADDLE_CURRENT_ENDPOINT"] and len(endpoints) == 3
+    assert ranks["n3"]["PADDLE_TRAINER_ENDPOINTS"] == ranks["n4"]["PADDLE_TRAINER_ENDPOINTS"]
+
+
+def test_with_no_spare_ready_the_world_goes_on_smaller_as_before():
+    b = board(cluster())
+    beat(b, "n4", 1)  # the spare runs something (not the job's): not ready
+    lose(b, "n2", 6.0, ("n1", "n3"))
+    beat(b, "n4", 6.0)
+    assert b.status["out"] == ["n2"] and "stand_in" not in b.status and b.status["world_size"] == 2
+
+
+def test_two_losses_and_one_spare_the_first_slot_is_held_the_second_goes_smaller():
+    b = board(cluster(min_nodes=1))
+    lose(b, "n2", 6.0, ("n1", "n3", "n4"))
+    start = b.restart_start
+    for n in ("n1", "n3", "n4"):
+        beat(b, n, start + 1, generation=1)
+    assert b.status["status"] == "running"
+    t = start + 20
+    events = lose(b, "n3", t, ("n1", "n4"))
+    assert b.status["out"] == ["n2", "n3"] and b.status["stand_in"] == {"n4": "n2"} and b.status["world_size"] == 2
+    assert "stand_in" not in [e.kind for e in events]
+    # the stand-in itself lost: its slot is empty again, no spare left; n1 alone (min_nodes 1)
+    start = b.restart_start
+    for n in ("n1", "n4"):
+        beat(b, n, start + 1, generation=2)
+    lose(b, "n4", start + 20, ("n1",))
+    assert b.status["out"] == ["n2", "n3", "n4"] and "stand_in" not in b.status and b.status["world_size"] == 1
+    # back with nothing running, the spare is a ready spare again (not `back`: no generation spent on it)
+    g = b.status["generation"]
+    b.beat({"node": "n4", "procs": {"t-n4": {"role": "trainer", "state": "exited", "exit_code": -15}}},
+           start + 21, 3000)
+    assert "n4" not in b.out and "n4" not in b.back and b.status["generation"] == g
+
+
+def test_a_node_back_while_a_spare_holds_its_slot_stays_out_idle():
+    b = board(cluster())
+    lose(b, "n2", 6.0, ("n1", "n3", "n4"))
+    start = b.restart_start
+    for n in ("n1", "n3", "n4"):
+        beat(b, n, start + 1, generation=1)
+    g = b.status["generation"]
+    b.beat({"node": "n2", "procs": {"t-n2": {"role": "trainer", "state": "exited", "exit_code": -15}}},
+           start + 2, 3000)
+    assert b.status["status"] == "running" and b.status["generation"] == g and b.status["out"] == ["n2"]
+    assert b.status["stand_in"] == {"n4": "n2"}
