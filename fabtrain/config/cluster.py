@@ -452,8 +452,7 @@ class _Parser(Checks):
 
     gpus = parse_gpus
 
-    def make_node(self, name, host, roles, workspace, python, address, ssh, gpus, gpu_ids, gpu_auto=False,
-                  iface=None, spare=False) -> Node:
+    def make_node(self, name, host, roles, workspace, python, address, ssh, gpus, gpu_ids, gpu_auto=False, iface=None, spare=False) -> Node:
         if host == "local":
             address = address or "127.0.0.1"
             # A local node runs on this machine: the interpreter that runs fab.

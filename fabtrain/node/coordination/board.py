@@ -268,8 +268,7 @@ class Board:
         else:
             changed = self._decide({"kind": FailureKind.LEFT}, left, node, now, wall, not_before)
         if self.status["status"] == JobState.RESTARTING:
-            events.append(_node_left(node, left, self.status["generation"], layout, out, stand_in))
-            events += [Event(*e) for e in spares.taken(self, before, self.status["generation"])]
+            events += [_node_left(node, left, self.status["generation"], layout, out, stand_in), *spares.taken(self, before, Event)]
         return changed
 
     def _restarted(self, wall: float) -> bool:

@@ -167,3 +167,16 @@ def renumbered(job: dict, spec: dict, out, generation: int = 0, stand_in=None) -
             e for i, node, held in world
             for e in (start[i * per_node:(i + 1) * per_node] if held is node else held.get("endpoints", ())))
     return env
+
+
+def sits_out(node: str, spare: bool, status: dict) -> bool:
+    """Whether `node` starts nothing in the generation of the coordinator's `status`: it left the job (`out`),
+    or it is a spare (`spare`) that holds no lost node's slot (`stand_in`)."""
+    return node in (status.get("out") or ()) or (spare and node not in (status.get("stand_in") or {}))
+
+
+def taking(node: str, status: dict) -> str:
+    """How `node` comes into the generation of `status` it waited out: `back in`, or a spare's `(spare) in n2's
+    place in`."""
+    slot = (status.get("stand_in") or {}).get(node)
+    return "(spare) in %s's place in" % slot if slot else "back in"

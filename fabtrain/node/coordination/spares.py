@@ -57,15 +57,17 @@ def after_leave(board, node: str) -> dict:
     return stand_in
 
 
-def taken(board, before: dict, generation: int) -> list:
-    """The spares that took a slot since `before` must start their part of `generation`; the `stand_in` events
-    that say so, as (kind, node, reason, fields): `n4 (spare) takes n2's place in generation 1 (WORLD_SIZE 3)`."""
+def taken(board, before: dict, event) -> list:
+    """The spares that took a slot since `before` must start their part of the generation the board restarts
+    to; the `stand_in` events that say so (`event`: the board's Event): `n4 (spare) takes n2's place in
+    generation 1 (WORLD_SIZE 3)`."""
+    generation = board.status["generation"]
     world, events = board.restart.layout.world_size(board.out, board.stand_in), []
     for spare, slot in sorted(board.stand_in.items()):
         if before.get(spare) == slot:
             continue
         board.peers[spare].had_procs = True  # it must start its part of the generation, as every other node
-        events.append((EventKind.STAND_IN, spare, "%s (spare) takes %s's place in generation %d (WORLD_SIZE %d)"
+        events.append(event(EventKind.STAND_IN, spare, "%s (spare) takes %s's place in generation %d (WORLD_SIZE %d)"
                        % (spare, slot, generation, world), {"generation": generation, "world_size": world, "slot": slot}))
     return events
 
