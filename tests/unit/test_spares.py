@@ -187,3 +187,63 @@ def test_a_node_back_while_a_spare_holds_its_slot_stays_out_idle():
            start + 2, 3000)
     assert b.status["status"] == "running" and b.status["generation"] == g and b.status["out"] == ["n2"]
     assert b.status["stand_in"] == {"n4": "n2"}
+
+
+# -- the spare's agent, and fab status --------------------------------------------------------------------
+
+from fabtrain.contract.states import ProcessState  # noqa: E402
+from fabtrain.node.agent.policy import Config, Ledger, Peers, Relaunch, on_status  # noqa: E402
+from tests.unit.test_policy import notes, run, trainer  # noqa: E402
+
+SPARE = Config(node="n4", job_id="J", interval=1.0, hang_timeout=3.0, startup_timeout=60.0, grace=2.0,
+               on_failure="restart", coordinator_node="n1", coordinator="10.0.0.1:7180", elastic=True, spare=True)
+CONNECTED = Peers(ever_connected=True, connected=True, lease_age=0.5)
+
+
+def test_a_spares_agent_starts_nothing_until_the_status_puts_it_in_a_slot():
+    # at start: its trainer never started is not a failed start
+    never = trainer("trainer-3", state=ProcessState.NOT_STARTED)
+    obs = dict(peers=Peers(ever_connected=True, seen=("n4",)), must_join=("n4",), startup_deadline=60.0)
+    actions, ledger = run(never, now=60.0, cfg=SPARE, **obs)
+    assert not notes(actions, "not_joined") and ledger.failure is None
+    actions, ledger = run(never, now=60.0, cfg=replace(SPARE, spare=False), **obs)  # the rule it is spared from
+    assert ledger.status.reason == "trainer-3 on n4 never started within startup_timeout (60 s)"
+    # a restart that does not take it: it waits, and says it is a spare
+    restart = {"op": "status", "job_id": "J", "status": "restarting", "generation": 1, "backoff": 5.0, "ts": 1.0,
+               "reason": "trainer-0 on n2 exited 1"}
+    actions, ledger = on_status(restart, "J", Ledger(), SPARE, 10.0)
+    assert ledger.restart_at is None and "n4 is out of it: it is a spare and starts nothing" in \
+        notes(actions, "restarting")[0].reason
+    actions, _ = run(now=100.0, ledger=ledger, cfg=SPARE, peers=CONNECTED)
+    assert not [a for a in actions if isinstance(a, Relaunch)]
+    # the same generation, n2 lost before it started: the spare takes n2's slot in it and starts with the others
+    took = dict(restart, out=["n2"], stand_in={"n4": "n2"}, ts=2.0, backoff=3.0)
+    actions, ledger = on_status(took, "J", ledger, SPARE, 20.0)
+    assert ledger.restart_at == 23.0
+    assert notes(actions, "restarting")[0].reason == "n4 (spare) in n2's place in generation 1; it starts in 3 s"
+    actions, _ = run(now=23.0, ledger=ledger, cfg=SPARE, peers=CONNECTED)
+    assert Relaunch(1) in actions
+    # a new generation that takes it: a restart like any other
+    actions, ledger = on_status(dict(took, generation=2, ts=3.0), "J", Ledger(generation=1), SPARE, 30.0)
+    assert ledger.restart_at == 33.0 and ledger.generation == 2
+
+
+def test_fab_status_says_a_spare_idle_and_a_spare_in_a_lost_nodes_place():
+    from fabtrain.controller.jobstate import NodeObservation, job_verdict
+    from fabtrain.controller.verdict_text import sentence
+
+    def node(name, state, agent_job):
+        proc = {"name": f"trainer-{name[1:]}", "role": "trainer", "rank": int(name[1:]), "state": state,
+                "pid": 10 if state == "running" else None, "records": 5 if state == "running" else 0}
+        job = {"status": "running", "on_failure": "restart", "generation": 0, **agent_job}
+        return NodeObservation(name, True, "J", processes=(proc,), agent={"job": job}, agent_age=0.1)
+
+    idle = [node("n1", "running", {}), node("n2", "running", {}), node("n4", "not started", {"spare": True})]
+    v = job_verdict(idle, "J")
+    assert v.state == "running" and v.spares == (("n4", None),), v
+    assert sentence(v, 0.0).startswith("job running: 2 of 2 processes") and "; n4 spare (idle)" in sentence(v, 0.0)
+    after = {"generation": 1, "out": ["n2"], "world_size": 2, "stand_in": {"n4": "n2"}}
+    took = [node("n1", "running", after), node("n2", "exited", after),
+            node("n4", "running", dict(after, spare=True, slot="n2"))]
+    text = sentence(job_verdict(took, "J"), 0.0)
+    assert "without n2 (left the job: min_nodes)" in text and "; n4 (spare) in n2's place" in text, text
