@@ -247,3 +247,15 @@ def test_fab_status_says_a_spare_idle_and_a_spare_in_a_lost_nodes_place():
             node("n4", "running", dict(after, spare=True, slot="n2"))]
     text = sentence(job_verdict(took, "J"), 0.0)
     assert "without n2 (left the job: min_nodes)" in text and "; n4 (spare) in n2's place" in text, text
+
+
+def test_copy_data_gives_a_spare_every_trainers_shards(tmp_path):
+    from fabtrain.controller.datacopy import files_per_node
+    from fabtrain.data import load_manifest, prepare
+
+    c = cluster()
+    prepare(str(tmp_path), c.trainer_count, sample=True)  # prepare.py's own sample data, one shard per trainer
+    needed = files_per_node(c, load_manifest(str(tmp_path)))
+    assert set(needed) == {"n1", "n2", "n3", "n4"}
+    assert "train.txt-00001" in needed["n2"] and "train.txt-00001" not in needed["n1"]
+    assert set(needed["n4"]) == set(needed["n1"]) | set(needed["n2"]) | set(needed["n3"])
