@@ -275,7 +275,8 @@ def _restart_facts(f: _Facts, n: NodeObservation) -> None:
     if job.get("out") and isinstance(job.get("world_size"), int):
         f.left.update(job["out"])
         f.world_size = job["world_size"] if f.world_size is None else min(f.world_size, job["world_size"])
-    if job.get("status") == JobState.RESTARTING:
+    # An idle spare's agent waits out, as restarting, every generation that does not take it: not the job's word.
+    if job.get("status") == JobState.RESTARTING and not (job.get("spare") is True and job.get("slot") is None):
         f.restarting = f.restarting or f"{RESTARTING_AFTER}{job.get('reason') or 'a failure'}"
         f.origin = f.origin or job.get("origin")
         for e in n.events:

@@ -242,6 +242,9 @@ def test_fab_status_says_a_spare_idle_and_a_spare_in_a_lost_nodes_place():
     v = job_verdict(idle, "J")
     assert v.state == "running" and v.spares == (("n4", None),), v
     assert sentence(v, 0.0).startswith("job running: 2 of 2 processes") and "; n4 spare (idle)" in sentence(v, 0.0)
+    # after a restart that did not take it, the spare's agent still waits it out: the job runs all the same
+    waiting = idle[:2] + [node("n4", "not started", {"spare": True, "status": "restarting", "generation": 1})]
+    assert job_verdict(waiting, "J").state == "running"
     after = {"generation": 1, "out": ["n2"], "world_size": 2, "stand_in": {"n4": "n2"}}
     took = [node("n1", "running", after), node("n2", "exited", after),
             node("n4", "running", dict(after, spare=True, slot="n2"))]
