@@ -12,13 +12,14 @@ from fabtrain.plan.plan import make_plan
 NODES = ("n1", "n2", "n3", "n4")
 
 
-def doc(spares=("n4",), roles=None, min_nodes=2, mode="collective", **job):
+def doc(spares=("n4",), roles=None, min_nodes=2, mode="collective", job_trainer=None, **job):
     roles = roles or {}
     watchdog = {"on_failure": "restart", **({"min_nodes": min_nodes} if min_nodes else {})}
     return {"cluster": {"name": "c"},
             "nodes": [{"name": n, "host": f"10.0.0.{i + 1}", "roles": roles.get(n, ["trainer"]),
                        **({"spare": True} if n in spares else {})} for i, n in enumerate(NODES)],
-            "job": {"mode": mode, "master_port": 29500, "trainer": {"per_node": 1}, "watchdog": watchdog, **job}}
+            "job": {"mode": mode, "master_port": 29500, "trainer": job_trainer or {"per_node": 1}, "watchdog": watchdog,
+                    **job}}
 
 
 def cluster(**kw):
@@ -143,6 +144,23 @@ def test_a_spare_takes_a_lost_nodes_slot_with_the_same_world_size_and_ranks():
     assert endpoints[1] == plan.job_json("n4")["processes"][0]["env"]["PADDLE_CURRENT_ENDPOINT"] and len(endpoints) == 3
     assert ranks["n3"]["PADDLE_TRAINER_ENDPOINTS"] == ranks["n4"]["PADDLE_TRAINER_ENDPOINTS"]
 
+
+def test_a_torchrun_spare_takes_the_slots_node_rank_and_a_per_node_two_spare_its_ranks():
+    run = "torchrun --max-restarts=0 train.py"
+    plan = make_plan(cluster(job_trainer={"per_node": 2, "command": run}), "J")
+    j4 = plan.job_json("n4")
+    (spec,) = j4["processes"]
+    assert spec["name"] == "trainer-3" and spec["env"]["PET_NNODES"] == "3" and j4["trainers"] == 3
+    env = renumbered(j4, spec, {"n1", "n2"}, 1, {"n4": "n2"})  # the master's node gone too: n4 is node 0 of 2
+    assert (env["PET_NNODES"], env["PET_NODE_RANK"], env["PET_MASTER_ADDR"], env["FABTRAIN_RANK"]) == (
+        "2", "0", "10.0.0.4", "1")
+    assert renumbered(j4, spec, {"n2"}, 1)["PET_NODE_RANK"] == spec["env"]["PET_NODE_RANK"]  # idle: unchanged
+    plan = make_plan(cluster(job_trainer={"per_node": 2}), "J")
+    j4 = plan.job_json("n4")
+    assert [p["name"] for p in j4["processes"]] == ["trainer-6", "trainer-7"]
+    envs = [renumbered(j4, p, {"n3"}, 1, {"n4": "n3"}) for p in j4["processes"]]
+    assert [(e["RANK"], e["LOCAL_RANK"], e["FABTRAIN_RANK"], e["WORLD_SIZE"]) for e in envs] == [
+        ("4", "0", "4", "6"), ("5", "1", "5", "6")]
 
 def test_with_no_spare_ready_the_world_goes_on_smaller_as_before():
     b = board(cluster())
