@@ -64,6 +64,10 @@ def test_a_spare_is_not_in_the_world_at_start_but_holds_its_trainer_spec():
     assert proc["role"] == "trainer" and proc["started_by"] == "stand_in"  # node ops' start leaves it alone
     assert proc["env"]["WORLD_SIZE"] == "3" and proc["env"]["MASTER_ADDR"] == "10.0.0.1"
     assert spare["trainers"] == 3
+    from fabtrain.controller.report import plan_text  # fab plan says which node is a spare, and what that means
+    text = plan_text(with_spare, asked=False)
+    assert text.count("# spare: its agent starts these only in a lost trainer node's slot") == 1
+    assert text.index("## node n4") < text.index("# spare:") < text.index("# trainer-3")
 
 
 # -- the board ---------------------------------------------------------------------------------------------
