@@ -51,6 +51,16 @@ def test_a_spare_with_mpirun_or_kubernetes_or_a_non_boolean_is_refused_naming_th
     assert "nodes[3].spare: is for nodes: clusters" in str(e.value)
 
 
+def test_a_spare_with_fewer_gpus_than_a_slots_ranks_is_refused_and_does_not_size_the_world():
+    d = doc(job_trainer={"use_gpu": True})
+    for n in d["nodes"]:
+        n["gpus"] = 4
+    d["nodes"][3]["gpus"] = 2
+    with pytest.raises(UserError, match="4 ranks x 1 GPUs need 4 GPUs, node n4 has 2"):
+        parse_cluster(d, "c.yaml")
+    d["nodes"][3]["gpus"] = 8
+    assert parse_cluster(d, "c.yaml").job.trainer.per_node == 4  # the world's nodes size it, not the spare
+
 def test_a_spare_is_not_in_the_world_at_start_but_holds_its_trainer_spec():
     d = doc()
     d["nodes"].pop()  # the same job without its spare n4
