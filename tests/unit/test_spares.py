@@ -294,3 +294,13 @@ def test_copy_data_gives_a_spare_every_trainers_shards(tmp_path):
     assert set(needed) == {"n1", "n2", "n3", "n4"}
     assert "train.txt-00001" in needed["n2"] and "train.txt-00001" not in needed["n1"]
     assert set(needed["n4"]) == set(needed["n1"]) | set(needed["n2"]) | set(needed["n3"])
+
+
+def test_a_node_that_cannot_start_its_part_gives_its_slot_to_a_spare_and_a_restored_board_keeps_it():
+    b = board(cluster())
+    beat(b, "n3", 1, failure={"reason": "restart 1 on n3: cannot start", "kind": "start", "generation": 0})
+    assert b.status["status"] == "restarting" and b.status["out"] == ["n3"] and b.status["stand_in"] == {"n4": "n3"}
+    # the coordinator's agent restarted: its board, restored from what it saved, has the spare in n3's slot
+    restored = Board.restore(b.saved(1001), "J", list(NODES), 5.0, 2.0, b.restart)
+    assert restored.stand_in == {"n4": "n3"} and restored.status["world_size"] == 3
+    assert restored.status["stand_in"] == {"n4": "n3"} and restored.status["out"] == ["n3"]
