@@ -20,7 +20,7 @@ from fabtrain.contract.states import STOP_GRACE
 from fabtrain.config.checks import (ENV_NAME_RE, HOST_RE, IFACE_RE, IMAGE_RE, INVALID, NAME_RE, ONE_LINE_RE, USER_RE,
                                     Checks, FieldError, kind_of, reported, shown, valid)
 from fabtrain.config.gpus import fit_gpus, parse_gpus, per_node_given
-from fabtrain.config.elastic import check_min_nodes, elastic_settings
+from fabtrain.config.elastic import check_min_nodes, check_spares, elastic_settings
 from fabtrain.config.kubernetes import KubernetesSpec, parse_kubernetes
 from fabtrain.config.launcher import check_launcher
 from fabtrain.config.scheduler import SlurmSpec, address_placeholder, node_roles, parse_scheduler
@@ -47,7 +47,7 @@ FIELDS: dict[str, set[str]] = {
     "": {"cluster", "nodes", "dist_ips", "scheduler", "job", "kubernetes"},
     "cluster": {"name", "workspace", "python", "ssh", "gpus"},
     "cluster.ssh": _SSH_FIELDS | {"parallel"},
-    "nodes[]": {"name", "host", "roles", "workspace", "python", "address", "iface", "gpus"} | _SSH_FIELDS,
+    "nodes[]": {"name", "host", "roles", "workspace", "python", "address", "iface", "gpus", "spare"} | _SSH_FIELDS,
     "job": {"name", "mode", "sgd", "master_port", "code", "pserver", "trainer", "data", "watchdog", "env", "image",
             "launcher"},
     "job.pserver": {"port", "ports_num", "ports_num_for_sparse", "per_node", "command"},
@@ -85,6 +85,7 @@ class Node:
     gpu_ids: tuple[int, ...] | None = None  # the physical indices `gpus: [2, 3]` names; None: 0..gpus-1
     gpu_auto: bool = False  # `gpus: auto`: the node's free GPUs, leased at start (docs/gpu.md)
     iface: str | None = None  # the interface gloo/NCCL use; None: the one carrying `address`, found at start
+    spare: bool = False  # min_nodes: runs its agent and no program until it takes a lost trainer node's place
 
     @property
     def is_local(self) -> bool:
@@ -193,7 +194,12 @@ class Cluster:
 
     @property
     def trainer_nodes(self) -> tuple[Node, ...]:
-        return tuple(n for n in self.nodes if "trainer" in n.roles)
+        """The nodes whose trainers make the job's world at start: spares are not in it (spare_nodes)."""
+        return tuple(n for n in self.nodes if "trainer" in n.roles and not n.spare)
+
+    @property
+    def spare_nodes(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.spare)
 
     @property
     def pserver_nodes(self) -> tuple[Node, ...]:
@@ -345,6 +351,7 @@ class _Parser(Checks):
             self.part(self.check_roles, cluster)
             self.part(check_launcher, cluster, self.fail)
             self.part(check_min_nodes, cluster, self.fail)
+            self.part(check_spares, cluster, self.fail)
         if self.errors:
             raise UserErrors(sorted(self.errors, key=lambda e: e.line))
         return cluster
@@ -406,8 +413,9 @@ class _Parser(Checks):
             address = self.string(d["address"], f"{where}.address", HOST_RE, "address") if "address" in d else None
             gpus = self.gpus(d["gpus"], f"{where}.gpus") if "gpus" in d else self.default_gpus
             iface = self.string(d["iface"], f"{where}.iface", IFACE_RE, "interface name") if "iface" in d else None
+            spare = self.boolean(d["spare"], f"{where}.spare") if "spare" in d else False
             nodes.append(self.make_node(name, host, roles, ws, py, address, node_ssh,
-                                        *(gpus if valid(gpus) else (None, None, False)), iface=iface))
+                                        *(gpus if valid(gpus) else (None, None, False)), iface=iface, spare=spare))
         return tuple(nodes)
 
     @reported
@@ -444,8 +452,7 @@ class _Parser(Checks):
 
     gpus = parse_gpus
 
-    def make_node(self, name, host, roles, workspace, python, address, ssh, gpus, gpu_ids, gpu_auto=False,
-                  iface=None) -> Node:
+    def make_node(self, name, host, roles, workspace, python, address, ssh, gpus, gpu_ids, gpu_auto=False, iface=None, spare=False) -> Node:
         if host == "local":
             address = address or "127.0.0.1"
             # A local node runs on this machine: the interpreter that runs fab.
@@ -454,7 +461,7 @@ class _Parser(Checks):
             address = address or host
             python = python or "python3"
         return Node(name=name, host=host, roles=roles, workspace=workspace, python=python, address=address, ssh=ssh,
-                    gpus=gpus, gpu_ids=gpu_ids, gpu_auto=gpu_auto, iface=iface)
+                    gpus=gpus, gpu_ids=gpu_ids, gpu_auto=gpu_auto, iface=iface, spare=spare)
 
     def job_env(self, env_doc: Any) -> list[tuple[str, str]]:
         """job.env: NAME: value pairs, every value a string (a YAML boolean as true/false)."""
@@ -574,7 +581,7 @@ class _Parser(Checks):
                                                 1, 7 * 86400)}
 
     def check_roles(self, cluster: Cluster) -> None:
-        if not cluster.trainer_nodes:
+        if not cluster.trainer_nodes and not cluster.spare_nodes:  # every one a spare: check_spares says so
             raise self.fail("nodes", "no node has the trainer role")
         if cluster.job.mode == "pserver" and not cluster.pserver_nodes:
             raise self.fail("nodes", "job.mode is pserver but no node has the pserver role")

@@ -60,7 +60,7 @@ def check_min_nodes(cluster, fail: Callable[[str, str], UserError]) -> None:
     if cluster.scheduler is not None:
         raise fail(where, "is for nodes: and dist_ips: clusters; Slurm ends the whole step when a node is lost")
     trainer_nodes = len(cluster.trainer_nodes)
-    if m > trainer_nodes:
+    if m > trainer_nodes and trainer_nodes:  # none at all: check_roles or check_spares says so
         raise fail(where, f"is {m}, but the cluster has {trainer_nodes} trainer node{'s' if trainer_nodes != 1 else ''}")
     if is_torchrun(job.trainer.command):
         fixed = torchrun_world_flag(job.trainer.command)
@@ -73,3 +73,28 @@ def check_min_nodes(cluster, fail: Callable[[str, str], UserError]) -> None:
         if used:
             raise fail(field, f"{{{used[0]}}} is fixed at start, but with job.watchdog.min_nodes a generation "
                               f"may run on fewer nodes: read it from the environment instead")
+
+
+def check_spares(cluster, fail: Callable[[str, str], UserError]) -> None:
+    """`spare: true` on a node: a trainer node that runs nothing until it takes a lost node's place (min_nodes's
+    mechanism: the board's stand_in, coordination/elastic.py). One line naming the node's key where it cannot be."""
+    spares = [(i, n) for i, n in enumerate(cluster.nodes) if n.spare]
+    if not spares:
+        return
+    i, node = spares[0]
+    where = f"nodes[{i}].spare"
+    if cluster.job.watchdog.min_nodes is None:
+        raise fail(where, "needs job.watchdog.min_nodes: a spare takes the place of a trainer node that left the job")
+    if cluster.kubernetes is not None or cluster.job.launcher == "mpirun":
+        raise fail(where, "is for nodes: clusters whose agents start every rank; Kubernetes starts its pods and "
+                          "mpirun its ranks themselves")
+    for i, node in spares:
+        where = f"nodes[{i}].spare"
+        if i == 0:
+            raise fail(where, f"{node.name} is the first node: the agents' coordinator lives there, so it is in the "
+                              f"job from the start and cannot be a spare")
+        if tuple(node.roles) != ("trainer",):
+            raise fail(where, f"{node.name} has the roles {', '.join(node.roles)}: a spare has the trainer role only "
+                              f"(it stands in for a trainer node)")
+    if not cluster.trainer_nodes:
+        raise fail(where, "every trainer node is a spare: at least one must run from the start")

@@ -58,12 +58,14 @@ def fit_gpus(cluster, given: bool, fail):
             cluster, job=dataclasses.replace(cluster.job, trainer=dataclasses.replace(trainer, per_node=fits)))
         trainer = cluster.job.trainer
     for i, n in enumerate(cluster.nodes):
-        if n in cluster.trainer_nodes and n.gpu_ids is not None:
+        # A spare (not sized above: the world is the trainer nodes') must hold a slot's ranks, as a count or a list.
+        have = len(n.gpu_ids) if n.gpu_ids is not None else n.gpus if n.spare else None
+        if (n in cluster.trainer_nodes or n.spare) and have is not None:
             need = trainer.per_node * trainer.gpus_per_rank
-            if need > len(n.gpu_ids):
+            if need > have:
                 raise fail("job.trainer.per_node",
                            f"{trainer.per_node} ranks x {trainer.gpus_per_rank} GPUs need {need} GPUs, "
-                           f"node {n.name} lists {len(n.gpu_ids)}")
+                           f"node {n.name} {'lists' if n.gpu_ids is not None else 'has'} {have}")
     return cluster
 
 

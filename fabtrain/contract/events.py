@@ -47,6 +47,7 @@ class EventKind(str, Enum):
     PEER_BACK = "peer_back"
     NODE_LEFT = "node_left"
     NODE_BACK = "node_back"  # a node that left the job (min_nodes) is back in a new generation
+    STAND_IN = "stand_in"  # a spare node takes the slot of a node that left (min_nodes), the world keeps its size
     FENCED = "fenced"  # a node that left the job (min_nodes) spoke again: the coordinator refused it, it ended
     RESTART_FAILED = "restart_failed"
     COORDINATOR = "coordinator"

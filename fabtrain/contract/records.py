@@ -59,6 +59,7 @@ HEALTH_JOB = {"status": NAME, "reason": REASON, "origin": NAME, "on_failure": NA
               "restarts_left": INTEGER, "pending": FLAG,
               "out": list_of(NAME), "world_size": INTEGER,  # min_nodes: the nodes that left, the smaller world
               "back": REASON,  # min_nodes: "node3 back in generation 2 (WORLD_SIZE 3)", in that generation
+              "spare": FLAG, "slot": NAME,  # a spare node's agent: it is one; the lost node whose slot it holds
               "kept": FLAG,
               "startup_deadline": NUMBER}  # when startup_timeout fails a start that has not come together
 HEALTH_COORDINATOR = {"host": NAME, "port": INTEGER, "hosted_here": FLAG, "connected": FLAG, "last_contact": NUMBER,

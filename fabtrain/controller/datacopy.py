@@ -20,6 +20,7 @@ runs `pyenv init` or `conda init`, each of those costs tenths of a second).
 
 A node that already has everything costs one remote command and sends
 nothing. A node with shared storage (`data.shared: true`) is only verified.
+A spare node gets the shards of every trainer (files_per_node).
 """
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ def split_data(cluster: Cluster, input: str | None = None, force: bool = False):
 
 
 def files_per_node(cluster: Cluster, manifest: dict) -> dict[str, list[str]]:
-    """Node name -> the data files its trainers need (shards by trainer id mod count)."""
+    """Node name -> the data files its trainers need (shards by trainer id mod count). A spare (`spare: true`)
+    needs every trainer's: it may take any trainer node's slot, and then reads that slot's shards."""
     count, per_node = cluster.trainer_count, cluster.job.trainer.per_node
     needed = {}
     for index, node in enumerate(cluster.trainer_nodes):
@@ -70,7 +72,8 @@ def files_per_node(cluster: Cluster, manifest: dict) -> dict[str, list[str]]:
         for rank in range(index * per_node, (index + 1) * per_node):  # the plan's trainer ranks
             names.update(dict.fromkeys(files_for_trainer(manifest, rank, count)))
         needed[node.name] = list(names)
-    return needed
+    every = list(dict.fromkeys(name for names in needed.values() for name in names))
+    return needed | {node.name: every for node in cluster.spare_nodes}
 
 
 @dataclass

@@ -149,6 +149,7 @@ class Verdict:
     world_size: int | None = None  # min_nodes: the trainers of the smaller world, once a node left
     back: str | None = None  # min_nodes: `node3 back in generation 2 (WORLD_SIZE 3)`, in the generation that took it
     blame: str | None = None  # failed or restarting after a hang: the rank(s) the others waited for
+    spares: tuple = ()  # (spare, the node whose slot it holds, or None while idle), as the spares' agents say
 
     def straggler(self, node: str, name: str) -> Straggler | None:
         return next((s for s in self.stragglers if s.node == node and s.name == name), None)
@@ -245,6 +246,7 @@ class _Facts:
     left: set = field(default_factory=set)  # nodes that left the job (min_nodes), as the agents say
     world_size: int | None = None  # the trainers of the smaller world (the smallest an agent says)
     back: tuple | None = None  # (generation, an agent's word that it took a node back) (min_nodes)
+    spares: dict = field(default_factory=dict)  # spare node -> the slot it holds (None: idle), as its agent says
     blame: tuple | None = None  # (every node's ranks?, ts, sentence): the rank(s) the others waited for at a hang
 
 
@@ -268,10 +270,13 @@ def _restart_facts(f: _Facts, n: NodeObservation) -> None:
             f.generation = max(f.generation, e["generation"])
     if isinstance(job.get("back"), str):  # (its generation, the words): the current generation's is said
         f.back = max(f.back or (-1, ""), (job.get("generation") or 0, job["back"]))
+    if job.get("spare") is True:
+        f.spares[n.name] = job.get("slot") if isinstance(job.get("slot"), str) else None
     if job.get("out") and isinstance(job.get("world_size"), int):
         f.left.update(job["out"])
         f.world_size = job["world_size"] if f.world_size is None else min(f.world_size, job["world_size"])
-    if job.get("status") == JobState.RESTARTING:
+    # An idle spare's agent waits out, as restarting, every generation that does not take it: not the job's word.
+    if job.get("status") == JobState.RESTARTING and not (job.get("spare") is True and job.get("slot") is None):
         f.restarting = f.restarting or f"{RESTARTING_AFTER}{job.get('reason') or 'a failure'}"
         f.origin = f.origin or job.get("origin")
         for e in n.events:
@@ -415,6 +420,8 @@ def job_verdict(nodes: Iterable[NodeObservation], job_id: str | None = None) -> 
     ours = [n for n in nodes if job_id is not None and n.job_id == job_id]
     procs = [p for n in ours for p in _processes(n)]
     facts = _facts(ours)
+    idle = {spare for spare, slot in facts.spares.items() if slot is None}  # its processes start when it stands in
+    procs = [p for p in procs if p.node not in idle]
     state, reason, said_by = _decide(nodes, ours, [p for p in procs if p.node not in facts.left], facts, job_id)
     live = any(p.live for p in procs if p.reachable)
     pending = any(p.state == ProcessState.NOT_STARTED for p in procs)
@@ -438,4 +445,5 @@ def job_verdict(nodes: Iterable[NodeObservation], job_id: str | None = None) -> 
                    left=tuple(sorted(facts.left)), world_size=facts.world_size,
                    back=facts.back[1] if facts.back and facts.back[0] == facts.generation
                    and state in (JobState.RUNNING, JobState.RESTARTING) else None,
-                   blame=facts.blame[2] if facts.blame and state in (JobState.FAILED, JobState.RESTARTING) else None)
+                   blame=facts.blame[2] if facts.blame and state in (JobState.FAILED, JobState.RESTARTING) else None,
+                   spares=tuple(sorted(facts.spares.items())))

@@ -44,6 +44,8 @@ def plan_text(plan: Plan, notes: list[str] = (), asked: bool = True) -> str:
     for n in plan.nodes:
         out.append("")
         out.append(f"## node {n.node} ({n.host}), workspace {n.workspace}")
+        if n.spare:
+            out.append("# spare: its agent starts these only in a lost trainer node's slot, renumbered into it")
         if not n.processes:
             out.append("# (nothing to run)")
             continue

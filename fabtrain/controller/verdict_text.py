@@ -72,6 +72,9 @@ def sentence(v: Verdict, now: float) -> str:
         text += f"; without {', '.join(v.left)} (left the job: min_nodes), WORLD_SIZE {v.world_size}"
     if v.back:
         text += f"; {v.back}"
+    if v.spares and v.state in (JobState.RUNNING, JobState.RESTARTING, JobState.STARTING):
+        text += "".join(f"; {spare} (spare) in {slot}'s place" if slot else f"; {spare} spare (idle)"
+                        for spare, slot in v.spares)
     if v.unreachable:
         text += f"; not reached: {', '.join(v.unreachable)} (what runs there is not seen)"
     return text

@@ -13,14 +13,14 @@ import secrets
 import shlex
 import string
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fabtrain.config.cluster import Cluster, Node, WatchdogSpec
 from fabtrain.config.gpus import visible_devices
 from fabtrain.config.launcher import is_torchrun
 from fabtrain.plan.mpirun import with_mpirun
 from fabtrain.plan.ports import AddressSlots, needed_ports, pserver_layout, port_uses, resolved_ports
-from fabtrain.plan.spec import NodePlan, Plan, ProcessPlan, launch_argv
+from fabtrain.plan.spec import STAND_IN, NodePlan, Plan, ProcessPlan, launch_argv
 from fabtrain.contract import progress
 
 
@@ -95,10 +95,12 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
     }
     # One endpoint per trainer; trainers that share an address differ in port.
     endpoint_slot = AddressSlots()
+    # A spare's (`spare: true`) come after the world's: its own, for the slot it may take (elastic.py).
     endpoint_list = [f"{n.address}:{master_port + 1 + endpoint_slot.next(n.address)}"
-                     for n in trainer_nodes for _ in range(per_node)]
+                     for n in trainer_nodes + cluster.spare_nodes for _ in range(per_node)]
 
-    trainer_rank = {id(n): i for i, n in enumerate(trainer_nodes)}  # by identity: Node.__eq__ is slow at 1,000
+    # by identity: Node.__eq__ is slow at 1,000. A spare is numbered after the world, as a node beyond it.
+    trainer_rank = {id(n): i for i, n in enumerate(trainer_nodes + cluster.spare_nodes)}
     node_plans = []
     for index, node in enumerate(cluster.nodes):
         pin = iface_env(cluster, node, network)
@@ -126,8 +128,11 @@ def make_plan(cluster: Cluster, job_id: str, resume_from: str | None = None, sec
                                        "data_dir": _data_dir(cluster)}
                     env = pin | _trainer_env(cluster, node, values, local, pserver_endpoints, endpoint_list)
                     procs.append(_process(cluster, node, "trainer", rank, job.trainer.command, values, env, job_id, resume_from))
+        if node.spare:  # its agent starts them when it takes a lost node's slot; node ops' start does not
+            procs = [replace(p, started_by=STAND_IN) for p in procs]
         node_plans.append(NodePlan(node=node.name, node_index=index, host=node.host, address=node.address,
-                                   workspace=node.workspace, python=node.python, processes=tuple(procs)))
+                                   workspace=node.workspace, python=node.python, processes=tuple(procs),
+                                   spare=node.spare))
 
     return _launched(cluster, Plan(
         job_id=job_id, cluster=cluster.name, mode=job.mode, sgd=job.sgd, nodes=tuple(node_plans),
@@ -245,7 +250,7 @@ def _trainer_env(cluster, node, v, local_rank, pserver_endpoints, endpoints) -> 
         env |= {
             # paddle.distributed.init_parallel_env()
             "PADDLE_TRAINER_ID": str(rank), "PADDLE_TRAINERS_NUM": str(world),
-            "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints),
+            "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints[:world]),  # the world's: not a spare's
             "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
             "PADDLE_MASTER": f"{v['master_addr']}:{v['master_port']}",
         }

@@ -17,6 +17,10 @@ def launch_argv(python: str, job_id: str, exit_path: str, argv, subreaper: bool 
     return launch_command(python, f"$WS/jobs/{job_id}", exit_path, argv, subreaper=subreaper)
 
 
+# A spare node's processes' `started_by`: its agent starts them once the node takes a lost node's slot.
+STAND_IN = "stand_in"
+
+
 @dataclass(frozen=True)
 class ProcessPlan:
     name: str  # "<role>-<rank>": file names under logs/, run/, metrics/
@@ -30,7 +34,7 @@ class ProcessPlan:
     exit: str
     metrics: str
     launch: tuple[str, ...] = ()  # the launcher's argv, then `argv`
-    started_by: str = ""  # "mpirun-0": that process starts this one (node ops' start does not)
+    started_by: str = ""  # "mpirun-0" (that process), or STAND_IN: what starts this one (node ops' start does not)
     starts_with: str = ""  # the role whose start starts this one too (mpirun: with the trainers)
 
     def launch_argv(self) -> list[str]:
@@ -50,9 +54,18 @@ class NodePlan:
     workspace: str  # as written in cluster.yaml; "~" is expanded on the node
     python: str
     processes: tuple[ProcessPlan, ...]
+    spare: bool = False  # min_nodes: not in the world at start; takes a lost trainer node's slot (elastic.py)
 
     def roles(self) -> set[str]:
         return {p.role for p in self.processes}
+
+    def spare_fields(self) -> dict:
+        """What job.json's `nodes` says of a spare: that it is one, and its trainers' own endpoints (Paddle's
+        collective), which every node's renumbered world puts in the place of the slot it takes."""
+        if not self.spare:
+            return {}
+        own = [p.env["PADDLE_CURRENT_ENDPOINT"] for p in self.processes if "PADDLE_CURRENT_ENDPOINT" in p.env]
+        return {"spare": True, **({"endpoints": own} if own else {})}
 
 
 @dataclass(frozen=True)
@@ -85,13 +98,14 @@ class Plan:
             "python": n.python,
             "mode": self.mode,
             "sgd": self.sgd,
-            "nodes": [{"name": m.node, "address": m.address, "roles": sorted(m.roles())} for m in self.nodes],
+            "nodes": [{"name": m.node, "address": m.address, "roles": sorted(m.roles()), **m.spare_fields()}
+                      for m in self.nodes],
             "watchdog": self.watchdog,
             # Which ports the job holds, so a later start (any cluster on this machine) leaves them alone.
             "ports": {**self.ports, "auto": list(self.auto_ports)},
             "listens": [[u.port, u.count, u.what, u.address] for u in self.listens if u.node == n.node],
             # What the agent must know, so it guesses nothing from PADDLE_* or WORLD_SIZE.
-            "trainers": sum(1 for m in self.nodes for p in m.processes if p.role == "trainer"),
+            "trainers": sum(1 for m in self.nodes if not m.spare for p in m.processes if p.role == "trainer"),
             "agent": self.agent_process(node),
             "processes": [p.job_json() for p in n.processes],
         } | ({"files": self.files[node]} if node in self.files else {})

@@ -299,7 +299,7 @@ def test_every_mistake_in_the_file_is_reported_at_once_each_with_its_line(tmp_pa
         f"fab plan: {p}: cluster.ssh.parallel: must be between 1 and 1024, got 0 (line 3)",
         f"fab plan: {p}: nodes[0].roles: unknown role 'trainr'; roles are: pserver, trainer (line 5)",
         f"fab plan: {p}: nodes[1].colour: unknown field; expected one of: address, connect_timeout, gpus, host, "
-        "host_key_policy, iface, key, known_hosts, name, port, python, roles, user, workspace (line 6)",
+        "host_key_policy, iface, key, known_hosts, name, port, python, roles, spare, user, workspace (line 6)",
     ], out.stderr
 
 

@@ -134,7 +134,8 @@ def test_health_json_as_the_agent_writes_it_comes_back_whole(tmp_path):
     from fabtrain.node.agent import policy
     from fabtrain.node.agent.snapshot import Health
 
-    cfg = types.SimpleNamespace(node="n1", job_id="20260101-000000-abcd", interval=1.0, on_failure="restart")
+    cfg = types.SimpleNamespace(node="n1", job_id="20260101-000000-abcd", interval=1.0, on_failure="restart",
+                                spare=True)
     events = types.SimpleNamespace(recent=[{"ts": 1.0, "node": "n1", "kind": "hang", "reason": "no progress"}])
     life = types.SimpleNamespace(keeper_pid=11, launcher=12)
     gpu = {"index": 0, "name": "H100", "util": 37, "mem_used": 1 << 30, "mem_total": 80 << 30, "temp": 60,

@@ -69,7 +69,7 @@ def settings(job: dict, nodes: list[str]) -> tuple[policy.Config, RestartPolicy]
             elastic=w.get("min_nodes") is not None and w["on_failure"] == "restart")
         restart = RestartPolicy.from_watchdog(w, job)
         if restart.layout is not None:  # min_nodes: why a lost coordinator's node ends the job (elastic.py)
-            cfg = replace(cfg, without_coordinator=restart.layout.without_first())
+            cfg = replace(cfg, without_coordinator=restart.layout.without_first(), spare=job["node"] in restart.layout.spares)
         return cfg, restart
     except KeyError as e:
         raise SystemExit("agent: job.json of job %s has no watchdog setting %s" % (job.get("job_id"), e)) from None
@@ -343,7 +343,7 @@ class Agent:
     def start_generation(self, generation: int) -> None:
         """This node's part of a restart: its processes start again as `generation`; the job runs here again."""
         new = relaunch(self.contexts, self.job, self.jd, self.ws, generation, self.ledger.status.reason,
-                       self.link.view.get("out") or (), self.ledger.resume)
+                       self.link.view, self.ledger.resume)
         said, fields = restarted(generation, new.names, self.ledger.resume)
         self.contexts, self.by_name = new.contexts, {ctx.name: ctx for ctx in new.contexts}
         self.launchers += new.launchers

@@ -15,6 +15,7 @@ from fabtrain.node.agent.observation import Observation, Peers, ProcFacts, Stray
 from fabtrain.node.agent.hangrule import first_to_stall, hang_reason, progress_at
 from fabtrain.node.coordination import fence
 from fabtrain.node.coordination.connections import hung_timeout
+from fabtrain.node.coordination.elastic import sits_out, taking
 from fabtrain.contract.events import EventKind
 from fabtrain.contract.states import FINAL, RESTARTABLE, FailureKind, JobState, describe_end, signal_name, signal_of, stopped_by
 
@@ -44,6 +45,7 @@ class Config:
     coordinator: str = ""  # host:port, for messages
     elastic: bool = False  # job.watchdog.min_nodes: a node that fences itself leaves the job, and may come back
     without_coordinator: str = ""  # min_nodes: why the job cannot go on without the coordinator's node (elastic.py)
+    spare: bool = False  # `spare: true`: this node starts its processes only in a lost node's slot (stand_in)
 
     @property
     def peer_timeout(self) -> float:
@@ -174,11 +176,11 @@ def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list
     g = msg.get("generation")
     if cfg.on_failure != "restart" or not isinstance(g, int) or g < ledger.generation:
         return [], ledger
-    out = cfg.node in (msg.get("out") or ())  # min_nodes: this node left; it starts nothing until it is back
+    out = sits_out(cfg.node, cfg.spare, msg)  # min_nodes: this node left (or is an idle spare); it starts nothing
     if g == ledger.generation and ledger.status.status == JobState.RESTARTING and ledger.restart_at is None \
             and not out and msg.get("ts") != ledger.restart_ts:  # back in the generation it waits out (board.py)
-        return [Note(EventKind.RESTARTING, "%s back in generation %d; it starts in %g s" % (
-            cfg.node, g, float(msg.get("backoff") or 0.0)), fields={"generation": g})], replace(
+        return [Note(EventKind.RESTARTING, "%s %s generation %d; it starts in %g s" % (
+            cfg.node, taking(cfg.node, msg), g, float(msg.get("backoff") or 0.0)), fields={"generation": g})], replace(
             ledger, restart_at=now + float(msg.get("backoff") or 0.0), restart_ts=msg.get("ts"))
     if g == ledger.generation:
         # The coordinator moved the start of the generation this node waits for (a lost node's fence,
@@ -201,7 +203,9 @@ def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list
     said = msg["back"] if isinstance(msg.get("back"), str) else "job failed (%s)" % cause
     note = Note(EventKind.RESTARTING, "%s; restart %d%s in %g s%s" % (
         said, g, " (%s left after it)" % left if isinstance(left, int) else "", backoff,
-        "; %s is out of it: it stops its part and starts nothing" % cfg.node if out else ""), fields=fields)
+        "; %s is out of it: it %s" % (cfg.node, "is a spare and starts nothing" if cfg.spare and cfg.node not in
+                                      (msg.get("out") or ()) else "stops its part and starts nothing") if out else ""),
+                fields=fields)
     return [note], replace(ledger, status=Status(JobState.RESTARTING, cause, msg.get("node")), generation=g, failure=None,
                            failure_kind=None, failure_code=None, failure_loaded=None,
                            restart_at=None if out else now + backoff, restart_ts=msg.get("ts"),
@@ -390,7 +394,7 @@ class _Decision:
             return
         self.update(startup_checked=True)  # whatever follows: the deadline never fires again
         missing = [n for n in obs.must_join if n not in obs.peers.seen]
-        never = [p.name for p in obs.procs if not p.started]
+        never = [] if cfg.spare else [p.name for p in obs.procs if not p.started]  # a spare's start when it stands in
         if not obs.peers.ever_connected and obs.must_join:
             reason = ("node %s never joined: no coordinator answered at %s within startup_timeout (%g s)%s"
                       % (cfg.coordinator_node, cfg.coordinator, cfg.startup_timeout,

@@ -8,7 +8,9 @@ after a marker line, so one file keeps every generation; the previous
 generation's exit records are removed first (the launcher writes a new one).
 Under `min_nodes` the coordinator's status names the nodes that left (`out`):
 each process starts with its world renumbered without them
-(coordination/elastic.py), and a node that is itself out starts nothing.
+(coordination/elastic.py), and a node that is itself out starts nothing. A
+spare starts its processes, never started before, once the status's
+`stand_in` puts it in a lost node's slot.
 Every generation gets its own MASTER_PORT (the start's + the generation; the
 same place renumbers it), so no generation reuses another's rendezvous.
 Each restarted process gets FABTRAIN_RESUME_FROM: the newest checkpoint its
@@ -88,15 +90,18 @@ def restarted(generation: int, names: list, fallback: dict | None) -> tuple:
 
 
 def relaunch(contexts: list, job: dict, job_dir: str, workspace: str, generation: int, cause: str | None,
-             out=(), fallback: dict | None = None) -> Generation:
-    """Start again what ran here as `generation`, in the world without the nodes in `out`. `fallback`: the
+             status: dict, fallback: dict | None = None) -> Generation:
+    """Start again what ran here as `generation`, in the world of the coordinator's `status` (without the nodes
+    in its `out`, a spare in the slot of a node that left where its `stand_in` says). `fallback`: the
     coordinator's `resume_from` for this generation (on_bad_checkpoint previous), else None."""
-    specs = {p["name"]: dict(p, env=renumbered(job, p, out, generation)) for p in job.get("processes", [])}
+    out, stand_in = status.get("out") or (), status.get("stand_in") or {}
+    specs = {p["name"]: dict(p, env=renumbered(job, p, out, generation, stand_in)) for p in job.get("processes", [])}
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("FABTRAIN_")}
     fresh, started, errors = [], [], []
     for old in contexts:
         spec = specs[old.name]
-        if not old.started or job["node"] in out:  # not started last time (left to fab), or this node left the job
+        # Not started last time (left to fab) and no spare in a slot now, or this node left the job: nothing here.
+        if (not old.started and job["node"] not in stand_in) or job["node"] in out:
             fresh.append(ProcessContext(spec, job_dir, workspace))
             continue
         clear_exit(job_dir, old.name)

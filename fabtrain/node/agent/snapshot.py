@@ -79,6 +79,7 @@ class Health:
                        restarts_left=view.get("restarts_left"), pending=ledger.pending,
                        # min_nodes: the nodes that left the job and the trainers of the smaller world
                        out=view.get("out") or [], world_size=view.get("world_size"), back=view.get("back"),
+                       spare=cfg.spare or None, slot=(view.get("stand_in") or {}).get(cfg.node) if cfg.spare else None,
                        kept=cfg.on_failure == "keep" and ledger.status.status == JobState.FAILED,
                        # when startup_timeout fails a start that has not come together (the controller's
                        # "starting: ... left"); none once that check is done or cannot fire any more

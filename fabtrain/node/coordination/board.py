@@ -41,6 +41,7 @@ from .fence import Departures
 from .protocol import compact
 from .restart import REJOIN, RestartPolicy, note_loaded
 from .roster import Roster
+from . import spares
 
 MAX_PROCS = 4096  # processes one node may report; a real node has a handful
 
@@ -136,6 +137,7 @@ class Board:
         self.out: frozenset = frozenset()  # nodes that left the job (min_nodes): no generation waits for them
         self.departed = Departures(self.restart.max_rejoins)  # when and why each left; which were told (fence.py)
         self.back: set = set()  # nodes of `out` that beat again with nothing of the job left: the next generation's
+        self.stand_in: dict = {}  # spare -> the node that left whose slot it holds (spares.py)
         self.joining: tuple = ()  # (generation, `node3 back in generation 2 (WORLD_SIZE 3)`): its status says so
         self.peers: dict[str, Peer] = {}
         self.roster = Roster()
@@ -204,8 +206,8 @@ class Board:
         """A failure an agent reported: restart the job (a new generation) or fail it."""
         generation = self.status["generation"]
         note_loaded(self.loaded, failure)  # any node's word on it, also after the generation's decision
-        if failure.get("generation", 0) != generation or node in self.out:
-            return False  # of an older generation, already acted on (or of one this board never started)
+        if failure.get("generation", 0) != generation or node in self.out or spares.idle(self, node):
+            return False  # of an older generation, already acted on (or of one this board never started), or a spare's
         reason = _text(failure.get("reason"), "failed") or "failed"
         if failure.get("kind") in (FailureKind.START, FailureKind.LOST) and self.restart.layout is not None:
             # min_nodes: the job goes on without it
@@ -236,14 +238,15 @@ class Board:
         """`node` is lost or could not start its part: the job goes on without it (min_nodes), or fails.
         `returns`: it may come back (lost, or fenced itself), not one that could not start its part."""
         layout, st = self.restart.layout, self.status
-        if st["status"] in FINAL:
-            return False
-        out, why = layout.leave(node, self.out) if layout is not None else (None, "")
+        if st["status"] in FINAL or spares.idle(self, node):
+            return False  # (an idle spare is in no generation's world: its loss is its peer_lost only)
+        stand_in = spares.after_leave(self, node) if layout is not None else {}
+        out, why = layout.leave(node, self.out, stand_in) if layout is not None else (None, "")
         if out is None:
             return self._set_status(JobState.FAILED, reason + ("; not restarted: %s" % why if why else ""), node, wall)
         if out == self.out:
             return False
-        self.out = out
+        self.out, self.stand_in, before = out, stand_in, self.stand_in
         self.departed.leave(node, st["generation"], reason, returns)
         peer = self.peers.get(node)
         # Its agent stops everything of the job there within the fence's bound of its last beat: no
@@ -265,7 +268,7 @@ class Board:
         else:
             changed = self._decide({"kind": FailureKind.LEFT}, left, node, now, wall, not_before)
         if self.status["status"] == JobState.RESTARTING:
-            events.append(_node_left(node, left, self.status["generation"], layout, out))
+            events += [_node_left(node, left, self.status["generation"], layout, out, stand_in), *spares.taken(self, before, Event)]
         return changed
 
     def _restarted(self, wall: float) -> bool:
@@ -327,8 +330,8 @@ class Board:
             if peer.procs:
                 self._count(peer, {})
         elif "procs" in msg:
-            self._count(peer, msg["procs"] or {})
-            peer.running = _alive(peer.procs)
+            self._count(peer, spares.counted(self, node, msg["procs"] or {}))
+            peer.running = _alive(msg["procs"] or {})
         peer.had_procs = peer.had_procs or bool(peer.procs)
         status = False
         started = msg.get("generation")
@@ -444,8 +447,11 @@ def _restore_status(board: Board, status: dict, now: float) -> None:
     board.status["backoff"] = status.get("backoff")
     out = status.get("out")
     board.out = frozenset(n for n in out if isinstance(n, str)) if isinstance(out, list) else frozenset()
-    if board.out and board.restart.layout is not None:
-        board.status.update(out=sorted(board.out), world_size=board.restart.layout.world_size(board.out))
+    stand_in = status.get("stand_in")
+    board.stand_in = {s: n for s, n in stand_in.items() if isinstance(s, str) and isinstance(n, str)} \
+        if isinstance(stand_in, dict) else {}
+    if board.out and board.restart.layout is not None:  # out, world_size, stand_in: as the board says them
+        board.status.update(_extras(board, JobState.RUNNING, -1))
     if board.status["status"] == JobState.RESTARTING:  # a fresh deadline, as peers get a fresh peer_timeout
         board.restart_due = now + board.restart.start_deadline(board.status["generation"])
         resume = status.get("resume_from")
@@ -521,7 +527,7 @@ def _returning(board: Board, peer: Peer, node: str, msg: dict, now: float, wall:
     if "procs" in msg:
         peer.running = _alive(msg["procs"] or {})
     changed = board.roster.set(node, wall, peer.done, peer.lost)
-    if not peer.running and board.status["status"] not in FINAL:
+    if not peer.running and board.status["status"] not in FINAL and not spares.came_back(board, node):
         board.back.add(node)
     status = _grow(board, now, wall, events) if board.back else False
     return _answer(board, peer, msg, changed or status, events, status)
@@ -532,7 +538,8 @@ def _grow(board: Board, now: float, wall: float, events: list) -> bool:
     second before its start), else a new one once the job runs (a restart on the larger world, after one
     restart_backoff, counted against max_restarts). None while a generation starts, or no restart is left."""
     st, layout = board.status, board.restart.layout
-    ready = sorted(n for n in board.back if n in board.out and not board.peers[n].lost and not board.peers[n].running)
+    ready = sorted(n for n in board.back if n in board.out and not board.peers[n].lost and not board.peers[n].running
+                   and n not in board.stand_in.values())  # a node whose slot a spare holds stays out, idle
     if not ready or st["status"] in FINAL:
         return False
     waiting = st["status"] == JobState.RESTARTING and board.restart_start is not None and now < board.restart_start - 1.0
@@ -543,7 +550,7 @@ def _grow(board: Board, now: float, wall: float, events: list) -> bool:
     board.out, board.back = board.out - set(ready), board.back - set(ready)
     for n in ready:
         board.peers[n].had_procs = True  # it must start its part of the generation, as every other node
-    g, world = st["generation"] + (not waiting), layout.world_size(board.out)
+    g, world = st["generation"] + (not waiting), layout.world_size(board.out, board.stand_in)
 
     def back(names) -> str:
         return "%s back in generation %d (WORLD_SIZE %d)" % (", ".join(names), g, world)
@@ -555,7 +562,7 @@ def _grow(board: Board, now: float, wall: float, events: list) -> bool:
                                     round(board.restart_start - now, 3))
     else:
         changed = board._decide({"kind": REJOIN}, back(ready), ready[0], now, wall)
-    fields = {"generation": g, "world_size": world, "nodes": layout.nodes_left(board.out)}
+    fields = {"generation": g, "world_size": world, "nodes": layout.nodes_left(board.out, board.stand_in)}
     events += [Event(EventKind.NODE_BACK, n, back([n]), fields) for n in ready]
     return changed
 
@@ -566,7 +573,9 @@ def _extras(board: Board, status: str, g: int) -> dict:
     each agent's FABTRAIN_RESUME_FROM)."""
     extras = {}
     if board.out:
-        extras.update(out=sorted(board.out), world_size=board.restart.layout.world_size(board.out))
+        extras.update(out=sorted(board.out), world_size=board.restart.layout.world_size(board.out, board.stand_in))
+    if board.stand_in:  # the spares in the slots of nodes that left: each agent renumbers with them
+        extras["stand_in"] = dict(board.stand_in)
     if status == JobState.RESTARTING and board.resume is not None and board.resume.get("generation") == g:
         extras["resume_from"] = board.resume
     if board.joining and board.joining[0] == g:  # the nodes it took back (min_nodes): not a failure
@@ -574,12 +583,13 @@ def _extras(board: Board, status: str, g: int) -> dict:
     return extras
 
 
-def _node_left(node: str, left: str, generation: int, layout, out: frozenset) -> Event:
+def _node_left(node: str, left: str, generation: int, layout, out: frozenset, stand_in: dict) -> Event:
     """The event of `node` leaving the job (`left`: that it left, and why) while `generation` starts without it."""
-    world = layout.world_size(out)
-    return Event(EventKind.NODE_LEFT, node, "%s; generation %d runs on %d of %d nodes without %s (WORLD_SIZE %d)"
-                 % (left, generation, layout.nodes_left(out), len(layout.trainer_nodes), ", ".join(sorted(out)), world),
-                 {"world_size": world, "nodes_left": layout.nodes_left(out), "generation": generation})
+    world, n = layout.world_size(out, stand_in), layout.nodes_left(out, stand_in)
+    spares = "".join(", %s (spare) in %s's place" % (s, slot) for s, slot in sorted(stand_in.items()))
+    return Event(EventKind.NODE_LEFT, node, "%s; generation %d runs on %d of %d nodes without %s%s (WORLD_SIZE %d)"
+                 % (left, generation, n, len(layout.trainer_nodes), ", ".join(sorted(out)), spares, world),
+                 {"world_size": world, "nodes_left": n, "generation": generation})
 
 
 SAVED = ("ts", "done", "lost", "procs", "expected", "had_procs", "generation", "part")  # what a restored board needs of a peer
