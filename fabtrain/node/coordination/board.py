@@ -352,18 +352,6 @@ class Board:
             status |= _grow(self, now, wall, events)
         return _answer(self, peer, msg, changed or status, events, status)
 
-    def _fenced(self, peer: Peer, node: str, msg: dict, now: float, wall: float) -> Outcome:
-        """A beat from a node that left the job: it counts for nothing (no failure, no process, no
-        generation), and the answer tells its agent it is fenced out for good, so it stops and ends."""
-        peer.seen = peer.beat_seen = now
-        peer.ts = wall
-        if "done" in msg:
-            peer.done = bool(msg["done"])
-        self.roster.set(node, wall, peer.done, peer.lost)
-        g = self.status["generation"]
-        reply, first = self.departed.refusal(self.job_id, node, g, msg.get("seq"))
-        return Outcome(reply, False, [Event(EventKind.FENCED, node, first, {"generation": g})] if first else [])
-
     def pulse(self, node: str, now: float, fencing: bool = False) -> bool:
         """A pulse from `node` (pulse.py): it is still there. True if it is answered: not once it is lost
         or left, so its lease runs out and it fences itself, nor when it says it is fencing itself (its
@@ -515,7 +503,7 @@ def _returning(board: Board, peer: Peer, node: str, msg: dict, now: float, wall:
     times; else it is heard again, and with nothing of the job left there it is back: the next generation takes
     it in (_grow). Its old processes are gone by its own word, and that generation has a rendezvous of its own."""
     if board.restart.layout is None or not board.departed.may_rejoin(node):
-        return board._fenced(peer, node, msg, now, wall)
+        return _fenced(board, peer, node, msg, now, wall)
     events = []
     if peer.lost:
         peer.lost = False
@@ -531,6 +519,19 @@ def _returning(board: Board, peer: Peer, node: str, msg: dict, now: float, wall:
         board.back.add(node)
     status = _grow(board, now, wall, events) if board.back else False
     return _answer(board, peer, msg, changed or status, events, status)
+
+
+def _fenced(board: Board, peer: Peer, node: str, msg: dict, now: float, wall: float) -> Outcome:
+    """A beat from a node that left the job: it counts for nothing (no failure, no process, no
+    generation), and the answer tells its agent it is fenced out for good, so it stops and ends."""
+    peer.seen = peer.beat_seen = now
+    peer.ts = wall
+    if "done" in msg:
+        peer.done = bool(msg["done"])
+    board.roster.set(node, wall, peer.done, peer.lost)
+    g = board.status["generation"]
+    reply, first = board.departed.refusal(board.job_id, node, g, msg.get("seq"))
+    return Outcome(reply, False, [Event(EventKind.FENCED, node, first, {"generation": g})] if first else [])
 
 
 def _grow(board: Board, now: float, wall: float, events: list) -> bool:
