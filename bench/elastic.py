@@ -25,10 +25,15 @@ and measures in the same run
 target: time <= backoff + 1.2 x cold, backoff being the one the restart waited (node1's `restarting` event:
 restart_backoff, doubled for each restart after the first; one restart_backoff for a node back). A lost
 node's generation starts no earlier than its last beat + fence_wait (docs/partitions.md), which the header
-line gives. The loss of node1 (nodes[0], the coordinator's node) and a spare node taking a lost one's place
-are not built: the bench says so, and measures neither.
+line gives. The loss of node1 (nodes[0], the coordinator's node) is not built: the bench says so.
 
-    .venv/bin/python bench/elastic.py [--backoff 8] [--program workload|fake]
+With --spare the job has a fourth node, node4, marked `spare: true` (its agent runs, its trainer does not),
+and one fault is timed instead:
+
+  spare     node3's machine lost, as `lost` above; node4 takes its slot: every rank's first record of the
+            next generation, node4's included, in a world of 3 still
+
+    .venv/bin/python bench/elastic.py [--backoff 8] [--program workload|fake] [--spare]
 """
 from __future__ import annotations
 
@@ -59,13 +64,12 @@ PROGRAMS = {"workload": "python -m workload.ddp --model word2vec --num_passes 20
             "fake": "python tests/programs/allreduce.py --steps 100000 --period 0.2"}
 INTERVAL, GRACE = 1.0, 3.0
 NOT_BUILT = ("node1 lost (nodes[0], the coordinator's node): not measured, not built (no election of another "
-             "coordinator: the job fails, docs/watchdog.md)",
-             "a spare node taking a lost node's place: not measured, not built (the world never grows past the "
-             "nodes the job started with)")
+             "coordinator: the job fails, docs/watchdog.md)",)
+SPARE = "node4"
 
 
 class Bench(SshdJob):
-    def __init__(self, root: Path, program: str, backoff: float, own_networks: bool):
+    def __init__(self, root: Path, program: str, backoff: float, own_networks: bool, spare: bool = False):
         job = {"name": "elastic", "mode": "collective", "trainer": {"per_node": 1, "command": PROGRAMS[program]},
                "watchdog": {"interval": INTERVAL, "hang_timeout": 60, "grace": GRACE, "on_failure": "restart",
                             "restart_backoff": backoff, "max_restarts": 3, "min_nodes": 2}}
@@ -73,8 +77,9 @@ class Bench(SshdJob):
             job["watchdog"]["port"] = 7180  # each node has its own network: no other job's port is in the way
         if program == "workload":
             job["data"] = {"dir": str(root / "data"), "input": "sample"}
-        super().__init__(root, 3, lambda names: [(n, ["trainer"]) for n in names], job,
-                         cluster=netns.NetnsCluster if own_networks else SshdCluster)
+        super().__init__(root, 4 if spare else 3, lambda names: [(n, ["trainer"]) for n in names], job,
+                         cluster=netns.NetnsCluster if own_networks else SshdCluster,
+                         node_fields={SPARE: {"spare": True}} if spare else None)
         self.prepare = ("split-data", "deploy", "copy-data") if program == "workload" else ("deploy",)
         self.sshd_by_name = {n.name: n for n in self.sshd.nodes}
 
@@ -132,12 +137,15 @@ def measure(b: Bench, fault: str, t0: float, trainers: list, cold: float) -> str
             f"of WORLD_SIZE {env.get('WORLD_SIZE')}; first steps {[r.get('step') for r in firsts]}")
 
 
-def faults(b: Bench, full: list, cold: float, own_networks: bool) -> list[str]:
-    """node3 cut off and healed (nodes with their own networks only), then node3's machine lost: the table's
-    rows; returns the lines that follow it."""
+def faults(b: Bench, full: list, cold: float, own_networks: bool, spare: bool) -> list[str]:
+    """node3 cut off and healed (nodes with their own networks only), then node3's machine lost; or, with a
+    spare, node3's machine lost and the spare in its slot: the table's rows; returns the lines that follow it."""
     print(f"{'fault':<6}  {'gen':>3}  {'world':>5}  {'backoff s':>9}  {'took s':>7}  {'gen cold s':>10}  "
           f"{'target s':>8}  {'took/target':>11}  {'overhead s':>10}")
     said = []
+    if spare:  # the spare's trainer is numbered after the world (trainer-3); it takes node3's slot
+        time.sleep(15.0)
+        return [measure(b, "spare", b.lose(*full[2]), full[:2] + [(SPARE, f"trainer-{len(full)}")], cold)]
     if own_networks:
         time.sleep(15.0)  # into training, past a checkpoint or two
         said.append(measure(b, "cut", b.sshd.cut("node3", "drop"), full[:2], cold))
@@ -156,10 +164,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backoff", type=float, default=8.0)
     ap.add_argument("--program", choices=sorted(PROGRAMS), default="workload")
+    ap.add_argument("--spare", action="store_true", help="a fourth node, a spare; time it taking node3's slot")
     args = ap.parse_args()
     own_networks = netns.available() is None
-    b = Bench(Path(tempfile.mkdtemp(prefix="fabtrain-elastic-")), args.program, args.backoff, own_networks)
-    full = [(n, f"trainer-{i}") for i, n in enumerate(b.names)]
+    b = Bench(Path(tempfile.mkdtemp(prefix="fabtrain-elastic-")), args.program, args.backoff, own_networks, args.spare)
+    full = [(n, f"trainer-{i}") for i, n in enumerate(b.names) if n != SPARE or not args.spare]
     try:
         b.fab(*b.prepare)
         t_start = time.time()
@@ -167,14 +176,15 @@ def main() -> None:
         b.job_id = re.search(r"job (\S+): trainer started", out).group(1)
         up, began, _ = b.generation_up(full, t_start - 60)
         cold = up - began
-        print(f"program {args.program}; 3 trainer nodes{', each its own network' if own_networks else ''}, "
+        print(f"program {args.program}; 3 trainer nodes{' and a spare' if args.spare else ''}"
+              f"{', each its own network' if own_networks else ''}, "
               f"min_nodes 2; restart_backoff {args.backoff:g} s, grace {GRACE:g} s, interval {INTERVAL:g} s, "
               f"fence_wait {fence.fence_wait(INTERVAL, GRACE):g} s")
         print(f"cold start (generation 0): {cold:.3f} s  (first process start -> every trainer's first record)")
-        said = faults(b, full, cold, own_networks)
+        said = faults(b, full, cold, own_networks, args.spare)
         print("overhead = took - backoff - gen cold: the fault seen, the fence, teardown, the coordinator's "
               "decision, relaunch")
-        told = sorted(b.events("node_left") + b.events("node_back"), key=lambda e: e["ts"])
+        told = sorted(b.events("node_left") + b.events("node_back") + b.events("stand_in"), key=lambda e: e["ts"])
         for line in said + [f"{e['kind']}: {e['reason']}" for e in told]:
             print(line)
         for line in NOT_BUILT:

@@ -20,10 +20,11 @@ FAB = str(Path(sys.executable).parent / "fab")
 
 
 class SshdJob:
-    def __init__(self, root: Path, count: int, roles, job: dict, cluster=SshdCluster):
+    def __init__(self, root: Path, count: int, roles, job: dict, cluster=SshdCluster, node_fields: dict | None = None):
         """count sshd nodes of `cluster` (an SshdCluster, or tests/support/netns.py's NetnsCluster: each node its
         own network); roles(names) -> [(node, [roles])]; job: the cluster file's job section, its watchdog's
-        port chosen here unless it names one (a port of nodes with their own networks is not probed from here)."""
+        port chosen here unless it names one (a port of nodes with their own networks is not probed from here);
+        node_fields: more keys of a node's entry, by name ({"node4": {"spare": True}})."""
         self.root, self.sshd = root, cluster(root / "sshd", count=count)
         self.names = [node.name for node in self.sshd.nodes]
         self.ws = {name: root / f"ws-{name}" for name in self.names}
@@ -31,7 +32,7 @@ class SshdJob:
         self.env = {**os.environ, "FABTRAIN_CLUSTER": str(self.path), "FABTRAIN_STATE_DIR": str(root / "state")}
         if "port" not in job["watchdog"]:
             job["watchdog"]["port"] = free_port([node.address for node in self.sshd.nodes])
-        write_cluster(self.path, self.sshd, ssh_nodes=roles(self.names), job=job)
+        write_cluster(self.path, self.sshd, ssh_nodes=roles(self.names), job=job, extra_node_fields=node_fields)
         self.job_id = None
 
     def fab(self, *args: str) -> str:
