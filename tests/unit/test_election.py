@@ -213,3 +213,15 @@ def test_no_successor_while_the_old_coordinator_could_hold_its_lease_random_runs
     rng = random.Random(58)
     elected = sum(_run(rng, rng.choice((3, 4, 5))) for _ in range(400))
     assert elected > 200  # the runs do elect successors: the check is not empty
+
+
+def test_a_generation_starts_only_once_a_majority_knows_it_so_no_successor_reuses_its_number():
+    assert not el.may_start(3, {"n1": 3}, NODES)  # only the coordinator knows generation 3
+    assert el.may_start(3, {"n1": 3, "n3": 4}, NODES)
+    # every majority that could elect a successor then holds a node that knew 3: the successor starts at 4 or later
+    for quorum in itertools.combinations(NODES, 2):
+        knows = {"n1": 3, "n3": 3, "n2": 2}
+        ballots = [el.Ballot(v, 2, True, Known(knows[v])) for v in quorum]
+        for cand in quorum:
+            won = el.tally(NODES, cand, 2, ballots)
+            assert won is not None and won.first_generation() >= 4, (quorum, won)

@@ -9,7 +9,9 @@ answered).
 
 - **Terms.** Coordination is numbered by terms (1, 2, ...). Each agent keeps
   the newest term it knows and whom it voted for in it, on disk in its job
-  folder, and votes **at most once a term**.
+  folder, and votes **at most once a term**. An agent started again over a
+  term record votes for nobody else for `lease + MARGIN` (its last promise
+  was in memory).
 - **Majority.** A candidate becomes the coordinator of term t only with
   votes for t from a strict majority of the job's trainer nodes (its own
   included): two coordinators of one term would need two majorities that
@@ -26,7 +28,9 @@ answered).
   job (generation, the nodes out, restarts left); a voter refuses a
   candidate that knows an older generation than its own, and the winner
   continues from the newest its majority knew, its first generation one
-  past it: the old coordinator's generation is over.
+  past it: the old coordinator's generation is over. A coordinator lets a
+  generation start only once a majority knows it (`may_start`), so no
+  successor can number one of its own the same.
 - **Candidates by node order.** The lowest-indexed node a candidate still
   hears from goes first; each node before it in the cluster file that it
   still hears from adds `stagger` seconds, so one election usually settles
@@ -121,11 +125,17 @@ class Voter:
     """One agent's side of the votes. `heard` on every line from a coordinator; `request` on a candidate's.
     `changed` after either: the state must be saved (TermFile.save) before the answer goes out."""
 
-    def __init__(self, node: str, nodes: tuple, state: TermState, lease: float, known: Known = Known()):
+    def __init__(self, node: str, nodes: tuple, state: TermState, lease: float, known: Known = Known(),
+                 started: float | None = None):
+        """`started`: when this agent started (monotonic), where it may have promised before (a term record
+        read back): its last promise is not on disk, so it counts as given at the start, and this voter
+        votes for nobody else for lease + MARGIN."""
         self.node, self.nodes, self.state, self.lease = node, tuple(nodes), state, lease
         self.known = known
         self.last_contact: float | None = None  # monotonic: the last line from `holder`, or the vote given it
         self.holder: str | None = None  # the coordinator heard last, or the candidate voted for last
+        if started is not None and state.term:
+            self.last_contact, self.holder = started, state.coordinator or state.voted_for
         self.changed = False
 
     def holds_lease(self, now: float) -> bool:
@@ -199,6 +209,14 @@ def tally(nodes: tuple, candidate: str, term: int, ballots) -> Won | None:
     newest = max(granted.values(), key=lambda k: k.generation)
     left = min(k.restarts_left for k in granted.values() if k.generation == newest.generation)
     return Won(term, tuple(sorted(granted)), Known(newest.generation, tuple(sorted(newest.out)), left))
+
+
+def may_start(generation: int, knows: dict, nodes: tuple) -> bool:
+    """Whether the coordinator may let `generation` start: a strict majority of `nodes` (itself included) said
+    in a beat that they know it (`knows`: node -> the newest generation its beat named). Then every majority
+    that can elect a successor holds a node that knows it, and the successor's first generation (one past
+    the newest its voters knew) is never a number this generation had."""
+    return sum(1 for n in nodes if knows.get(n, -1) >= generation) >= majority(len(nodes))
 
 
 def candidacy_delay(nodes: tuple, node: str, heard: set, stagger: float) -> float:
