@@ -163,7 +163,8 @@ def _run(rng: random.Random, n: int) -> bool:
     """One random run of a coordinator n1 of term 1 and candidates among the others: lines sent by n1 reach a
     node after a delay (if it is reachable), its beats echo the newest it got and reach n1 after another delay
     (queued while n1 is paused); cuts flip at random; a candidate stands whenever it may. Whenever a successor
-    is elected, n1's lease had already stopped holding (it stepped down first). True if one was elected."""
+    is elected, n1's lease had already stopped holding (it stepped down first). Agents restart now and then,
+    keeping only their term record. True if one was elected."""
     nodes = tuple("n%d" % (i + 1) for i in range(n))
     vs = voters(nodes)
     lease = el.Lease(nodes, "n1", 1, LEASE, 0.0, voters=nodes)
@@ -180,6 +181,11 @@ def _run(rng: random.Random, n: int) -> bool:
             reach[node] = not reach[node]
         if rng.random() < 0.03 and t >= paused_until:
             paused_until = t + rng.uniform(1.0, 10.0)
+        if rng.random() < 0.05:  # an agent restarted by its keeper: its term record read back, nothing else
+            node = rng.choice(nodes[1:])
+            st = vs[node].state
+            vs[node] = Voter(node, nodes, TermState(st.term, st.voted_for, st.coordinator), LEASE, vs[node].known,
+                             started=t)
         running = t >= paused_until and stepped_down_at is None
         for node in nodes[1:]:
             if not reach[node]:
