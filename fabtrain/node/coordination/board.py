@@ -145,6 +145,7 @@ class Board:
         self.trainers = self.trainers_ok = self.trainers_live = 0  # sums of the peers' counts
         self.expected: int | None = None  # the largest trainers_expected a peer said
         self.superseded = False  # a newer job asked for this port while ours is over
+        self.elected = False  # its coordinator was elected by majority (succession.py): nodes[0] may leave too
         self.loaded: dict[int, dict] = {}  # generation -> what a failed process of it had just loaded (restart.py)
         self.resume: dict | None = None  # the restarting generation's fallback checkpoint (on_bad_checkpoint previous)
         self._status_cache: tuple | None = None  # (status dict, (peers, trainers live), status line, its JSON)
@@ -241,7 +242,7 @@ class Board:
         if st["status"] in FINAL or spares.idle(self, node):
             return False  # (an idle spare is in no generation's world: its loss is its peer_lost only)
         stand_in = spares.after_leave(self, node) if layout is not None else {}
-        out, why = layout.leave(node, self.out, stand_in) if layout is not None else (None, "")
+        out, why = layout.leave(node, self.out, stand_in, self.elected) if layout is not None else (None, "")
         if out is None:
             return self._set_status(JobState.FAILED, reason + ("; not restarted: %s" % why if why else ""), node, wall)
         if out == self.out:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from fabtrain.node.structs import record
 
+from .election import no_majority
+
 
 @record
 class Layout:
@@ -62,18 +64,23 @@ class Layout:
         first, n = self.nodes[0], len(self.nodes)
         why = "%s is the first node: the agents' coordinator lives there, so the job cannot go on without it" % first
         if n <= 2:
-            why += " (%d of %d nodes is no majority: the other cannot tell %s gone from itself cut off)" % (
-                n - 1, n, first)
+            why += " (%s)" % no_majority(first, n)
         if first in self.pserver_nodes:
             why += "; and it runs parameter servers, whose shard of the model lives only there"
         return why
 
-    def leave(self, node: str, out: frozenset, stand_in=None) -> tuple[frozenset | None, str]:
+    def elects(self) -> bool:
+        """Whether a coordinator may be elected by majority (election.py): three or more nodes, every one a
+        trainer node (a pserver's shard lives only on its node; a job with spares does not elect)."""
+        return len(self.nodes) >= 3 and not self.pserver_nodes and self.trainer_nodes == self.nodes
+
+    def leave(self, node: str, out: frozenset, stand_in=None, elected: bool = False) -> tuple[frozenset | None, str]:
         """The nodes out once `node` leaves (and `stand_in` holds the slots it gives spares after), or None and
-        why the job cannot go on without it."""
+        why the job cannot go on without it. `elected`: asked by a coordinator a majority elected
+        (succession.py), which may go on without nodes[0] where `elects`."""
         if node in out:
             return out, ""
-        if self.nodes and node == self.nodes[0]:
+        if self.nodes and node == self.nodes[0] and not (elected and self.elects()):
             return None, self.without_first()
         if node in self.pserver_nodes:
             return None, ("%s runs parameter servers: their shard of the model lives only there, so a "

@@ -1,0 +1,40 @@
+"""A coordinator a majority elected (election.py) takes over the job's board, pure.
+
+Not wired into the agents yet (docs/partitions.md, "Majority election").
+The new coordinator has no board of the old one's: it starts one from what
+its majority knew (`Won.known`: the newest generation, the nodes out) and
+takes the old coordinator's node as lost now. That is the board's own
+leave (`Board._leave`), so the first generation of the new term is the
+newest its majority knew plus one, and it starts no earlier than
+`fence_wait` from the election: the old coordinator stepped down (and began
+to fence its node) before any vote for the new one could be given, and its
+node's processes are gone within `stop_bound` of that.
+"""
+from __future__ import annotations
+
+from fabtrain.contract.events import EventKind
+from fabtrain.contract.states import JobState
+
+from .board import Board, Event
+from .election import Won, moved
+from .restart import RestartPolicy
+
+
+def take_over(job_id: str, nodes: list, peer_timeout: float, restart: RestartPolicy, won: Won, me: str,
+              previous: str | None, now: float, wall: float) -> tuple[Board, list]:
+    """The board of `me`, coordinator of `won.term`, and its events: the move (`coordinator`), and the old
+    coordinator's node leaving (`node_left`), or the job's end where it cannot go on without it."""
+    board = Board(job_id, nodes, peer_timeout, restart)
+    board.elected = True
+    board.out = frozenset(n for n in won.known.out if n in board.node_set)
+    board._set_status(JobState.RUNNING, None, None, wall, won.known.generation)
+    for voter in won.voters:  # they were in the world: each starts its part of the next generation
+        board._join(voter, now).had_procs = True
+    events = [Event(EventKind.COORDINATOR, me, moved(me, won.term, previous),
+                    {"term": won.term, "previous": previous, "voters": list(won.voters)})]
+    if previous is None or previous in board.out:
+        return board, events
+    board._join(previous, now)  # its last hearing, for the fence wait: no earlier than now
+    reason = "node %s lost: the coordinator there lost its majority; %s" % (previous, moved(me, won.term, None))
+    board._leave(previous, reason, now, wall, events)
+    return board, events
