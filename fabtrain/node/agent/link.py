@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 
+from fabtrain.contract.events import EventKind
 from fabtrain.contract.jobfolder import JobFolder
 from fabtrain.contract.records import HEALTH_COORDINATOR, record
 from fabtrain.node.coordination.client import Client
@@ -45,6 +46,10 @@ class Link:
         self.msgs_lock = threading.Lock()
         self.last_seq = 0
         self.last_beat_key = None
+        self.job, self.job_dir = job, job_dir
+        self.elector = None  # a job that elects (Layout.elects): this agent's votes and candidacy (elect.py)
+        self.target = self.nodes[0]  # the node whose coordinator the client follows
+        self.echo: float | None = None  # the newest `t` of the followed coordinator's lines (tenure.py)
 
     @property
     def hosted_here(self) -> bool:
@@ -52,25 +57,92 @@ class Link:
 
     def start(self) -> bool:
         """Host the coordinator (first node) and connect to it; False if the coordinator could not listen."""
+        if self.restart.layout is not None and self.restart.layout.elects():
+            from . import elect  # only a job that elects loads it
+
+            try:
+                self.elector = elect.Elector(self, self.job, self.job_dir, self.cfg.fence_after)
+            except OSError as e:  # its ballot box's port is taken: this node neither votes nor stands
+                self.on_event(EventKind.AGENT_ERROR, reason="no ballot box on %s: %s" % (self.node, e.strerror or e))
         if self.hosted_here:
             from fabtrain.node.coordination.server import Coordinator  # only here: the other agents never load it
 
             self.coordinator = Coordinator(
                 self.job_id, self.host, self.port, self.nodes, self.cfg.interval, self.cfg.peer_timeout, self.path,
                 secret=self.secret, restart=self.restart, on_event=self.on_event)
+            if self.elector is not None:
+                from fabtrain.node.coordination import tenure
+                from fabtrain.node.coordination.election import Lease
+
+                self.coordinator.tenure = tenure.Tenure(self.node, Lease(
+                    tuple(self.nodes), self.node, 1, self.cfg.fence_after, time.monotonic()))
             self.coordinator.start()
             if not self.coordinator.wait_listening(self.coordinator.bind_wait + 5):
                 return False
-        self.client = Client(self.host, self.port, self.cfg.interval, self._on_message, secret=self.secret,
-                             job_id=self.job_id, node=self.node, on_event=self.on_event,
-                             peer_timeout=self.cfg.peer_timeout)
-        self.client.start()
+        self._connect(self.host)
+        if self.elector is not None:
+            self.elector.start()
         return True
 
-    def _on_message(self, msg: dict) -> None:
+    def _connect(self, host: str) -> None:
+        client = Client(host, self.port, self.cfg.interval, lambda msg: self._on_message(msg, client),
+                        secret=self.secret, job_id=self.job_id, node=self.node, on_event=self.on_event,
+                        peer_timeout=self.cfg.peer_timeout)
+        self.client = client
+        client.start()
+
+    def _on_message(self, msg: dict, client: Client | None = None) -> None:
+        if client is not None and client is not self.client:
+            return  # a line of the coordinator this link no longer follows
+        if self.elector is not None:
+            if not self.elector.heard(msg):
+                return  # of an older term: not followed (its coordinator steps down)
+            if isinstance(msg.get("t"), (int, float)):
+                self.echo = max(self.echo or 0.0, float(msg["t"]))
         with self.msgs_lock:
             self.msgs.append(msg)
         self.wake()
+
+    # -- a job that elects (elect.py) ------------------------------------------------------------
+
+    def follow(self, node: str, host: str) -> None:
+        """Point the client at `node`'s coordinator (its term's, or the candidate this node voted for)."""
+        if node == self.target:
+            return
+        old, self.target, self.echo = self.client, node, None
+        self.roster, self.roster_known, self.last_beat_key = {}, None, None
+        self._connect(host)
+        if old is not None:
+            old.stop()
+
+    def hosting(self) -> bool:
+        co = self.coordinator
+        return co is not None and co.is_alive() and (co.tenure is None or co.tenure.stepped_down is None)
+
+    def host_elected(self, won, previous: str | None, asked: float, lease: float) -> None:
+        """This node won `won.term`: host its coordinator on this node's address (succession.take_over's board,
+        the lease counted from `asked`), and follow it."""
+        from fabtrain.node.coordination import tenure
+        from fabtrain.node.coordination.election import Lease
+        from fabtrain.node.coordination.server import Coordinator
+        from fabtrain.node.coordination.succession import take_over
+
+        host = self.elector.addresses[self.node]
+        co = Coordinator(self.job_id, host, self.port, self.nodes, self.cfg.interval, self.cfg.peer_timeout, self.path,
+                         secret=self.secret, restart=self.restart, on_event=self.on_event)
+        co.board, events = take_over(self.job_id, self.nodes, self.cfg.peer_timeout, self.restart, won, self.node,
+                                     previous, time.monotonic(), time.time())
+        co.restored = False
+        co.tenure = tenure.Tenure(self.node, Lease(tuple(self.nodes), self.node, won.term, lease, asked, won.voters))
+        old, self.coordinator = self.coordinator, co
+        if old is not None:
+            old.stop()
+            old.join(2)
+        co._emit(events)
+        co._save()
+        co.start()
+        if co.wait_listening(co.bind_wait + 5):
+            self.follow(self.node, host)
 
     def take(self) -> list[dict]:
         """The lines that came since the last call; the newest status of this job becomes `view`."""
@@ -102,6 +174,8 @@ class Link:
         if urgent and key == self.last_beat_key:
             return  # nothing new since the last beat; the next tick sends one anyway
         self.last_beat_key = key
+        if self.elector is not None:  # the term it follows, and the newest line it had (tenure.py)
+            beat = dict(beat, term=self.elector.term, echo=self.echo)
         self.last_seq = self.client.update(dict(beat, roster=self.roster_known), urgent)
 
     @property
@@ -120,12 +194,13 @@ class Link:
             silent_for=(now - c.last_contact) if c and c.last_contact is not None else None,
             lease_age=(now - lease) if lease is not None else None,
             error=c.error if c else None, seen=tuple(sorted(view.get("peers") or {})),
-            trainers_running=int(view.get("trainers_running") or 0))
+            trainers_running=int(view.get("trainers_running") or 0),
+            deposed=self.coordinator.tenure.stepped_down if self.coordinator and self.coordinator.tenure else None)
 
     def health(self) -> dict:
         """health.json's `coordinator`."""
         c, co, view = self.client, self.coordinator, self.view
-        return record(HEALTH_COORDINATOR, host=self.host, port=self.port, hosted_here=co is not None,
+        return record(HEALTH_COORDINATOR, host=c.host if c else self.host, port=self.port, hosted_here=co is not None,
                       connected=bool(c and c.connected),
                       last_contact=round(c.last_contact_epoch, 3) if c and c.last_contact_epoch else None,
                       lease=round(c.lease_epoch, 3) if c and c.lease_epoch else None,
@@ -135,6 +210,8 @@ class Link:
                       lost=view.get("lost") or [], done=view.get("done") or [])
 
     def stop(self) -> None:
+        if self.elector:
+            self.elector.stop()
         if self.client:
             self.client.stop()
         if self.coordinator:

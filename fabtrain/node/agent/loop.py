@@ -69,7 +69,7 @@ def settings(job: dict, nodes: list[str]) -> tuple[policy.Config, RestartPolicy]
             elastic=w.get("min_nodes") is not None and w["on_failure"] == "restart")
         restart = RestartPolicy.from_watchdog(w, job)
         if restart.layout is not None:  # min_nodes: why a lost coordinator's node ends the job (elastic.py)
-            cfg = replace(cfg, without_coordinator=restart.layout.without_first(), spare=job["node"] in restart.layout.spares)
+            cfg = replace(cfg, without_coordinator=restart.layout.fence_why(), spare=job["node"] in restart.layout.spares)
         return cfg, restart
     except KeyError as e:
         raise SystemExit("agent: job.json of job %s has no watchdog setting %s" % (job.get("job_id"), e)) from None

@@ -75,6 +75,7 @@ class Peers:
     error: str | None = None
     seen: tuple = ()  # nodes whose agents have spoken to it
     trainers_running: int = 0
+    deposed: str | None = None  # a job that elects: why the coordinator this agent hosts stepped down (tenure.py)
 
 
 @record

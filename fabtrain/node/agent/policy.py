@@ -418,11 +418,12 @@ class _Decision:
         peers, cfg = self.obs.peers, self.cfg
         if not peers.ever_connected or self.ledger.coordinator_lost or self.ledger.status.status in FINAL:
             return
-        if not coordinator_lost(peers, cfg) or not any(p.live for p in self.obs.procs):
+        if not (coordinator_lost(peers, cfg) or peers.deposed) or not any(p.live for p in self.obs.procs):
             return
         self.update(coordinator_lost=True)
         age = peers.lease_age if peers.lease_age is not None else peers.silent_for
-        reason = ("coordinator %s (agent of %s) unreachable: no answer to a beat for %.1f s (%s); this node "
+        reason = ("%s; this node fences itself: it stops its part of the job" % peers.deposed if peers.deposed else
+                  "coordinator %s (agent of %s) unreachable: no answer to a beat for %.1f s (%s); this node "
                   "fences itself: it stops its part of the job (fence_after %g s)" % (
                       cfg.coordinator, cfg.coordinator_node, age, peers.error or "no answer", cfg.fence_after)
                   + ("; %s" % cfg.without_coordinator if cfg.without_coordinator else "")

@@ -69,6 +69,13 @@ class Layout:
             why += "; and it runs parameter servers, whose shard of the model lives only there"
         return why
 
+    def fence_why(self) -> str:
+        """What follows a node's fence for the coordinator's loss, in one line (the agents' fence says it)."""
+        if self.elects():
+            return ("the nodes that reach a majority of the job's %d elect a coordinator of a new term and go on "
+                    "without the nodes they lost" % len(self.nodes))
+        return self.without_first()
+
     def elects(self) -> bool:
         """Whether a coordinator may be elected by majority (election.py): three or more nodes, every one a
         trainer node (a pserver's shard lives only on its node; a job with spares does not elect)."""

@@ -48,6 +48,7 @@ class Coordinator(threading.Thread):
         self.restart = restart
         self.board = Board(job_id, nodes, peer_timeout, restart)
         self.restored = False
+        self.tenure = None  # a job that elects: this coordinator's term and lease (tenure.py); else None
         self.desk = pulse.Desk(nodes)
         self.bound = False
         self.bind_error: str | None = None
@@ -119,6 +120,10 @@ class Coordinator(threading.Thread):
                 return Outcome(self.board.wrong_job(str(msg.get("job_id"))[:protocol.MAX_NAME]), False, [])
             if msg.get("op") != "beat":
                 return Outcome({"op": "error", "error": "unknown op %r" % str(msg.get("op"))[:40]}, False, [])
+            if self.tenure is not None:  # its lease first: a coordinator that stepped down answers nothing
+                self.tenure.beat(msg)
+                if not self.tenure.holds(time.monotonic()):
+                    return Outcome({"op": "error", "error": self.tenure.stepped_down}, False, [])
             outcome = self.board.beat(msg, time.monotonic(), time.time())
             if outcome.changed:
                 self._save()
@@ -231,6 +236,9 @@ class Coordinator(threading.Thread):
             if time.monotonic() - last_check >= period:
                 last_check = time.monotonic()
                 self.connections.expire(last_check, silent=hung_timeout(self.peer_timeout))
+                if self.tenure is not None and not self.tenure.holds(last_check):
+                    self.on_event(EventKind.COORDINATOR, reason=self.tenure.stepped_down, term=self.tenure.term)
+                    break  # steps down: every connection closed, its agent fences its node (tenure.py)
                 if self.check_peers():
                     self._broadcast()
         self.connections.close_all()
@@ -293,6 +301,8 @@ class Coordinator(threading.Thread):
         if msg.get("node") != conn.node:
             raise ProtocolError("a beat for node %r on %s's connection" % (str(msg.get("node"))[:40], conn.node))
         reply, _, _, broadcast, body = self.take(msg)
+        if self.tenure is not None and reply.get("op") != "error":
+            reply, body = self.tenure.stamp(reply), None
         self.connections.send(conn, conn.channel.seal(reply, body))
         if reply.get("op") == "error":
             self.connections.refuse(conn, reply["error"])
@@ -315,6 +325,8 @@ class Coordinator(threading.Thread):
     def _broadcast(self, skip: Conn | None = None) -> None:
         with self.lock:
             msg = self.board.status_line()
+        if self.tenure is not None:
+            msg = self.tenure.stamp(msg)
         for conn in list(self.connections.by_node.values()):
             if conn is not skip and self.connections.open(conn):
                 self.connections.send(conn, conn.channel.seal(msg))

@@ -1,0 +1,113 @@
+"""The election wired (agent/elect.py, coordination/tenure.py, agent/link.py): three agents' links of a job
+that elects, on 127.0.0.1-3, with real coordinators, clients and ballot boxes over real sockets. The first
+node's agent ends (its coordinator with it): the two others elect node n2 for term 2, whose board restarts the
+job as generation 1 without n1, and n3 follows it. A job that does not elect runs no ballot box and stamps
+nothing. No agent loop: each test beats by hand, as the loop would."""
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from fabtrain.contract.events import EventKind
+from fabtrain.node.agent.link import Link
+from fabtrain.node.agent.loop import settings
+
+NODES = ("n1", "n2", "n3")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u, socket.socket() as t:
+        t.bind(("127.0.0.1", 0))
+        port = t.getsockname()[1]
+        u.bind(("127.0.0.1", port + 1))  # the ballot box's
+        return port
+
+
+def job_of(node: str, port: int, min_nodes) -> dict:
+    return {"job_id": "J", "node": node, "trainers": 3,
+            "nodes": [{"name": n, "address": "127.0.0.%d" % (i + 1), "roles": ["trainer"]} for i, n in enumerate(NODES)],
+            "watchdog": {"interval": 0.5, "hang_timeout": 60, "startup_timeout": 60, "grace": 0.5,
+                         "on_failure": "restart", "min_nodes": min_nodes, "max_restarts": 3, "restart_backoff": 0.5,
+                         "restart_on_exit_codes": None, "coordinator": {"host": "127.0.0.1", "port": port,
+                                                                          "secret": "s3cr3t"}}}
+
+
+class Agent:
+    """What the agent loop gives its link: beats, and the events its link writes."""
+
+    def __init__(self, node: str, port: int, tmp_path, min_nodes=2):
+        self.node, self.events = node, []
+        job = job_of(node, port, min_nodes)
+        cfg, restart = settings(job, list(NODES))
+        (tmp_path / node).mkdir()
+        self.link = Link(job, list(NODES), cfg, restart, str(tmp_path / node),
+                         lambda kind, reason="", node=None, **f: self.events.append((kind, reason, f)), lambda: None)
+
+    def beat(self) -> None:
+        self.link.send({"op": "beat", "job_id": "J", "node": self.node, "procs": {}, "done": False,
+                        "failure": None, "final": None, "generation": 0})
+        self.link.take()
+
+
+@pytest.fixture
+def agents(tmp_path):
+    port = free_port()
+    made = [Agent(n, port, tmp_path) for n in NODES]
+    yield made
+    for a in made:
+        a.link.stop()
+
+
+def run_until(agents, cond, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for a in agents:
+            a.beat()
+        if cond():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_the_first_nodes_agent_gone_the_others_elect_n2_which_restarts_the_job_without_n1(agents):
+    n1, n2, n3 = agents
+    assert all(a.link.start() for a in agents)
+    assert run_until(agents, lambda: len(n1.link.coordinator.board.peers) == 3 and n1.link.coordinator.tenure.armed(),
+                     10)
+    assert all(a.link.elector.term == 1 for a in agents)
+    n1.link.stop()  # its agent (and coordinator) gone
+    assert run_until([n2, n3], lambda: n2.link.hosting() and n3.link.target == "n2"
+                     and n3.link.view.get("generation") == 1, 30), (n2.events, n3.events)
+    assert n2.link.elector.term == n3.link.elector.term == 2
+    moved = [r for k, r, _ in n2.events if k == EventKind.COORDINATOR]
+    assert moved == ["coordinator now on n2 (term 2), after n1"], n2.events
+    status = n2.link.coordinator.board.status
+    assert status["status"] == "restarting" and status["generation"] == 1 and "n1" in n2.link.coordinator.board.out
+    assert n3.link.view["status"] == "restarting", n3.link.view
+    assert n1.link.coordinator.tenure.term == 1 and n3.link.coordinator is None
+
+
+def test_a_coordinator_that_loses_its_majority_steps_down_and_its_node_is_told_to_fence(agents):
+    n1, n2, n3 = agents
+    assert all(a.link.start() for a in agents)
+    assert run_until(agents, lambda: n1.link.coordinator.tenure.armed(), 10)
+    n2.link.stop()
+    n3.link.stop()
+    assert run_until([n1], lambda: n1.link.peers().deposed is not None, 10)
+    assert "fewer than a majority (2): it steps down" in n1.link.peers().deposed
+    assert not n1.link.hosting()
+
+
+def test_a_job_that_does_not_elect_runs_no_ballot_box_and_stamps_nothing(tmp_path):
+    port = free_port()
+    plain = [Agent(n, port, tmp_path, min_nodes=None) for n in NODES]
+    try:
+        assert all(a.link.start() for a in plain)
+        assert run_until(plain, lambda: all(a.link.view.get("status") for a in plain), 10)
+        assert all(a.link.elector is None for a in plain) and plain[0].link.coordinator.tenure is None
+        assert "term" not in plain[1].link.view and "by" not in plain[1].link.view
+    finally:
+        for a in plain:
+            a.link.stop()
