@@ -66,7 +66,9 @@ HEALTH_COORDINATOR = {"host": NAME, "port": INTEGER, "hosted_here": FLAG, "conne
                       "lease": NUMBER,  # when this node's lease from the coordinator runs from (node/coordination)
                       "fenced": REASON,  # why the coordinator refused this node for good (it left the job)
                       "pulses": INTEGER,  # the coordinator's pulses this agent answered (coordination/pulse.py)
-                      "error": REASON, "lost": list_of(NAME), "done": list_of(NAME)}
+                      "error": REASON, "lost": list_of(NAME), "done": list_of(NAME),
+                      # a job that elects (agent/elect.py): the node whose coordinator it follows, and its term
+                      "node": NAME, "term": INTEGER}
 HEALTH_ORPHAN = {"pid": INTEGER, "name": NAME, "job_id": NAME, "reason": REASON}
 # coordination/stragglers.py's rows: by rate (rate, median, since) or by the step's timings (rank, cause, ...)
 HEALTH_STRAGGLER = {"node": NAME, "name": NAME, "rate": NUMBER, "median": NUMBER, "since": NUMBER, "rank": INTEGER,

@@ -299,6 +299,9 @@ def _node_notes(obs: NodeObservation, value: Status, now: float) -> tuple[list[s
             notes.append(f"{obs.name}: {p['name']}: {visible(p['reason'])}")
     for o in h.get("orphans") or []:
         notes.append(f"{obs.name}: ORPHAN pid {o.get('pid')} ({o.get('name')}): {o.get('reason')}; being killed")
+    coord = h.get("coordinator") or {}
+    if isinstance(coord.get("term"), int) and coord["term"] > 1 and coord.get("node"):  # a job that elects
+        notes.append(f"{obs.name}: coordinator now on {coord['node']} (term {coord['term']})")
     for lost in (h.get("coordinator") or {}).get("lost") or []:
         notes.append(f"{obs.name}: the agents lost contact with node {lost}")
     events = [e for e in h.get("events") or [] if e["kind"] not in ROUTINE]

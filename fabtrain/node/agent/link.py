@@ -79,7 +79,11 @@ class Link:
             self.coordinator.start()
             if not self.coordinator.wait_listening(self.coordinator.bind_wait + 5):
                 return False
-        self._connect(self.host)
+        host = self.host
+        if self.elector is not None:  # an agent started again follows the coordinator of its term record
+            self.target = self.elector.voter.state.coordinator or self.target
+            host = self.elector.addresses.get(self.target, self.host)
+        self._connect(host)
         if self.elector is not None:
             self.elector.start()
         return True
@@ -200,14 +204,16 @@ class Link:
     def health(self) -> dict:
         """health.json's `coordinator`."""
         c, co, view = self.client, self.coordinator, self.view
-        return record(HEALTH_COORDINATOR, host=c.host if c else self.host, port=self.port, hosted_here=co is not None,
+        host = self.elector.addresses[self.target] if self.elector else self.host  # the coordinator it follows
+        return record(HEALTH_COORDINATOR, host=host, port=self.port, hosted_here=co is not None,
                       connected=bool(c and c.connected),
                       last_contact=round(c.last_contact_epoch, 3) if c and c.last_contact_epoch else None,
                       lease=round(c.lease_epoch, 3) if c and c.lease_epoch else None,
                       fenced=(self.fenced or {}).get("reason"),
                       pulses=c.pulser.answered if c else 0,  # answered pulses (coordination/pulse.py)
                       error=(c.error if c else None) or (co.bind_error if co else None),
-                      lost=view.get("lost") or [], done=view.get("done") or [])
+                      lost=view.get("lost") or [], done=view.get("done") or [],
+                      node=self.target if self.elector else None, term=self.elector.term if self.elector else None)
 
     def stop(self) -> None:
         if self.elector:

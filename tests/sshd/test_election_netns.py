@@ -1,0 +1,128 @@
+"""A majority election under partitions (docs/partitions.md, "Majority election"): three sshd nodes in network
+namespaces (tests/support/netns.py), a job that elects (min_nodes, three trainer nodes), real agents and
+processes. What must hold in each case: the lost node's programs are gone (its agent saw them end, /proc has
+them no more) before the smaller world starts; one coordinator a term (the `coordinator ... now on` events);
+the generations only increase; and the job's end leaves nothing (`fab kill-all`).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from fabtrain.node import procfs
+from fabtrain.node.coordination import fence
+from tests.conftest import require
+from tests.support import netns
+from tests.support.partition_job import GRACE, INTERVAL, MASTER_PORT, NODES, PartitionJob, stopped_at
+from tests.support.procscan import wait_for
+
+pytestmark = [pytest.mark.ssh, pytest.mark.timeout(300)]
+
+STOP_BOUND = fence.stop_bound(INTERVAL, GRACE)
+# From the cut to the smaller world: the lease and its margin, the candidacy's stagger, the fence wait
+# from the election, the backoff, a cold start.
+NEW_WORLD = fence.fence_after(INTERVAL) + 1 + 2 + fence.fence_wait(INTERVAL, GRACE) + 1 + 30
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory):
+    why = netns.available()
+    require(why is None, "network namespaces", why or "")
+    cluster = netns.NetnsCluster(tmp_path_factory.mktemp("netns"), len(NODES))
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("election-jobs")
+
+
+def electing(fab, root, net) -> PartitionJob:
+    return PartitionJob(fab, root, net, on_failure="restart", restart_backoff=1, max_restarts=3, min_nodes=2,
+                        max_rejoins=0)
+
+
+def moves(job) -> list[str]:
+    """Every election won, on any node: `coordinator now on X (term t), after Y`."""
+    return [e["reason"] for n in NODES for e in job.events(n, "coordinator") if " now on " in e["reason"]]
+
+
+def generations(job, node) -> list[int]:
+    return [e.get("generation") for e in job.events(node, "restarted")]
+
+
+def check_new_world(job, lost: str, kept: tuple) -> float:
+    """The survivors run generation 1 without `lost` on a port of its own; `lost`'s trainer ended before it
+    started. The new world's start (epoch)."""
+    new = [job.run_record(n, f"trainer-{NODES.index(n)}") for n in kept]
+    started = min(r["started_at"] for r in new)
+    env = {k.decode(): v.decode() for k, v in procfs.environ(new[0]["program_pid"]).items()}
+    assert (env["MASTER_PORT"], env["WORLD_SIZE"], env["FABTRAIN_RESTART_COUNT"]) == (
+        str(MASTER_PORT + 1), "2", "1"), env
+    name = f"trainer-{NODES.index(lost)}"
+    assert wait_for(lambda: stopped_at(job, lost, name), timeout=STOP_BOUND + 5), job.describe()
+    gone = stopped_at(job, lost, name)
+    assert gone < started, f"{lost}'s trainer ended {gone - started:.2f} s after generation 1 started"
+    return started
+
+
+def test_the_first_node_cut_off_alone_node2_coordinates_term_2_and_the_job_goes_on_without_it(fab, root, net):
+    job = electing(fab, root, net)
+    try:
+        old_pid = job.run_record("node1", "trainer-0")["program_pid"]
+        net.cut("node1", "drop")
+        assert wait_for(lambda: job.events("node2", "restarted") and job.events("node3", "restarted"),
+                        timeout=NEW_WORLD), job.describe()
+        check_new_world(job, "node1", ("node2", "node3"))
+        assert procfs.stat(old_pid) is None
+        # node1's coordinator stepped down (its lease: 1 of 3) and its node fenced itself.
+        assert any("steps down" in e["reason"] for e in job.events("node1", "coordinator")), job.describe()
+        assert any("steps down" in e["reason"] for e in job.events("node1", "peer_lost")), job.describe()
+        # One election, one coordinator a term; generation 1 only, once a node.
+        assert moves(job) == ["coordinator now on node2 (term 2), after node1"], moves(job)
+        assert generations(job, "node2") == generations(job, "node3") == [1]
+        (left,) = job.events("node2", "node_left")
+        assert left["peer"] == "node1" and left["world_size"] == 2, left
+        assert wait_for(lambda: (job.health("node3").get("coordinator") or {}).get("node") == "node2", timeout=10)
+        assert job.health("node3")["coordinator"]["term"] == 2
+        assert wait_for(lambda: job.health("node2")["job"]["status"] == "running", timeout=4 * INTERVAL + 5), \
+            job.health("node2")["job"]
+        status = job.fab("status")
+        assert "coordinator now on node2 (term 2)" in status.stdout, status.stdout
+    finally:
+        job.end()
+
+
+def test_the_coordinators_agent_paused_and_resumed_steps_down_and_node2_coordinates_term_2(fab, root, net):
+    job = electing(fab, root, net)
+    agent = int(job.run_record("node1", "agent").get("pid") or 0) or _agent_pid(job, "node1")
+    try:
+        os.kill(agent, signal.SIGSTOP)
+        assert wait_for(lambda: job.events("node2", "restarted") and job.events("node3", "restarted"),
+                        timeout=NEW_WORLD), job.describe()
+        os.kill(agent, signal.SIGCONT)
+        # Resumed: its lease is long gone (the beats queued meanwhile echo lines from before the pause): it steps
+        # down before it answers anything, and its node fences itself.
+        assert wait_for(lambda: stopped_at(job, "node1", "trainer-0"), timeout=STOP_BOUND + 5), job.describe()
+        assert any("steps down" in e["reason"] for e in job.events("node1", "coordinator")), job.describe()
+        assert moves(job) == ["coordinator now on node2 (term 2), after node1"], moves(job)
+        assert generations(job, "node2") == generations(job, "node3") == [1]
+        assert not job.events("node1", "restarted")
+    finally:
+        os.kill(agent, signal.SIGCONT)
+        job.end()
+
+
+def _agent_pid(job, node) -> int:
+    for pid in job.job_pids(node):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"fabtrain.node.agent" in f.read():
+                    return pid
+        except OSError:
+            continue
+    raise AssertionError(job.describe())

@@ -1,0 +1,42 @@
+"""A coordinator's term as server.py keeps it (coordination/tenure.py): lines stamped, the lease from the beats'
+echoes, the first term counting once a majority echoed, stepping down (no majority, a newer term named)."""
+from __future__ import annotations
+
+import time
+
+from fabtrain.node.coordination.election import Lease
+from fabtrain.node.coordination.tenure import Tenure
+
+NODES = ("n1", "n2", "n3")
+
+
+def test_a_line_carries_the_term_the_coordinators_node_and_its_monotonic_time():
+    line = Tenure("n2", Lease(NODES, "n2", 2, 4.0, 0.0)).stamp({"op": "status", "status": "running"})
+    assert (line["op"], line["term"], line["by"]) == ("status", 2, "n2")
+    assert abs(line["t"] - time.monotonic()) < 1.0
+
+
+def test_the_first_term_counts_only_once_a_majority_has_echoed_then_holds_on_echoes_and_steps_down_without():
+    t = Tenure("n1", Lease(NODES, "n1", 1, 4.0, asked=0.0))
+    assert not t.armed() and t.holds(100.0)  # the agents are still starting: nothing to count yet
+    t.beat({"node": "n2", "term": 1, "echo": 99.0})
+    assert t.armed() and t.holds(100.0)
+    t.beat({"node": "n2", "echo": 101.0})  # the term is named once; later beats leave it out
+    assert t.holds(104.5)
+    assert not t.holds(105.5) and "heard 1 of 3 trainer nodes" in t.stepped_down
+    t.beat({"node": "n2", "echo": 105.4})
+    assert not t.holds(105.6), "a coordinator that stepped down stays down"
+
+
+def test_a_beat_queued_while_the_coordinator_was_paused_counts_from_the_line_it_echoes():
+    t = Tenure("n1", Lease(NODES, "n1", 1, 4.0, asked=0.0))
+    t.beat({"node": "n2", "term": 1, "echo": 10.0})
+    t.beat({"node": "n2", "echo": 10.5})  # arrives at 30 (the coordinator was stopped): it echoes 10.5
+    assert not t.holds(30.0)
+
+
+def test_a_beat_naming_a_newer_term_makes_it_step_down_at_once():
+    t = Tenure("n2", Lease(NODES, "n2", 2, 4.0, asked=10.0, voters=("n2", "n3")))
+    assert t.holds(11.0)
+    t.beat({"node": "n3", "term": 3, "echo": 10.9})
+    assert not t.holds(11.0) and "names term 3" in t.stepped_down
