@@ -80,7 +80,8 @@ def test_the_first_nodes_agent_gone_the_others_elect_n2_which_restarts_the_job_w
     n1.link.stop()  # its agent (and coordinator) gone
     assert run_until([n2, n3], lambda: n2.link.hosting() and n3.link.target == "n2"
                      and n3.link.view.get("generation") == 1, 30), (n2.events, n3.events)
-    assert n2.link.elector.term == n3.link.elector.term == 2
+    assert n2.link.elector.term == n3.link.elector.term == 2 and n2.link.term == n3.link.term == 2
+    assert n3.link.health()["node"] == "n2" and n3.link.health()["term"] == 2
     moved = [r for k, r, _ in n2.events if k == EventKind.COORDINATOR]
     assert moved == ["coordinator now on n2 (term 2), after n1"], n2.events
     status = n2.link.coordinator.board.status
@@ -111,3 +112,16 @@ def test_a_job_that_does_not_elect_runs_no_ballot_box_and_stamps_nothing(tmp_pat
     finally:
         for a in plain:
             a.link.stop()
+
+
+def test_a_node_that_stood_in_vain_does_not_depose_the_coordinator_its_majority_still_follows(agents):
+    n1, n2, n3 = agents
+    assert all(a.link.start() for a in agents)
+    assert run_until(agents, lambda: n1.link.coordinator.tenure.armed(), 10)
+    with n2.link.elector.lock:  # n2 stood for term 5 and lost (cut off from n1 a while): its term record says so
+        n2.link.elector.voter.state.term, n2.link.elector.voter.state.voted_for = 5, "n2"
+        n2.link.elector.voter.state.coordinator = None
+    run_until(agents, lambda: False, 8)  # its beats go on reaching n1, naming the term they follow
+    assert n1.link.hosting() and n1.link.coordinator.tenure.stepped_down is None
+    assert n3.link.target == "n1" and n3.link.elector.term == 1
+    assert not [r for a in agents for k, r, _ in a.events if k == EventKind.COORDINATOR]

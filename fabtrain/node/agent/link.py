@@ -50,6 +50,7 @@ class Link:
         self.elector = None  # a job that elects (Layout.elects): this agent's votes and candidacy (elect.py)
         self.target = self.nodes[0]  # the node whose coordinator the client follows
         self.echo: float | None = None  # the newest `t` of the followed coordinator's lines (tenure.py)
+        self.term = 1  # the newest term of the lines followed: what the beats name (tenure.py)
 
     @property
     def hosted_here(self) -> bool:
@@ -103,6 +104,8 @@ class Link:
                 return  # of an older term: not followed (its coordinator steps down)
             if isinstance(msg.get("t"), (int, float)):
                 self.echo = max(self.echo or 0.0, float(msg["t"]))
+            if type(msg.get("term")) is int:
+                self.term = max(self.term, msg["term"])
         with self.msgs_lock:
             self.msgs.append(msg)
         self.wake()
@@ -178,8 +181,8 @@ class Link:
         if urgent and key == self.last_beat_key:
             return  # nothing new since the last beat; the next tick sends one anyway
         self.last_beat_key = key
-        if self.elector is not None:  # the term it follows, and the newest line it had (tenure.py)
-            beat = dict(beat, term=self.elector.term, echo=self.echo)
+        if self.elector is not None:  # the term it follows (not one it stood for in vain), its newest line
+            beat = dict(beat, term=self.term, echo=self.echo)
         self.last_seq = self.client.update(dict(beat, roster=self.roster_known), urgent)
 
     @property
@@ -213,7 +216,7 @@ class Link:
                       pulses=c.pulser.answered if c else 0,  # answered pulses (coordination/pulse.py)
                       error=(c.error if c else None) or (co.bind_error if co else None),
                       lost=view.get("lost") or [], done=view.get("done") or [],
-                      node=self.target if self.elector else None, term=self.elector.term if self.elector else None)
+                      node=self.target if self.elector else None, term=self.term if self.elector else None)
 
     def stop(self) -> None:
         if self.elector:
