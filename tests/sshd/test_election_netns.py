@@ -97,6 +97,47 @@ def test_the_first_node_cut_off_alone_node2_coordinates_term_2_and_the_job_goes_
         job.end()
 
 
+def test_the_first_node_cut_from_node2_only_keeps_its_term_and_node2_leaves(fab, root, net):
+    job = electing(fab, root, net)
+    try:
+        net.cut("node1", "peer", peer="node2")  # node3 still reaches both
+        assert wait_for(lambda: job.events("node1", "restarted") and job.events("node3", "restarted"),
+                        timeout=NEW_WORLD), job.describe()
+        check_new_world(job, "node2", ("node1", "node3"))
+        # node1 hears node3: 2 of 3, it keeps term 1; node3 refused node2's candidacy; nobody was elected.
+        assert moves(job) == [], moves(job)
+        assert not any("steps down" in e["reason"] for e in job.events("node1", "coordinator")), job.describe()
+        assert generations(job, "node1") == generations(job, "node3") == [1]
+        (left,) = job.events("node1", "node_left")
+        assert left["peer"] == "node2" and left["world_size"] == 2, left
+        net.heal("node2")
+        net.heal("node1")
+        time.sleep(3 * INTERVAL)
+        assert not job.events("node2", "restarted"), job.describe()
+        assert moves(job) == [] and (job.health("node3").get("coordinator") or {}).get("node") == "node1"
+    finally:
+        job.end()
+
+
+def test_a_heal_in_the_middle_of_the_restart_leaves_node1_out_and_one_coordinator_a_term(fab, root, net):
+    job = electing(fab, root, net)
+    try:
+        net.cut("node1", "drop")
+        assert wait_for(lambda: moves(job), timeout=NEW_WORLD), job.describe()
+        assert not job.events("node2", "restarted"), "healed too late: generation 1 had started"
+        net.heal("node1")  # during generation 1's backoff (its fence wait from the election)
+        assert wait_for(lambda: job.events("node2", "restarted") and job.events("node3", "restarted"),
+                        timeout=NEW_WORLD), job.describe()
+        check_new_world(job, "node1", ("node2", "node3"))
+        time.sleep(3 * INTERVAL)
+        # node1, healed, asks for votes in vain (node2 and node3 follow node2 within its lease): one election.
+        assert moves(job) == ["coordinator now on node2 (term 2), after node1"], moves(job)
+        assert generations(job, "node2") == generations(job, "node3") == [1] and not job.events("node1", "restarted")
+        assert wait_for(lambda: job.health("node2")["job"]["status"] == "running", timeout=4 * INTERVAL + 5)
+    finally:
+        job.end()
+
+
 def test_the_coordinators_agent_paused_and_resumed_steps_down_and_node2_coordinates_term_2(fab, root, net):
     job = electing(fab, root, net)
     agent = int(job.run_record("node1", "agent").get("pid") or 0) or _agent_pid(job, "node1")

@@ -14,6 +14,8 @@ Cuts and heals:
     cluster.cut(node, "drop-out")   ... only what the node sends (one way)
     cluster.cut(node, "drop-in")    ... only what it receives (the other way)
     cluster.cut(node, "loss", 30)   nft numgen: 30 % of the packets it receives and 30 % of those it sends
+    cluster.cut(node, "peer", peer="node2")  nft in the node's namespace: every packet to and from node2 dropped
+                                    (the node and node2 no longer reach each other; both still reach the rest)
     cluster.cut(node, "tcp-port", port=7180)  TCP to and from port 7180 of other hosts dropped (a
                                     connection that cannot be kept, where datagrams still pass)
     cluster.cut(node, "controller") nft in the root namespace: the controller's packets to the node dropped;
@@ -207,10 +209,14 @@ class NetnsCluster(SshdCluster):
     def _table(self, node: str) -> str:
         return f"{PREFIX}_{self.pid}_{node}"
 
-    def cut(self, node: str, how: str, percent: int = 30, port: int = 0) -> float:
+    def cut(self, node: str, how: str, percent: int = 30, port: int = 0, peer: str = "") -> float:
         """Cut `node` off as `how` says (the module's docstring); returns when (time.time())."""
         ns, table = self.ns[node], self._table(node)
-        if how == "tcp-port":  # TCP to and from `port` elsewhere dropped; every other packet passes
+        if how == "peer":  # `node` and `peer` no longer reach each other; every other packet passes
+            _run("nft", "-f", "-", ns=ns, input="table inet %s {\nchain in { type filter hook input priority 0; "
+                 "ip saddr %s drop; }\nchain out { type filter hook output priority 0; ip daddr %s drop; }\n}\n"
+                 % (table, self.address[peer], self.address[peer]))
+        elif how == "tcp-port":  # TCP to and from `port` elsewhere dropped; every other packet passes
             _run("nft", "-f", "-", ns=ns, input="table inet %s {\nchain in { type filter hook input priority 0; "
                  "iifname \"eth0\" tcp sport %d drop; }\nchain out { type filter hook output priority 0; "
                  "oifname \"eth0\" tcp dport %d drop; }\n}\n" % (table, port, port))
@@ -249,7 +255,7 @@ class NetnsCluster(SshdCluster):
         cuts = self.cuts[node]
         if "link" in cuts:
             _run("ip", "link", "set", self.veth[node], "up")
-        if cuts & {"drop", "drop-in", "drop-out", "loss", "tcp-port"}:
+        if cuts & {"drop", "drop-in", "drop-out", "loss", "tcp-port", "peer"}:
             _run("nft", "delete", "table", "inet", table, ns=ns, check=False)
         if "controller" in cuts:
             _run("nft", "delete", "table", "inet", table, check=False)
