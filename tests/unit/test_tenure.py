@@ -40,3 +40,27 @@ def test_a_beat_naming_a_newer_term_makes_it_step_down_at_once():
     assert t.holds(11.0)
     t.beat({"node": "n3", "term": 3, "echo": 10.9})
     assert not t.holds(11.0) and "names term 3" in t.stepped_down
+
+
+def test_where_no_successor_could_go_on_the_lease_lost_ends_the_job_as_without_an_election():
+    from tests.unit.test_elastic import board as elastic_board
+
+    b = elastic_board(max_restarts=3)  # n1..n3 beat at 0, min_nodes 2
+    b.out = frozenset({"n3"})  # n3 left the job earlier: without n1 only n2 would be left
+    t = Tenure("n1", Lease(NODES, "n1", 1, 4.0, asked=0.0))
+    t.beat({"node": "n2", "term": 1, "echo": 1.0})
+    held, events = t.check(b, 6.0, 1006.0)
+    assert held and t.stepped_down is None and b.status["status"] == "failed"
+    assert "node n2 lost" in b.status["reason"] and "fewer than min_nodes (2)" in b.status["reason"]
+    assert t.check(b, 60.0, 1060.0) == (True, [])  # an ended job's coordinator keeps saying so; it starts nothing
+
+
+def test_where_a_successor_could_go_on_the_lease_lost_steps_down_and_the_board_is_left_as_it_was():
+    from tests.unit.test_elastic import board as elastic_board
+
+    b = elastic_board(max_restarts=3)
+    t = Tenure("n1", Lease(NODES, "n1", 1, 4.0, asked=0.0))
+    t.beat({"node": "n2", "term": 1, "echo": 1.0})
+    before = dict(b.status)
+    assert t.check(b, 6.0, 1006.0) == (False, []) and "steps down" in t.stepped_down
+    assert b.status == before and not b.out

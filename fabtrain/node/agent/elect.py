@@ -119,7 +119,17 @@ class Elector(threading.Thread):
             self.stand()
 
     def stand(self) -> None:
-        """Ask for a strict majority's votes in the next term; host the coordinator if they are given."""
+        """Ask for a strict majority's votes in the next term; host the coordinator if they are given. First
+        whether they would be (a pre-vote, nothing saved anywhere): a node cut off raises no term, so once
+        healed it follows its coordinator's lines again (a line of an older term is not followed)."""
+        others = {n: (self.addresses[n], ballot_port(self.link.port)) for n in self.nodes if n != self.me}
+        enough = majority(len(self.nodes)) - 1
+        with self.lock:
+            term, known = self.voter.state.term + 1, self.voter.known
+        would = ballot.ask(self.link.job_id, self.link.secret, self.me, term, known, others, timeout=1.0,
+                           enough=enough, pre=True)
+        if sum(1 for b in would if b.granted and b.term == term) < enough:
+            return
         asked = time.monotonic()
         with self.lock:
             previous = self.voter.state.coordinator
@@ -129,9 +139,8 @@ class Elector(threading.Thread):
             known = self.voter.known
         if not own.granted:
             return
-        others = {n: (self.addresses[n], ballot_port(self.link.port)) for n in self.nodes if n != self.me}
         ballots = ballot.ask(self.link.job_id, self.link.secret, self.me, term, known, others, timeout=1.0,
-                             enough=majority(len(self.nodes)) - 1)
+                             enough=enough)
         won = tally(self.nodes, self.me, term, list(ballots) + [own])
         if won is None:
             return

@@ -418,7 +418,8 @@ class _Decision:
         peers, cfg = self.obs.peers, self.cfg
         if not peers.ever_connected or self.ledger.coordinator_lost or self.ledger.status.status in FINAL:
             return
-        if not (coordinator_lost(peers, cfg) or peers.deposed) or not any(p.live for p in self.obs.procs):
+        # (deposed: also with nothing running, so a restart it waits for never starts: tenure.py)
+        if not (coordinator_lost(peers, cfg) or peers.deposed) or not (peers.deposed or any(p.live for p in self.obs.procs)):
             return
         self.update(coordinator_lost=True)
         age = peers.lease_age if peers.lease_age is not None else peers.silent_for

@@ -19,6 +19,7 @@ the agent or the machine.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import hmac
 import select
@@ -103,7 +104,12 @@ class Box(threading.Thread):
             self.refused += 1
             return None
         with self.lock:
-            ballot = self.voter.request(candidate, msg["term"], _known(msg.get("known")), self.clock())
+            if msg.get("pre") is True:  # would it vote? asked first, so a candidate that cannot win raises no term
+                dry = copy.copy(self.voter)
+                dry.state = copy.copy(self.voter.state)
+                ballot = dry.request(candidate, msg["term"], _known(msg.get("known")), self.clock())
+            else:
+                ballot = self.voter.request(candidate, msg["term"], _known(msg.get("known")), self.clock())
             if self.voter.changed:
                 self.term_file.save(self.voter.state)  # on disk before the vote leaves
                 self.voter.changed = False
@@ -118,13 +124,13 @@ class Box(threading.Thread):
 
 
 def ask(job_id: str, secret: str | None, candidate: str, term: int, known: Known, boxes: dict,
-        timeout: float, enough: int) -> list[Ballot]:
+        timeout: float, enough: int, pre: bool = False) -> list[Ballot]:
     """Ask every voter in `boxes` (node -> (host, port)) for its vote in `term`; the answers (one a node, each
     for this request) once `enough` are granted or `timeout` is over. Requests go again every 0.2 s to the
     voters that have not answered (a datagram may be lost)."""
     key, nonce = ballot_key(secret, job_id), protocol.new_nonce()
     request = seal(key, b"candidate", {"job_id": job_id, "candidate": candidate, "term": term,
-                                       "known": _wire(known), "n": nonce})
+                                       "known": _wire(known), "n": nonce, "pre": pre})
     host = next(iter(boxes.values()))[0] if boxes else "0.0.0.0"
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
     answers: dict = {}

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from fabtrain.contract.events import EventKind
 
-from . import protocol, pulse
+from . import protocol, pulse, tenure
 from .board import Board, Event, Outcome
 from .restart import RestartPolicy
 from .connections import Conn, Connections, descriptors_for, hung_timeout, kernel_timeout, unacknowledged
@@ -49,6 +49,7 @@ class Coordinator(threading.Thread):
         self.board = Board(job_id, nodes, peer_timeout, restart)
         self.restored = False
         self.tenure = None  # a job that elects: this coordinator's term and lease (tenure.py); else None
+        self._pending_broadcast = False  # its lease's check ended the job: every agent hears it
         self.desk = pulse.Desk(nodes)
         self.bound = False
         self.bind_error: str | None = None
@@ -120,10 +121,8 @@ class Coordinator(threading.Thread):
                 return Outcome(self.board.wrong_job(str(msg.get("job_id"))[:protocol.MAX_NAME]), False, [])
             if msg.get("op") != "beat":
                 return Outcome({"op": "error", "error": "unknown op %r" % str(msg.get("op"))[:40]}, False, [])
-            if self.tenure is not None:  # its lease first: a coordinator that stepped down answers nothing
-                self.tenure.beat(msg)
-                if not self.tenure.holds(time.monotonic()):
-                    return Outcome({"op": "error", "error": self.tenure.stepped_down}, False, [])
+            if self.tenure is not None and not tenure.held(self, msg):  # one that stepped down answers nothing
+                return Outcome({"op": "error", "error": self.tenure.stepped_down}, False, [])
             outcome = self.board.beat(msg, time.monotonic(), time.time())
             if outcome.changed:
                 self._save()
@@ -236,10 +235,10 @@ class Coordinator(threading.Thread):
             if time.monotonic() - last_check >= period:
                 last_check = time.monotonic()
                 self.connections.expire(last_check, silent=hung_timeout(self.peer_timeout))
-                if self.tenure is not None and not self.tenure.holds(last_check):
-                    self.on_event(EventKind.COORDINATOR, reason=self.tenure.stepped_down, term=self.tenure.term)
+                if self.tenure is not None and not tenure.keeps(self):
                     break  # steps down: every connection closed, its agent fences its node (tenure.py)
-                if self.check_peers():
+                if self.check_peers() or self._pending_broadcast:
+                    self._pending_broadcast = False
                     self._broadcast()
         self.connections.close_all()
         for sock in (self._server, self.desk.sock):

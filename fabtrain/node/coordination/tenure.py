@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import time
 
+from fabtrain.contract.events import EventKind
+from fabtrain.contract.states import FINAL
+
 from .election import Lease, majority
 
 
@@ -45,12 +48,60 @@ class Tenure:
         return len(self.lease.heard) >= majority(len(self.lease.nodes))
 
     def holds(self, now: float) -> bool:
-        """False once it stepped down; it steps down here when its lease does not hold."""
+        """False once it stepped down; it steps down here when its lease does not hold (without a board: tests)."""
+        return self.check(None, now, 0.0)[0]
+
+    def check(self, board, now: float, wall: float) -> tuple[bool, list]:
+        """(whether it still coordinates, the board's events). Its lease not held, and no newer term named:
+        a board that ended the job keeps saying so (it starts nothing); where no successor could go on
+        without this node either (`no_successor`), the board first loses the nodes it has not heard within
+        the lease, which ends the job as it would without an election (`fewer than min_nodes`); else it
+        steps down."""
         if self.stepped_down is not None:
-            return False
-        if not self.armed() and self.lease.superseded is None:
-            return True
-        if self.lease.holds(now):
-            return True
-        self.stepped_down = self.lease.why_not(now)
-        return False
+            return False, []
+        lease, events = self.lease, []
+        if lease.superseded is None:
+            if not self.armed() or lease.holds(now):
+                return True, []
+            if board is not None and board.status["status"] not in FINAL and no_successor(board, self.me):
+                for node in sorted(unheard(lease, board, now)):
+                    board._leave(node, "node %s lost: it answered no line of the coordinator for %.1f s (its lease)"
+                                 % (node, lease.lease), now, wall, events)
+            if board is not None and board.status["status"] in FINAL:
+                return True, events
+        self.stepped_down = lease.why_not(now)
+        return False, events
+
+
+def unheard(lease: Lease, board, now: float) -> list:
+    return [n for n in lease.nodes if n != lease.me and n not in board.out
+            and now - lease.heard.get(n, float("-inf")) >= lease.lease]
+
+
+def no_successor(board, me: str) -> bool:
+    """No coordinator elected without `me` could go on: the nodes left without it (and those out) are fewer
+    than min_nodes (its successor's board leaves it out, and knows no fewer nodes out)."""
+    layout = board.restart.layout
+    return layout is not None and len(layout.world(board.out | {me}, board.stand_in)) < layout.min_nodes
+
+
+def held(co, msg: dict | None = None) -> bool:
+    """Whether coordinator `co` (server.py, its lock held) still coordinates, a beat `msg` taken first; where
+    its lease's check ended the job, the board saved, its events written, every agent told next."""
+    if msg is not None:
+        co.tenure.beat(msg)
+    ok, events = co.tenure.check(co.board, time.monotonic(), time.time())
+    if events:
+        co._save()
+        co._emit(events)
+        co._pending_broadcast = True
+    return ok
+
+
+def keeps(co) -> bool:
+    """`held`, from the coordinator's loop; False: it steps down now (its `coordinator` event says why)."""
+    with co.lock:
+        ok = held(co)
+    if not ok:
+        co.on_event(EventKind.COORDINATOR, reason=co.tenure.stepped_down, term=co.tenure.term)
+    return ok
