@@ -75,8 +75,11 @@ class Link:
                 from fabtrain.node.coordination import tenure
                 from fabtrain.node.coordination.election import Lease
 
+                # restored (this agent started again by its keeper): every node counted from now, so it steps
+                # down unless a majority echoes within the lease (it may have been elected away meanwhile)
                 self.coordinator.tenure = tenure.Tenure(self.node, Lease(
-                    tuple(self.nodes), self.node, 1, self.cfg.fence_after, time.monotonic()))
+                    tuple(self.nodes), self.node, 1, self.cfg.fence_after, time.monotonic(),
+                    voters=tuple(self.nodes) if self.coordinator.restored else ()))
             self.coordinator.start()
             if not self.coordinator.wait_listening(self.coordinator.bind_wait + 5):
                 return False
