@@ -62,6 +62,7 @@ class Elector(threading.Thread):
         self.lock = threading.Lock()
         self.contacted = False  # heard a coordinator's stamped line: only then may this node stand
         self.due: float | None = None  # when this node stands, once it may
+        self.rest_until = 0.0  # after a candidacy that did not win: no other before this (the lease)
         self.box = ballot.Box(link.job_id, link.secret, self.addresses[self.me], ballot_port(link.port), self.voter,
                               self.file, self.lock)
         self._stopping = threading.Event()
@@ -114,9 +115,10 @@ class Elector(threading.Thread):
         if self.due is None:
             self.due = now + candidacy_delay(self.nodes, self.me, set(self.nodes) - {self.me}, STAGGER)
             return
-        if now >= self.due:
+        if now >= self.due and now >= self.rest_until:
             self.due = None
             self.stand()
+            self.rest_until = time.monotonic() + self.lease
 
     def stand(self) -> None:
         """Ask for a strict majority's votes in the next term; host the coordinator if they are given. First
