@@ -64,3 +64,21 @@ def test_where_a_successor_could_go_on_the_lease_lost_steps_down_and_the_board_i
     before = dict(b.status)
     assert t.check(b, 6.0, 1006.0) == (False, []) and "steps down" in t.stepped_down
     assert b.status == before and not b.out
+
+
+def test_the_node_of_a_coordinator_that_stepped_down_fences_at_once_and_a_restart_it_waited_for_never_starts():
+    from fabtrain.contract.states import JobState
+    from fabtrain.node.agent.policy import Config, Ledger, Observation, Peers, Status, decide
+
+    cfg = Config(node="n1", job_id="J", interval=1.0, hang_timeout=3.0, startup_timeout=60.0, grace=2.0,
+                 on_failure="restart", coordinator_node="n1", coordinator="10.0.0.1:7180", elastic=True)
+    why = "coordinator n1 (term 1) heard 1 of 3 trainer nodes within its lease (4.0 s), fewer than a majority (2)"
+    waiting = Ledger(generation=1, status=Status(JobState.RESTARTING, "n3 left"), restart_at=20.0)
+    peers = Peers(ever_connected=True, connected=True, silent_for=0.1, lease_age=0.1, deposed=why)
+    actions, ledger = decide(Observation(now=10.0, peers=peers), waiting, cfg)
+    (fenced,) = [a for a in actions if getattr(a, "kind", None) == "peer_lost"]
+    assert fenced.reason.startswith(why + "; this node fences itself")
+    assert ledger.status.status == JobState.FAILED and ledger.restart_at is None
+    # not deposed, the same lease is no fence
+    assert decide(Observation(now=10.0, peers=Peers(ever_connected=True, connected=True, silent_for=0.1,
+                                                    lease_age=0.1)), waiting, cfg)[1].restart_at == 20.0
