@@ -1,8 +1,8 @@
 """The votes' transport (election.py's rules over the network): one datagram each way, sealed like a pulse.
 
-Not wired into the agents yet (docs/partitions.md, "Majority election"):
-`Box` is what each trainer node's agent is to run, `ask` what a candidate
-calls. Checked over real sockets by tests/unit/test_ballot.py.
+`Box` is what each agent of a job that elects runs, `ask` what a candidate
+calls, first as a pre-vote (`pre`: answered from a copy of the voter, nothing
+saved), then for real (agent/elect.py, docs/partitions.md, "Majority election"). Checked over real sockets by tests/unit/test_ballot.py.
 
     candidate -> voter   <64 hex: HMAC(key, "candidate " + body)> {"job_id", "candidate", "term", "known", "n"}
     voter -> candidate   <64 hex: HMAC(key, "voter " + body)>     {"job_id", "voter", "term", "granted", "known",

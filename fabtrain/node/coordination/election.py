@@ -1,7 +1,7 @@
 """Who coordinates, by majority (min_nodes, three or more trainer nodes), pure: terms, votes, the lease.
 
-Not wired into the agents yet (docs/partitions.md, "Majority election"): the
-rules below are the part a moving coordinator needs, each checked without a
+Wired by agent/elect.py and tenure.py for a job that elects (docs/partitions.md,
+"Majority election"): the rules below are the part a moving coordinator needs, each checked without a
 process by tests/unit/test_election.py. No sockets, no threads, no clock of
 its own (every call is told `now`, monotonic seconds); the one file it
 writes is the term record, through `TermFile` (fsync'ed before a vote is

@@ -1,6 +1,6 @@
 """A coordinator a majority elected (election.py) takes over the job's board, pure.
 
-Not wired into the agents yet (docs/partitions.md, "Majority election").
+An elected agent's link calls it (agent/link.py, docs/partitions.md, "Majority election").
 The new coordinator has no board of the old one's: it starts one from what
 its majority knew (`Won.known`: the newest generation, the nodes out) and
 takes the old coordinator's node as lost now. That is the board's own
