@@ -77,3 +77,14 @@ def test_an_answer_cannot_pass_for_a_request():
                                      "candidate": "n3", "n": "x"})
     with pytest.raises(bt.ProtocolError):
         bt._open(key, b"candidate", sealed, "J")
+
+
+def test_a_pre_vote_says_whether_a_voter_would_grant_and_changes_nothing(boxes, tmp_path):
+    would = bt.ask("J", SECRET, "n2", 1, Known(2, (), 3), where(boxes, "n1", "n3"), 5.0, 2, pre=True)
+    assert sorted(b.voter for b in would if b.granted and b.term == 1) == ["n1", "n3"]
+    assert not any((tmp_path / ("%s-term.json" % n)).exists() for n in NODES)  # nothing saved anywhere
+    assert all(boxes[n].voter.state.term == 0 and boxes[n].voter.last_contact is None for n in NODES)
+    # a real vote then binds: a pre-vote for another candidate of that term is refused
+    bt.ask("J", SECRET, "n2", 1, Known(2, (), 3), where(boxes, "n3"), 5.0, 1)
+    (no,) = bt.ask("J", SECRET, "n1", 1, Known(2, (), 3), where(boxes, "n3"), 1.0, 1, pre=True)
+    assert not no.granted and boxes["n3"].voter.state.voted_for == "n2"
