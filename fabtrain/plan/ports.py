@@ -97,7 +97,18 @@ def port_uses(cluster: Cluster, ports: dict[str, int | None], unchecked: bool = 
     if ports.get("watchdog_port") is not None and job.watchdog.enabled:
         uses.append(PortUse(first.name, first.address, ports["watchdog_port"], 1, "watchdog coordinator",
                             "watchdog_port"))
+        if elects(cluster):  # any node's agent may be elected to host it (docs/partitions.md, "Majority election")
+            uses += [PortUse(n.name, n.address, ports["watchdog_port"], 1, "watchdog coordinator (if elected)",
+                             "watchdog_port") for n in cluster.nodes[1:]]
     return uses
+
+
+def elects(cluster: Cluster) -> bool:
+    """The job elects its coordinator by majority (elastic.Layout.elects): min_nodes under on_failure restart,
+    three or more nodes, every one a trainer node, no spare."""
+    w, nodes = cluster.job.watchdog, cluster.nodes
+    return (w.enabled and w.on_failure == "restart" and w.min_nodes is not None and len(nodes) >= 3
+            and all("trainer" in n.roles and "pserver" not in n.roles and not n.spare for n in nodes))
 
 
 def needed_ports(cluster: Cluster) -> tuple[str, ...]:

@@ -82,3 +82,14 @@ def test_the_node_of_a_coordinator_that_stepped_down_fences_at_once_and_a_restar
     # not deposed, the same lease is no fence
     assert decide(Observation(now=10.0, peers=Peers(ever_connected=True, connected=True, silent_for=0.1,
                                                     lease_age=0.1)), waiting, cfg)[1].restart_at == 20.0
+
+
+def test_a_job_that_elects_has_the_coordinators_port_checked_free_on_every_node_others_on_the_first_only():
+    from fabtrain.plan.ports import elects, port_uses
+    from tests.unit.test_elastic import cluster
+
+    ports = {"master_port": 29500, "watchdog_port": 7180}
+    coordinator = [(u.node, u.port) for u in port_uses(cluster(), ports) if u.setting == "watchdog_port"]
+    assert elects(cluster()) and coordinator == [("n1", 7180), ("n2", 7180), ("n3", 7180)]
+    plain = [(u.node, u.port) for u in port_uses(cluster(min_nodes=None), ports) if u.setting == "watchdog_port"]
+    assert not elects(cluster(min_nodes=None)) and plain == [("n1", 7180)]
