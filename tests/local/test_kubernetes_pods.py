@@ -187,6 +187,13 @@ def test_a_pserver_job_whose_trainers_finish_succeeds_in_every_pod_the_pservers_
     assert not job.left()
 
 
+def restarted_once(job, first: int) -> bool:
+    """Both pods run generation 1: pod 1's program says restart 1, pod 0's is not the program `first`."""
+    env = job.workspaces[1] / "env-trainer-1.json"
+    return env.exists() and json.loads(env.read_text())["env"].get("FABTRAIN_RESTART_COUNT") == "1" and \
+        job.program(0, "trainer-0") != first
+
+
 def test_an_evicted_pod_is_a_lost_node_that_restarts_the_job_never_a_kill_all(pods):
     job = pods("python3 tests/programs/ticker.py",
                watchdog={"on_failure": "restart", "restart_backoff": 1, "max_restarts": 2})
@@ -198,11 +205,7 @@ def test_an_evicted_pod_is_a_lost_node_that_restarts_the_job_never_a_kill_all(po
     job.replaced.append(job.procs[1])
     job.procs[1] = job.start_pod(1)
 
-    def restarted():
-        env = job.workspaces[1] / "env-trainer-1.json"
-        return env.exists() and json.loads(env.read_text())["env"].get("FABTRAIN_RESTART_COUNT") == "1" and \
-            job.program(0, "trainer-0") != first
-    assert wait_for(restarted, timeout=60), job.describe()
+    assert wait_for(lambda: restarted_once(job, first), timeout=60), job.describe()
     said = [e for pod in (0, 1) for e in job.events(pod)]
     assert any(e["kind"] == "restarting" and "node trainer-1 evicted by Kubernetes" in e.get("reason", "")
                for e in said), said
@@ -240,11 +243,7 @@ def test_a_pod_evicted_before_its_agent_could_say_so_is_still_a_lost_node_when_i
     job.replaced.append(job.procs[1])
     job.procs[1] = job.start_pod(1)
 
-    def restarted():
-        env = job.workspaces[1] / "env-trainer-1.json"
-        return env.exists() and json.loads(env.read_text())["env"].get("FABTRAIN_RESTART_COUNT") == "1" and \
-            job.program(0, "trainer-0") != first
-    assert wait_for(restarted, timeout=60), job.describe()
+    assert wait_for(lambda: restarted_once(job, first), timeout=60), job.describe()
     said = [e for pod in (0, 1) for e in job.events(pod)]
     assert [e["generation"] for e in said if e["kind"] == "restarting"] == [1, 1], said  # once, on both pods
     why = "node trainer-1 evicted by Kubernetes" if workspace == "kept" else \
