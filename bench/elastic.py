@@ -22,10 +22,10 @@ and measures in the same run
             record (generation 0)
   gen cold  the same for each new generation: what of a fault's time is the program's own start
 
-target: time <= backoff + 1.2 x cold, backoff being the one the restart waited (node1's `restarting` event:
-restart_backoff, doubled for each restart after the first; one restart_backoff for a node back). A lost
-node's generation starts no earlier than its last beat + fence_wait (docs/partitions.md), which the header
-line gives. The loss of node1 (nodes[0], the coordinator's node) is not timed: the bench says so.
+target: time <= backoff + 1.2 x cold, backoff being the one the restart waited (the coordinator's
+`restarting` event: restart_backoff, doubled for each restart after the first; one restart_backoff for a
+node back). A lost node's generation starts no earlier than its last beat + fence_wait
+(docs/partitions.md), which the header line gives.
 
 With --spare the job has a fourth node, node4, marked `spare: true` (its agent runs, its trainer does not),
 and one fault is timed instead:
@@ -33,7 +33,16 @@ and one fault is timed instead:
   spare     node3's machine lost, as `lost` above; node4 takes its slot: every rank's first record of the
             next generation, node4's included, in a world of 3 still
 
-    .venv/bin/python bench/elastic.py [--backoff 8] [--program workload|fake] [--spare]
+With --first (nodes with their own networks only) the fault is the first node's, where the coordinator
+lives; node2 and node3 elect one of them (docs/partitions.md, Majority election):
+
+  first     every packet of node1 dropped (nft): node1's lease runs out, it steps down and fences itself;
+            node2 and node3 elect node2 (term 2), which restarts the job without node1: the survivors'
+            first records of the smaller generation (the restart read from node2's events)
+  first back  node1 healed: it learns who coordinates term 2 and is taken into the next generation at
+            full size; every rank's first record of that generation
+
+    .venv/bin/python bench/elastic.py [--backoff 8] [--program workload|fake] [--spare | --first]
 """
 from __future__ import annotations
 
@@ -63,8 +72,6 @@ from tests.support.sshd import SshdCluster  # noqa: E402
 PROGRAMS = {"workload": "python -m workload.ddp --model word2vec --num_passes 200 --checkpoint_every 10",
             "fake": "python tests/programs/allreduce.py --steps 100000 --period 0.2"}
 INTERVAL, GRACE = 1.0, 3.0
-NOT_BUILT = ("node1 lost (nodes[0], the coordinator's node): not measured (this job elects another coordinator "
-             "since: docs/partitions.md, Majority election; the bench does not time it yet)",)
 SPARE = "node4"
 
 
@@ -111,38 +118,46 @@ class Bench(SshdJob):
                 os.kill(pid, signal.SIGKILL)
         return t0
 
-    def events(self, kind: str, after: float = 0.0) -> list[dict]:
-        """The first node's events of `kind` (the coordinator's node: node_left, node_back, restarting)."""
-        lines = (self.jd(self.names[0]) / "events.jsonl").read_text().splitlines()
+    def events(self, kind: str, after: float = 0.0, node: str | None = None) -> list[dict]:
+        """The events of `kind` on the coordinator's node (node_left, node_back, restarting): the first node,
+        or `node` once another one coordinates."""
+        lines = (self.jd(node or self.names[0]) / "events.jsonl").read_text().splitlines()
         return [e for e in map(json.loads, filter(str.strip, lines)) if e["kind"] == kind and e["ts"] >= after]
 
     def environ(self, node: str, name: str) -> dict:
         return {k.decode(): v.decode() for k, v in procfs.environ(self.run_record(node, name)["program_pid"]).items()}
 
 
-def measure(b: Bench, fault: str, t0: float, trainers: list, cold: float) -> str:
+def measure(b: Bench, fault: str, t0: float, trainers: list, cold: float, coordinator: str | None = None) -> str:
     """Print the fault's row of the table: from t0 to every one of `trainers`' first record of the next
     generation; returns a line of what that generation is (its world, its first steps)."""
     up, began, firsts = b.generation_up(trainers, t0)
     took, gen_cold = up - t0, up - began
     # Its backoff: the one the coordinator gave this restart (a `restarting` event that says only when a
     # generation already waiting starts carries none).
-    restart = next(e for e in b.events("restarting", after=t0) if "backoff" in e)
+    restart = next(e for e in b.events("restarting", after=t0, node=coordinator) if "backoff" in e)
     backoff = float(restart["backoff"])
     target = backoff + 1.2 * cold
     env = b.environ(*trainers[-1])
-    print(f"{fault:<6}  {restart['generation']:>3}  {env.get('WORLD_SIZE', '?'):>5}  {backoff:>9.1f}  {took:>7.3f}  "
+    print(f"{fault:<10}  {restart['generation']:>3}  {env.get('WORLD_SIZE', '?'):>5}  {backoff:>9.1f}  {took:>7.3f}  "
           f"{gen_cold:>10.3f}  {target:>8.3f}  {took / target:>11.2f}  {took - backoff - gen_cold:>10.3f}")
     return (f"{fault}: generation {restart['generation']}, RANK of {trainers[-1][0]}'s trainer {env.get('RANK')} "
             f"of WORLD_SIZE {env.get('WORLD_SIZE')}; first steps {[r.get('step') for r in firsts]}")
 
 
-def faults(b: Bench, full: list, cold: float, own_networks: bool, spare: bool) -> list[str]:
+def faults(b: Bench, full: list, cold: float, own_networks: bool, spare: bool, first: bool) -> list[str]:
     """node3 cut off and healed (nodes with their own networks only), then node3's machine lost; or, with a
-    spare, node3's machine lost and the spare in its slot: the table's rows; returns the lines that follow it."""
-    print(f"{'fault':<6}  {'gen':>3}  {'world':>5}  {'backoff s':>9}  {'took s':>7}  {'gen cold s':>10}  "
+    spare, node3's machine lost and the spare in its slot; or node1 cut off and healed: the table's rows;
+    returns the lines that follow it."""
+    print(f"{'fault':<10}  {'gen':>3}  {'world':>5}  {'backoff s':>9}  {'took s':>7}  {'gen cold s':>10}  "
           f"{'target s':>8}  {'took/target':>11}  {'overhead s':>10}")
     said = []
+    if first:  # node2, the lowest-indexed node left, stands first and coordinates term 2
+        time.sleep(15.0)
+        said.append(measure(b, "first", b.sshd.cut("node1", "drop"), full[1:], cold, coordinator="node2"))
+        time.sleep(5.0)
+        said.append(measure(b, "first back", b.sshd.heal("node1"), full, cold, coordinator="node2"))
+        return said
     if spare:  # the spare's trainer is numbered after the world (trainer-3); it takes node3's slot
         time.sleep(15.0)
         return [measure(b, "spare", b.lose(*full[2]), full[:2] + [(SPARE, f"trainer-{len(full)}")], cold)]
@@ -165,8 +180,12 @@ def main() -> None:
     ap.add_argument("--backoff", type=float, default=8.0)
     ap.add_argument("--program", choices=sorted(PROGRAMS), default="workload")
     ap.add_argument("--spare", action="store_true", help="a fourth node, a spare; time it taking node3's slot")
+    ap.add_argument("--first", action="store_true", help="time node1's loss (the coordinator's node) and return")
     args = ap.parse_args()
     own_networks = netns.available() is None
+    if args.first and (args.spare or not own_networks):
+        raise SystemExit("--first needs nodes with their own networks and no --spare: "
+                         + (netns.available() or "the job with a spare does not elect"))
     b = Bench(Path(tempfile.mkdtemp(prefix="fabtrain-elastic-")), args.program, args.backoff, own_networks, args.spare)
     full = [(n, f"trainer-{i}") for i, n in enumerate(b.names) if n != SPARE or not args.spare]
     try:
@@ -181,16 +200,16 @@ def main() -> None:
               f"min_nodes 2; restart_backoff {args.backoff:g} s, grace {GRACE:g} s, interval {INTERVAL:g} s, "
               f"fence_wait {fence.fence_wait(INTERVAL, GRACE):g} s")
         print(f"cold start (generation 0): {cold:.3f} s  (first process start -> every trainer's first record)")
-        said = faults(b, full, cold, own_networks, args.spare)
+        said = faults(b, full, cold, own_networks, args.spare, args.first)
         print("overhead = took - backoff - gen cold: the fault seen, the fence, teardown, the coordinator's "
               "decision, relaunch")
-        told = sorted(b.events("node_left") + b.events("node_back") + b.events("stand_in"), key=lambda e: e["ts"])
-        for line in said + [f"{e['kind']}: {e['reason']}" for e in told]:
-            print(line)
-        for line in NOT_BUILT:
+        told = [e for node in dict.fromkeys([b.names[0]] + (["node2"] if args.first else []))
+                for kind in ("coordinator", "node_left", "node_back", "stand_in") for e in b.events(kind, node=node)]
+        for line in said + [f"{e['kind']}: {e['reason']}" for e in sorted(told, key=lambda e: e["ts"])]:
             print(line)
     finally:
         if own_networks:
+            b.sshd.heal("node1")
             b.sshd.heal("node3")
         for node in b.sshd.nodes:
             if node.process is None or node.process.poll() is not None:
