@@ -19,7 +19,8 @@ clock too), by which it would have begun its fence had nothing more come:
   state (a lease at most an interval old), so the file moves with the lease there.
 
 It is rewritten (atomically, not fsync'ed: a machine that crashes takes the launchers with it) when the
-moment moves earlier, and at most once a second when it moves later; removed when the agent ends on purpose.
+moment moves earlier, or later once it has passed, and at most once a second when it moves later otherwise;
+removed when the agent ends on purpose.
 Nothing is written before the agent's first lease: the agent does not fence before it either.
 """
 from __future__ import annotations
@@ -95,7 +96,8 @@ class Deadline:
         if lease is None and self.at is None:
             return  # no lease yet: the agent does not fence either
         at = fence_deadline(now, lease, connected, interval, tenure_step_down(co))
-        if self.at is not None and (abs(at - self.at) < 0.01 or (at > self.at and now - self.written < PERIOD)):
+        # Later at most once a second; but one that passed (a fence just ended, this node taken back) at once
+        if self.at is not None and (abs(at - self.at) < 0.01 or (now < self.at < at and now - self.written < PERIOD)):
             return
         try:
             atomic.write(self.path, deadline_text(at, self.grace), durable=False)

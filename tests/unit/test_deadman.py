@@ -116,7 +116,8 @@ def test_the_dead_mans_end_fits_in_stop_bound(interval, grace):
     for age in (0.0, interval * 0.5, interval):  # the steady state: the lease at most an interval old
         at = deadman.fence_deadline(lease + age, lease, True, interval)
         assert at == pytest.approx(lease + fence.fence_after(interval) + fence.fence_slack(interval))
-        assert at + launch.DEADMAN_POLL + grace + launch.DEADMAN_POLL <= lease + fence.stop_bound(interval, grace) + 1e-9
+        end = at + launch.DEADMAN_POLL + grace + launch.DEADMAN_POLL
+        assert end <= lease + fence.stop_bound(interval, grace) + 1e-9
     assert 2 * launch.DEADMAN_POLL <= fence.KILL_AFTER
     assert fence.stop_bound(interval, grace) == pytest.approx(  # the sum as it was: no term added
         fence.fence_after(interval) + interval + fence.KEEPALIVE_PERIOD + interval + grace + fence.KILL_AFTER)
@@ -135,10 +136,14 @@ def test_the_file_moves_earlier_at_once_later_once_a_second_and_is_gone_when_the
     assert contract.read_deadline(open(path).read())[0] == 107.9
     d.update(101.2, 100.9, False, 1.0, co=None)  # the same: nothing written
     assert d.written == 101.0
+    d.update(110.0, 100.0, False, 1.0)  # earlier (cut off, an older lease: passed): at once; the agent fences
+    assert contract.read_deadline(open(path).read())[0] == 107.0 and d.written == 110.0
+    d.update(110.5, 110.4, True, 1.0)  # taken back within the second: a deadline that passed goes at once
+    assert contract.read_deadline(open(path).read())[0] == 110.4 + 7.0 and d.written == 110.5
     again = deadman.Deadline(path, 5.0)  # an agent restarted by its keeper renews the one it finds
-    assert again.at == 107.9
-    again.update(101.3, None, False, 1.0)
-    assert contract.read_deadline(open(path).read())[0] == 101.3 + deadman.hold(1.0)
+    assert again.at == 117.4
+    again.update(111.5, None, False, 1.0)
+    assert contract.read_deadline(open(path).read())[0] == 111.5 + deadman.hold(1.0)
     again.clear()
     assert not os.path.exists(path)
     os.mkdir(path)  # cannot be written: the agent goes on
