@@ -14,7 +14,9 @@
     coordinator.json the coordinator's own state, on the node that hosts it (node/coordination/server.py)
     launch.py       the launcher (fabtrain.contract.launcher)
     run/            each process's run record (<name>.json) and exit record (<name>.exit); the agent's;
-                    events.reserve, the room the agent keeps for its last events on a full disk
+                    events.reserve, the room the agent keeps for its last events on a full disk; deadline,
+                    the moment the agent would have begun its fence by, which the launchers' dead-man
+                    reads (contract/launcher.py: deadline_text; a job whose agents fence only)
     logs/           each process's output, <name>.log
     metrics/        each trainer's metrics records, <name>.jsonl; beside it <name>.jsonl.load, the progress
                     hook's line for each checkpoint load before a rank's first step (loaded, or failed:
@@ -44,6 +46,7 @@ DISRUPTED_BEFORE = DISRUPTED + ".before"
 COORDINATOR = "coordinator.json"
 CODE, ATTEMPTS = "code", "attempts"
 EVENTS_RESERVE = "events.reserve"  # in run/
+DEADLINE = "deadline"  # in run/: the agent's fence deadline, for the launchers' dead-man (node/deadman.py)
 RUN, LOGS, METRICS, STACKS = "run", "logs", "metrics", "stacks"
 # The hook's loads beside a metrics file: $FABTRAIN_METRICS + LOAD (progress_frameworks._loads writes it so,
 # from the path it is given: it cannot import this module).
@@ -114,6 +117,10 @@ class JobFolder(_Folder):
     @property
     def run(self):
         return os.path.join(self.path, RUN)
+
+    @property
+    def deadline(self):
+        return os.path.join(self.path, RUN, DEADLINE)
 
     @property
     def logs(self):

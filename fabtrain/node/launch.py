@@ -1,6 +1,6 @@
 """The one launcher: how every job process, and the node agent, is started.
 
-    python -I -S <job_dir>/launch.py --exit <job_dir>/run/<name>.exit [--no-subreaper] -- ARGV...
+    python -I -S <job_dir>/launch.py --exit <job_dir>/run/<name>.exit [--no-subreaper] [--deadline FILE] -- ARGV...
 
 fabtrain.contract.launcher builds that argv (the plan puts it in job.json); node ops writes
 this very file into the job directory at start, so it runs before and without
@@ -24,7 +24,14 @@ this very file into the job directory at start, so it runs before and without
 - where whoever started it asked (``FABTRAIN_LAUNCH_READY``: a pipe's
   descriptor, taken out of the environment before anything else runs), writes
   the program's pid there the moment it has forked it and closes the pipe, so
-  node ops learn the pid by waiting on the pipe instead of polling /proc.
+  node ops learn the pid by waiting on the pipe instead of polling /proc;
+- with ``--deadline FILE`` (a job whose agents fence: the agent never gets it), is the node's dead-man:
+  every DEADMAN_POLL s it reads FILE, where the agent publishes the moment (CLOCK_MONOTONIC) by which it
+  would have begun its fence (node/deadman.py), and once that moment has passed it ends its program as a
+  fence does (SIGTERM and SIGCONT to its group and everything under the launcher, the file's grace,
+  SIGKILL) and records FENCED after the exit code, which the agent reports as a fence when it runs
+  again. So a node whose agent is stopped (SIGSTOP) or frozen still fences itself in time
+  (coordination/fence.py's stop_bound). A missing or unreadable file is no deadline: nothing is ended.
 
 The program is run under ``stdbuf -oL -eL`` where stdbuf exists, so C stdio
 writes the log a line at a time.
@@ -50,6 +57,10 @@ except ImportError:  # an interpreter without it
     import signal
 
 RESERVE = 64  # bytes reserved for the exit record
+FENCED = "fenced"  # the exit record's word after the code: the dead-man ended the program (contract/launcher.py)
+# Seconds between two reads of the deadline: a SIGTERM at most this late, and the SIGKILL at most this long
+# after the grace; two of them fit in coordination/fence.py's KILL_AFTER, so the dead-man keeps stop_bound.
+DEADMAN_POLL = 0.5
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 READY_ENV = "FABTRAIN_LAUNCH_READY"  # the descriptor of the pipe that is told the program's pid (spawn.py)
@@ -134,15 +145,20 @@ def source() -> str:
 
 def read_exit(path: str):
     """The exit code recorded at path, or None while the process has not ended."""
+    return read_exit_record(path)[0]
+
+
+def read_exit_record(path: str):
+    """(the exit code recorded at path or None, whether the dead-man ended the program: FENCED after it)."""
     try:
         with open(path) as f:
-            text = f.read().strip()
+            words = f.read().split()
     except OSError:
-        return None
+        return None, False
     try:
-        return int(text.split()[0]) if text else None
+        return (int(words[0]) if words else None), words[1:2] == [FENCED]
     except ValueError:
-        return None
+        return None, False
 
 
 class ExitRecord:
@@ -163,8 +179,8 @@ class ExitRecord:
             raise
         self.fd = fd
 
-    def write(self, code: int) -> None:
-        data = b"%d\n" % code
+    def write(self, code: int, fenced: bool = False) -> None:
+        data = b"%d%s\n" % (code, b" " + FENCED.encode() if fenced else b"")  # contract/launcher.py's exit_text
         if self.fd is None:
             self.reserve()
         os.pwrite(self.fd, data, 0)
@@ -191,19 +207,21 @@ def _exit_code(status: int) -> int:
 
 
 def _parse(argv):
-    exit_path, subreaper = None, True
+    exit_path, subreaper, deadline = None, True, None
     while argv and argv[0] != "--":
         flag = argv.pop(0)
         if flag == "--exit" and argv:
             exit_path = argv.pop(0)
         elif flag == "--no-subreaper":
             subreaper = False
+        elif flag == "--deadline" and argv:
+            deadline = argv.pop(0)
         else:
             raise SystemExit("fabtrain launch: unknown flag %s" % flag)
     program = argv[1:]
     if not exit_path or not program:
-        raise SystemExit("usage: launch.py --exit FILE [--no-subreaper] -- ARGV...")
-    return exit_path, subreaper, program
+        raise SystemExit("usage: launch.py --exit FILE [--no-subreaper] [--deadline FILE] -- ARGV...")
+    return exit_path, subreaper, deadline, program
 
 
 def _on_path(name: str) -> bool:
@@ -276,7 +294,7 @@ def _tell_ready(fd, child: int) -> None:
 
 def main(argv) -> int:
     ready = _ready_pipe()  # first: an early exit below closes it, which tells the waiter as much
-    exit_path, subreaper, program = _parse(list(argv))
+    exit_path, subreaper, deadline, program = _parse(list(argv))
     try:
         os.setsid()
     except OSError:
@@ -308,6 +326,10 @@ def main(argv) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    deadman = Deadman(deadline, os.getpid()) if deadline else None
+    if deadman is not None:  # after the fork: the program inherits no timer (and exec resets the handler)
+        signal.signal(signal.SIGALRM, deadman.on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, DEADMAN_POLL, DEADMAN_POLL)
     while True:
         try:
             pid, status = os.waitpid(-1, 0)
@@ -316,10 +338,12 @@ def main(argv) -> int:
         if pid == child and state["code"] is None:
             state["code"] = _exit_code(status)
             try:
-                record.write(state["code"])
+                record.write(state["code"], deadman is not None and deadman.term_at is not None)
             except OSError as e:
                 sys.stderr.write("fabtrain launch: cannot record exit code %d in %s: %s\n"
                                  % (state["code"], exit_path, e.strerror))
+    if deadman is not None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
     return state["code"] if state["code"] is not None else 1
 
 
@@ -329,6 +353,97 @@ def _children(pid: int):
             return [int(x) for x in f.read().split()]
     except (OSError, ValueError):
         return []
+
+
+def _monotonic() -> float:
+    import time  # only a launcher with a deadline needs it
+    return time.monotonic()  # CLOCK_MONOTONIC: system-wide, the agent's clock too
+
+
+def read_deadline(text: str):
+    """(deadline, grace), or None: contract/launcher.py's read_deadline (this file imports nothing of fabtrain)."""
+    try:
+        at, grace = (float(x) for x in text.split())
+    except ValueError:
+        return None
+    if not (at == at and abs(at) != float("inf") and 0 <= grace < 3600):  # NaN, inf: no deadline
+        return None
+    return at, grace
+
+
+def deadline_due(path: str, now: float):
+    """The grace to end the program with, where the deadline published at `path` has passed; else None. A
+    missing or unreadable file is no deadline (a read error never ends anything)."""
+    try:
+        with open(path) as f:
+            found = read_deadline(f.read(200))
+    except (OSError, UnicodeDecodeError):
+        return None
+    return found[1] if found is not None and now >= found[0] else None
+
+
+def _family(me: int, group: int):
+    """Every live process of the launcher's group and under it (its program, what the program started,
+    orphans re-parented to it), the launcher excepted."""
+    found, todo = set(), [me]
+    while todo:
+        for kid in _children(todo.pop()):
+            if kid not in found:
+                found.add(kid)
+                todo.append(kid)
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        names = []
+    for name in names:
+        if name.isdigit():
+            try:
+                with open("/proc/%s/stat" % name, "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                if int(fields[2]) == group:  # the launcher's process group (it leads it: setsid)
+                    found.add(int(name))
+            except (OSError, IndexError, ValueError):
+                continue
+    found.discard(me)
+    return sorted(found)
+
+
+class Deadman:
+    """The dead-man (the module's docstring): checked every DEADMAN_POLL s from SIGALRM, in the main thread."""
+
+    def __init__(self, path: str, me: int):
+        self.path, self.me = path, me
+        self.term_at = None  # when it sent SIGTERM: the program is ending, whatever the file says next
+        self.grace = 0.0
+        self.killed = False
+
+    def on_alarm(self, sig, frame) -> None:
+        try:
+            self.check(_monotonic())
+        except Exception:  # noqa: BLE001 - never in the way of the launcher's own work (waitpid, the record)
+            pass
+
+    def check(self, now: float) -> None:
+        if self.term_at is None:
+            grace = deadline_due(self.path, now)
+            if grace is None:
+                return
+            self.term_at, self.grace = now, grace
+            # os.write: this runs in a signal handler, maybe while the main code writes to sys.stderr
+            os.write(2, ("fabtrain launch: the agent's fence deadline in %s passed unrenewed (the agent is stopped "
+                         "or frozen): ending the program (SIGTERM, %g s, SIGKILL)\n" % (self.path, grace)).encode())
+            self._send(signal.SIGTERM)
+            self._send(signal.SIGCONT)  # a stopped process acts on its SIGTERM
+        elif not self.killed and now - self.term_at >= self.grace:
+            self.killed = True
+            self._send(signal.SIGKILL)
+
+    def _send(self, sig: int) -> None:
+        for pid in _family(self.me, os.getpgrp()):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
 
 
 if __name__ == "__main__":

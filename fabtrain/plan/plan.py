@@ -297,7 +297,14 @@ def _process(cluster: Cluster, node: Node, role: str, rank: int, command: str, v
         env["PATH"] = f"{os.path.dirname(node.python)}:$PATH"
     argv = tuple(fill_placeholders(command, values))
     return ProcessPlan(name=name, role=role, rank=rank, argv=argv, env=env, cwd=f"$WS/jobs/{job_id}/code", **paths,
-                       launch=tuple(launch_argv(node.python, job_id, paths["exit"], argv)))
+                       launch=tuple(launch_argv(node.python, job_id, paths["exit"], argv, deadman=fences(cluster))))
+
+
+def fences(cluster: Cluster) -> bool:
+    """Whether the job's agents fence their nodes for a generation that goes on without them (min_nodes, on_failure
+    restart, more than one node): then every job process's launcher is its node's dead-man (node/deadman.py)."""
+    w = cluster.job.watchdog
+    return w.min_nodes is not None and w.on_failure == "restart" and len(cluster.nodes) > 1
 
 
 def fill_placeholders(command: str, values: dict) -> list[str]:

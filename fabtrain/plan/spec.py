@@ -7,14 +7,19 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from fabtrain.contract.jobfolder import DEADLINE, RUN
 from fabtrain.contract.launcher import launch_command
 from fabtrain.plan.ports import PortUse
 from fabtrain.plan.runtime import runtime_dir
 
 
-def launch_argv(python: str, job_id: str, exit_path: str, argv, subreaper: bool = True) -> list[str]:
-    """A process's start: the launcher (fabtrain/node/launch.py, written into the job directory) and its argv."""
-    return launch_command(python, f"$WS/jobs/{job_id}", exit_path, argv, subreaper=subreaper)
+def launch_argv(python: str, job_id: str, exit_path: str, argv, subreaper: bool = True,
+                deadman: bool = False) -> list[str]:
+    """A process's start: the launcher (fabtrain/node/launch.py, written into the job directory) and its argv;
+    `deadman`: its launcher ends it once the agent's fence deadline passes unrenewed (a job whose agents fence)."""
+    job_dir = f"$WS/jobs/{job_id}"
+    return launch_command(python, job_dir, exit_path, argv, subreaper=subreaper,
+                          deadline=f"{job_dir}/{RUN}/{DEADLINE}" if deadman else None)
 
 
 # A spare node's processes' `started_by`: its agent starts them once the node takes a lost node's slot.

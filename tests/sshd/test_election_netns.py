@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from fabtrain.node import procfs
+from fabtrain.contract.launcher import DEADMAN, FENCES_ITSELF
+from fabtrain.node import launch, procfs
 from fabtrain.node.coordination import fence
 from tests.conftest import require
 from tests.support import netns
@@ -139,25 +140,58 @@ def test_a_heal_in_the_middle_of_the_restart_leaves_node1_out_and_one_coordinato
 
 
 def test_the_coordinators_agent_paused_and_resumed_steps_down_and_node2_coordinates_term_2(fab, root, net):
-    """Not checked here: node1's trainer ending before generation 1 starts. Nothing ends a node's programs while
-    its agent is stopped (docs/partitions.md, "Majority election": not wired); its agent ends them once it runs."""
+    """node1's agent stopped (SIGSTOP): nothing of it runs, but its trainer's launcher is the node's dead-man
+    (node/launch.py, node/deadman.py): /proc has neither the trainer nor anything of its group before generation 1
+    starts on node2 and node3, while the agent is still stopped. Resumed, the agent steps down and reports the
+    fence (its launcher's `fenced` exit record): one election, one coordinator a term."""
     job = electing(fab, root, net)
     agent = int(job.run_record("node1", "agent").get("program_pid") or 0) or _agent_pid(job, "node1")
+    trainer = job.run_record("node1", "trainer-0")
+    pid, launcher = trainer["program_pid"], trainer["pid"]  # the launcher leads the trainer's group
+    seen = {}
+
+    def new_world() -> bool:
+        if "gone" not in seen and procfs.stat(pid) is None and not _group(launcher):
+            seen["gone"] = time.time()  # first seen gone: no earlier than it went
+        return bool(job.events("node2", "restarted") and job.events("node3", "restarted"))
+
     try:
         os.kill(agent, signal.SIGSTOP)
-        assert wait_for(lambda: job.events("node2", "restarted") and job.events("node3", "restarted"),
-                        timeout=NEW_WORLD), job.describe()
+        assert wait_for(new_world, timeout=NEW_WORLD), job.describe()
+        started = min(job.run_record(n, f"trainer-{NODES.index(n)}")["started_at"] for n in ("node2", "node3"))
+        assert procfs.stat(agent).state in "tT", "node1's agent ran meanwhile"
+        assert "gone" in seen, f"node1's trainer (pid {pid}) or its group still ran when generation 1 started\n" \
+            + job.describe()
+        assert seen["gone"] < started, f"node1's trainer ended {seen['gone'] - started:.2f} s after generation 1"
+        exit_record = str(job.jd("node1") / "run" / "trainer-0.exit")
+        assert launch.read_exit_record(exit_record)[1], open(exit_record).read()  # `fenced`: the dead-man ended it
         os.kill(agent, signal.SIGCONT)
         # Resumed: its lease is long gone (the beats queued meanwhile echo lines from before the pause): it steps
-        # down before it answers anything, and its node fences itself.
+        # down before it answers anything, and reports its node's fence, which its launchers did.
         assert wait_for(lambda: stopped_at(job, "node1", "trainer-0"), timeout=STOP_BOUND + 5), job.describe()
-        assert any("steps down" in e["reason"] for e in job.events("node1", "coordinator")), job.describe()
+        (killed,) = [e for e in job.events("node1", "killed") if e.get("name") == "trainer-0"]
+        assert DEADMAN in killed["reason"], killed
+        assert wait_for(lambda: job.events("node1", "peer_lost"), timeout=10), job.describe()
+        assert job.events("node1", "peer_lost")[0]["reason"].endswith(FENCES_ITSELF), job.events("node1", "peer_lost")
+        assert wait_for(lambda: any("steps down" in e["reason"] for e in job.events("node1", "coordinator")),
+                        timeout=10), job.describe()
         assert moves(job) == ["coordinator now on node2 (term 2), after node1"], moves(job)
         assert generations(job, "node2") == generations(job, "node3") == [1]
         assert not job.events("node1", "restarted")
     finally:
         os.kill(agent, signal.SIGCONT)
         job.end()
+
+
+def _group(pgid: int) -> list[int]:
+    """The live (not defunct) processes of process group `pgid`, from /proc."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = procfs.stat(int(name))
+            if st is not None and st.pgid == pgid and not st.dead:
+                found.append(int(name))
+    return found
 
 
 def _agent_pid(job, node) -> int:

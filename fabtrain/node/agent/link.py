@@ -18,6 +18,7 @@ import time
 from fabtrain.contract.events import EventKind
 from fabtrain.contract.jobfolder import JobFolder
 from fabtrain.contract.records import HEALTH_COORDINATOR, record
+from fabtrain.node import deadman
 from fabtrain.node.coordination.client import Client
 from fabtrain.node.coordination.restart import RestartPolicy
 from fabtrain.node.coordination.roster import merged
@@ -51,6 +52,8 @@ class Link:
         self.target = self.nodes[0]  # the node whose coordinator the client follows
         self.echo: float | None = None  # the newest `t` of the followed coordinator's lines (tenure.py)
         self.term = 1  # the newest term of the lines followed: what the beats name (tenure.py)
+        # The moment this agent would have begun its fence by, for its launchers' dead-man (a job whose agents fence)
+        self.deadline = deadman.Deadline(JobFolder(job_dir).deadline, cfg.grace) if deadman.wanted(job) else None
 
     @property
     def hosted_here(self) -> bool:
@@ -199,6 +202,8 @@ class Link:
     def peers(self) -> policy.Peers:
         c, view, now = self.client, self.view, time.monotonic()
         lease = c.lease if c and c.lease is not None else self.resumed
+        if self.deadline is not None:
+            self.deadline.update(now, lease, bool(c and c.connected), self.cfg.interval, self.coordinator)
         return policy.Peers(
             ever_connected=self.ever_connected or self.resumed is not None, connected=bool(c and c.connected),
             silent_for=(now - c.last_contact) if c and c.last_contact is not None else None,
@@ -222,6 +227,8 @@ class Link:
                       node=self.target if self.elector else None, term=self.term if self.elector else None)
 
     def stop(self) -> None:
+        if self.deadline is not None:
+            self.deadline.clear()
         if self.elector:
             self.elector.stop()
         if self.client:

@@ -560,7 +560,7 @@ def facts(ctx: ProcessContext, procs: dict, starter=None) -> policy.ProcFacts:
         exit_code=ctx.exit_code, launcher_lost=ctx.launcher_lost,
         last_record=progress.last_record if progress else None,
         last_activity=progress.last_activity if progress else None, stalled=stalled(progress),
-        stopped_since=ctx.stopped_since,
+        stopped_since=ctx.stopped_since, fenced=ctx.fenced,
         term_at=ctx.term_at, kill_signal=ctx.kill_signal, close_reason=ctx.close_reason,
         leftovers=tuple(ctx.leftovers(procs)), zombies=tuple(ctx.zombies), starter=starter,
         loaded=checkpoints.load_failure(ctx) if ctx.ended else None)

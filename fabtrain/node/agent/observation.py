@@ -30,6 +30,7 @@ class ProcFacts:
     term_at: float | None = None  # when the agent sent it SIGTERM
     kill_signal: str | None = None
     close_reason: str | None = None
+    fenced: bool = False  # its launcher's dead-man ended it: the agent let its fence deadline pass (node/deadman.py)
     leftovers: tuple = ()  # (pid, create time) still alive after it ended
     # (pid, create time) of the daemon that started it (Open MPI's orted), alive STARTER_WAIT after the
     # process ended and the job's end was known here: it should have left by itself

@@ -17,6 +17,7 @@ from fabtrain.node.coordination import fence
 from fabtrain.node.coordination.connections import hung_timeout
 from fabtrain.node.coordination.elastic import sits_out, taking
 from fabtrain.contract.events import EventKind
+from fabtrain.contract.launcher import DEADMAN, FENCES_ITSELF
 from fabtrain.contract.states import FINAL, RESTARTABLE, FailureKind, JobState, describe_end, signal_name, signal_of, stopped_by
 
 EXIT_ONLY_ROLES = ("mpirun",)  # watched for its exit only: it is silent by design; its ranks are watched for hangs
@@ -339,6 +340,8 @@ class _Decision:
             if p.close_reason:
                 self.note(EventKind.KILLED, "%s: %s" % (how, p.close_reason), p, signal=p.kill_signal,
                           exit_code=p.exit_code, pid=p.pid)
+            elif p.fenced:  # its launcher's dead-man: the fence itself is coordinator()'s
+                self.note(EventKind.KILLED, "%s: %s" % (how, DEADMAN), p, signal=sig, exit_code=p.exit_code, pid=p.pid)
             elif self.obs.killed_by:
                 why = stopped_by(self.obs.killed_by)
                 self.note(EventKind.EXITED, "%s: %s" % (how, why), p, exit_code=p.exit_code, signal=sig, pid=p.pid)
@@ -416,17 +419,22 @@ class _Decision:
 
     def coordinator(self) -> None:
         peers, cfg = self.obs.peers, self.cfg
-        if not peers.ever_connected or self.ledger.coordinator_lost or self.ledger.status.status in FINAL:
+        if self.ledger.coordinator_lost or self.ledger.status.status in FINAL:
             return
+        # Ended by their launchers' dead-man while this agent was stopped: the fence it would have begun itself
+        fenced = [p.name for p in self.obs.procs if p.fenced]
+        lost = peers.ever_connected and (coordinator_lost(peers, cfg) or bool(peers.deposed))
         # (deposed: also with nothing running, so a restart it waits for never starts: tenure.py)
-        if not (coordinator_lost(peers, cfg) or peers.deposed) or not (peers.deposed or any(p.live for p in self.obs.procs)):
+        if not (lost or fenced) or not (peers.deposed or fenced or any(p.live for p in self.obs.procs)):
             return
         self.update(coordinator_lost=True)
         age = peers.lease_age if peers.lease_age is not None else peers.silent_for
-        reason = ("%s; this node fences itself: it stops its part of the job" % peers.deposed if peers.deposed else
-                  "coordinator %s (agent of %s) unreachable: no answer to a beat for %.1f s (%s); this node "
-                  "fences itself: it stops its part of the job (fence_after %g s)" % (
-                      cfg.coordinator, cfg.coordinator_node, age, peers.error or "no answer", cfg.fence_after)
+        reason = ("%s; %s" % (peers.deposed, FENCES_ITSELF) if peers.deposed else
+                  "%s on %s: %s; %s" % (", ".join(fenced), cfg.node, DEADMAN, FENCES_ITSELF) if not lost else
+                  "coordinator %s (agent of %s) unreachable: no answer to a beat for %.1f s (%s); %s "
+                  "(fence_after %g s)" % (
+                      cfg.coordinator, cfg.coordinator_node, age, peers.error or "no answer", FENCES_ITSELF,
+                      cfg.fence_after)
                   + ("; %s" % cfg.without_coordinator if cfg.without_coordinator else "")
                   if not peers.connected else
                   "coordinator %s (agent of %s) answered nothing for %.0f s on an open connection (hung_timeout %.0f s)"

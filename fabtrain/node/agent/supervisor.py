@@ -236,6 +236,7 @@ class ProcessContext:
         self.family: dict[int, float] = {}  # pid -> create time: everything seen under the launcher
         self.state = ProcessState.NOT_STARTED
         self.exit_code: int | None = None
+        self.fenced = False  # its launcher's dead-man ended it (the exit record says FENCED: node/launch.py)
         self.ended_at: float | None = None
         self.launcher_lost = False
         self.program_gone_at: float | None = None
@@ -411,6 +412,7 @@ class ProcessContext:
     def _end(self, now: float, code: int | None, launcher_alive: bool) -> None:
         self.ended_at = now
         self.exit_code = code
+        self.fenced = code is not None and launch.read_exit_record(self.exit_path)[1]
         self.launcher_lost = code is None and not launcher_alive
         before_boot = (self.record.get("create_time") or now) < procfs.BOOT_TIME
         self.state = state_of(False, exit_code=code, before_boot=before_boot)

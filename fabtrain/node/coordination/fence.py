@@ -22,6 +22,15 @@ nothing.
   `fence_after`, a beat period (the last beat may have gone out one interval
   after the lease), the keepalive period, the agent's tick, `grace`, and the
   launcher's SIGKILL.
+- That needs the agent to run. So that a node whose agent is stopped
+  (SIGSTOP) or frozen fences itself too, the agent publishes in the job's
+  run folder the moment by which it would have begun that fence, its
+  lease + `fence_after` + `fence_slack` (node/deadman.py), and each job
+  process's launcher is a dead-man (node/launch.py): once that moment
+  passes unrenewed it ends its program as a fence does. Its SIGTERM comes
+  at most a poll (DEADMAN_POLL) after the moment, its SIGKILL at most a
+  poll after the grace: two polls fit in the launcher's SIGKILL term, so
+  the same `stop_bound` holds, no term added.
 - The coordinator lets a generation that runs without a lost node start only
   once that node has been silent for `fence_wait` = `stop_bound` + 1 s: its
   old processes are gone before the new world starts, by construction, not
@@ -50,9 +59,20 @@ def fence_after(interval: float) -> float:
     return kernel_timeout(peer_timeout(interval), interval)
 
 
+def fence_slack(interval: float) -> float:
+    """Seconds from the moment an agent's rule says fence (its lease fence_after old with the connection gone) to
+    the moment its teardown has begun at the latest: the last beat may have gone out (and been answered) an
+    interval after the lease, the kernel ends the connection a keepalive probe later, and the agent acts at its
+    next tick. A dead-man's deadline (node/deadman.py) is that moment too."""
+    return interval + KEEPALIVE_PERIOD + interval
+
+
 def stop_bound(interval: float, grace: float) -> float:
-    """Seconds from the lease by which every process of the job on a cut-off node is gone."""
-    return fence_after(interval) + interval + KEEPALIVE_PERIOD + interval + grace + KILL_AFTER
+    """Seconds from the lease by which every process of the job on a cut-off node is gone: the fence begun by
+    fence_after + fence_slack, then grace and the launcher's SIGKILL. The dead-man of a node whose agent is
+    stopped fits the same sum: its deadline is that same moment, and its two polls (a SIGTERM a poll late, the
+    SIGKILL a poll after the grace: launch.DEADMAN_POLL) fit in KILL_AFTER, so no term is added for it."""
+    return fence_after(interval) + fence_slack(interval) + grace + KILL_AFTER
 
 
 def fence_wait(interval: float, grace: float) -> float:
