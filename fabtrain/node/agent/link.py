@@ -184,8 +184,8 @@ class Link:
         if urgent and key == self.last_beat_key:
             return  # nothing new since the last beat; the next tick sends one anyway
         self.last_beat_key = key
-        if self.elector is not None:  # the term it follows (not one it stood for in vain), its newest line
-            beat = dict(beat, term=self.term, echo=self.echo)
+        if self.elector is not None:  # the term it follows (not one it stood for in vain), its newest line,
+            beat = dict(beat, term=self.term, echo=self.echo, knows=self.elector.voter.known.generation)  # may_start
         self.last_seq = self.client.update(dict(beat, roster=self.roster_known), urgent)
 
     @property
