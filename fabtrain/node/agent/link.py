@@ -205,7 +205,8 @@ class Link:
             lease_age=(now - lease) if lease is not None else None,
             error=c.error if c else None, seen=tuple(sorted(view.get("peers") or {})),
             trainers_running=int(view.get("trainers_running") or 0),
-            deposed=self.coordinator.tenure.stepped_down if self.coordinator and self.coordinator.tenure else None)
+            deposed=self.coordinator.tenure.stepped_down  # (not once it follows another node's: elect.py, learned)
+            if self.coordinator and self.coordinator.tenure and self.target == self.node else None)
 
     def health(self) -> dict:
         """health.json's `coordinator`."""
