@@ -184,8 +184,9 @@ class Link:
         if urgent and key == self.last_beat_key:
             return  # nothing new since the last beat; the next tick sends one anyway
         self.last_beat_key = key
-        if self.elector is not None:  # the term it follows (not one it stood for in vain), its newest line,
-            beat = dict(beat, term=self.term, echo=self.echo, knows=self.elector.voter.known.generation)  # may_start
+        if self.elector is not None:  # the term it follows (not one it stood for in vain), its newest line, and the
+            # newest generation it heard of (what its vote would carry: the board's may_start, coordination/quorum.py)
+            beat = dict(beat, term=self.term, echo=self.echo, knows=self.elector.voter.known.generation)
         self.last_seq = self.client.update(dict(beat, roster=self.roster_known), urgent)
 
     @property
