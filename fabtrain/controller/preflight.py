@@ -63,10 +63,11 @@ def _payloads(cluster: Cluster, uses: list[PortUse], serve: bool, job_id: str | 
     holds none of the job's ports need not do."""
     payloads = {}
     for node in cluster.nodes:
-        listen = [{"port": p, "what": u.what, "setting": u.setting, "expect": len(cluster.nodes) - 1}
-                  for u in uses if u.node == node.name for p in u.ports]
+        # a UDP port (the ballot box) is only bound, never connected to: nobody reaches it, it expects nobody
+        listen = [{"port": p, "what": u.what, "setting": u.setting, "expect": 0 if u.udp else len(cluster.nodes) - 1,
+                   **({"udp": True} if u.udp else {})} for u in uses if u.node == node.name for p in u.ports]
         reach = [{"node": u.node, "address": u.address, "port": p, "what": u.what}
-                 for u in uses if u.node != node.name for p in u.ports] if serve else []
+                 for u in uses if u.node != node.name and not u.udp for p in u.ports] if serve else []
         payloads[node.name] = {
             "address": node.address, "peers": sorted({n.address for n in cluster.nodes if n.name != node.name}),
             "listen": listen, "reach": reach, "serve": serve, "token": token, "deadline": EXCHANGE_DEADLINE,

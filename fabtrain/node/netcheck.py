@@ -161,10 +161,10 @@ def link_speed(iface):
 # -- who holds a port ----------------------------------------------------------------
 
 
-def tcp_sockets():
-    """[(local port, state, inode)] of every TCP socket in /proc/net/tcp and tcp6."""
+def tcp_sockets(names=("/proc/net/tcp", "/proc/net/tcp6")):
+    """[(local port, state, inode)] of every TCP socket in /proc/net/tcp and tcp6 (or of `names`)."""
     found = []
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for name in names:
         try:
             with open(name) as f:
                 next(f, None)
@@ -177,9 +177,15 @@ def tcp_sockets():
     return found
 
 
+def udp_sockets():
+    """[(local port, state, inode)] of every UDP socket in /proc/net/udp and udp6 (the same columns as TCP's)."""
+    return tcp_sockets(("/proc/net/udp", "/proc/net/udp6"))
+
+
 def busy_ports(lo, hi, sockets=None):
-    """Ports in [lo, hi] that a socket holds (TIME_WAIT does not hold one against SO_REUSEADDR)."""
-    return sorted({port for port, state, _ in (sockets or tcp_sockets())
+    """Ports in [lo, hi] that a socket holds, TCP or UDP (an `auto` port may be a job's UDP port too: a ballot
+    box's; TIME_WAIT does not hold one against SO_REUSEADDR, and a UDP socket is never in it)."""
+    return sorted({port for port, state, _ in (sockets or tcp_sockets() + udp_sockets())
                    if lo <= port <= hi and state != TCP_TIME_WAIT})
 
 
@@ -190,10 +196,11 @@ def process_marker(pid):
     return (ws.decode("utf-8", "replace") if ws else None), (job.decode("utf-8", "replace") if job else None)
 
 
-def port_owner(port):
-    """Who holds a TCP port here: {"pid", "command", "workspace", "job_id"}, or {} when
+def port_owner(port, udp=False):
+    """Who holds a TCP (or UDP) port here: {"pid", "command", "workspace", "job_id"}, or {} when
     /proc does not show it (another user's process, without root)."""
-    inodes = {inode for p, state, inode in tcp_sockets() if p == port and state != TCP_TIME_WAIT and inode != "0"}
+    inodes = {inode for p, state, inode in (udp_sockets() if udp else tcp_sockets())
+              if p == port and state != TCP_TIME_WAIT and inode != "0"}
     if not inodes:
         return {}
     wanted = {"socket:[%s]" % i for i in inodes}
@@ -428,14 +435,33 @@ class Exchange:
                 self.open_targets -= 1
 
 
-def bind_test(ip, entry):
-    """Whether the port is free here now (a listener opened and closed at once), and who holds it if not."""
+def _datagram(ip, port):
+    """A UDP socket bound to (ip, port) as a ballot box binds it (no SO_REUSEADDR: it would share the port), or
+    the OSError."""
+    s = socket.socket(socket.AF_INET6 if ip and ":" in ip else socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        _listener(ip, entry["port"]).close()
+        try:
+            s.bind((ip or "", port))
+        except OSError as e:
+            if e.errno != errno.EADDRNOTAVAIL or not ip:
+                raise
+            s.bind(("", port))
+        return s
+    except OSError:
+        s.close()
+        raise
+
+
+def bind_test(ip, entry):
+    """Whether the port is free here now (a listener, or for `udp` a datagram socket, opened and closed at once),
+    and who holds it if not."""
+    udp = bool(entry.get("udp"))
+    try:
+        (_datagram if udp else _listener)(ip, entry["port"]).close()
         entry["state"] = "ok"
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
-            entry.update(state="taken", owner=port_owner(entry["port"]))
+            entry.update(state="taken", owner=port_owner(entry["port"], udp))
         else:
             entry.update(state="error", error=e.strerror or str(e))
 
@@ -487,8 +513,8 @@ def run(payload):
     reach = [dict(t) for t in payload.get("reach") or []] if payload.get("serve") else []
     if payload.get("serve"):
         exchange = Exchange(payload["node"], payload.get("token", ""), float(payload.get("deadline", 8)))
-        for entry in listen:
-            exchange.listen(ip if local else None, entry)
+        for entry in listen:  # a UDP port is only bound (nobody connects to it)
+            (bind_test if entry.get("udp") else exchange.listen)(ip if local else None, entry)
         for target in reach:
             exchange.reach(target)
         exchange.run()

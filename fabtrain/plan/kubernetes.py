@@ -414,7 +414,7 @@ def _pod_template(plan: Plan, spec: PodSpec, role: str, index_env: str, containe
     k8s = spec.k8s
     name = object_name(plan.cluster, plan.job_id)
     role_pods = {n.node for n in _pods(plan, role)}
-    ports = sorted({p for u in plan.listens if u.node in role_pods for p in u.ports})
+    ports = sorted({p for u in plan.listens if u.node in role_pods and not u.udp for p in u.ports})
     mounts = [{"name": "job", "mountPath": JOB_FILES, "readOnly": True},
               {"name": "workspace", "mountPath": WORKSPACE}]
     volumes = [{"name": "job", "secret": {"secretName": f"{name}-job",

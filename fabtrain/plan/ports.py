@@ -14,6 +14,7 @@ from fabtrain.config.cluster import Cluster, Node
 from fabtrain.contract import portdraw
 from fabtrain.errors import UserError
 
+BALLOT_BOX = "ballot box (UDP, watchdog port + 1)"  # a job that elects: what each node's agent votes on
 AUTO_WINDOW = (20000, 32767)  # where `auto` ports come from: below the kernel's usual ephemeral range
 
 # The port settings of cluster.yaml, by the name job.json and the controller's state use.
@@ -42,6 +43,7 @@ class PortUse:
     count: int
     what: str  # "pserver 0", "master (rank 0)", "watchdog coordinator"
     setting: str  # a PORT_SETTINGS key: what to change when it is taken
+    udp: bool = False  # a datagram socket (the ballot box), not a TCP listener: bound, never connected to by a check
 
     @property
     def ports(self) -> range:
@@ -76,7 +78,8 @@ def port_uses(cluster: Cluster, ports: dict[str, int | None], unchecked: bool = 
 
     Checked: each pserver's range (pserver mode), rank 0's master_port
     (collective mode: its store), the watchdog's coordinator on the first
-    node. `unchecked` adds master_port in pserver mode: the trainers are told
+    node (in a job that elects, on every node, and each node's ballot box,
+    UDP, on the next port). `unchecked` adds master_port in pserver mode: the trainers are told
     it (MASTER_PORT) though the reference workload never listens there, so
     only an `auto` one needs choosing. A setting given as None is left out.
     """
@@ -100,6 +103,9 @@ def port_uses(cluster: Cluster, ports: dict[str, int | None], unchecked: bool = 
         if elects(cluster):  # any node's agent may be elected to host it (docs/partitions.md, "Majority election")
             uses += [PortUse(n.name, n.address, ports["watchdog_port"], 1, "watchdog coordinator (if elected)",
                              "watchdog_port") for n in cluster.nodes[1:]]
+            # every agent's ballot box (node/agent/elect.py, ballot_port): UDP, the coordinator's port + 1
+            uses += [PortUse(n.name, n.address, ports["watchdog_port"] + 1, 1, BALLOT_BOX, "watchdog_port", udp=True)
+                     for n in cluster.nodes]
     return uses
 
 
@@ -159,11 +165,11 @@ def choose_auto(cluster: Cluster, busy: dict[str, set[int]], rng: random.Random)
 
 def clashes(uses: list[PortUse]) -> list[str]:
     """Two of the job's own ports that are one port on one node (master_port = watchdog.port)."""
-    seen: dict[tuple[str, int], PortUse] = {}
+    seen: dict[tuple[str, int, bool], PortUse] = {}
     out = []
     for u in uses:
         for p in u.ports:
-            other = seen.setdefault((u.node, p), u)
+            other = seen.setdefault((u.node, p, u.udp), u)  # a UDP port and a TCP port of one number are two
             if other is not u and other.setting != u.setting:
                 out.append(f"{u.node}: port {p} is both {other.what} ({PORT_SETTINGS[other.setting]}) and "
                            f"{u.what} ({PORT_SETTINGS[u.setting]}): change one, or set it to auto")

@@ -12,7 +12,7 @@ import pytest
 
 from fabtrain.node import procfs
 from fabtrain.node.coordination import fence
-from tests.sshd.test_partitions_netns import net  # noqa: F401 (the fixture: three nodes, each its own network)
+from tests.support.netns import net  # noqa: F401 (the module fixture: three nodes, each its own network)
 from tests.support import partition_job
 from tests.support.partition_job import GRACE, INTERVAL, MASTER_PORT, NODES, PartitionJob, stopped_at
 from tests.support.procscan import wait_for

@@ -15,8 +15,7 @@ import pytest
 from fabtrain.contract.launcher import DEADMAN, FENCES_ITSELF
 from fabtrain.node import launch, procfs
 from fabtrain.node.coordination import fence
-from tests.conftest import require
-from tests.support import netns
+from tests.support.netns import net, root  # noqa: F401 (the module fixtures)
 from tests.support.partition_job import GRACE, INTERVAL, MASTER_PORT, NODES, PartitionJob, stopped_at
 from tests.support.procscan import wait_for
 
@@ -26,20 +25,9 @@ STOP_BOUND = fence.stop_bound(INTERVAL, GRACE)
 # From the cut to the smaller world: the lease and its margin, the candidacy's stagger, the fence wait
 # from the election, the backoff, a cold start.
 NEW_WORLD = fence.fence_after(INTERVAL) + 1 + 2 + fence.fence_wait(INTERVAL, GRACE) + 1 + 30
-
-
-@pytest.fixture(scope="module")
-def net(tmp_path_factory):
-    why = netns.available()
-    require(why is None, "network namespaces", why or "")
-    cluster = netns.NetnsCluster(tmp_path_factory.mktemp("netns"), len(NODES))
-    yield cluster
-    cluster.close()
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("election-jobs")
+# From a heal to the old coordinator's node following the new one: a candidacy a lease (fence_after), its pre-vote's
+# second, then its link's connection and first beat.
+LEARN = 2 * fence.fence_after(INTERVAL) + 1 + 5
 
 
 def electing(fab, root, net) -> PartitionJob:
@@ -50,6 +38,11 @@ def electing(fab, root, net) -> PartitionJob:
 def moves(job) -> list[str]:
     """Every election won, on any node: `coordinator now on X (term t), after Y`."""
     return [e["reason"] for n in NODES for e in job.events(n, "coordinator") if " now on " in e["reason"]]
+
+
+def learned(job) -> list[str]:
+    """What node1, the old coordinator, learned from a refused vote (agent/elect.py)."""
+    return [e["reason"] for e in job.events("node1", "coordinator") if " learned " in e["reason"]]
 
 
 def generations(job, node) -> list[int]:
@@ -130,11 +123,41 @@ def test_a_heal_in_the_middle_of_the_restart_leaves_node1_out_and_one_coordinato
         assert wait_for(lambda: job.events("node2", "restarted") and job.events("node3", "restarted"),
                         timeout=NEW_WORLD), job.describe()
         check_new_world(job, "node1", ("node2", "node3"))
-        time.sleep(3 * INTERVAL)
-        # node1, healed, asks for votes in vain (node2 and node3 follow node2 within its lease): one election.
+        # node1, healed, is refused a vote (node2 and node3 follow node2 within its lease): the refusal names term 2
+        # and node2, node1 beats node2, and with max_rejoins 0 it is fenced out for good. One election.
+        assert wait_for(lambda: job.events("node1", "fenced"), timeout=LEARN), job.describe()
+        assert learned(job) == ["node1 learned from a refused vote: coordinator node2 (term 2)"], learned(job)
         assert moves(job) == ["coordinator now on node2 (term 2), after node1"], moves(job)
         assert generations(job, "node2") == generations(job, "node3") == [1] and not job.events("node1", "restarted")
         assert wait_for(lambda: job.health("node2")["job"]["status"] == "running", timeout=4 * INTERVAL + 5)
+    finally:
+        job.end()
+
+
+def test_the_old_coordinator_healed_learns_who_won_and_is_back_in_a_later_generation(fab, root, net):
+    job = PartitionJob(fab, root, net, on_failure="restart", restart_backoff=1, max_restarts=3, min_nodes=2,
+                       max_rejoins=1)
+    try:
+        net.cut("node1", "drop")
+        assert wait_for(lambda: job.events("node2", "restarted") and job.events("node3", "restarted"),
+                        timeout=NEW_WORLD), job.describe()
+        check_new_world(job, "node1", ("node2", "node3"))
+        net.heal("node1")
+        # node1 (stepped down, fenced) stands in vain; the refusal names term 2 and node2: node1 takes up term 2,
+        # beats node2 with nothing running and is taken into generation 2 (node_back), a world of 3 again.
+        assert wait_for(lambda: job.events("node1", "restarted"), timeout=LEARN + 30), job.describe()
+        assert learned(job) == ["node1 learned from a refused vote: coordinator node2 (term 2)"], learned(job)
+        (back,) = job.events("node2", "node_back")
+        assert back["peer"] == "node1" and back["reason"] == "node1 back in generation 2 (WORLD_SIZE 3)", back
+        pid = job.run_record("node1", "trainer-0")["program_pid"]
+        env = {k.decode(): v.decode() for k, v in procfs.environ(pid).items()}
+        assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_PORT"], env["FABTRAIN_RESTART_COUNT"]) == (
+            "0", "3", str(MASTER_PORT + 2), "2"), env
+        assert generations(job, "node1") == [2] and generations(job, "node2") == generations(job, "node3") == [1, 2]
+        # one coordinator a term: node1 of term 1, node2 of term 2, and no election since
+        assert moves(job) == ["coordinator now on node2 (term 2), after node1"], moves(job)
+        assert (job.health("node1").get("coordinator") or {}).get("node") == "node2"
+        assert job.health("node1")["coordinator"]["term"] == 2 and not job.events("node1", "fenced")
     finally:
         job.end()
 

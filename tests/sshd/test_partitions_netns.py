@@ -24,9 +24,7 @@ from fabtrain.dashboard import create_app
 from fabtrain.node import procfs
 from fabtrain.remote.session import Session
 from fabtrain.node.coordination import fence
-from tests.conftest import require
-from tests.support import netns
-from tests.support.netns import cut_mid_file, write_corpus, write_project_with_a_blob
+from tests.support.netns import cut_mid_file, net, root, write_corpus, write_project_with_a_blob  # noqa: F401
 from tests.support.procscan import wait_for
 from tests.support.partition_job import GRACE, INTERVAL, MASTER_PORT, NODES, PartitionJob, stopped_at
 from tests.support.sshd import write_cluster
@@ -38,21 +36,6 @@ TOKEN = "t0k3n-for-partitions-0123456789abcdef"
 HOST = "127.0.0.1:8265"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Host": HOST}
 STOP_BOUND = fence.stop_bound(INTERVAL, GRACE)
-
-
-@pytest.fixture(scope="module")
-def net(tmp_path_factory):
-    why = netns.available()
-    require(why is None, "network namespaces", why or "")
-    cluster = netns.NetnsCluster(tmp_path_factory.mktemp("netns"), len(NODES))
-    yield cluster
-    cluster.close()
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    """The workspaces every job of the module uses: deployed by the first job only."""
-    return tmp_path_factory.mktemp("partition-jobs")
 
 
 def test_a_cut_off_node_under_min_nodes_stops_before_the_smaller_generation_starts(fab, root, net):

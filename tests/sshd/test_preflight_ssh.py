@@ -98,6 +98,28 @@ def test_a_taken_port_is_named_by_check_refused_by_start_and_auto_starts_anyway(
         kill_all(cluster)
 
 
+def test_a_job_that_elects_has_each_nodes_ballot_box_udp_port_named_by_check_and_refused_by_start(fab, tmp_path, sshd):
+    """Each agent of a job that elects binds its ballot box on the coordinator's port + 1 (UDP): another program
+    holding it on node2 is one line naming node2, the port and the holder, and nothing starts."""
+    port = free_port(["127.0.0.2", "127.0.0.3", "127.0.0.4"])
+    job = {"mode": "collective", "watchdog": {"port": port, "on_failure": "restart", "min_nodes": 2}}
+    cluster, workspaces = make_cluster(tmp_path, sshd, job, nodes=[(n, ["trainer"]) for n, _ in NODES])
+    holder = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    holder.bind(("127.0.0.3", port + 1))  # node2's address: another program holds its ballot box's port
+    try:
+        line = f"node2: port {port + 1} (ballot box (UDP, watchdog port + 1)) is in use by pid {os.getpid()} ("
+        out = fab("check", cluster=cluster)
+        assert out.returncode == 1 and line in out.stdout and "set job.watchdog.port: auto" in out.stdout, \
+            out.stdout + out.stderr
+        out = fab("deploy", "start-trainers", cluster=cluster)
+        assert out.returncode == 2 and "nothing was started" in out.stderr, out.stdout + out.stderr
+        assert f"fab start-trainers: {line}" in out.stderr and "Traceback" not in out.stderr, out.stderr
+        assert live_marked(workspaces) == []
+    finally:
+        holder.close()
+        kill_all(cluster)
+
+
 def api_job(cluster: Path, state_dir: Path, monkeypatch) -> dict:
     """/api/job of a dashboard over a real collector of that cluster (the controller's state: the fab runs')."""
     from fabtrain.config.cluster import load_cluster

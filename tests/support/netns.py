@@ -46,6 +46,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.support.sshd import SSHD, SshdCluster, SshNode
 
 PREFIX = "fbtp"  # every namespace, link and nft table this module makes starts with it
@@ -327,3 +329,25 @@ def cut_mid_file(net: NetnsCluster, argv: list[str], env: dict, folder: Path, te
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# -- module fixtures: import them into a test module (`from tests.support.netns import net, root`) ----------------
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory):
+    """Three nodes (tests/support/partition_job.py's NODES), each its own network, for a whole test module."""
+    from tests.conftest import require
+    from tests.support.partition_job import NODES
+
+    why = available()
+    require(why is None, "network namespaces", why or "")
+    cluster = NetnsCluster(tmp_path_factory.mktemp("netns"), len(NODES))
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """The workspaces every job of the module uses: deployed by the module's first job only."""
+    return tmp_path_factory.mktemp("jobs")

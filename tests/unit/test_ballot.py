@@ -4,6 +4,8 @@ refused unanswered, and the vote is on disk before it is answered."""
 from __future__ import annotations
 
 import json
+import socket
+import time
 
 import pytest
 
@@ -88,3 +90,29 @@ def test_a_pre_vote_says_whether_a_voter_would_grant_and_changes_nothing(boxes, 
     bt.ask("J", SECRET, "n2", 1, Known(2, (), 3), where(boxes, "n3"), 5.0, 1)
     (no,) = bt.ask("J", SECRET, "n1", 1, Known(2, (), 3), where(boxes, "n3"), 1.0, 1, pre=True)
     assert not no.granted and boxes["n3"].voter.state.voted_for == "n2"
+
+
+def test_a_refusal_carries_the_voters_coordinator_sealed_and_a_forged_one_teaches_nothing(boxes):
+    """n3 follows n2 in term 2; n1 (the old coordinator of term 1) asks: the refusal names term 2 and n2, and n1
+    takes them up. The same refusal sealed without the job's secret is dropped by the asker: nothing learned."""
+    n3 = boxes["n3"].voter
+    with boxes["n3"].lock:
+        n3.heard(2, "n2", time.monotonic())
+    n1 = Voter("n1", NODES, TermState(1, None, "n1"), 4.0)
+    (no,) = bt.ask("J", SECRET, "n1", 2, Known(2, (), 3), where(boxes, "n3"), 1.0, 1, pre=True)
+    assert not no.granted and (no.voter, no.term, no.coordinator) == ("n3", 2, "n2")
+    assert n1.learn([no], 0.0) == "n2" and (n1.state.term, n1.state.coordinator) == (2, "n2")
+
+    # a forger without the secret answers n1's request (it saw the nonce on the wire) naming itself
+    asker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    asker.settimeout(2.0)
+    asker.bind(("127.0.0.1", 0))
+    forged = bt.seal(bt.ballot_key("wrong" * 8, "J"), b"voter", {
+        "job_id": "J", "voter": "n3", "term": 9, "granted": False, "known": {}, "why": "", "coordinator": "n3",
+        "n": "N"})
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as forger:
+        forger.sendto(forged, asker.getsockname())
+    answers: dict = {}
+    bt._take(asker, bt.ballot_key(SECRET, "J"), "J", "N", {"n3": ("127.0.0.1", 9)}, answers)
+    asker.close()
+    assert answers == {}  # dropped: no refusal to learn from

@@ -37,11 +37,12 @@ def job_of(node: str, port: int, min_nodes) -> dict:
 class Agent:
     """What the agent loop gives its link: beats, and the events its link writes."""
 
-    def __init__(self, node: str, port: int, tmp_path, min_nodes=2):
+    def __init__(self, node: str, port: int, tmp_path, min_nodes=2, again=False):
+        """`again`: its agent started again over the job folder it left (its term record)."""
         self.node, self.events = node, []
         job = job_of(node, port, min_nodes)
         cfg, restart = settings(job, list(NODES))
-        (tmp_path / node).mkdir()
+        (tmp_path / node).mkdir(exist_ok=again)
         self.link = Link(job, list(NODES), cfg, restart, str(tmp_path / node),
                          lambda kind, reason="", node=None, **f: self.events.append((kind, reason, f)), lambda: None)
 
@@ -88,6 +89,36 @@ def test_the_first_nodes_agent_gone_the_others_elect_n2_which_restarts_the_job_w
     assert status["status"] == "restarting" and status["generation"] == 1 and "n1" in n2.link.coordinator.board.out
     assert n3.link.view["status"] == "restarting", n3.link.view
     assert n1.link.coordinator.tenure.term == 1 and n3.link.coordinator is None
+    # may_start: n2's and n3's beats say they know generation 1 (their voters' `known`): it is held no more
+    board = n2.link.coordinator.board
+    assert run_until([n2, n3], lambda: "held" not in board.status, 10), board.status
+    assert board.peers["n2"].knows == board.peers["n3"].knows == 1
+
+
+def test_the_old_coordinators_agent_started_again_learns_who_won_and_beats_the_new_coordinator(agents, tmp_path):
+    """n1's agent gone, n2 elected for term 2; n1's agent started again over its term record (term 1, itself):
+    its restored coordinator steps down (nobody echoes it), it stands in vain, learns term 2 and n2 from a
+    refusal, and its beats reach n2's board, which answers them (here: fenced out, max_rejoins 0)."""
+    n1, n2, n3 = agents
+    assert all(a.link.start() for a in agents)
+    assert run_until(agents, lambda: n1.link.coordinator.tenure.armed(), 10)
+    n1.link.stop()
+    assert run_until([n2, n3], lambda: n2.link.hosting() and n3.link.target == "n2", 30), n2.events
+    again = Agent("n1", n1.link.port, tmp_path, again=True)
+    try:
+        assert again.link.start()
+        assert run_until([again, n2, n3], lambda: again.link.target == "n2" and again.link.term == 2, 30), \
+            again.events
+        learned = [r for k, r, _ in again.events if k == EventKind.COORDINATOR and " learned " in r]
+        assert learned == ["n1 learned from a refused vote: coordinator n2 (term 2)"], again.events
+        assert again.link.elector.voter.state.term == 2 and again.link.peers().deposed is None
+        # its beats reach n2's board, which answers (max_rejoins 0 here): n1 left once, it is fenced out for good
+        assert run_until([again, n2, n3], lambda: again.link.fenced is not None, 10), n2.link.coordinator.board.status
+        assert again.link.fenced["reason"].startswith("n1 left the job"), again.link.fenced
+        moved = [r for a in (again, n2, n3) for k, r, _ in a.events if k == EventKind.COORDINATOR and " now on " in r]
+        assert moved == ["coordinator now on n2 (term 2), after n1"], moved
+    finally:
+        again.link.stop()
 
 
 def test_a_coordinator_that_loses_its_majority_steps_down_and_its_node_is_told_to_fence(agents):

@@ -231,3 +231,72 @@ def test_a_generation_starts_only_once_a_majority_knows_it_so_no_successor_reuse
         for cand in quorum:
             won = el.tally(NODES, cand, 2, ballots)
             assert won is not None and won.first_generation() >= 4, (quorum, won)
+
+
+def test_a_refusal_names_the_coordinator_its_voter_follows_and_a_node_behind_takes_up_that_term():
+    """n1, the old coordinator of term 1, cut off and stepped down; n2 coordinates term 2, n3 follows it. n1,
+    healed, asks for term 2: n3 refuses, naming term 2 and n2, and n1 follows n2 in term 2 from then on."""
+    n1, n3 = Voter("n1", NODES, TermState(1, None, "n1"), LEASE), Voter("n3", NODES, TermState(2, "n2", None), LEASE)
+    n3.heard(2, "n2", 100.0)
+    no = n3.request("n1", 2, Known(), 101.0)
+    assert not no.granted and (no.term, no.coordinator) == (2, "n2") and no.why == "term 2 is not newer than 2 " \
+        "(coordinator n2)"
+    assert n1.learn([no], 102.0) == "n2" and n1.changed
+    assert (n1.state.term, n1.state.coordinator, n1.holder, n1.last_contact) == (2, "n2", "n2", 102.0)
+    assert not n1.heard(1, "n1", 103.0)  # a line of the older term: not followed
+    assert not n1.request("n3", 3, Known(), 103.0).granted  # it follows n2 within its lease, as after a line of it
+
+
+def test_a_refusal_teaches_nothing_older_nor_the_own_term_of_a_node_that_knows_its_coordinator():
+    v = Voter("n2", NODES, TermState(3, None, "n3"), LEASE)
+    assert v.learn([el.Ballot("n1", 2, False, coordinator="n1")], 0.0) is None  # older
+    assert v.learn([el.Ballot("n1", 3, False, coordinator="n1")], 0.0) is None  # its own term: n3 coordinates it
+    assert v.learn([el.Ballot("n1", 4, True, coordinator="n1")], 0.0) is None  # a vote given is no refusal
+    assert v.learn([el.Ballot("n1", 4, False, coordinator="n9")], 0.0) is None  # not a node of the job
+    assert v.learn([el.Ballot("n1", 4, False, coordinator="n2")], 0.0) is None  # itself: it never coordinated 4
+    assert v.learn([el.Ballot("n1", 4, False)], 0.0) is None  # no coordinator named
+    assert (v.state, v.changed) == (TermState(3, None, "n3"), False)
+    # its own term, where it knows no coordinator (it voted in vain); the newest of several
+    w = Voter("n2", NODES, TermState(3, "n2", None), LEASE)
+    assert w.learn([el.Ballot("n1", 3, False, coordinator="n1")], 0.0) == "n1" and w.state.term == 3
+    assert w.learn([el.Ballot("n1", 4, False, coordinator="n1"), el.Ballot("n3", 5, False, coordinator="n3")],
+                   9.0) == "n3" and (w.state.term, w.state.coordinator) == (5, "n3")
+
+
+def test_learning_from_refusals_keeps_one_coordinator_a_term_and_never_an_older_term_random_runs():
+    """Candidates stand whenever they may, the winners' lines reach some nodes, and every candidate that loses
+    learns from its refusals: each node's term only grows, and whatever coordinator of a term a node follows
+    (heard or learned) is the one that won that term."""
+    rng = random.Random(5858)
+    learned = 0
+    for _ in range(200):
+        nodes = tuple("n%d" % (i + 1) for i in range(rng.choice((3, 5))))
+        vs, winners, t = voters(nodes), {1: "n1"}, 0.0
+        reach = {n: True for n in nodes}  # cut off: it neither hears lines nor is asked, nor asks
+        for v in vs.values():
+            v.heard(1, "n1", 0.0)
+        for _ in range(60):
+            t += rng.uniform(0.1, 3.0)
+            if rng.random() < 0.3:
+                node = rng.choice(nodes)
+                reach[node] = not reach[node]
+            before = {n: v.state.term for n, v in vs.items()}
+            # the newest coordinator's lines reach the nodes it reaches
+            co = max(winners.items())[1]
+            for n, v in vs.items():
+                if reach[n] and reach[co] and rng.random() < 0.3:
+                    v.heard(max(winners), co, t)
+            cand = rng.choice(nodes)
+            if el.may_stand(vs[cand], t):
+                term = vs[cand].state.term + 1
+                ballots = [vs[v].request(cand, term, vs[cand].known, t) for v in nodes
+                           if v == cand or reach[cand] and reach[v] and rng.random() < 0.9]
+                if el.tally(nodes, cand, term, ballots):
+                    assert winners.setdefault(term, cand) == cand  # one coordinator a term
+                    vs[cand].heard(term, cand, t)
+                elif vs[cand].learn(ballots, t) is not None:
+                    learned += 1
+            for n, v in vs.items():
+                assert v.state.term >= before[n]
+                assert v.state.coordinator is None or winners.get(v.state.term) == v.state.coordinator, (n, v.state)
+    assert learned > 50  # the runs do learn: the check is not empty

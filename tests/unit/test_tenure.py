@@ -89,7 +89,63 @@ def test_a_job_that_elects_has_the_coordinators_port_checked_free_on_every_node_
     from tests.unit.test_elastic import cluster
 
     ports = {"master_port": 29500, "watchdog_port": 7180}
-    coordinator = [(u.node, u.port) for u in port_uses(cluster(), ports) if u.setting == "watchdog_port"]
+    coordinator = [(u.node, u.port) for u in port_uses(cluster(), ports) if u.setting == "watchdog_port" and not u.udp]
     assert elects(cluster()) and coordinator == [("n1", 7180), ("n2", 7180), ("n3", 7180)]
     plain = [(u.node, u.port) for u in port_uses(cluster(min_nodes=None), ports) if u.setting == "watchdog_port"]
     assert not elects(cluster(min_nodes=None)) and plain == [("n1", 7180)]
+
+
+def test_a_job_that_elects_has_each_nodes_ballot_box_udp_port_checked_free_and_no_other_job_has_one():
+    from fabtrain.plan.ports import BALLOT_BOX, clashes, port_uses
+    from tests.unit.test_elastic import cluster
+
+    ports = {"master_port": 7181, "watchdog_port": 7180}  # master_port's TCP 7181 is not the ballot box's UDP 7181
+    boxes = [(u.node, u.port, u.what, u.setting) for u in port_uses(cluster(), ports) if u.udp]
+    assert boxes == [(n, 7181, BALLOT_BOX, "watchdog_port") for n in ("n1", "n2", "n3")]
+    assert clashes(port_uses(cluster(), ports)) == []
+    assert not [u for u in port_uses(cluster(min_nodes=None), ports) if u.udp]
+
+
+def test_a_taken_ballot_box_port_is_one_line_naming_the_node_the_port_and_its_holder():
+    """netcheck on this machine, a real UDP socket holding the ballot box's port: the entry is taken, its holder
+    this process; the start's verdict is one line naming node, port and holder, and the setting to change."""
+    import os
+    import socket
+
+    from fabtrain.controller import preflight
+    from fabtrain.node import netcheck
+    from fabtrain.plan.ports import BALLOT_BOX
+    from fabtrain.contract.opreplies import Netcheck
+    from fabtrain.plan.plan import Network
+    from fabtrain.remote.transport import Reply
+    from tests.unit.test_elastic import cluster
+
+    holder = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    holder.bind(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
+    try:
+        c = cluster(port=port - 1)
+        network = Network(ports={"master_port": 29500, "watchdog_port": port - 1}, auto=(), ifaces={})
+        payloads = preflight._payloads(c, preflight.port_uses(c, network.ports), True, None, "t")
+        replies = {}
+        for n in c.nodes:
+            payload = dict(payloads[n.name], node=n.name, address="127.0.0.1", workspace="/tmp", deadline=0.1)
+            if n.name == "n2":  # the others' ports are free here: only n2's ballot box is looked at
+                payload["listen"] = [e for e in payload["listen"] if e.get("udp")]
+                assert payload["listen"] == [{"port": port, "what": BALLOT_BOX, "setting": "watchdog_port",
+                                              "expect": 0, "udp": True}]
+            else:
+                payload["listen"] = []
+            payload["reach"] = []
+            replies[n.name] = Reply(n.name, True, Netcheck.checked(netcheck.run(payload)))
+        (taken,) = replies["n2"].value.listen
+        assert taken.state == "taken" and taken.owner.pid == os.getpid(), taken
+        problems = preflight._listen_findings(c, [], replies, True)[0]
+        assert problems == ["n2: port %d (%s) is in use by pid %d (%s): stop it, or set job.watchdog.port: auto (or "
+                            "another port)" % (port, BALLOT_BOX, os.getpid(), taken.owner.command)], problems
+    finally:
+        holder.close()
+    # freed, the same check finds it free
+    entry = {"port": port, "udp": True}
+    netcheck.bind_test("127.0.0.1", entry)
+    assert entry["state"] == "ok"

@@ -16,7 +16,10 @@ load it. Each agent of such a job runs:
   coordinator of the new term on its own address at the coordinator's port
   (`Link.host_elected`, succession.take_over's board);
 - following: the link's client points at the coordinator of its term, or,
-  before its first line, at the candidate this node voted for.
+  before its first line, at the candidate this node voted for; a candidate
+  refused by a voter that follows a newer term's coordinator takes up that
+  term and follows it (`Voter.learn`): a healed old coordinator's node comes
+  back that way.
 """
 from __future__ import annotations
 
@@ -120,6 +123,18 @@ class Elector(threading.Thread):
             self.stand()
             self.rest_until = time.monotonic() + self.lease
 
+    def learned(self, ballots) -> bool:
+        """Whether a refusal told this node of a newer term and its coordinator (a healed old coordinator's node,
+        say): it takes up that term, and `tick` points its link at that coordinator, which takes it back
+        into a later generation (`node_back`) or fences it out for good, as any node that left."""
+        with self.lock:
+            coordinator = self.voter.learn(ballots, time.monotonic())
+            self._save()
+        if coordinator is not None:
+            self.link.on_event(EventKind.COORDINATOR, reason="%s learned from a refused vote: coordinator %s (term %d)"
+                               % (self.me, coordinator, self.term), term=self.term)
+        return coordinator is not None
+
     def stand(self) -> None:
         """Ask for a strict majority's votes in the next term; host the coordinator if they are given. First
         whether they would be (a pre-vote, nothing saved anywhere): a node cut off raises no term, so once
@@ -130,7 +145,7 @@ class Elector(threading.Thread):
             term, known = self.voter.state.term + 1, self.voter.known
         would = ballot.ask(self.link.job_id, self.link.secret, self.me, term, known, others, timeout=1.0,
                            enough=enough, pre=True)
-        if sum(1 for b in would if b.granted and b.term == term) < enough:
+        if self.learned(would) or sum(1 for b in would if b.granted and b.term == term) < enough:
             return
         asked = time.monotonic()
         with self.lock:
@@ -145,6 +160,7 @@ class Elector(threading.Thread):
                              enough=enough)
         won = tally(self.nodes, self.me, term, list(ballots) + [own])
         if won is None:
+            self.learned(ballots)
             return
         with self.lock:
             if self.voter.state.term != term:

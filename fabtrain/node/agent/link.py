@@ -187,8 +187,9 @@ class Link:
         if urgent and key == self.last_beat_key:
             return  # nothing new since the last beat; the next tick sends one anyway
         self.last_beat_key = key
-        if self.elector is not None:  # the term it follows (not one it stood for in vain), its newest line
-            beat = dict(beat, term=self.term, echo=self.echo)
+        if self.elector is not None:  # the term it follows (not one it stood for in vain), its newest line, and the
+            # newest generation it heard of (what its vote would carry: the board's may_start, coordination/quorum.py)
+            beat = dict(beat, term=self.term, echo=self.echo, knows=self.elector.voter.known.generation)
         self.last_seq = self.client.update(dict(beat, roster=self.roster_known), urgent)
 
     @property
@@ -210,7 +211,8 @@ class Link:
             lease_age=(now - lease) if lease is not None else None,
             error=c.error if c else None, seen=tuple(sorted(view.get("peers") or {})),
             trainers_running=int(view.get("trainers_running") or 0),
-            deposed=self.coordinator.tenure.stepped_down if self.coordinator and self.coordinator.tenure else None)
+            deposed=self.coordinator.tenure.stepped_down  # (not once it follows another node's: elect.py, learned)
+            if self.coordinator and self.coordinator.tenure and self.target == self.node else None)
 
     def health(self) -> dict:
         """health.json's `coordinator`."""

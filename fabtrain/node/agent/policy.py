@@ -121,6 +121,7 @@ class Ledger:
     restart_ts: float | None = None  # the `ts` of the coordinator's restarting status that set restart_at
     resume: dict | None = None  # restarting: the coordinator's `resume_from` (on_bad_checkpoint previous), else None
     pending: bool = False  # our failure may be restarted: the coordinator's word on it is still to come
+    held: bool = False  # restarting: the coordinator holds the generation until a majority knows it (quorum.py)
     stacks_taken: bool = False  # this generation's stacks were dumped (once: before a hang's teardown)
 
 
@@ -178,8 +179,13 @@ def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list
     if cfg.on_failure != "restart" or not isinstance(g, int) or g < ledger.generation:
         return [], ledger
     out = sits_out(cfg.node, cfg.spare, msg)  # min_nodes: this node left (or is an idle spare); it starts nothing
+    held = msg.get("held") is True  # a job that elects: not before a majority knows g (coordination/quorum.py)
     if g == ledger.generation and ledger.status.status == JobState.RESTARTING and ledger.restart_at is None \
-            and not out and msg.get("ts") != ledger.restart_ts:  # back in the generation it waits out (board.py)
+            and not out and not held and msg.get("ts") != ledger.restart_ts:
+        if ledger.held:  # the majority knows it now: the rest of the backoff
+            return [], replace(ledger, held=False, restart_at=now + float(msg.get("backoff") or 0.0),
+                               restart_ts=msg.get("ts"))
+        # back in the generation it waits out (board.py)
         return [Note(EventKind.RESTARTING, "%s %s generation %d; it starts in %g s" % (
             cfg.node, taking(cfg.node, msg), g, float(msg.get("backoff") or 0.0)), fields={"generation": g})], replace(
             ledger, restart_at=now + float(msg.get("backoff") or 0.0), restart_ts=msg.get("ts"))
@@ -209,7 +215,7 @@ def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list
                 fields=fields)
     return [note], replace(ledger, status=Status(JobState.RESTARTING, cause, msg.get("node")), generation=g, failure=None,
                            failure_kind=None, failure_code=None, failure_loaded=None,
-                           restart_at=None if out else now + backoff, restart_ts=msg.get("ts"),
+                           restart_at=None if out or held else now + backoff, restart_ts=msg.get("ts"), held=held and not out,
                            acted=False, pending=False, resume=resume)
 
 

@@ -6,14 +6,16 @@ saved), then for real (agent/elect.py, docs/partitions.md, "Majority election").
 
     candidate -> voter   <64 hex: HMAC(key, "candidate " + body)> {"job_id", "candidate", "term", "known", "n"}
     voter -> candidate   <64 hex: HMAC(key, "voter " + body)>     {"job_id", "voter", "term", "granted", "known",
-                                                                    "why", "n"}
+                                                                    "why", "coordinator", "n"}
 
 The key is taken from the job's secret (it never travels), the side in the
 MAC, so an answer cannot be passed off as a request. `n` is the
 candidate's nonce for this round: an answer counts only for the request
 that carried it. A replayed request repeats a vote already given to the
 same candidate for the same term (one vote a term), or is refused as an
-older term. The voter saves its term record (`TermFile.save`, fsync)
+older term. A refusal names the coordinator the voter follows in its term,
+sealed like the rest: a candidate behind it learns who won (`Voter.learn`),
+and nobody without the key can make it follow another. The voter saves its term record (`TermFile.save`, fsync)
 before its answer leaves: a vote given is a vote kept, across a restart of
 the agent or the machine.
 """
@@ -115,7 +117,7 @@ class Box(threading.Thread):
                 self.voter.changed = False
         return seal(self.key, b"voter", {"job_id": self.job_id, "voter": ballot.voter, "term": ballot.term,
                                          "granted": ballot.granted, "known": _wire(ballot.known),
-                                         "why": ballot.why, "n": msg["n"]})
+                                         "why": ballot.why, "coordinator": ballot.coordinator, "n": msg["n"]})
 
     def stop(self) -> None:
         self._stopping.set()
@@ -162,5 +164,7 @@ def _take(sock: socket.socket, key: bytes, job_id: str, nonce: str, boxes: dict,
     voter = msg.get("voter")
     if msg["n"] != nonce or voter not in boxes or voter in answers:
         return
+    coordinator = msg.get("coordinator")
     answers[voter] = Ballot(voter, msg["term"], msg.get("granted") is True, _known(msg.get("known")),
-                            msg.get("why") if isinstance(msg.get("why"), str) else "")
+                            msg.get("why") if isinstance(msg.get("why"), str) else "",
+                            coordinator if isinstance(coordinator, str) else None)

@@ -41,7 +41,7 @@ from .fence import Departures
 from .protocol import compact
 from .restart import REJOIN, RestartPolicy, note_loaded
 from .roster import Roster
-from . import spares
+from . import quorum, spares
 
 MAX_PROCS = 4096  # processes one node may report; a real node has a handful
 
@@ -81,6 +81,7 @@ class Peer:
     roster: dict | None = None  # the roster version the agent last said it holds (roster.py)
     running: int = 0  # of procs, those alive (any role), kept after it left: a node back with none may rejoin
     part: str | None = None  # the id of the node's part its agent said (job.json's `part`): a new one is a new start
+    knows: int = 0  # a job that elects: the newest generation its beats said its agent knows (quorum.py)
 
 
 def beat_error(msg: dict) -> str | None:
@@ -146,6 +147,7 @@ class Board:
         self.expected: int | None = None  # the largest trainers_expected a peer said
         self.superseded = False  # a newer job asked for this port while ours is over
         self.elected = False  # its coordinator was elected by majority (succession.py): nodes[0] may leave too
+        self.quorum = quorum.of(self.restart)  # a job that elects: who must know a generation before it starts
         self.loaded: dict[int, dict] = {}  # generation -> what a failed process of it had just loaded (restart.py)
         self.resume: dict | None = None  # the restarting generation's fallback checkpoint (on_bad_checkpoint previous)
         self._status_cache: tuple | None = None  # (status dict, (peers, trainers live), status line, its JSON)
@@ -339,6 +341,7 @@ class Board:
         if isinstance(started, int) and not isinstance(started, bool) and started > peer.generation:
             peer.generation = started
             status |= self._restarted(wall)
+        status |= quorum.beat(self, peer, msg, now, wall)
         failure, final = msg.get("failure"), msg.get("final")
         if failure:
             status |= self._failure(failure, node, now, wall, events)
@@ -582,7 +585,7 @@ def _extras(board: Board, status: str, g: int) -> dict:
         extras["resume_from"] = board.resume
     if board.joining and board.joining[0] == g:  # the nodes it took back (min_nodes): not a failure
         extras["back"] = board.joining[1]
-    return extras
+    return {**extras, **quorum.hold(board, status, g)}
 
 
 def _node_left(node: str, left: str, generation: int, layout, out: frozenset, stand_in: dict) -> Event:

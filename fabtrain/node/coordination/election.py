@@ -119,6 +119,7 @@ class Ballot:
     granted: bool
     known: Known = Known()
     why: str = ""
+    coordinator: str | None = None  # a refusal: the coordinator the voter follows in `term` (`Voter.learn`)
 
 
 class Voter:
@@ -160,25 +161,48 @@ class Voter:
         """A candidate's request for a vote in `term`, knowing `known`: granted at most once a term."""
         st = self.state
         if candidate not in self.nodes:
-            return Ballot(self.node, st.term, False, self.known, "%s is not a node of the job" % candidate)
+            return self._refused("%s is not a node of the job" % candidate)
         if term < st.term or (term == st.term and st.coordinator is not None and candidate != st.coordinator):
-            return Ballot(self.node, st.term, False, self.known, "term %d is not newer than %d%s" % (
+            return self._refused("term %d is not newer than %d%s" % (
                 term, st.term, " (coordinator %s)" % st.coordinator if st.coordinator else ""))
         if self.holds_lease(now) and candidate != self.holder:
-            return Ballot(self.node, st.term, False, self.known, "%s (term %d) heard %.1f s ago, within its lease "
-                          "(%.1f s + %.1f s)" % (self._holder(), st.term, now - self.last_contact, self.lease, MARGIN))
+            return self._refused("%s (term %d) heard %.1f s ago, within its lease "
+                                 "(%.1f s + %.1f s)" % (self._holder(), st.term, now - self.last_contact, self.lease, MARGIN))
         if known.generation < self.known.generation:
-            return Ballot(self.node, st.term, False, self.known, "%s knows generation %d, this node %d" % (
+            return self._refused("%s knows generation %d, this node %d" % (
                 candidate, known.generation, self.known.generation))
         if term > st.term:
             st.term, st.voted_for, st.coordinator, self.changed = term, None, None, True
         if st.voted_for not in (None, candidate):
-            return Ballot(self.node, st.term, False, self.known, "voted for %s in term %d" % (st.voted_for, term))
+            return self._refused("voted for %s in term %d" % (st.voted_for, term))
         if st.voted_for is None:
             st.voted_for, self.changed = candidate, True
         # A vote is a promise as a beat is: no other candidate for lease + MARGIN (the winner counts it)
         self.last_contact, self.holder = now, candidate
         return Ballot(self.node, term, True, self.known)
+
+    def _refused(self, why: str) -> Ballot:
+        """A refusal, naming the term this voter knows and the coordinator it follows there (sealed with the
+        answer, ballot.py): a candidate behind it learns who won (`learn`)."""
+        return Ballot(self.node, self.state.term, False, self.known, why, self.state.coordinator)
+
+    def learn(self, ballots, now: float) -> str | None:
+        """A candidate's refusals: where one names a term newer than this agent's (or its own term, where it knows
+        no coordinator of it) and the coordinator its voter follows there, this agent takes up that term and
+        follows that coordinator, as if it had heard its line (`heard`: never an older term). That coordinator,
+        or None. Why: an old coordinator's node, healed, would ask in vain forever, its pre-votes raising no
+        term; a voter follows only a coordinator whose stamped lines it heard, and there is one a term."""
+        st, best = self.state, None
+        for b in ballots:
+            if b.granted or b.coordinator not in self.nodes or b.coordinator == self.node:
+                continue
+            if (b.term > st.term or (b.term == st.term and st.coordinator is None)) and \
+                    (best is None or b.term > best.term):
+                best = b
+        if best is None:
+            return None
+        self.heard(best.term, best.coordinator, now, best.known)
+        return best.coordinator
 
     def _holder(self) -> str:
         return ("coordinator %s" % self.holder if self.holder == self.state.coordinator else
