@@ -90,7 +90,7 @@ class Bench(SshdJob):
         self.prepare = ("split-data", "deploy", "copy-data") if program == "workload" else ("deploy",)
         self.sshd_by_name = {n.name: n for n in self.sshd.nodes}
 
-    def generation_up(self, trainers: list, after: float, timeout: float = 300) -> tuple[float, float, list]:
+    def generation_up(self, trainers: list, after: float, timeout: float = 120) -> tuple[float, float, list]:
         """Wait until each of `trainers` ([(node, name)]) runs a process started after `after` and wrote its
         first record; (the last first record's ts, the generation's first start, the first records)."""
         deadline = time.time() + timeout
@@ -104,7 +104,20 @@ class Bench(SshdJob):
                 if all(firsts):
                     return max(r["ts"] for r in firsts), min(starts.values()), firsts
             time.sleep(0.02)
-        raise SystemExit(f"no new generation of {trainers} within {timeout} s")
+        told = []
+        for node in self.names:  # what each node's agent said meanwhile: why no generation came
+            try:
+                lines = (self.jd(node) / "events.jsonl").read_text().splitlines()
+            except OSError as e:
+                told.append(f"{node}: no events ({e.strerror})")
+                continue
+            told += [f"{node} {e['kind']}: {e.get('reason', '')}" for e in map(json.loads, filter(str.strip, lines))
+                     if e["ts"] >= after]
+        for node, name in trainers:  # and what the programs said last
+            for log in sorted(self.jd(node).rglob(f"{name}*.log")):
+                told += [f"{node} {log.name}: {line}" for line in log.read_text(errors="replace").splitlines()[-6:]]
+        raise SystemExit(f"no new generation of {trainers} within {timeout} s; events since the fault:\n"
+                         + "\n".join(told[-60:]))
 
     def lose(self, node: str, name: str) -> float:
         """The node's machine gone: its sshd stopped, its keeper, agent and trainer killed at once."""

@@ -40,10 +40,18 @@ def shards_for(shards, index, count):
     return [path for suffix, path in shards if suffix % count == index]
 
 
-def collective_sources(data_dir, split, rank, world_size):
-    """(paths, line_shard) for a collective rank: its own files, or every file and a line shard."""
+def collective_sources(data_dir, split, rank, world_size, local_rank=0, local_size=1):
+    """(paths, line_shard) for a collective rank: its own files, or every file and a line shard.
+
+    Where this node holds only some of the data set's files (`fab copy-data` gives each node its
+    trainers' shards), those are its ranks' to read, split among them by local rank: in a smaller world
+    (a node lost under min_nodes, the first one included) rank r of W need not be the trainer the node's
+    files were copied for, and the shards of the node that left are not read. Where it holds every file
+    (shared data, a spare), rank r of W reads the files whose suffix is r mod W."""
     shards = list_shards(data_dir, split)
     total = shard_count(data_dir, split, shards)
+    if 0 < len(shards) < total and len(shards) >= local_size:
+        return [path for _, path in shards][local_rank::local_size], None
     if total >= world_size:
         return shards_for(shards, rank, world_size), None
     return [path for _, path in shards], (rank, world_size)

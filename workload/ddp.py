@@ -82,26 +82,35 @@ class DDPTrainer:
         self.log.evaluation(self.step, epoch, total[0].item(), int(total[1].item()))
 
     def _save_snapshot(self):
-        if dist.get_rank() == 0:   # every rank holds the same values under DDP
+        # Every rank holds the same values under DDP. Each node's first rank keeps a copy on its own disk:
+        # under min_nodes any node may leave, the first one included, so the next world's rank 0 may be on
+        # a node that never was rank 0 (with a shared folder the copies are one file, each renamed in whole).
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
             checkpoint.save_atomic({"step": self.step, "model": self.module.state_dict(),
                                     "optimizer": self.optimizer.state_dict()}, self.snapshot)
 
     def _load_snapshot(self):
-        """Rank 0 reads the snapshot (other nodes may not have the file) and hands it to every rank."""
+        """The newest snapshot of any node, read by the lowest rank that holds it and handed to every rank
+        (other nodes may hold none, or an older one: a node back after it left the job)."""
         state = None
-        if dist.get_rank() == 0 and self.snapshot and self.snapshot.is_file():
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0 and self.snapshot and self.snapshot.is_file():
             state = checkpoint.load(self.snapshot)
+        newest = torch.tensor([state["step"] if state else -1], device=self.device)
+        dist.all_reduce(newest, op=dist.ReduceOp.MAX)
+        if int(newest) < 0:
+            return
+        holds = state is not None and state["step"] == int(newest)
+        source = torch.tensor([dist.get_rank() if holds else dist.get_world_size()], device=self.device)
+        dist.all_reduce(source, op=dist.ReduceOp.MIN)
+        source = int(source)
+        if dist.get_rank() == source:
             self.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
-        step = torch.tensor([state["step"] if state else -1], device=self.device)
-        dist.broadcast(step, 0)
-        if int(step) < 0:
-            return
         with torch.no_grad():
             for tensor in [*self.module.parameters(), *(t for s in self.optimizer.state for t in s.values())]:
-                dist.broadcast(tensor.data, 0)
-        self.step = int(step)
-        print(f"rank {dist.get_rank()}: resumed from rank 0's {self.snapshot} at step {self.step}", flush=True)
+                dist.broadcast(tensor.data, source)
+        self.step = int(newest)
+        print(f"rank {dist.get_rank()}: resumed from rank {source}'s {self.snapshot} at step {self.step}", flush=True)
 
     def train(self):
         self._load_snapshot()
@@ -161,8 +170,9 @@ def main():
 
     word_dict = load_word_dict(args.data)
     module = build_model(args, vocab_size(word_dict), sparse_grad=args.sparse_embedding).to(device)
-    train_paths, line_shard = collective_sources(args.data, "train", rank, world)
-    test_paths, test_line_shard = collective_sources(args.data, "test", rank, world)
+    local = (int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    train_paths, line_shard = collective_sources(args.data, "train", rank, world, *local)
+    test_paths, test_line_shard = collective_sources(args.data, "test", rank, world, *local)
     if not train_paths:
         raise UsageError(f"no train.txt-* file for rank {rank} of {world} in {args.data}")
     train = load_examples(module, train_paths, word_dict, line_shard)

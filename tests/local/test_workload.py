@@ -156,6 +156,23 @@ def test_collective_ranks_share_lines_when_there_are_fewer_files_than_ranks(corp
     assert collective_sources(corpus, "train", 1, 2)[1] is None
 
 
+def test_a_node_that_holds_some_shards_reads_them_whatever_its_rank_in_a_smaller_world(tmp_path):
+    # `fab copy-data` gave this node its trainer's shards of 3 (train.txt-00001); the node that held 0 left, so
+    # this node's trainer is now rank 0 of 2: it reads its own shard (0 mod 2 would name files it lacks).
+    (tmp_path / "train.txt-00001").write_text("a b c\n")
+    (tmp_path / "MANIFEST.json").write_text(json.dumps({"files": {f"train.txt-0000{i}": {"kind": "train"}
+                                                                  for i in range(3)}}))
+    assert collective_sources(tmp_path, "train", 0, 2) == ([tmp_path / "train.txt-00001"], None)
+    # Two trainers a node (LOCAL_WORLD_SIZE 2) with four of eight shards: each local rank reads half of them.
+    for i in (2, 3, 6, 7):
+        (tmp_path / f"test.txt-0000{i}").write_text("d e\n")
+    (tmp_path / "MANIFEST.json").write_text(json.dumps({"files": {f"test.txt-0000{i}": {"kind": "test"}
+                                                                  for i in range(8)}}))
+    halves = [collective_sources(tmp_path, "test", r, 4, local, 2)[0] for r, local in ((2, 0), (3, 1))]
+    assert [[p.name for p in h] for h in halves] == [["test.txt-00002", "test.txt-00006"],
+                                                     ["test.txt-00003", "test.txt-00007"]]
+
+
 def test_sample_corpus_is_deterministic(tmp_path):
     write_sample_corpus(tmp_path / "a", vocab=50, sentences=5)
     write_sample_corpus(tmp_path / "b", vocab=50, sentences=5)
