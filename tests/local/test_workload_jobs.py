@@ -428,6 +428,40 @@ def test_collective_evaluation_counts_each_test_example_once(jobs, tmp_path):
     assert fsdp_evals[-1]["eval_loss"] == pytest.approx(evals[-1]["eval_loss"], rel=1e-4)
 
 
+@pytest.mark.timeout(180)
+def test_each_node_keeps_a_snapshot_and_the_newest_any_node_holds_is_resumed(jobs, tmp_path):
+    # Two ranks as two nodes (LOCAL_RANK 0 each, a checkpoint folder each), as under min_nodes: the first node
+    # may be lost, so the next world's rank 0 may hold no snapshot, or an older one than another node's.
+    data = tmp_path / "d"
+    write_sample_corpus(data, vocab=60, train_shards=2, test_shards=1, sentences=20, test_sentences=[5])
+    folders = [tmp_path / "ck-node1", tmp_path / "ck-node2"]
+
+    def run(name, passes):
+        job, port = jobs(name), free_port()
+        for rank in range(2):
+            env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=rank, WORLD_SIZE=2, LOCAL_RANK=0,
+                            FABTRAIN_METRICS=job.metrics_path(f"rank-{rank}"))
+            job.start(f"rank-{rank}", ["-m", "workload.ddp", "--data", str(data), "--model", "mlp", "--batch_size",
+                                       "4", "--log_every", "1", "--num_passes", str(passes),
+                                       "--checkpoint_dir", str(folders[rank])], env)
+        assert_all_exit(job, 0)
+        return job
+
+    run("two", 2)
+    older = checkpoint.load(folders[0] / "ddp-snapshot.pt")["step"]
+    kept = (folders[0] / "ddp-snapshot.pt").read_bytes()
+    assert checkpoint.load(folders[1] / "ddp-snapshot.pt")["step"] == older  # every node saved its own copy
+    run("three", 3)
+    newer = checkpoint.load(folders[1] / "ddp-snapshot.pt")["step"]
+    assert newer > older
+    (folders[0] / "ddp-snapshot.pt").write_bytes(kept)  # node1 holds the older one, as a node back after it left
+    four = run("four", 4)
+    for rank in range(2):
+        steps = [r["step"] for r in four.metrics(f"rank-{rank}") if is_training_record(r)]
+        assert steps and steps[0] == newer + 1, (rank, steps[:3], older, newer)
+        assert f"resumed from rank 1's" in (four.workdir / f"rank-{rank}.out").read_text()
+
+
 @pytest.mark.timeout(120)
 def test_torchrun_starts_the_collective_job_with_sparse_embeddings(jobs, corpus, tmp_path):
     job = jobs()
