@@ -167,6 +167,9 @@ def test_pods_told_to_stop_stop_their_processes_and_exit_143(pods):
     job = pods("python3 tests/programs/ticker.py")
     for pod in (0, 1):
         job.program(pod, f"trainer-{pod}")
+    # Its first line written before the kubelet's SIGTERM: a started pid alone may not have printed yet.
+    log = job.jds[1] / "logs" / "trainer-1.log"
+    assert wait_for(lambda: log.is_file() and "trainer 1 started" in log.read_text(), timeout=30), job.describe()
     for p in job.procs:  # what the kubelet does when the Job is deleted
         p.send_signal(signal.SIGTERM)
     assert job.exits() == [143, 143], job.describe()
