@@ -15,6 +15,7 @@ from fabtrain.contract.launcher import deadline_text, launch_command
 from fabtrain.node import atomic, launch, procfs
 from fabtrain.node.spawn import name_programs, spawn
 from tests.support.launched import make_job_dir, plain_env, process_spec
+from tests.support.procscan import group
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,17 +34,6 @@ def job_dir(tmp_path):
             os.kill(pid, 9)
         except (OSError, TypeError):
             pass
-
-
-def group(pgid: int) -> list[int]:
-    """The live (not defunct) processes of process group `pgid`, read from /proc."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = procfs.stat(int(name))
-            if st is not None and st.pgid == pgid and not st.dead:
-                found.append(int(name))
-    return found
 
 
 def start(jd: str) -> tuple[dict, list[int]]:

@@ -17,7 +17,7 @@ from fabtrain.node import launch, procfs
 from fabtrain.node.coordination import fence
 from tests.support.netns import net, root  # noqa: F401 (the module fixtures)
 from tests.support.partition_job import GRACE, INTERVAL, MASTER_PORT, NODES, PartitionJob, stopped_at
-from tests.support.procscan import wait_for
+from tests.support.procscan import group, wait_for
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(300)]
 
@@ -174,7 +174,7 @@ def test_the_coordinators_agent_paused_and_resumed_steps_down_and_node2_coordina
     seen = {}
 
     def new_world() -> bool:
-        if "gone" not in seen and procfs.stat(pid) is None and not _group(launcher):
+        if "gone" not in seen and procfs.stat(pid) is None and not group(launcher):
             seen["gone"] = time.time()  # first seen gone: no earlier than it went
         return bool(job.events("node2", "restarted") and job.events("node3", "restarted"))
 
@@ -204,17 +204,6 @@ def test_the_coordinators_agent_paused_and_resumed_steps_down_and_node2_coordina
     finally:
         os.kill(agent, signal.SIGCONT)
         job.end()
-
-
-def _group(pgid: int) -> list[int]:
-    """The live (not defunct) processes of process group `pgid`, from /proc."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = procfs.stat(int(name))
-            if st is not None and st.pgid == pgid and not st.dead:
-                found.append(int(name))
-    return found
 
 
 def _agent_pid(job, node) -> int:

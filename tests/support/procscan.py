@@ -29,6 +29,17 @@ def alive(pid: int) -> bool:
     return procfs.alive(pid)
 
 
+def group(pgid: int) -> list[int]:
+    """The live (not defunct) processes of process group `pgid`, read from /proc."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = procfs.stat(int(name))
+            if st is not None and st.pgid == pgid and not st.dead:
+                found.append(int(name))
+    return found
+
+
 def live_marked(workspaces) -> list[tuple[int, str]]:
     """Processes whose environment carries one of these workspaces' job marker.
 
