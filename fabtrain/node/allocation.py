@@ -215,17 +215,20 @@ def slurm_cause(state, reason, preempted=False):
 
 def sigterm_cause(folder, jd, node, slurm_job):
     """THE place that says what a SIGTERM to a step task means (a hosted.Stop), in this order:
+    - the job's `killed` marker: the user's stop (`fab kill-all` marks before scancel). It comes first: it
+      is only written while the job runs (mark_killed), and scancel's SIGTERM reaches every process of
+      the step in turn, so the agents may have ended the job on the marker (their programs signalled
+      first) before this task reads it;
     - the agents already ended the job: another node's task ended first (srun --kill-on-bad-exit);
-    - the job's `killed` marker: the user's stop (`fab kill-all` marks before scancel);
     - the time-limit file: Slurm's time limit (the batch shell's warning came first);
     - otherwise Slurm's own doing, read from slurmctld (scontrol show job): a preemption, a requeue, a
       node failure, a scancel by hand. It ends the job with that cause (the `disrupted` marker, ENDED): never
       the user's stop, never a program's failure."""
-    if job_over(jd, node):
-        return hosted.Stop("the job's Slurm step ended after the job did")
     who = read_killer(JobFolder(jd).killed)
     if who:
         return hosted.Stop(who, by=who)
+    if job_over(jd, node):
+        return hosted.Stop("the job's Slurm step ended after the job did")
     if os.path.exists(SlurmFolder(folder).time_limit):
         return time_limit_stop()
     return hosted.Stop(slurm_cause(*slurm_job_state(slurm_job)), disruption=ENDED)

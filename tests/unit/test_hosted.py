@@ -11,10 +11,10 @@ import pytest
 
 from fabtrain.node import hosted, pod
 from fabtrain.node.agent.loop import platform_stop, stopped_failure
-from fabtrain.node.allocation import slurm_cause
+from fabtrain.node.allocation import sigterm_cause, slurm_cause
 from fabtrain.node.coordination.restart import RestartPolicy
 from fabtrain.contract.jobfolder import DISRUPTED_BEFORE
-from fabtrain.contract.states import ENDED, LOST, JobState, disruption_marker, read_disruption
+from fabtrain.contract.states import ENDED, LOST, JobState, disruption_marker, killed_marker, read_disruption
 
 JOB = {"node": "n1", "processes": [{"name": "pserver-0", "exit": "$WS/jobs/j/run/pserver-0.exit"}]}
 
@@ -77,6 +77,22 @@ def test_a_sigterm_from_slurm_says_what_slurm_did(state, reason, cause):
 
 def test_a_preempted_job_reads_preempted_while_it_is_completing():
     assert slurm_cause("COMPLETING", "None", preempted=True) == "preempted by Slurm"
+
+
+def test_a_slurm_sigterm_after_the_agents_ended_a_marked_job_is_still_the_users_stop(tmp_path):
+    """scancel signals the step's processes in turn: the programs may die first, the agents end the job on
+    the `killed` marker and leave, and only then does the step task read its SIGTERM. The stop is still
+    the one the marker names; unmarked, it is the end of a step whose job already ended."""
+    folder, jd = tmp_path / "slurm", tmp_path / "job"
+    folder.mkdir()
+    jd.mkdir()
+    (jd / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [
+        {"ts": 1.0, "node": "n0", "kind": "job_failed", "reason": "trainer-0 on n0: stopped by fab kill-all"},
+        {"ts": 2.0, "node": "n1", "kind": "agent_exit", "reason": "nothing left to watch"}]))
+    assert sigterm_cause(str(folder), str(jd), "n1", "") == hosted.Stop("the job's Slurm step ended after the job did")
+    (jd / "killed").write_text(killed_marker("the dashboard's Kill button"))
+    assert sigterm_cause(str(folder), str(jd), "n1", "") == hosted.Stop(
+        "the dashboard's Kill button", by="the dashboard's Kill button")
 
 
 def test_a_pod_sigterm_without_fabtrains_mark_is_kubernetes_taking_the_node(tmp_path):
