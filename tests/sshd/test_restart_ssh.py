@@ -154,6 +154,27 @@ def test_kill_all_during_the_backoff_wins_on_every_node(fresh):
     assert "generation 1" not in out.stdout or "killed" in out.stdout.lower(), out.stdout
 
 
+def test_an_agent_killed_during_the_backoff_is_started_again_and_its_node_starts_the_generation(fresh):
+    """Its keeper starts it again; all the new agent has is its node's `restarting` event (agent/loop.py replay).
+    It starts generation 1 once the coordinator's status says so (not held: this job does not elect), with the
+    other nodes, and the old generation's trainer is gone."""
+    job = fresh
+    backoff = 4
+    job.start(**dict(RESTART, restart_backoff=backoff))
+    old = job.program("node3", "trainer-1")
+    agent = job.agent("node3")
+    t0 = time.time()
+    os.kill(job.program("node2", "trainer-0"), signal.SIGKILL)
+    assert wait_for(lambda: {e["node"] for e in events_of(job, "restarting", 1)} == set(NODES), timeout=10), \
+        job.describe()
+    os.kill(agent, signal.SIGKILL)  # the pid fabtrain shows for node3's agent
+    assert wait_for(lambda: "agent_restarted" in job.kinds("node3"), timeout=15), job.describe()
+    assert job.agent("node3") != agent
+    pids = restarted_within(job, t0, 1, 3 * backoff + 10)
+    assert procfs.alive(pids["trainer-1"]) and not procfs.alive(old), job.describe()
+    assert not events_of(job, "job_failed"), job.describe()
+
+
 def test_a_node_gone_at_restart_time_fails_the_job_naming_it(fresh, sshd):
     job = fresh
     job.start(**RESTART)

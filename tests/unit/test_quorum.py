@@ -5,6 +5,7 @@ is as before: no `held`, the same status."""
 from __future__ import annotations
 
 from fabtrain.contract.states import JobState
+from fabtrain.node.agent.loop import replay
 from fabtrain.node.agent.policy import Config, Ledger, restarting
 from fabtrain.node.coordination.board import Board
 from fabtrain.node.coordination.election import may_start
@@ -73,3 +74,25 @@ def test_a_job_that_does_not_elect_starts_on_its_backoff_as_before():
     assert waiting.restart_at == 11.5 and not waiting.held
     # the beats' `knows` (an agent of another version) is nothing to it
     assert not beat(b, "n1", 2.0, knows=1).broadcast and "held" not in b.status
+
+
+def test_an_agent_started_again_during_a_held_restart_waits_for_the_release_then_starts_at_once():
+    """Its keeper starts it again while its node waits out a held restart: all it has is its `restarting` event
+    (agent/loop.py replay). It starts nothing while the status says held, and once it does not, at once (the
+    rest of the backoff is not in its events); a job that does not elect starts it at once too, as before."""
+    said = {"ts": 1.6, "node": "n3", "kind": "restarting", "reason": "job failed (x); restart 1 in 10 s",
+            "origin": "n2", "generation": 1}
+    for watchdog, released_at in (({}, 31.0), ({"min_nodes": None}, 2.0)):
+        b = restarted_board(**watchdog)
+        again, generation, _ = replay([said], "n3", {}, 0, float("inf"), 0.0, 60.0)
+        assert again.status.status == JobState.RESTARTING and again.generation == 1 and generation == 0
+        assert again.restart_at is None and again.held  # nothing started from the event alone
+        cfg = CFG if b.quorum else replace(CFG, elastic=False)
+        if b.quorum:
+            _, again = restarting(b.status_line(), again, cfg, 30.0)  # still held, long after its backoff
+            assert again.restart_at is None and again.held
+            beat(b, "n1", 30.5, knows=1)
+            beat(b, "n2", 30.5, knows=1)
+            assert "held" not in b.status
+        notes, started = restarting(b.status_line(), again, cfg, released_at)
+        assert notes == [] and started.restart_at == released_at and not started.held and not started.replayed

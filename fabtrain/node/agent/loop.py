@@ -499,7 +499,7 @@ def replay(events, node: str, by_name: dict, generation: int, startup_deadline: 
     for ev in events:
         kind = ev.get("kind")
         if kind in RESTARTS and ev.get("node") == node:
-            ledger = policy.replay_restart(ev, time.time())
+            ledger = policy.replay_restart(ev)
             generation = ledger.generation if kind == EventKind.RESTARTED else generation
             continue
         if kind == EventKind.AGENT_STARTED and ev.get("node") == node:

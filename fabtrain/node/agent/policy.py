@@ -122,6 +122,7 @@ class Ledger:
     resume: dict | None = None  # restarting: the coordinator's `resume_from` (on_bad_checkpoint previous), else None
     pending: bool = False  # our failure may be restarted: the coordinator's word on it is still to come
     held: bool = False  # restarting: the coordinator holds the generation until a majority knows it (quorum.py)
+    replayed: bool = False  # held: read back by an agent started again (replay_restart), which starts on the release
     stacks_taken: bool = False  # this generation's stacks were dumped (once: before a hang's teardown)
 
 
@@ -182,9 +183,9 @@ def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list
     held = msg.get("held") is True  # a job that elects: not before a majority knows g (coordination/quorum.py)
     if g == ledger.generation and ledger.status.status == JobState.RESTARTING and ledger.restart_at is None \
             and not out and not held and msg.get("ts") != ledger.restart_ts:
-        if ledger.held:  # the majority knows it now: the rest of the backoff
-            return [], replace(ledger, held=False, restart_at=now + float(msg.get("backoff") or 0.0),
-                               restart_ts=msg.get("ts"))
+        if ledger.held:  # the majority knows it now: the rest of the backoff (not known to a replayed ledger: none)
+            return [], replace(ledger, held=False, replayed=False, restart_ts=msg.get("ts"),
+                               restart_at=now + (0.0 if ledger.replayed else float(msg.get("backoff") or 0.0)))
         # back in the generation it waits out (board.py)
         return [Note(EventKind.RESTARTING, "%s %s generation %d; it starts in %g s" % (
             cfg.node, taking(cfg.node, msg), g, float(msg.get("backoff") or 0.0)), fields={"generation": g})], replace(
@@ -214,7 +215,7 @@ def restarting(msg: dict, ledger: Ledger, cfg: Config, now: float) -> tuple[list
                                       (msg.get("out") or ()) else "stops its part and starts nothing") if out else ""),
                 fields=fields)
     return [note], replace(ledger, status=Status(JobState.RESTARTING, cause, msg.get("node")), generation=g, failure=None,
-                           failure_kind=None, failure_code=None, failure_loaded=None,
+                           failure_kind=None, failure_code=None, failure_loaded=None, replayed=False,
                            restart_at=None if out or held else now + backoff, restart_ts=msg.get("ts"), held=held and not out,
                            acted=False, pending=False, resume=resume)
 
@@ -227,13 +228,15 @@ def _resume(value, generation: int) -> dict | None:
     return None
 
 
-def replay_restart(ev: dict, now: float) -> Ledger:
-    """The ledger after a `restarting` or `restarted` event of this node (a restarted agent reads its story)."""
+def replay_restart(ev: dict) -> Ledger:
+    """The ledger after a `restarting` or `restarted` event of this node (a restarted agent reads its story).
+    Restarting, it starts nothing before the coordinator's status says the generation is not held (may_start,
+    quorum.py): the event cannot say whether it still is. Once it is not, at once (restarting)."""
     g = ev.get("generation") if isinstance(ev.get("generation"), int) else 0
     if ev.get("kind") == EventKind.RESTARTED:
         return Ledger(generation=g)
-    return Ledger(generation=g, status=Status(JobState.RESTARTING, ev.get("reason"), ev.get("origin")), restart_at=now,
-                  resume=_resume(ev.get("resume_from"), g))
+    return Ledger(generation=g, status=Status(JobState.RESTARTING, ev.get("reason"), ev.get("origin")), held=True,
+                  replayed=True, resume=_resume(ev.get("resume_from"), g))
 
 
 def relaunched(ledger: Ledger, generation: int) -> Ledger:
