@@ -158,6 +158,9 @@ def test_the_old_coordinator_healed_learns_who_won_and_is_back_in_a_later_genera
         assert moves(job) == ["coordinator now on node2 (term 2), after node1"], moves(job)
         assert (job.health("node1").get("coordinator") or {}).get("node") == "node2"
         assert job.health("node1")["coordinator"]["term"] == 2 and not job.events("node1", "fenced")
+        # node1's own coordinator stepped down: its health says node2's hosts the job's, not its own
+        assert [n for n in NODES if job.health(n)["coordinator"]["hosted_here"]] == ["node2"], \
+            {n: job.health(n)["coordinator"] for n in NODES}
     finally:
         job.end()
 

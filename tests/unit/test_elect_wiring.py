@@ -112,6 +112,9 @@ def test_the_old_coordinators_agent_started_again_learns_who_won_and_beats_the_n
         learned = [r for k, r, _ in again.events if k == EventKind.COORDINATOR and " learned " in r]
         assert learned == ["n1 learned from a refused vote: coordinator n2 (term 2)"], again.events
         assert again.link.elector.voter.state.term == 2 and again.link.peers().deposed is None
+        # health.json says whose coordinator it follows, and that its own (stepped down) is none it hosts
+        assert (again.link.health()["hosted_here"], again.link.health()["node"]) == (False, "n2")
+        assert n2.link.health()["hosted_here"] is True and n3.link.health()["hosted_here"] is False
         # its beats reach n2's board, which answers (max_rejoins 0 here): n1 left once, it is fenced out for good
         assert run_until([again, n2, n3], lambda: again.link.fenced is not None, 10), n2.link.coordinator.board.status
         assert again.link.fenced["reason"].startswith("n1 left the job"), again.link.fenced

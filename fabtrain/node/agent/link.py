@@ -218,7 +218,9 @@ class Link:
         """health.json's `coordinator`."""
         c, co, view = self.client, self.coordinator, self.view
         host = self.elector.addresses[self.target] if self.elector else self.host  # the coordinator it follows
-        return record(HEALTH_COORDINATOR, host=host, port=self.port, hosted_here=co is not None,
+        # hosted_here: a coordinator of this agent's that has not stepped down (one deposed follows another node's)
+        return record(HEALTH_COORDINATOR, host=host, port=self.port,
+                      hosted_here=co is not None and (co.tenure is None or co.tenure.stepped_down is None),
                       connected=bool(c and c.connected),
                       last_contact=round(c.last_contact_epoch, 3) if c and c.last_contact_epoch else None,
                       lease=round(c.lease_epoch, 3) if c and c.lease_epoch else None,
