@@ -209,6 +209,45 @@ def test_the_coordinators_agent_paused_and_resumed_steps_down_and_node2_coordina
         job.end()
 
 
+def test_a_paused_agent_on_node3_leaves_its_node_fenced_by_its_dead_man_and_nobody_is_elected(fab, root, net):
+    """The commoner freeze: node3's agent stopped (SIGSTOP), its coordinator on node1 well. node1's coordinator
+    loses node3 (no beat) and starts generation 1 on node1 and node2 only `fence_wait` after it last heard it;
+    node3's trainer's launcher ends it by then (its dead-man's deadline counts from the same last answer).
+    No election: node1 keeps its term. Resumed, node3's agent reports the fence its launcher did."""
+    job = electing(fab, root, net)
+    agent = int(job.run_record("node3", "agent").get("program_pid") or 0) or _agent_pid(job, "node3")
+    trainer = job.run_record("node3", "trainer-2")
+    pid, launcher = trainer["program_pid"], trainer["pid"]
+    seen = {}
+
+    def new_world() -> bool:
+        if "gone" not in seen and procfs.stat(pid) is None and not group(launcher):
+            seen["gone"] = time.time()
+        return bool(job.events("node1", "restarted") and job.events("node2", "restarted"))
+
+    try:
+        os.kill(agent, signal.SIGSTOP)
+        assert wait_for(new_world, timeout=NEW_WORLD), job.describe()
+        started = min(job.run_record(n, f"trainer-{NODES.index(n)}")["started_at"] for n in ("node1", "node2"))
+        assert procfs.stat(agent).state in "tT", "node3's agent ran meanwhile"
+        assert "gone" in seen and seen["gone"] < started, \
+            f"node3's trainer (pid {pid}) or its group still ran when generation 1 started\n" + job.describe()
+        exit_record = str(job.jd("node3") / "run" / "trainer-2.exit")
+        assert launch.read_exit_record(exit_record)[1], open(exit_record).read()  # `fenced`: the dead-man ended it
+        (left,) = job.events("node1", "node_left")
+        assert left["peer"] == "node3" and left["world_size"] == 2, left
+        os.kill(agent, signal.SIGCONT)
+        assert wait_for(lambda: [e for e in job.events("node3", "killed") if e.get("name") == "trainer-2"],
+                        timeout=10), job.describe()
+        (killed,) = [e for e in job.events("node3", "killed") if e.get("name") == "trainer-2"]
+        assert DEADMAN in killed["reason"], killed
+        assert moves(job) == [] and generations(job, "node1") == generations(job, "node2") == [1], job.describe()
+        assert not job.events("node3", "restarted")
+    finally:
+        os.kill(agent, signal.SIGCONT)
+        job.end()
+
+
 def _agent_pid(job, node) -> int:
     for pid in job.job_pids(node):
         try:
