@@ -47,6 +47,20 @@ def test_a_candidate_wins_a_majority_and_the_votes_are_on_disk(boxes, tmp_path):
     assert all(b.why.startswith("candidate n2, voted for, (term 1) heard") for b in other if not b.granted)
 
 
+def test_a_vote_says_when_its_voter_last_heard_a_coordinator_never_earlier_than_it_did(boxes):
+    """The voter sends how long ago (`quiet`, rounded down); the candidate takes it from the answer's arrival: on
+    one clock here, so the candidate's figure is the voter's own moment or a little later, never earlier."""
+    heard = time.monotonic() - 2.0
+    boxes["n3"].voter.coordinator_heard = heard
+    (vote,) = bt.ask("J", SECRET, "n2", 1, Known(2, (), 3), where(boxes, "n3"), 5.0, 1)
+    assert vote.granted and heard <= vote.heard_at < heard + 0.5, (vote.heard_at - heard)
+    # a voter that never heard one (and was not started again over a term record) cannot say
+    (unsure,) = bt.ask("J", SECRET, "n2", 2, Known(2, (), 3), where(boxes, "n1"), 5.0, 1)
+    assert unsure.granted and unsure.heard_at is None
+    # one started again over its record: it may have heard one until its start
+    assert Voter("n3", NODES, TermState(1, None, "n1"), 4.0, started=100.0).coordinator_heard == 100.0
+
+
 def test_a_voter_restarted_from_its_record_does_not_vote_again(boxes, tmp_path):
     bt.ask("J", SECRET, "n2", 3, Known(2, (), 3), where(boxes, "n3"), 5.0, 1)
     boxes["n3"].stop()

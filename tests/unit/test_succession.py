@@ -36,6 +36,28 @@ def test_the_successor_goes_on_without_the_first_node_one_generation_on_after_th
                                        "coordinator now on n2 (term 2)); generation 2 runs on 2 of 3 nodes"), events[1]
 
 
+def test_the_fence_wait_counts_from_the_latest_a_voter_heard_a_coordinator_and_never_from_later_than_now():
+    """Each voter's ballot says when it last heard a coordinator's line (ballot.py); the old coordinator's echoes
+    expire a lease after that, so its node's fence (its dead-man: step-down + fence_slack) ends within
+    stop_bound of the latest of them, and fence_wait from it is enough (succession.py's docstring)."""
+    r = restart(max_restarts=5)
+    votes = [el.Ballot("n2", 2, True, Known(1, (), 0), heard_at=91.5), el.Ballot("n3", 2, True, Known(1, (), 0),
+                                                                                  heard_at=93.25)]
+    elected = el.tally(NODES, "n2", 2, votes)
+    assert elected.heard == 93.25  # the latest: the old coordinator may have counted n3 until 93.25 + its lease
+    board, _ = take_over("J", list(NODES), 5.0, r, elected, "n2", "n1", 100.0, 1100.0)
+    assert board.restart_start == 93.25 + r.fence_wait and board.status["backoff"] == round(r.fence_wait - 6.75, 3)
+    # one voter that cannot say (an older agent's answer): from the election, as before
+    unsure = el.tally(NODES, "n2", 2, [votes[0], replace(votes[1], heard_at=None)])
+    assert unsure.heard is None
+    assert take_over("J", list(NODES), 5.0, r, unsure, "n2", "n1", 100.0, 1100.0)[0].restart_start == 100.0 + r.fence_wait
+    # a refused ballot's hearing counts for nothing; a hearing after the election (it cannot be) is the election's
+    refused = el.Ballot("n1", 2, False, Known(1, (), 0), heard_at=99.0)
+    assert el.tally(NODES, "n2", 2, votes + [refused]).heard == 93.25
+    late = el.tally(NODES, "n2", 2, [votes[0], replace(votes[1], heard_at=150.0)])
+    assert take_over("J", list(NODES), 5.0, r, late, "n2", "n1", 100.0, 1100.0)[0].restart_start == 100.0 + r.fence_wait
+
+
 def test_the_new_world_runs_once_its_nodes_started_their_part():
     board, _ = take_over("J", list(NODES), 5.0, restart(max_restarts=5), won(), "n2", "n1", 0.0, 1000.0)
     beat(board, "n2", 20.0, generation=2)

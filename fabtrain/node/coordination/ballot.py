@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import hmac
+import math
 import select
 import socket
 import threading
@@ -115,9 +116,12 @@ class Box(threading.Thread):
             if self.voter.changed:
                 self.term_file.save(self.voter.state)  # on disk before the vote leaves
                 self.voter.changed = False
+        # quiet: how long ago it last heard a coordinator, rounded down (the candidate's estimate errs late)
+        quiet = None if ballot.heard_at is None else max(0.0, math.floor((self.clock() - ballot.heard_at) * 1000) / 1000)
         return seal(self.key, b"voter", {"job_id": self.job_id, "voter": ballot.voter, "term": ballot.term,
                                          "granted": ballot.granted, "known": _wire(ballot.known),
-                                         "why": ballot.why, "coordinator": ballot.coordinator, "n": msg["n"]})
+                                         "why": ballot.why, "coordinator": ballot.coordinator, "quiet": quiet,
+                                         "n": msg["n"]})
 
     def stop(self) -> None:
         self._stopping.set()
@@ -164,7 +168,11 @@ def _take(sock: socket.socket, key: bytes, job_id: str, nonce: str, boxes: dict,
     voter = msg.get("voter")
     if msg["n"] != nonce or voter not in boxes or voter in answers:
         return
-    coordinator = msg.get("coordinator")
+    coordinator, quiet = msg.get("coordinator"), msg.get("quiet")
+    # When it last heard a coordinator, on this clock: the answer's arrival less its quiet (the answer's time in
+    # flight only makes that later). Not a number of seconds (an older voter's answer, say): it cannot say.
+    known_quiet = type(quiet) in (int, float) and math.isfinite(quiet) and quiet >= 0
     answers[voter] = Ballot(voter, msg["term"], msg.get("granted") is True, _known(msg.get("known")),
                             msg.get("why") if isinstance(msg.get("why"), str) else "",
-                            coordinator if isinstance(coordinator, str) else None)
+                            coordinator if isinstance(coordinator, str) else None,
+                            time.monotonic() - quiet if known_quiet else None)

@@ -120,6 +120,9 @@ class Ballot:
     known: Known = Known()
     why: str = ""
     coordinator: str | None = None  # a refusal: the coordinator the voter follows in `term` (`Voter.learn`)
+    # A vote: the moment (the candidate's monotonic clock) by which the voter last heard a coordinator's line,
+    # None if it cannot say (ballot.py: its `quiet` taken from the answer's arrival, so never earlier than it was)
+    heard_at: float | None = None
 
 
 class Voter:
@@ -134,6 +137,8 @@ class Voter:
         self.node, self.nodes, self.state, self.lease = node, tuple(nodes), state, lease
         self.known = known
         self.last_contact: float | None = None  # monotonic: the last line from `holder`, or the vote given it
+        # monotonic: the last line from any coordinator; an agent started again may have heard one until its start
+        self.coordinator_heard: float | None = started
         self.holder: str | None = None  # the coordinator heard last, or the candidate voted for last
         if started is not None and state.term:
             self.last_contact, self.holder = started, state.coordinator or state.voted_for
@@ -152,7 +157,7 @@ class Voter:
             self.state.term, self.state.voted_for, self.changed = term, None, True
         if self.state.coordinator != coordinator:
             self.state.coordinator, self.changed = coordinator, True
-        self.last_contact, self.holder = now, coordinator
+        self.last_contact, self.holder, self.coordinator_heard = now, coordinator, now
         if known is not None and known.generation >= self.known.generation:
             self.known = known
         return True
@@ -179,7 +184,7 @@ class Voter:
             st.voted_for, self.changed = candidate, True
         # A vote is a promise as a beat is: no other candidate for lease + MARGIN (the winner counts it)
         self.last_contact, self.holder = now, candidate
-        return Ballot(self.node, term, True, self.known)
+        return Ballot(self.node, term, True, self.known, heard_at=self.coordinator_heard)
 
     def _refused(self, why: str) -> Ballot:
         """A refusal, naming the term this voter knows and the coordinator it follows there (sealed with the
@@ -215,6 +220,7 @@ class Won:
     term: int
     voters: tuple
     known: Known
+    heard: float | None = None  # the latest its voters last heard a coordinator's line (None: one cannot say)
 
     def first_generation(self) -> int:
         """The new coordinator's first generation: one past the newest its majority knew."""
@@ -227,12 +233,14 @@ def tally(nodes: tuple, candidate: str, term: int, ballots) -> Won | None:
     granted = {}
     for b in ballots:
         if b.granted and b.term == term and b.voter in nodes and b.voter not in granted:
-            granted[b.voter] = b.known
+            granted[b.voter] = b
     if candidate not in granted or len(granted) < majority(len(nodes)):
         return None
-    newest = max(granted.values(), key=lambda k: k.generation)
-    left = min(k.restarts_left for k in granted.values() if k.generation == newest.generation)
-    return Won(term, tuple(sorted(granted)), Known(newest.generation, tuple(sorted(newest.out)), left))
+    newest = max((b.known for b in granted.values()), key=lambda k: k.generation)
+    left = min(b.known.restarts_left for b in granted.values() if b.known.generation == newest.generation)
+    heard = [b.heard_at for b in granted.values()]
+    return Won(term, tuple(sorted(granted)), Known(newest.generation, tuple(sorted(newest.out)), left),
+               None if None in heard else max(heard))
 
 
 def may_start(generation: int, knows: dict, nodes: tuple) -> bool:

@@ -6,9 +6,15 @@ its majority knew (`Won.known`: the newest generation, the nodes out) and
 takes the old coordinator's node as lost now. That is the board's own
 leave (`Board._leave`), so the first generation of the new term is the
 newest its majority knew plus one, and it starts no earlier than
-`fence_wait` from the election: the old coordinator stepped down (and began
-to fence its node) before any vote for the new one could be given, and its
-node's processes are gone within `stop_bound` of that.
+`fence_wait` from the moment its voters last heard a coordinator's line
+(`Won.heard`, the latest of them; the election's own moment where a voter
+cannot say). Why that is enough: the old coordinator counts a node for its
+lease only while that node echoes one of its lines sent within the lease
+(election.Lease), so once every voter has been silent for the lease it
+holds fewer than a majority (the voters are one) and steps down; its node's
+dead-man deadline is that step-down + `fence_slack` whether its agent runs
+or not (node/deadman.py), and the lease is `fence_after`: its node's
+processes are gone within `stop_bound` of that latest hearing.
 """
 from __future__ import annotations
 
@@ -34,7 +40,8 @@ def take_over(job_id: str, nodes: list, peer_timeout: float, restart: RestartPol
                     {"term": won.term, "previous": previous, "voters": list(won.voters)})]
     if previous is None or previous in board.out:
         return board, events
-    board._join(previous, now)  # its last hearing, for the fence wait: no earlier than now
+    # Its last hearing, for the fence wait: the latest any voter heard a coordinator (never later than now)
+    board._join(previous, now).seen = now if won.heard is None else min(now, won.heard)
     reason = "node %s lost: the coordinator there lost its majority; %s" % (previous, moved(me, won.term, None))
     board._leave(previous, reason, now, wall, events)
     return board, events
