@@ -54,7 +54,11 @@ def check_new_world(job, lost: str, kept: tuple) -> float:
     started. The new world's start (epoch)."""
     new = [job.run_record(n, f"trainer-{NODES.index(n)}") for n in kept]
     started = min(r["started_at"] for r in new)
-    env = {k.decode(): v.decode() for k, v in procfs.environ(new[0]["program_pid"]).items()}
+    # The launcher names its program the moment it forks it: /proc shows the program's own environment once
+    # it has exec'd (until then, the launcher's). A CI run read it in between.
+    pid = new[0]["program_pid"]
+    assert wait_for(lambda: b"MASTER_PORT" in procfs.environ(pid), timeout=10), (pid, procfs.stat(pid), job.describe())
+    env = {k.decode(): v.decode() for k, v in procfs.environ(pid).items()}
     assert (env["MASTER_PORT"], env["WORLD_SIZE"], env["FABTRAIN_RESTART_COUNT"]) == (
         str(MASTER_PORT + 1), "2", "1"), env
     name = f"trainer-{NODES.index(lost)}"
@@ -149,7 +153,8 @@ def test_the_old_coordinator_healed_learns_who_won_and_is_back_in_a_later_genera
         assert learned(job) == ["node1 learned from a refused vote: coordinator node2 (term 2)"], learned(job)
         (back,) = job.events("node2", "node_back")
         assert back["peer"] == "node1" and back["reason"] == "node1 back in generation 2 (WORLD_SIZE 3)", back
-        pid = job.run_record("node1", "trainer-0")["program_pid"]
+        pid = job.run_record("node1", "trainer-0")["program_pid"]  # its own environment once it has exec'd
+        assert wait_for(lambda: b"MASTER_PORT" in procfs.environ(pid), timeout=10), (pid, job.describe())
         env = {k.decode(): v.decode() for k, v in procfs.environ(pid).items()}
         assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_PORT"], env["FABTRAIN_RESTART_COUNT"]) == (
             "0", "3", str(MASTER_PORT + 2), "2"), env

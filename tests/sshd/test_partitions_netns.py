@@ -52,7 +52,9 @@ def test_a_cut_off_node_under_min_nodes_stops_before_the_smaller_generation_star
                         timeout=fence.fence_wait(INTERVAL, GRACE) + 20), job.describe()
         new = [job.run_record(n, f"trainer-{i}") for i, n in ((0, "node1"), (1, "node2"))]
         started = min(r["started_at"] for r in new)
-        env = {k.decode(): v.decode() for k, v in procfs.environ(new[0]["program_pid"]).items()}
+        pid = new[0]["program_pid"]  # its own environment once it has exec'd (named at the fork)
+        assert wait_for(lambda: b"MASTER_PORT" in procfs.environ(pid), timeout=10), (pid, job.describe())
+        env = {k.decode(): v.decode() for k, v in procfs.environ(pid).items()}
         assert (env["MASTER_PORT"], env["WORLD_SIZE"], env["FABTRAIN_RESTART_COUNT"]) == (
             str(MASTER_PORT + 1), "2", "1"), env
         # node3 fenced itself: its trainer ended, by its own agent, before generation 1 started.
