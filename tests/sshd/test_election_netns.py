@@ -177,25 +177,8 @@ def test_the_coordinators_agent_paused_and_resumed_steps_down_and_node2_coordina
     fence (its launcher's `fenced` exit record): one election, one coordinator a term."""
     job = electing(fab, root, net)
     agent = int(job.run_record("node1", "agent").get("program_pid") or 0) or _agent_pid(job, "node1")
-    trainer = job.run_record("node1", "trainer-0")
-    pid, launcher = trainer["program_pid"], trainer["pid"]  # the launcher leads the trainer's group
-    seen = {}
-
-    def new_world() -> bool:
-        if "gone" not in seen and procfs.stat(pid) is None and not group(launcher):
-            seen["gone"] = time.time()  # first seen gone: no earlier than it went
-        return bool(job.events("node2", "restarted") and job.events("node3", "restarted"))
-
     try:
-        os.kill(agent, signal.SIGSTOP)
-        assert wait_for(new_world, timeout=NEW_WORLD), job.describe()
-        started = min(job.run_record(n, f"trainer-{NODES.index(n)}")["started_at"] for n in ("node2", "node3"))
-        assert procfs.stat(agent).state in "tT", "node1's agent ran meanwhile"
-        assert "gone" in seen, f"node1's trainer (pid {pid}) or its group still ran when generation 1 started\n" \
-            + job.describe()
-        assert seen["gone"] < started, f"node1's trainer ended {seen['gone'] - started:.2f} s after generation 1"
-        exit_record = str(job.jd("node1") / "run" / "trainer-0.exit")
-        assert launch.read_exit_record(exit_record)[1], open(exit_record).read()  # `fenced`: the dead-man ended it
+        paused_until_the_new_world(job, agent, "node1", ("node2", "node3"))
         os.kill(agent, signal.SIGCONT)
         # Resumed: its lease is long gone (the beats queued meanwhile echo lines from before the pause): it steps
         # down before it answers anything, and reports its node's fence, which its launchers did.
@@ -221,24 +204,8 @@ def test_a_paused_agent_on_node3_leaves_its_node_fenced_by_its_dead_man_and_nobo
     No election: node1 keeps its term. Resumed, node3's agent reports the fence its launcher did."""
     job = electing(fab, root, net)
     agent = int(job.run_record("node3", "agent").get("program_pid") or 0) or _agent_pid(job, "node3")
-    trainer = job.run_record("node3", "trainer-2")
-    pid, launcher = trainer["program_pid"], trainer["pid"]
-    seen = {}
-
-    def new_world() -> bool:
-        if "gone" not in seen and procfs.stat(pid) is None and not group(launcher):
-            seen["gone"] = time.time()
-        return bool(job.events("node1", "restarted") and job.events("node2", "restarted"))
-
     try:
-        os.kill(agent, signal.SIGSTOP)
-        assert wait_for(new_world, timeout=NEW_WORLD), job.describe()
-        started = min(job.run_record(n, f"trainer-{NODES.index(n)}")["started_at"] for n in ("node1", "node2"))
-        assert procfs.stat(agent).state in "tT", "node3's agent ran meanwhile"
-        assert "gone" in seen and seen["gone"] < started, \
-            f"node3's trainer (pid {pid}) or its group still ran when generation 1 started\n" + job.describe()
-        exit_record = str(job.jd("node3") / "run" / "trainer-2.exit")
-        assert launch.read_exit_record(exit_record)[1], open(exit_record).read()  # `fenced`: the dead-man ended it
+        paused_until_the_new_world(job, agent, "node3", ("node1", "node2"))
         (left,) = job.events("node1", "node_left")
         assert left["peer"] == "node3" and left["world_size"] == 2, left
         os.kill(agent, signal.SIGCONT)
@@ -251,6 +218,31 @@ def test_a_paused_agent_on_node3_leaves_its_node_fenced_by_its_dead_man_and_nobo
     finally:
         os.kill(agent, signal.SIGCONT)
         job.end()
+
+
+def paused_until_the_new_world(job, agent: int, node: str, kept: tuple) -> None:
+    """SIGSTOP `node`'s agent until `kept` run generation 1; meanwhile its trainer and the trainer's launcher's
+    group are gone from /proc before that generation started, the agent never ran, and the exit record says
+    `fenced` (its launcher's dead-man ended it: node/launch.py, node/deadman.py). The agent stays stopped."""
+    name = f"trainer-{NODES.index(node)}"
+    trainer = job.run_record(node, name)
+    pid, launcher = trainer["program_pid"], trainer["pid"]  # the launcher leads the trainer's group
+    seen = {}
+
+    def new_world() -> bool:
+        if "gone" not in seen and procfs.stat(pid) is None and not group(launcher):
+            seen["gone"] = time.time()  # first seen gone: no earlier than it went
+        return all(job.events(n, "restarted") for n in kept)
+
+    os.kill(agent, signal.SIGSTOP)
+    assert wait_for(new_world, timeout=NEW_WORLD), job.describe()
+    started = min(job.run_record(n, f"trainer-{NODES.index(n)}")["started_at"] for n in kept)
+    assert procfs.stat(agent).state in "tT", f"{node}'s agent ran meanwhile"
+    assert "gone" in seen, f"{node}'s trainer (pid {pid}) or its group still ran when generation 1 started\n" \
+        + job.describe()
+    assert seen["gone"] < started, f"{node}'s trainer ended {seen['gone'] - started:.2f} s after generation 1"
+    exit_record = str(job.jd(node) / "run" / f"{name}.exit")
+    assert launch.read_exit_record(exit_record)[1], open(exit_record).read()  # `fenced`: the dead-man ended it
 
 
 def _agent_pid(job, node) -> int:
