@@ -63,17 +63,25 @@ def login_account(name: str, user_key: Path) -> "pwd.struct_passwd":
 
 BLOCK = 16  # callers use port, port + 1, ... (a pserver per port, the coordinator's): the whole block is free
 _handed_out: list[int] = []
+PORTS_START, PORTS_END = 10000, 32768  # test ports: under the ephemeral range (/proc/sys/net/ipv4/ip_local_port_range)
 
 
 def free_port(addresses: list[str]) -> int:
     """The first of BLOCK ports that nobody holds on any of these addresses, and that no earlier call of this
     test run handed out. Probed without SO_REUSEADDR, as a plain program binds: a port an earlier test's
     connection left in TIME_WAIT is taken, not free, for such a program."""
-    # pytest-xdist's workers each draw from a range of their own: a port handed out to one worker and not yet
-    # bound is free for the other's probe.
+    # pytest-xdist's workers each draw from a slice of their own: a port handed out to one worker and not yet
+    # bound is free for the other's probe. Every slice lies below the kernel's ephemeral range (32768 up): a
+    # port in it can be taken, between this probe and the program's bind, by any outgoing connection (an ssh
+    # client's, a store client's), which is how a torchrun test once met EADDRINUSE on master_port + 1.
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
-    first = max(22000 + 10000 * (worker % 4) + os.getpid() % 5000, max(_handed_out, default=0) + BLOCK)
-    for port in [*range(first, 65000 - BLOCK), *range(20000, first)]:
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+    span = (PORTS_END - PORTS_START) // workers
+    base = PORTS_START + span * (worker % workers)
+    first = max(base + os.getpid() % max(1, span // 4), max(_handed_out, default=0) + BLOCK)
+    for port in [*range(first, PORTS_END - BLOCK), *range(PORTS_START, min(first, PORTS_END - BLOCK))]:
+        if port in _handed_out:
+            continue
         try:
             for a in addresses:
                 for p in range(port, port + BLOCK):

@@ -127,6 +127,29 @@ def test_no_generation_without_a_lost_node_starts_before_its_fence_ends():
     assert b.status["backoff"] == pytest.approx(wait - 5.5) and b.status["restarts_left"] == b.restart.restarts_left(1)
 
 
+def test_a_lost_nodes_backoff_counts_from_its_last_beat_not_from_when_the_coordinator_found_it_out():
+    """Finding a lost node out takes peer_timeout (longer with an election): that time is part of the backoff,
+    as a crashed program's exit starts its backoff at once. A backoff longer than the fence wait ends
+    restart_backoff after the node's last beat; a shorter one, at the fence's end; neither is pushed later
+    by the detection."""
+    b = board(backoff=20.0)
+    beat(b, "n1", 6)
+    beat(b, "n2", 6)
+    b.check_peers(6.0, 2000)  # n3's last beat at 0: lost at 6
+    assert b.status["status"] == "restarting" and b.status["generation"] == 1 and b.status["out"] == ["n3"]
+    assert b.restart_start == pytest.approx(20.0) and b.status["backoff"] == pytest.approx(14.0)
+    b = board(backoff=10.0)
+    wait = b.restart.fence_wait
+    beat(b, "n1", 7)
+    beat(b, "n2", 7)
+    b.check_peers(7.0, 2000)
+    assert wait > 10.0 and b.restart_start == pytest.approx(wait) and b.status["backoff"] == pytest.approx(wait - 7)
+    # A program's failure is known when it happens: its backoff counts from the report, as before.
+    b = board(backoff=20.0)
+    beat(b, "n2", 3, failure={"reason": "trainer-0 on n2 exited 1", "kind": "exit", "generation": 0})
+    assert b.restart_start == 23.0 and b.status["backoff"] == 20.0
+
+
 def test_a_node_lost_while_running_restarts_smaller_and_a_second_loss_fails_naming_min_nodes():
     b = board()
     beat(b, "n1", 6)

@@ -23,10 +23,8 @@ restart` (restart.py decides) a failure of the current generation moves it to
 down, waits the backoff and starts its part again; once every node that ran
 processes has said so the status is ``running`` again, and if one has not
 within the restart's deadline the job fails naming it. A failure of an older
-generation (an agent that has not heard yet) changes nothing. With
-`min_nodes` (elastic.py) a node that is lost or cannot start its part leaves
-instead: the job restarts on the nodes that are left (the status's `out`),
-and stays without it until the next `fab start-*`.
+generation (an agent that has not heard yet) changes nothing. With `min_nodes` (elastic.py) a node that is lost or
+cannot start its part leaves instead (the status's `out`): the job restarts without it; a lost one heard again comes back.
 """
 from __future__ import annotations
 
@@ -220,15 +218,16 @@ class Board:
         return self._decide(failure, reason, node, now, wall)
 
     def _decide(self, failure: dict, reason: str, node: str | None, now: float, wall: float,
-                not_before: float | None = None) -> bool:
-        """Restart after this failure (not before `not_before`: a lost node's fence, fence.py), or fail the job."""
+                not_before: float | None = None, since: float | None = None) -> bool:
+        """Restart after this failure, or fail the job; the backoff counts from `since`, when the failure began (a lost
+        node's last word: finding it out took part of the wait), and ends no earlier than `not_before` (its fence)."""
         generation = self.status["generation"]
         decision = self.restart.decide(failure, generation, self.loaded.get(generation - 1))
         if not decision.restart:
             return self._set_status(JobState.FAILED, decision.failed(reason), node, wall)
         for p in self.peers.values():  # once a failure: O(nodes) here is not O(nodes) a beat
             p.had_procs = p.had_procs or bool(p.procs)
-        backoff = decision.backoff
+        backoff = decision.backoff if since is None else max(0.0, decision.backoff - (now - since))
         if not_before is not None and not_before - now > backoff:
             backoff = round(not_before - now, 3)
         self.resume, reason = decision.resume, decision.restarting(reason)  # on_bad_checkpoint previous's fallback
@@ -254,7 +253,8 @@ class Board:
         peer = self.peers.get(node)
         # Its agent stops everything of the job there within the fence's bound of its last beat: no
         # generation without it starts before then (fence.py).
-        not_before = (peer.seen if peer is not None else now) + self.restart.fence_wait
+        since = peer.seen if peer is not None else now
+        not_before = since + self.restart.fence_wait
         if peer is not None:  # its processes are no longer the job's: they count for nothing
             self._count(peer, {})
             peer.had_procs = False
@@ -269,7 +269,7 @@ class Board:
             changed = self._set_status(JobState.RESTARTING, st["reason"], st["node"], wall, st["generation"],
                                        round(self.restart_start - now, 3))
         else:
-            changed = self._decide({"kind": FailureKind.LEFT}, left, node, now, wall, not_before)
+            changed = self._decide({"kind": FailureKind.LEFT}, left, node, now, wall, not_before, since)
         if self.status["status"] == JobState.RESTARTING:
             events += [_node_left(node, left, self.status["generation"], layout, out, stand_in), *spares.taken(self, before, Event)]
         return changed
