@@ -22,9 +22,9 @@ and measures in the same run
             record (generation 0)
   gen cold  the same for each new generation: what of a fault's time is the program's own start
 
-target: time <= backoff + 1.2 x cold, backoff being the one the restart waited (the coordinator's
-`restarting` event: restart_backoff, doubled for each restart after the first; one restart_backoff for a
-node back). A lost node's generation starts no earlier than its last beat + fence_wait
+target: time <= backoff + 1.2 x cold, backoff being the one the job's settings give the restart
+(restart_backoff, doubled for each restart after the first; one restart_backoff for a node back), counted
+from the fault. A lost node's generation starts no earlier than its last beat + fence_wait
 (docs/partitions.md), which the header line gives.
 
 With --spare the job has a fourth node, node4, marked `spare: true` (its agent runs, its trainer does not),
@@ -66,6 +66,7 @@ sys.path.insert(0, str(REPO))
 from bench.sshd_job import SshdJob  # noqa: E402
 from fabtrain.node import procfs  # noqa: E402
 from fabtrain.node.coordination import fence  # noqa: E402
+from fabtrain.node.coordination.restart import RestartPolicy  # noqa: E402
 from tests.support import netns  # noqa: E402
 from tests.support.sshd import SshdCluster  # noqa: E402
 
@@ -80,6 +81,7 @@ class Bench(SshdJob):
         job = {"name": "elastic", "mode": "collective", "trainer": {"per_node": 1, "command": PROGRAMS[program]},
                "watchdog": {"interval": INTERVAL, "hang_timeout": 60, "grace": GRACE, "on_failure": "restart",
                             "restart_backoff": backoff, "max_restarts": 3, "min_nodes": 2}}
+        self.backoff = backoff
         if own_networks:
             job["watchdog"]["port"] = 7180  # each node has its own network: no other job's port is in the way
         if program == "workload":
@@ -146,10 +148,12 @@ def measure(b: Bench, fault: str, t0: float, trainers: list, cold: float, coordi
     generation; returns a line of what that generation is (its world, its first steps)."""
     up, began, firsts = b.generation_up(trainers, t0)
     took, gen_cold = up - t0, up - began
-    # Its backoff: the one the coordinator gave this restart (a `restarting` event that says only when a
-    # generation already waiting starts carries none).
-    restart = next(e for e in b.events("restarting", after=t0, node=coordinator) if "backoff" in e)
-    backoff = float(restart["backoff"])
+    # Its backoff: the one the job's settings give this restart (restart_backoff, doubled for each failure after
+    # the first; one restart_backoff for a node back), not the `restarting` event's, which is what was left of it
+    # once the coordinator found the fault out (a lost node's backoff counts from its last beat).
+    restart = next(e for e in b.events("restarting", after=t0, node=coordinator) if "generation" in e)
+    policy = RestartPolicy(True, 3, b.backoff, None, GRACE)
+    backoff = policy.backoff if "back" in fault else policy.backoff_for(int(restart["generation"]))
     target = backoff + 1.2 * cold
     env = b.environ(*trainers[-1])
     print(f"{fault:<10}  {restart['generation']:>3}  {env.get('WORLD_SIZE', '?'):>5}  {backoff:>9.1f}  {took:>7.3f}  "
