@@ -120,8 +120,10 @@ class Elector(threading.Thread):
             return
         if now >= self.due and now >= self.rest_until:
             self.due = None
-            self.stand()
-            self.rest_until = time.monotonic() + self.lease
+            # After a candidacy, none other for the lease: two candidates at once split each term's votes. A
+            # pre-vote that found no majority raised and saved nothing anywhere: ask again a stagger later, so
+            # that a node cut off and healed (an old coordinator's) learns its coordinator soon after the heal.
+            self.rest_until = time.monotonic() + (self.lease if self.stand() else STAGGER)
 
     def learned(self, ballots) -> bool:
         """Whether a refusal told this node of a newer term and its coordinator (a healed old coordinator's node,
@@ -135,10 +137,11 @@ class Elector(threading.Thread):
                                % (self.me, coordinator, self.term), term=self.term)
         return coordinator is not None
 
-    def stand(self) -> None:
+    def stand(self) -> bool:
         """Ask for a strict majority's votes in the next term; host the coordinator if they are given. First
         whether they would be (a pre-vote, nothing saved anywhere): a node cut off raises no term, so once
-        healed it follows its coordinator's lines again (a line of an older term is not followed)."""
+        healed it follows its coordinator's lines again (a line of an older term is not followed). Returns
+        whether it stood for a term (False: the pre-vote found no majority, or taught it a coordinator)."""
         others = {n: (self.addresses[n], ballot_port(self.link.port)) for n in self.nodes if n != self.me}
         enough = majority(len(self.nodes)) - 1
         with self.lock:
@@ -146,7 +149,7 @@ class Elector(threading.Thread):
         would = ballot.ask(self.link.job_id, self.link.secret, self.me, term, known, others, timeout=1.0,
                            enough=enough, pre=True)
         if self.learned(would) or sum(1 for b in would if b.granted and b.term == term) < enough:
-            return
+            return False
         asked = time.monotonic()
         with self.lock:
             previous = self.voter.state.coordinator
@@ -155,16 +158,17 @@ class Elector(threading.Thread):
             self._save()
             known = self.voter.known
         if not own.granted:
-            return
+            return True
         ballots = ballot.ask(self.link.job_id, self.link.secret, self.me, term, known, others, timeout=1.0,
                              enough=enough)
         won = tally(self.nodes, self.me, term, list(ballots) + [own])
         if won is None:
             self.learned(ballots)
-            return
+            return True
         with self.lock:
             if self.voter.state.term != term:
-                return  # a newer term came meanwhile
+                return True  # a newer term came meanwhile
             self.voter.heard(term, self.me, time.monotonic())
             self._save()
         self.link.host_elected(won, previous, asked, self.lease)
+        return True

@@ -132,7 +132,7 @@ class Box(threading.Thread):
 def ask(job_id: str, secret: str | None, candidate: str, term: int, known: Known, boxes: dict,
         timeout: float, enough: int, pre: bool = False) -> list[Ballot]:
     """Ask every voter in `boxes` (node -> (host, port)) for its vote in `term`; the answers (one a node, each
-    for this request) once `enough` are granted or `timeout` is over. Requests go again every 0.2 s to the
+    for this request) once `enough` are granted, every voter has answered, or `timeout` is over. Requests go again every 0.2 s to the
     voters that have not answered (a datagram may be lost)."""
     key, nonce = ballot_key(secret, job_id), protocol.new_nonce()
     request = seal(key, b"candidate", {"job_id": job_id, "candidate": candidate, "term": term,
@@ -142,7 +142,8 @@ def ask(job_id: str, secret: str | None, candidate: str, term: int, known: Known
     answers: dict = {}
     deadline, resend = time.monotonic() + timeout, 0.0
     try:
-        while time.monotonic() < deadline and sum(b.granted for b in answers.values()) < enough:
+        while time.monotonic() < deadline and sum(b.granted for b in answers.values()) < enough \
+                and len(answers) < len(boxes):  # every voter answered: waiting longer changes nothing
             if time.monotonic() >= resend:
                 for node, where in boxes.items():
                     if node not in answers:
