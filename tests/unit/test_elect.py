@@ -1,6 +1,6 @@
 """The agent's candidacy (node/agent/elect.py) over real ballot boxes on loopback: how soon a node whose
 coordinator went silent asks again. A pre-vote that finds no majority raises and saves nothing, so a node
-cut off asks again a stagger later (healed, it learns its coordinator within about a second); a candidacy
+cut off asks again half a second later (healed, it learns its coordinator within about a second); a candidacy
 rests the lease, so two candidates do not split each other's terms."""
 from __future__ import annotations
 
@@ -88,10 +88,10 @@ def stand_once(e) -> float:
     return e.rest_until - time.monotonic()
 
 
-def test_a_node_cut_off_asks_again_a_stagger_later_and_raises_no_term(cluster):
+def test_a_node_cut_off_asks_again_soon_and_raises_no_term(cluster):
     e, link, _ = cluster
     rest = stand_once(e)
-    assert rest <= elect.STAGGER < LEASE, rest
+    assert rest <= elect.ASK_AGAIN < LEASE, rest
     assert e.term == 1 and not link.elected and not link.events
     assert TermFile(e.file.path).load().term in (0, 1)  # nothing raised on disk either
 
@@ -100,7 +100,7 @@ def test_healed_it_learns_the_coordinator_of_the_newer_term_from_the_refused_pre
     e, link, voters = cluster
     voters(2, "n2")
     rest = stand_once(e)
-    assert rest <= elect.STAGGER, rest
+    assert rest <= elect.ASK_AGAIN, rest
     assert e.term == 2 and e.voter.state.coordinator == "n2" and not link.elected
     assert [f["reason"] for k, f in link.events] == ["n1 learned from a refused vote: coordinator n2 (term 2)"]
     e.tick(time.monotonic())
@@ -112,4 +112,4 @@ def test_after_a_candidacy_it_rests_the_lease(cluster):
     voters(1, None)
     rest = stand_once(e)
     assert len(link.elected) == 1 and link.elected[0].term == 2 and e.term == 2
-    assert elect.STAGGER < rest <= LEASE, rest
+    assert elect.ASK_AGAIN < rest <= LEASE, rest

@@ -33,6 +33,7 @@ from fabtrain.node.coordination.election import Known, TermFile, TermState, Vote
     may_stand, tally
 
 STAGGER = 1.0  # seconds a node waits for each node before it in the cluster file (candidacy_delay)
+ASK_AGAIN = 0.5  # seconds after a pre-vote that found no majority before the next: it raised and saved nothing
 TERM_FILE = "term.json"  # in the agent's job folder: the newest term, whom this agent voted for, who coordinates
 
 
@@ -121,9 +122,9 @@ class Elector(threading.Thread):
         if now >= self.due and now >= self.rest_until:
             self.due = None
             # After a candidacy, none other for the lease: two candidates at once split each term's votes. A
-            # pre-vote that found no majority raised and saved nothing anywhere: ask again a stagger later, so
-            # that a node cut off and healed (an old coordinator's) learns its coordinator soon after the heal.
-            self.rest_until = time.monotonic() + (self.lease if self.stand() else STAGGER)
+            # pre-vote that found no majority raised and saved nothing anywhere: ask again soon, so that a node
+            # cut off and healed (an old coordinator's) learns its coordinator within about a second of the heal.
+            self.rest_until = time.monotonic() + (self.lease if self.stand() else ASK_AGAIN)
 
     def learned(self, ballots) -> bool:
         """Whether a refusal told this node of a newer term and its coordinator (a healed old coordinator's node,
