@@ -42,7 +42,7 @@ lives; node2 and node3 elect one of them (docs/partitions.md, Majority election)
   first back  node1 healed: it learns who coordinates term 2 and is taken into the next generation at
             full size; every rank's first record of that generation
 
-    .venv/bin/python bench/elastic.py [--backoff 8] [--program workload|fake] [--spare | --first]
+    .venv/bin/python bench/elastic.py [--backoff 12] [--program workload|fake] [--spare | --first]
 """
 from __future__ import annotations
 
@@ -194,7 +194,9 @@ def faults(b: Bench, full: list, cold: float, own_networks: bool, spare: bool, f
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--backoff", type=float, default=8.0)
+    # restart_backoff: by default fence_wait at this bench's interval and grace (12 s), the shortest backoff
+    # a lost node's fence lets a smaller world keep (docs/watchdog.md: keep restart_backoff above fence_wait)
+    ap.add_argument("--backoff", type=float, default=fence.fence_wait(INTERVAL, GRACE))
     ap.add_argument("--program", choices=sorted(PROGRAMS), default="workload")
     ap.add_argument("--spare", action="store_true", help="a fourth node, a spare; time it taking node3's slot")
     ap.add_argument("--first", action="store_true", help="time node1's loss (the coordinator's node) and return")
