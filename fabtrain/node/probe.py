@@ -4,6 +4,7 @@ A module of its own, imported only for these two ops: what they need
 (platform, shutil, subprocess, the GPU inventory) would cost every other
 node-side call its import time.
 """
+import ast
 import json
 import os
 import platform
@@ -61,19 +62,45 @@ def op_probe(payload):
     probe["torch"] = version("torch")
     probe["cuda"] = None
     probe["gpus"] = 0
-    if probe["torch"] and payload.get("torch_cuda", True):
-        # Only importing torch tells whether CUDA works; ~1 s, so only for check.
-        code = "import torch,json;print(json.dumps([torch.cuda.is_available(), torch.cuda.device_count(), torch.version.cuda]))"
+    if probe["torch"] and payload.get("torch_cuda", True) and torch_has_gpu_build():
         try:
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-            ok, count, cuda = json.loads(out.stdout.strip().splitlines()[-1])
-            probe["cuda"] = cuda if ok else None
-            probe["gpus"] = count
+            probe["cuda"], probe["gpus"] = torch_cuda_by_import()
         except Exception as e:  # a broken torch install is a finding, not a crash
             probe["torch_error"] = str(e)[:200]
     if payload.get("torch_cuda", True):  # check only: who holds which GPU, and their health
         probe["gpu_inventory"] = gpuinv.inventory()
     return Probe(**probe).wire()
+
+
+def torch_cuda_by_import():
+    """(CUDA version, devices) as torch itself sees them: only importing torch tells whether CUDA works (2 to 3 s
+    of CPU, so only for check, and only for a build that has a GPU backend)."""
+    code = "import torch,json;print(json.dumps([torch.cuda.is_available(), torch.cuda.device_count(), torch.version.cuda]))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    ok, count, cuda = json.loads(out.stdout.strip().splitlines()[-1])
+    return (cuda if ok else None), count
+
+
+def torch_has_gpu_build(version_file=None):
+    """Whether the torch here was built for CUDA or ROCm (torch.cuda serves both), read from the torch/version.py
+    its build wrote, without importing torch. A CPU build sees no GPU whatever the machine has: nothing to ask
+    it. True where the file cannot be read as torch writes it: then torch is asked."""
+    try:
+        if version_file is None:
+            import importlib.util
+            spec = importlib.util.find_spec("torch")  # finds the package; imports nothing of it
+            version_file = os.path.join(list(spec.submodule_search_locations)[0], "version.py")
+        with open(version_file) as f:
+            tree = ast.parse(f.read())
+    except Exception:  # noqa: BLE001 - an odd install: ask torch itself
+        return True
+    built = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
+            node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(target, ast.Name) and target.id in ("cuda", "hip") and isinstance(node.value, ast.Constant):
+            built[target.id] = node.value.value
+    return set(built) != {"cuda", "hip"} or any(v is not None for v in built.values())
 
 
 def op_provision(payload):
