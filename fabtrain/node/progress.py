@@ -149,23 +149,25 @@ class Writer:
             self.flush(due_only=True)
 
     def _look(self):
-        """Steps seen since the last look; a record due: the next step looked at starts the sample that writes it."""
+        """Steps seen; a record due (or due within a TICK: one look a record): the next step starts its sample."""
         with self.lock:
+            now = self.perf()
             if self.steps != self.seen_steps:
-                self.seen_steps, self.seen_at = self.steps, self.perf()
-            if self.perf() >= self.due and self.steps > self.written_steps:
-                self.look_at = 0
+                self.seen_steps, self.seen_at = self.steps, now
+            if now + TICK >= self.due and self.steps > self.written_steps:
+                self.due, self.look_at = min(self.due, now), 0
 
     def _progress_at(self):  # perf time by which the last step had ended: its own if looked at, else the look's
         return max(self.step_end if self.step_end is not None else float("-inf"), self.seen_at)
 
     def _next_look(self):
-        """Seconds to the writer's next look: each QUIET while it watches or a record is overdue; else once a
-        record is due or the step LATE (one look a record while the rank steps: its cost, bench/hook_cost.py)."""
+        """Seconds to the writer's next look: each QUIET while it watches; else once the step is LATE or the next
+        record due (once asked for, not yet written: the one after it; one look a record, bench/hook_cost.py)."""
         if self.watching or not self.steps:
             return QUIET
-        at = min(self._progress_at() + LATE, self.last_write + INTERVAL)
-        return min(max(at - self.perf(), 0.0) or QUIET, LATE)
+        now = self.perf()
+        at = min(self._progress_at() + LATE, self.due if self.due > now else now + INTERVAL)
+        return min(max(at - now, 0.0) or QUIET, LATE)
 
     def _watch(self):
         """A step LATE: the patches put in (a batch, a forward, a collective that finishes is work done; a
@@ -211,9 +213,8 @@ class Writer:
         return {**rec, "child": True} if self.child else rec
 
     def _record(self):
-        """The record of the steps since the last one: their mean step time, the sampled step's parts (scaled
-        to that mean: the parts' shares are the sample's; the last sample's where none ended since), its
-        samples/s and loss."""
+        """The record of the steps since the last one: their mean step time, the sampled step's parts (scaled to
+        that mean: the parts' shares are the sample's; the last sample's where none ended since), samples/s, loss."""
         rec = self._base()
         # the mean of the steps up to the last one looked at (a step left pending after it has no time of its own)
         n, timed = self.end_steps - self.window_steps, self.timed or self.last_timed
@@ -352,9 +353,8 @@ class Reporter(Writer):
 
     def backward(self, tensor, seconds, t0, waited=None):
         """A backward() call of the sampled step: `seconds`, `waited` of them at its end for gradient collectives
-        (DDP's, FSDP's: comm_time, not compute). Its loss is kept detached (a tensor kept with its graph keeps
-        the graph alive, and autograd then reuses a leaf's cached gradient accumulator, with its old shape);
-        one GradScaler scaled is kept as it was before the scaling."""
+        (DDP's, FSDP's: comm_time, not compute). Its loss is kept detached (one kept with its graph keeps the graph
+        alive: autograd reuses a leaf's cached gradient accumulator); one GradScaler scaled, as before its scaling."""
         if not self.sampling:
             return
         scaled = self.scaled
