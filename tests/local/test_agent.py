@@ -438,6 +438,36 @@ def test_the_agent_exits_at_once_for_an_empty_or_ended_job(tmp_path):
     assert out.returncode == 1 and out.stderr.strip() == "agent: job.json of job j1 has no watchdog setting 'hang_timeout'"
 
 
+def test_a_sigterm_while_the_agent_starts_still_leaves_its_record(tmp_path):
+    """A Slurm step that ends, or a kubelet, can SIGTERM the agent before its own handler is in; the agent
+    stops as for any SIGTERM: health.json written, an `agent_stopped` event, exit 0, not SIGTERM's default
+    death with nothing on file (seen in a CI run: one node of a Slurm job had no health.json). The signal is
+    sent while the agent's SIGTERM is still blocked (inherited from here across the fork), so it is pending
+    from its first instruction: the earliest it can come."""
+    jd = tmp_path / "ws" / "jobs" / "j1"
+    (jd / "run").mkdir(parents=True)
+    watchdog = {"interval": 0.2, "hang_timeout": 5, "startup_timeout": 30, "grace": 1, "on_failure": "kill-job",
+                "max_restarts": 0, "restart_backoff": 1, "restart_on_exit_codes": None, "min_nodes": None,
+                "coordinator": {"host": "127.0.0.1", "port": free_port(["127.0.0.1"])}}
+    job = {"job_id": "j1", "node": "solo", "node_index": 0, "nodes": [{"name": "solo", "address": "127.0.0.1"}],
+           "watchdog": watchdog, "processes": []}
+    (jd / "job.json").write_text(json.dumps(job))
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        agent = subprocess.Popen([sys.executable, "-m", "fabtrain.node.agent", str(jd)], cwd=REPO,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    agent.send_signal(signal.SIGTERM)
+    out, err = agent.communicate(timeout=30)
+    assert agent.returncode == 0, (agent.returncode, err)
+    events = [json.loads(x) for x in (jd / "events.jsonl").read_text().splitlines()]
+    assert [e["kind"] for e in events] == ["agent_started", "agent_stopped"], events
+    assert events[-1]["reason"] == "stopped by SIGTERM"
+    assert json.loads((jd / "health.json").read_text())["processes"] == []
+    assert (jd / "run" / "agent.exit").read_text().strip() == "0"
+
+
 def test_gpus_through_nvml_when_a_driver_is_present(monkeypatch):
     """No GPU on the test machines: a stand-in pynvml, as nvidia-ml-py shapes its answers."""
     import types

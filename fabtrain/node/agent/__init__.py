@@ -16,6 +16,7 @@ once through the coordinator (coordination.py); see docs/watchdog.md.
     snapshot.py    health.json and the heartbeat
     samplers.py    host and GPU readings
     keeper.py      the agent's own life: lock, run record, the keeper that restarts it
+    early.py       a SIGTERM that comes while the agent still starts, kept for it (the first thing main does)
 
 Kept small on purpose: standard library only (plus nvidia-ml-py where an
 NVIDIA driver is present); no torch, no psutil.

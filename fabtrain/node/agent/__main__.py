@@ -5,6 +5,8 @@ import sys
 
 
 def main(argv: list[str]) -> int:
+    from .early import catch
+    catch()  # first: a SIGTERM while the agent starts is kept for it, not the default death (early.py)
     if not argv:
         print("usage: python -m fabtrain.node.agent <job_dir> [--restarted]", file=sys.stderr)
         return 2

@@ -4,8 +4,7 @@ Every ``watchdog.interval`` -- or at once when a job process ends (a pidfd
 becomes readable), the coordinator pushes a status line, or a deadline falls
 due -- the loop reads /proc, lets each process context poll, hands the
 observation to the policy, and executes the actions it returns: events,
-SIGTERM/SIGKILL through the supervisor, signals to orphans. Then health.json
-and a heartbeat. See docs/watchdog.md.
+SIGTERM/SIGKILL through the supervisor, signals to orphans. Then health.json and a heartbeat (docs/watchdog.md).
 """
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ from fabtrain.contract.events import PROCESS_ENDS, RESTARTS, STACK_DUMPS, EventK
 from fabtrain.contract.states import FINAL, FailureKind, JobState, read_disruption, read_killer, signal_name
 from fabtrain.contract.jobfolder import DISRUPTED_BEFORE, JobFolder, job_folder
 
-from . import checkpoints, policy, snapshot, stacks
+from . import checkpoints, early, policy, snapshot, stacks
 from .events import EventLog
 from .jobjudge import JobJudge
 from .keeper import AgentLife
@@ -188,6 +187,7 @@ class Agent:
         took_over = self.life.register()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
+        self.stop_signal = early.taken()  # one that came while this agent started: it stops at its first step
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         self.ledger, self.started_generation, self.startup_deadline = replay(
             self.events.replay(), self.node, self.by_name, self.started_generation, self.startup_deadline,
