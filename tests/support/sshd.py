@@ -66,10 +66,11 @@ _handed_out: list[int] = []
 PORTS_START, PORTS_END = 10000, 32768  # test ports: under the ephemeral range (/proc/sys/net/ipv4/ip_local_port_range)
 
 
-def free_port(addresses: list[str]) -> int:
+def free_port(addresses: list[str], udp: bool = False) -> int:
     """The first of BLOCK ports that nobody holds on any of these addresses, and that no earlier call of this
     test run handed out. Probed without SO_REUSEADDR, as a plain program binds: a port an earlier test's
-    connection left in TIME_WAIT is taken, not free, for such a program."""
+    connection left in TIME_WAIT is taken, not free, for such a program. `udp`: free for UDP as well (an
+    elected job's ballot boxes listen on UDP beside the coordinator's TCP port)."""
     # pytest-xdist's workers each draw from a slice of their own: a port handed out to one worker and not yet
     # bound is free for the other's probe. Every slice lies below the kernel's ephemeral range (32768 up): a
     # port in it can be taken, between this probe and the program's bind, by any outgoing connection (an ssh
@@ -85,8 +86,9 @@ def free_port(addresses: list[str]) -> int:
         try:
             for a in addresses:
                 for p in range(port, port + BLOCK):
-                    with socket.socket() as s:
-                        s.bind((a, p))
+                    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM) if udp else (socket.SOCK_STREAM,):
+                        with socket.socket(socket.AF_INET, kind) as s:
+                            s.bind((a, p))
         except OSError:
             continue
         _handed_out.append(port)

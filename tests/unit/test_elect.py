@@ -4,7 +4,6 @@ cut off asks again half a second later (healed, it learns its coordinator within
 rests the lease, so two candidates do not split each other's terms."""
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from fabtrain.node.agent import elect
 from fabtrain.node.coordination import ballot as bt
 from fabtrain.node.coordination.election import TermFile, TermState, Voter
+from tests.support.sshd import free_port
 
 NODES = ("n1", "n2", "n3")
 ADDRESSES = {"n1": "127.0.0.1", "n2": "127.0.0.2", "n3": "127.0.0.3"}
@@ -39,24 +39,11 @@ class Link:
         self.elected.append(won)
 
 
-def udp_port() -> int:
-    """A port whose UDP port + 1 (the ballot box's) is free on every node's address."""
-    for port in range(41000, 42000, 2):
-        try:
-            for a in ADDRESSES.values():
-                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                    s.bind((a, elect.ballot_port(port)))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port")
-
-
 @pytest.fixture
 def cluster(tmp_path):
     """n1's elector, its coordinator (itself, term 1) silent for longer than the lease; `voters(...)` starts
     ballot boxes for n2 and n3 that follow `coordinator` of `term` (None: a voter that heard none lately)."""
-    port, made = udp_port(), []
+    port, made = free_port(list(ADDRESSES.values()), udp=True), []  # the ballot boxes: port + 1
     link = Link(port)
     job = {"node": "n1", "nodes": [{"name": n, "address": a} for n, a in ADDRESSES.items()]}
     e = elect.Elector(link, job, str(tmp_path), LEASE)

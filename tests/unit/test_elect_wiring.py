@@ -5,7 +5,6 @@ job as generation 1 without n1, and n3 follows it. A job that does not elect run
 nothing. No agent loop: each test beats by hand, as the loop would."""
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
@@ -13,16 +12,9 @@ import pytest
 from fabtrain.contract.events import EventKind
 from fabtrain.node.agent.link import Link
 from fabtrain.node.agent.loop import settings
+from tests.support.sshd import free_port
 
 NODES = ("n1", "n2", "n3")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u, socket.socket() as t:
-        t.bind(("127.0.0.1", 0))
-        port = t.getsockname()[1]
-        u.bind(("127.0.0.1", port + 1))  # the ballot box's
-        return port
 
 
 def job_of(node: str, port: int, min_nodes) -> dict:
@@ -54,7 +46,7 @@ class Agent:
 
 @pytest.fixture
 def agents(tmp_path):
-    port = free_port()
+    port = free_port(["127.0.0.%d" % (i + 1) for i in range(len(NODES))], udp=True)  # coordinator, ballot boxes
     made = [Agent(n, port, tmp_path) for n in NODES]
     yield made
     for a in made:
@@ -136,7 +128,7 @@ def test_a_coordinator_that_loses_its_majority_steps_down_and_its_node_is_told_t
 
 
 def test_a_job_that_does_not_elect_runs_no_ballot_box_and_stamps_nothing(tmp_path):
-    port = free_port()
+    port = free_port(["127.0.0.%d" % (i + 1) for i in range(len(NODES))], udp=True)  # coordinator, ballot boxes
     plain = [Agent(n, port, tmp_path, min_nodes=None) for n in NODES]
     try:
         assert all(a.link.start() for a in plain)
