@@ -94,13 +94,19 @@ def torch_has_gpu_build(version_file=None):
             tree = ast.parse(f.read())
     except Exception:  # noqa: BLE001 - an odd install: ask torch itself
         return True
-    built = {}
+    built = {}  # "cuda"/"hip" -> the version it names, None for a build without it
     for node in tree.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
-            node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        elif isinstance(node, ast.AnnAssign):  # cuda: Optional[str] = None, as torch writes it
+            target = node.target
+        else:
+            continue
         if isinstance(target, ast.Name) and target.id in ("cuda", "hip") and isinstance(node.value, ast.Constant):
             built[target.id] = node.value.value
-    return set(built) != {"cuda", "hip"} or any(v is not None for v in built.values())
+    if set(built) != {"cuda", "hip"}:  # not the file torch's build writes: ask torch
+        return True
+    return built["cuda"] is not None or built["hip"] is not None
 
 
 def op_provision(payload):
