@@ -271,12 +271,26 @@ class Sweep:
         return out
 
 
+ENVIRON_READ = 1 << 18  # bytes a read(2) of /proc/PID/environ asks for: a whole environment, nearly always
+
+
 def environ_raw(pid: int) -> bytes:
+    """The environment block `pid` was exec'd with. One read(2) reads one image's block, old or new; a read
+    split over calls (a file object's, 8 KiB first) that meets an exec returns the old block's start and
+    then nothing: a launcher's child becoming stdbuf, then the program, seemed to have half its variables."""
     try:
-        with open("/proc/%d/environ" % pid, "rb") as f:
-            return f.read()
+        fd = os.open("/proc/%d/environ" % pid, os.O_RDONLY)
     except OSError:
         return b""
+    try:
+        chunks = [os.read(fd, ENVIRON_READ)]
+        while len(chunks[-1]) == ENVIRON_READ:  # more than 256 KiB of environment: the rest, as it comes
+            chunks.append(os.read(fd, ENVIRON_READ))
+        return b"".join(chunks)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
 
 
 def environ(pid: int) -> dict[bytes, bytes]:

@@ -83,13 +83,24 @@ def live(sshd, fab, tmp_path):
     app = create_app({"COLLECTOR": collector, "DASHBOARD_TOKEN": TOKEN, "REFRESH_MS": 500, "KILL_GRACE": 2.0,
                       "ALLOWED_HOSTS": [f"127.0.0.1:{port}"]})
     server = make_server(app, "127.0.0.1", port, threads=4)  # waitress, as fab dashboard runs it
-    threading.Thread(target=server.run, daemon=True).start()
+    closing = threading.Event()
+
+    def serve():
+        try:
+            server.run()
+        except OSError:  # its select() on the sockets close() took from under it at the end: that is the end
+            if not closing.is_set():
+                raise
+    serving = threading.Thread(target=serve, daemon=True)
+    serving.start()
     try:
         yield {"url": f"http://127.0.0.1:{port}", "workspaces": workspaces, "job_id": job_id,
                "cluster_file": cluster_file, "collector": collector}
     finally:
         agent.stop.set()
+        closing.set()
         server.close()
+        serving.join(5)
         collector.stop()
         fab("kill-all", "--grace", "1", cluster=cluster_file)  # whatever the test did, nothing is left
         session.close()
