@@ -574,3 +574,40 @@ def test_a_start_over_a_running_job_starts_nothing_and_force_says_what_it_stoppe
     assert f"n0: job {job.job_id} was stopped by fab kill-all" in status, status
     # The agent is gone: its last snapshot ("running", progress a second ago) is not shown as now.
     assert _column(status, "n0", "trainer-0", "agent") == "" and _column(status, "n0", "trainer-0", "progress") == ""
+
+
+LATE_LAST_BEAT = '''import os, sys, time
+if "fabtrain.node.agent" in sys.orig_argv:  # the agent only: its last beat's answer comes before it looks
+    sys.path.insert(0, os.getcwd())  # where -m finds fabtrain (the node's runtime), not yet on the path here
+    from fabtrain.node.agent import loop
+    beat = loop.Agent.beat
+
+    def late(self, urgent=False):
+        beat(self, urgent)
+        if self.is_done:
+            open(os.environ["LATE_BEAT_MARK"], "a").write("late\\n")
+            time.sleep(0.5)
+    loop.Agent.beat = late
+'''
+
+
+def test_the_outcome_the_coordinator_decides_on_the_last_beat_is_written_before_the_agent_exits(
+        local_job, tmp_path, monkeypatch):
+    """The coordinator decides the job finished as this node's last beat (done) comes in, and answers it. On a
+    loaded machine that answer (the ack and the new status) arrives between the agent's intake and its look at
+    the ack: seen in a CI run, the agent left with `agent_exit` and no `finished`. Here the agent is made to
+    wait a moment after its last beat (a sitecustomize on its PYTHONPATH), so the answer is always there."""
+    (tmp_path / "late").mkdir()
+    (tmp_path / "late" / "sitecustomize.py").write_text(LATE_LAST_BEAT)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "late"))
+    monkeypatch.setenv("LATE_BEAT_MARK", str(tmp_path / "late.mark"))
+    job = local_job([("n0", ["trainer"])], mode="collective", trainer={"command": f"{FAKE} --steps 3 --period 0.1"},
+                    watchdog={"interval": 0.5, "port": free_port(["127.0.0.1"])})
+    job.fab("deploy", "start-trainers", check=True)
+    assert wait_for(lambda: [e for e in job.events("n0") if e["kind"] == "agent_exit"], timeout=30), job.events("n0")
+    assert (tmp_path / "late.mark").exists()  # the agent's last beat was answered before it looked
+    kinds = [e["kind"] for e in job.events("n0")]
+    assert kinds[-2:] == ["finished", "agent_exit"], kinds
+    exit_event = job.events("n0")[-1]
+    assert exit_event["reason"].endswith("(job finished)"), exit_event
+    assert "job finished" in job.fab("status").stdout

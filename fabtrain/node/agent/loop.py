@@ -1,10 +1,9 @@
 """The agent's run loop: observe, decide (policy.py, pure), execute; nothing else.
 
-Every ``watchdog.interval`` -- or at once when a job process ends (a pidfd
-becomes readable), the coordinator pushes a status line, or a deadline falls
-due -- the loop reads /proc, lets each process context poll, hands the
-observation to the policy, and executes the actions it returns: events,
-SIGTERM/SIGKILL through the supervisor, signals to orphans. Then health.json and a heartbeat (docs/watchdog.md).
+Every ``watchdog.interval`` -- or at once when a job process ends (a pidfd becomes readable), the coordinator
+pushes a status line, or a deadline falls due -- the loop reads /proc, lets each process context poll, hands the
+observation to the policy, and executes the actions it returns: events, SIGTERM/SIGKILL through the supervisor,
+signals to orphans. Then health.json and a heartbeat (docs/watchdog.md).
 """
 from __future__ import annotations
 
@@ -60,8 +59,7 @@ def settings(job: dict, nodes: list[str]) -> tuple[policy.Config, RestartPolicy]
         raise SystemExit("agent: job.json of job %s has no watchdog settings" % job.get("job_id"))
     try:
         coord = w["coordinator"]
-        cfg = policy.Config(
-            node=job["node"], job_id=job["job_id"], interval=float(w["interval"]),
+        cfg = policy.Config(node=job["node"], job_id=job["job_id"], interval=float(w["interval"]),
             hang_timeout=float(w["hang_timeout"]), startup_timeout=float(w["startup_timeout"]),
             grace=float(w["grace"]), on_failure=str(w["on_failure"]),
             coordinator_node=nodes[0], coordinator="%s:%d" % (coord["host"], int(coord["port"])),
@@ -238,7 +236,9 @@ class Agent:
             if self.stop_signal is not None:
                 return self.stop(signal_name(self.stop_signal))
             if self.should_exit():
-                return self.finish()
+                if not self._take_messages():  # the ack that let it go brought no last word (the job's outcome)
+                    return self.finish()
+                self.step(False)  # it did (the coordinator decided as this node's last beat came in): acted on first
             deadline = min(next_tick, self.next_deadline())
             needed = self.watch.wait(deadline - time.monotonic())
             # A reply to a beat changes nothing; a new job status, a signal or a deadline does.
