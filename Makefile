@@ -105,9 +105,10 @@ stop: venv
 
 # The unit tests start no daemon and time nothing: they run on every core (pytest-xdist), each file's
 # tests on one worker in their order (a module's fixture may be shared by its tests). The rest start
-# sshd, Slurm, mpirun and browsers, and spend most of their time waiting on them: two files run at
-# once, each on one worker in its order (every test draws its own ports, folders, daemons and, in
-# tests/support/netns.py, addresses). Those marked `alone` hold the whole machine on purpose (every core, 200
+# sshd, Slurm, mpirun and browsers, and spend much of their time waiting on them: three files run at
+# once, each on one worker in its order (with two, over a quarter of the CPU stood idle: 22.8 minutes on
+# a 2-core machine against 19.1 with three). Every test draws its own ports, folders, daemons and, in
+# tests/support/netns.py, addresses. Those marked `alone` hold the whole machine on purpose (every core, 200
 # nodes) and run last, by themselves. PYTEST_ARGS go to both of those runs (a file or -k there);
 # pytest's exit code 5 (nothing selected) is not a failure. Each run ends with its slowest tests
 # (--durations), so a run that grows says where. The tests run with Python's bytecode caches, as a
@@ -116,5 +117,5 @@ stop: venv
 PYTEST = env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider
 test: venv system-deps
 	$(PYTEST) -n auto --dist loadfile --durations=10 tests/unit
-	$(PYTEST) -n 2 --dist loadfile --durations=25 -m "not alone" --ignore=tests/unit $(PYTEST_ARGS) || [ $$? = 5 ]
+	$(PYTEST) -n 3 --dist loadfile --durations=25 -m "not alone" --ignore=tests/unit $(PYTEST_ARGS) || [ $$? = 5 ]
 	$(PYTEST) --durations=5 -m alone --ignore=tests/unit $(PYTEST_ARGS) || [ $$? = 5 ]

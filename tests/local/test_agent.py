@@ -512,8 +512,8 @@ def test_watch_redraws_in_place_on_a_terminal(local_job):
 
     port = free_port(["127.0.0.1"])
     job = local_job([("n0", ["pserver"]), ("n1", ["trainer"])], pserver={"port": 7530, "command": FAKE},
-                    trainer={"command": f"{FAKE} --steps 25 --period 0.1"},
-                    watchdog={"interval": 0.5, "hang_timeout": 30, "port": port})
+                    trainer={"command": f"{FAKE} --steps 80 --period 0.1"},  # 8 s: still running after the start
+                    watchdog={"interval": 0.5, "hang_timeout": 30, "port": port})  # on a busy machine, and 1.2 s
     job.fab("deploy", "start-pserver", "start-trainers", check=True)
     session = Session(load_cluster(str(job.path)))
     try:

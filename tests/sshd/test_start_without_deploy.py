@@ -22,7 +22,7 @@ def fresh(tmp_path, sshd, fab):
     project = tmp_path / "project"
     project.mkdir()
     (project / "train.py").write_text("import time\ntime.sleep(120)\n")
-    # Auto ports: another test file's job on the same sshd nodes (two files run at once) may hold a fixed one.
+    # Auto ports: another test file's job on the same sshd nodes (three files run at once) may hold a fixed one.
     job = {"name": "fresh", "mode": "pserver", "code": str(project),
            "pserver": {"command": "python train.py", "port": "auto"}, "trainer": {"command": "python train.py"},
            "watchdog": {"interval": 0.5, "port": "auto"}}
