@@ -595,8 +595,9 @@ def test_the_outcome_the_coordinator_decides_on_the_last_beat_is_written_before_
         local_job, tmp_path, monkeypatch):
     """The coordinator decides the job finished as this node's last beat (done) comes in, and answers it. On a
     loaded machine that answer (the ack and the new status) arrives between the agent's intake and its look at
-    the ack: seen in a CI run, the agent left with `agent_exit` and no `finished`. Here the agent is made to
-    wait a moment after its last beat (a sitecustomize on its PYTHONPATH), so the answer is always there."""
+    the ack: seen in a whole run of the suite here, the agent left with `agent_exit` and no `finished`. Here
+    the agent is made to wait a moment after its last beat (a sitecustomize on its PYTHONPATH), so the answer
+    is always there."""
     (tmp_path / "late").mkdir()
     (tmp_path / "late" / "sitecustomize.py").write_text(LATE_LAST_BEAT)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "late"))

@@ -1,7 +1,7 @@
 """procfs.environ reads a process's environment whole while it execs (a launcher's child becoming stdbuf, then
 the program): never the start of one image's block without its end. A file object's read() took it in
 two read(2) calls, 8 KiB first; a call after the exec read nothing more, and the program seemed to lack
-its RANK (a CI run's election test: MASTER_PORT there, RANK not)."""
+its RANK (the election test, in a whole run of the suite here: MASTER_PORT there, RANK not)."""
 import os
 import subprocess
 
