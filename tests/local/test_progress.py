@@ -176,7 +176,7 @@ def test_a_torchrun_ddp_job_shows_every_rank_in_every_view(local_job, tmp_path):
         assert mine[0]["step"] == 1 and mine[-1]["step"] == 64, [r["step"] for r in mine]  # 4 epochs of 16 batches
         assert all(r["child"] and r["framework"] == "torch" and r["source"] == "auto" for r in mine)
         assert all(r[k] >= 0 for r in mine for k in TIMINGS)
-        assert mine[-1]["data_time"] > 0.005 and mine[-1]["samples_per_s"] > 0 and mine[-1]["loss"] > 0
+        assert mine[-1]["data_time"] > 0 and mine[-1]["samples_per_s"] > 0 and mine[-1]["loss"] > 0
     log = (jd / "logs" / "trainer-0.log").read_text()
     assert "epoch 3 | batches 16 | loss" in log and "fabtrain progress:" not in log
 
