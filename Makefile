@@ -103,11 +103,14 @@ stop: venv
 	  for i in $$(seq 50); do kill -0 $$pid 2>/dev/null || break; sleep 0.1; done; \
 	  kill -9 $$pid 2>/dev/null || true; rm -f $(DEMO)/dashboard.pid; fi
 
-# The unit tests start no daemon and time nothing: they run on every core (pytest-xdist), each file's
-# tests on one worker in their order (a module's fixture may be shared by its tests). The rest start
-# sshd, Slurm, mpirun and browsers, and spend much of their time waiting on them: three files run at
-# once, each on one worker in its order (with two, over a quarter of the CPU stood idle: 22.8 minutes on
-# a 2-core machine against 19.1 with three). Every test draws its own ports, folders, daemons and, in
+# `make test` installs the apt packages and the venv at once (apt unpacks .debs while pip unpacks wheels).
+# The unit tests start no daemon and time nothing, but some wait (an election's rounds, a webhook's
+# timeout): they run on two workers a core (pytest-xdist; on 2 cores 83 s against 101 s on two workers),
+# each file's tests on one worker in their order (a module's fixture may be shared by its tests). The rest start
+# sshd, Slurm, mpirun and browsers, and spend much of their time waiting on them: four files run at
+# once, each on one worker in its order (on a 2-core machine, two workers left 28 % of the CPU idle, three
+# 13 %, four 10 %; the phase took 22.8, 16.8-18.7 and 15.0 minutes, the last a run in which 7 tests
+# failed at their start). Every test draws its own ports, folders, daemons and, in
 # tests/support/netns.py, addresses. Those marked `alone` hold the whole machine on purpose (every core, 200
 # nodes) and run last, by themselves. PYTEST_ARGS go to both of those runs (a file or -k there);
 # pytest's exit code 5 (nothing selected) is not a failure. Each run ends with its slowest tests
@@ -115,7 +118,9 @@ stop: venv
 # user's install has them: an image that sets PYTHONDONTWRITEBYTECODE would have every one of the
 # suite's thousands of fab, node-ops, agent and launcher processes compile its modules.
 PYTEST = env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider
-test: venv system-deps
-	$(PYTEST) -n auto --dist loadfile --durations=10 tests/unit
-	$(PYTEST) -n 3 --dist loadfile --durations=25 -m "not alone" --ignore=tests/unit $(PYTEST_ARGS) || [ $$? = 5 ]
+UNIT_WORKERS := $(shell echo $$(( 2 * $$(nproc 2>/dev/null || echo 1) )))
+test:
+	@$(MAKE) --no-print-directory -j2 system-deps venv
+	$(PYTEST) -n $(UNIT_WORKERS) --dist loadfile --durations=10 tests/unit
+	$(PYTEST) -n 4 --dist loadfile --durations=25 -m "not alone" --ignore=tests/unit $(PYTEST_ARGS) || [ $$? = 5 ]
 	$(PYTEST) --durations=5 -m alone --ignore=tests/unit $(PYTEST_ARGS) || [ $$? = 5 ]

@@ -332,8 +332,9 @@ def test_a_job_is_starting_until_its_trainers_first_record_with_no_threat_of_the
 
 def test_health_json_follows_the_contract_and_the_agent_stays_small(local_job):
     port = free_port(["127.0.0.1"])
+    pserver_port = free_port(["127.0.0.1"])
     job = local_job([("n0", ["pserver"]), ("n1", ["trainer"])],
-                    pserver={"port": 7500, "command": FAKE}, trainer={"command": f"{FAKE} --period 0.1"},
+                    pserver={"port": pserver_port, "command": FAKE}, trainer={"command": f"{FAKE} --period 0.1"},
                     watchdog={"interval": 1, "hang_timeout": 30, "port": port})
     job.fab("deploy", "start-pserver", "start-trainers", check=True)
     assert wait_for(lambda: (job.health("n1") or {}).get("peers", {}).keys() >= {"n0", "n1"}, timeout=15)
@@ -376,7 +377,8 @@ def test_health_json_follows_the_contract_and_the_agent_stays_small(local_job):
 
 def test_orphans_of_an_old_job_are_killed(local_job, tmp_path):
     port = free_port(["127.0.0.1"])
-    job = local_job([("n0", ["pserver", "trainer"])], pserver={"port": 7510, "command": FAKE},
+    pserver_port = free_port(["127.0.0.1"])
+    job = local_job([("n0", ["pserver", "trainer"])], pserver={"port": pserver_port, "command": FAKE},
                     trainer={"command": FAKE}, watchdog={"interval": 0.5, "hang_timeout": 30, "port": port})
     job.fab("deploy", check=True)
     ws = job.ws["n0"]
@@ -398,7 +400,8 @@ def test_orphans_of_an_old_job_are_killed(local_job, tmp_path):
 def test_agents_that_start_before_the_coordinator_wait_for_it(local_job):
     """nodes[0] (the coordinator's node) runs only trainers: its agent comes with start-trainers."""
     port = free_port(["127.0.0.1"])
-    job = local_job([("n0", ["trainer"]), ("n1", ["pserver"])], pserver={"port": 7520, "command": FAKE},
+    pserver_port = free_port(["127.0.0.1"])
+    job = local_job([("n0", ["trainer"]), ("n1", ["pserver"])], pserver={"port": pserver_port, "command": FAKE},
                     trainer={"command": f"{FAKE} --crash trainer-0:15:2"},
                     watchdog={"interval": 0.5, "hang_timeout": 30, "grace": 1, "port": port})
     job.fab("deploy", "start-pserver", check=True)
@@ -511,7 +514,8 @@ def test_watch_redraws_in_place_on_a_terminal(local_job):
     from fabtrain.controller.watch import EXIT_FINISHED, EXIT_TIMEOUT, watch
 
     port = free_port(["127.0.0.1"])
-    job = local_job([("n0", ["pserver"]), ("n1", ["trainer"])], pserver={"port": 7530, "command": FAKE},
+    pserver_port = free_port(["127.0.0.1"])
+    job = local_job([("n0", ["pserver"]), ("n1", ["trainer"])], pserver={"port": pserver_port, "command": FAKE},
                     trainer={"command": f"{FAKE} --steps 80 --period 0.1"},  # 8 s: still running after the start
                     watchdog={"interval": 0.5, "hang_timeout": 30, "port": port})  # on a busy machine, and 1.2 s
     job.fab("deploy", "start-pserver", "start-trainers", check=True)

@@ -357,7 +357,8 @@ def test_a_squatter_on_the_port_fails_the_start_and_the_agents_refuse_it(local_j
     port = free_port(["127.0.0.1"])
     squatter = Squatter(port, {"op": "status", "job_id": "x", "status": "failed", "reason": "forged"})
     heard = squatter.heard
-    job = local_job([("n0", ["trainer"]), ("n1", ["pserver"])], pserver={"port": 7540, "command": FAKE},
+    pserver_port = free_port(["127.0.0.1"])
+    job = local_job([("n0", ["trainer"]), ("n1", ["pserver"])], pserver={"port": pserver_port, "command": FAKE},
                     trainer={"command": FAKE}, watchdog={"interval": 0.5, "hang_timeout": 30, "grace": 1, "port": port})
     try:
         job.fab("deploy", "start-pserver", check=True)
@@ -402,7 +403,8 @@ time.sleep(4)
 
 def test_a_running_job_survives_a_bomb_a_huge_line_a_forged_finished_and_1100_idle_connections(local_job):
     port = free_port(["127.0.0.1"])
-    job = local_job([("n0", ["pserver"]), ("n1", ["trainer"])], pserver={"port": 7550, "command": FAKE},
+    pserver_port = free_port(["127.0.0.1"])
+    job = local_job([("n0", ["pserver"]), ("n1", ["trainer"])], pserver={"port": pserver_port, "command": FAKE},
                     trainer={"command": f"{FAKE} --period 0.1"},
                     watchdog={"interval": 0.5, "hang_timeout": 30, "grace": 1, "port": port})
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

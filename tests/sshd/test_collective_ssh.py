@@ -7,7 +7,7 @@ import time
 import pytest
 
 from tests.conftest import require_import
-from tests.support.sshd import write_cluster
+from tests.support.sshd import free_port, write_cluster
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(300)]
 
@@ -34,7 +34,7 @@ def test_plain_torch_ddp_script_trains_across_ssh_nodes(fab, tmp_path, sshd):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     path = write_cluster(tmp_path / "c.yaml", sshd, ssh_nodes=[("node1", ["trainer"]), ("node2", ["trainer"])],
-                         job={"mode": "collective", "master_port": 29611,
+                         job={"mode": "collective", "master_port": free_port([n.address for n in sshd.nodes]),
                               "trainer": {"per_node": 1, "command": f"python tests/programs/ddp_min.py {out_dir}"},
                               "watchdog": {"enabled": False}})
     workspaces = [tmp_path / "ws-node1", tmp_path / "ws-node2"]
@@ -50,7 +50,7 @@ def test_torchrun_command_runs_once_per_node(fab, tmp_path, sshd):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     path = write_cluster(tmp_path / "c.yaml", sshd, ssh_nodes=[("node2", ["trainer"]), ("node3", ["trainer"])],
-                         job={"mode": "collective", "master_port": 29621,
+                         job={"mode": "collective", "master_port": free_port([n.address for n in sshd.nodes]),
                               "trainer": {"per_node": 2, "command": f"torchrun --max-restarts=0 tests/programs/ddp_min.py {out_dir}"},
                               "watchdog": {"enabled": False}})
     workspaces = [tmp_path / "ws-node2", tmp_path / "ws-node3"]
@@ -67,7 +67,7 @@ def test_paddlepaddle_data_parallel_script_trains_across_ssh_nodes(fab, tmp_path
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     path = write_cluster(tmp_path / "c.yaml", sshd, ssh_nodes=[("node1", ["trainer"]), ("node3", ["trainer"])],
-                         job={"mode": "collective", "master_port": 29631,
+                         job={"mode": "collective", "master_port": free_port([n.address for n in sshd.nodes]),
                               "trainer": {"per_node": 1, "command": f"python tests/programs/paddle_dp.py {out_dir}"},
                               "watchdog": {"enabled": False}})
     workspaces = [tmp_path / "ws-node1", tmp_path / "ws-node3"]
@@ -84,7 +84,7 @@ def test_program_written_for_mpirun_runs_unchanged_under_the_default_launcher(fa
     out_dir.mkdir()
     path = write_cluster(tmp_path / "c.yaml", sshd, ssh_nodes=[("node1", ["trainer"]), ("node2", ["trainer"]),
                                                               ("node3", ["trainer"])],
-                         job={"mode": "collective", "master_port": 29641,
+                         job={"mode": "collective", "master_port": free_port([n.address for n in sshd.nodes]),
                               "trainer": {"per_node": 2, "command": f"python tests/programs/ompi_train.py {out_dir}"},
                               "watchdog": {"enabled": False}})
     workspaces = [tmp_path / f"ws-node{i}" for i in (1, 2, 3)]

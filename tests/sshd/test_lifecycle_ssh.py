@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.procscan import live_marked, wait_for
-from tests.support.sshd import write_cluster
+from tests.support.sshd import free_port, write_cluster
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(240)]
 
@@ -19,8 +19,9 @@ TICKER = "python tests/programs/ticker.py --pservers={pservers} --id={trainer_id
 
 @pytest.fixture
 def four_nodes(tmp_path, sshd):
+    pserver_port = free_port([n.address for n in sshd.nodes])
     job = {"name": "life", "mode": "pserver",
-           "pserver": {"port": 7300, "command": TICKER.replace(" --id={trainer_id}", "")},
+           "pserver": {"port": pserver_port, "command": TICKER.replace(" --id={trainer_id}", "")},
            "trainer": {"command": TICKER},
            "env": {"TRICKY": "a'b $(touch /tmp/fabtrain-pwned) `id`; x"},
            "watchdog": {"enabled": False}}

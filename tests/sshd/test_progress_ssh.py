@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests.support.sshd import write_cluster
+from tests.support.sshd import free_port, write_cluster
 from tests.support.views import progress_views
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(600)]
@@ -14,10 +14,10 @@ pytestmark = [pytest.mark.ssh, pytest.mark.timeout(600)]
 
 def test_a_torchrun_ddp_script_reports_every_rank_across_ssh_nodes(fab, tmp_path, sshd):
     path = write_cluster(tmp_path / "c.yaml", sshd, ssh_nodes=[("node1", ["trainer"]), ("node2", ["trainer"])],
-                         job={"mode": "collective", "master_port": 29641,
+                         job={"mode": "collective", "master_port": free_port([n.address for n in sshd.nodes]),
                               "trainer": {"per_node": 1, "command": "torchrun --max-restarts=0 "
                                                                     "tests/programs/ddp_tutorial.py 40 0.001"},
-                              "watchdog": {"interval": 0.5, "port": 29642}})
+                              "watchdog": {"interval": 0.5, "port": free_port([n.address for n in sshd.nodes])}})
     out = fab("deploy", "start-trainers", cluster=path, check=True)
     job_id = re.search(r"job (\S+): trainer started", out.stdout).group(1)
     watch = fab("watch", "--timeout", "500", cluster=path, timeout=540)

@@ -21,7 +21,7 @@ from fabtrain.node import procfs
 from fabtrain.remote.session import Session
 from tests.support.procscan import live_marked, wait_for
 from tests.support.ssh_job import NODES, Job, deployed
-from tests.support.sshd import write_cluster
+from tests.support.sshd import free_port, write_cluster
 from tests.support.webhook import Receiver
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(300)]
@@ -195,10 +195,11 @@ def test_a_node_gone_at_restart_time_fails_the_job_naming_it(fresh, sshd):
 
 
 def test_the_reference_workload_continues_from_its_checkpoint_after_a_restart(fab, tmp_path, sshd):
+    pserver_port = free_port([n.address for n in sshd.nodes])
     path = write_cluster(tmp_path / "c.yaml", sshd,
                          ssh_nodes=[("node1", ["pserver"]), ("node2", ["trainer"]), ("node3", ["trainer"])],
                          job={"name": "w2v", "mode": "pserver", "sgd": "sync",
-                              "pserver": {"port": 7421, "command": "python -m workload.pserver --checkpoint_every 10"},
+                              "pserver": {"port": pserver_port, "command": "python -m workload.pserver --checkpoint_every 10"},
                               "trainer": {"command": "python -m workload.trainer --model word2vec --num_passes 50"},
                               "data": {"dir": str(tmp_path / "data"), "input": "sample"},
                               "watchdog": {"hang_timeout": 60, "grace": 3, "on_failure": "restart",

@@ -97,8 +97,9 @@ def test_the_jobs_secret_never_appears_in_any_command_line(tmp_path, sshd):
     watched from the side: no argv on this machine (controller, sshd's shells,
     the node-side python, the job's processes) ever carries the secret."""
     port = free_port([n.address for n in sshd.nodes])
+    pserver_port = free_port([n.address for n in sshd.nodes])
     job = {"name": "argv", "mode": "pserver",
-           "pserver": {"port": 7350, "command": TICKER.replace(" --id={trainer_id}", "")},
+           "pserver": {"port": pserver_port, "command": TICKER.replace(" --id={trainer_id}", "")},
            "trainer": {"command": TICKER}, "watchdog": {"enabled": True, "port": port, "interval": 1}}
     path = write_cluster(tmp_path / "cluster.yaml", sshd, job=job, local_nodes=[("local0", ["trainer"])],
                          ssh_nodes=[("node1", ["pserver"]), ("node2", ["trainer"])])

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from tests.support.procscan import live_marked
-from tests.support.sshd import write_cluster
+from tests.support.sshd import free_port, write_cluster
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(300)]
 
@@ -30,10 +30,11 @@ def wait_for_step(ws, job_id, name, step, timeout=120):
 
 
 def test_word2vec_trains_over_ssh_and_resumes_after_kill_all(fab, tmp_path, sshd):
+    pserver_port = free_port([n.address for n in sshd.nodes])
     path = write_cluster(tmp_path / "c.yaml", sshd,
                          ssh_nodes=[("node1", ["pserver"]), ("node2", ["trainer"]), ("node3", ["trainer"])],
                          job={"name": "w2v", "mode": "pserver", "sgd": "sync",
-                              "pserver": {"port": 7411, "command": "python -m workload.pserver --checkpoint_every 20"},
+                              "pserver": {"port": pserver_port, "command": "python -m workload.pserver --checkpoint_every 20"},
                               "trainer": {"command": "python -m workload.trainer --model word2vec --num_passes 50"},
                               "data": {"dir": str(tmp_path / "data"), "input": "sample"},
                               "watchdog": {"hang_timeout": 60}})

@@ -27,16 +27,18 @@ class Job:
         self.root, self.sshd, self.program_cmd = root, sshd, program
         self.path = root / "cluster.yaml"
         self.state = root / "controller-state"
-        self.port = free_port([n.address for n in sshd.nodes])
+        self.watchdog_port = free_port([n.address for n in sshd.nodes])
+        self.pserver_port = free_port([n.address for n in sshd.nodes])
         self.ws = {n: root / f"ws-{n}" for n in NODES}
         self.job_id = None
         self.seen: dict[tuple[int, int], bool] = {}  # (pid, start ticks) -> is an agent's: every job process named
 
     def configure(self, trainer_args: str = "", pserver_args: str = "", **watchdog) -> None:
-        wd = {"interval": 1, "hang_timeout": HANG_TIMEOUT, "grace": 2, "port": self.port, **watchdog}
+        wd = {"interval": 1, "hang_timeout": HANG_TIMEOUT, "grace": 2, "port": self.watchdog_port, **watchdog}
         write_cluster(self.path, self.sshd, ssh_nodes=[("node1", ["pserver"]), ("node2", ["trainer"]),
                                                        ("node3", ["trainer"])],
-                      job={"name": "faults", "pserver": {"port": 7400, "command": f"{self.program_cmd} {pserver_args}".strip()},
+                      job={"name": "faults",
+                           "pserver": {"port": self.pserver_port, "command": f"{self.program_cmd} {pserver_args}".strip()},
                            "trainer": {"command": f"{self.program_cmd} {trainer_args}".strip()}, "watchdog": wd})
 
     def fab(self, *args, timeout=90, check=None):
