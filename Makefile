@@ -107,10 +107,10 @@ stop: venv
 # The unit tests start no daemon and time nothing, but some wait (an election's rounds, a webhook's
 # timeout): they run on two workers a core (pytest-xdist; on 2 cores 83 s against 101 s on two workers),
 # each file's tests on one worker in their order (a module's fixture may be shared by its tests). The rest start
-# sshd, Slurm, mpirun and browsers, and spend much of their time waiting on them: four files run at
-# once, each on one worker in its order (on a 2-core machine, two workers left 28 % of the CPU idle, three
-# 13 %, four 10 %; the phase took 22.8, 16.8-18.7 and 15.0 minutes, the last a run in which 7 tests
-# failed at their start). Every test draws its own ports, folders, daemons and, in
+# sshd, Slurm, mpirun and browsers, and wait on them: three files run at once, each on one worker in its
+# order. On a 2-core machine two workers left 28 % of the CPU idle (22.8 minutes), three 13-19 % (16.8-18.7
+# minutes); four left 10 % and took 17.7 minutes in a fresh clone: at three the phase is bound by its
+# CPU-seconds (1,964 measured), so a fourth worker only makes each test slower. Every test draws its own ports, folders, daemons and, in
 # tests/support/netns.py, addresses. Those marked `alone` hold the whole machine on purpose (every core, 200
 # nodes) and run last, by themselves. PYTEST_ARGS go to both of those runs (a file or -k there);
 # pytest's exit code 5 (nothing selected) is not a failure. Each run ends with its slowest tests
@@ -122,5 +122,5 @@ UNIT_WORKERS := $(shell echo $$(( 2 * $$(nproc 2>/dev/null || echo 1) )))
 test:
 	@$(MAKE) --no-print-directory -j2 system-deps venv
 	$(PYTEST) -n $(UNIT_WORKERS) --dist loadfile --durations=10 tests/unit
-	$(PYTEST) -n 4 --dist loadfile --durations=25 -m "not alone" --ignore=tests/unit $(PYTEST_ARGS) || [ $$? = 5 ]
+	$(PYTEST) -n 3 --dist loadfile --durations=25 -m "not alone" --ignore=tests/unit $(PYTEST_ARGS) || [ $$? = 5 ]
 	$(PYTEST) --durations=5 -m alone --ignore=tests/unit $(PYTEST_ARGS) || [ $$? = 5 ]

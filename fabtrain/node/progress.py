@@ -63,7 +63,7 @@ PARTS = ("data_time", "comm_time", "forward_time", "backward_time", "optimizer_t
 DATA, COMM, FORWARD, BACKWARD, OPTIMIZER = range(len(PARTS))
 # What a rank busy between steps was last seen doing (the record's "busy"), by the part that saw it.
 BUSY = {DATA: "loading data", COMM: "communicating", FORWARD: "evaluating"}
-SAVING = "saving a checkpoint"
+SAVING, EXITING = "saving a checkpoint", "exiting"  # EXITING: its interpreter exits (the agent counts CPU then)
 DRIVERS = ("lightning", "transformers")  # frameworks whose callbacks write the records (their own step)
 MAX_NAMES = 32  # a framework's logged names kept in one record
 
@@ -125,7 +125,7 @@ class Writer:
         self.flush()
         if self.on and self.steps and self.lock is not None:  # its exit is under way: work, not a hang
             with self.lock:
-                self.active, self.busy = self.perf(), "exiting"
+                self.active, self.busy = self.perf(), EXITING
                 self._write(self.active, busy=True)
 
     def _start_thread(self):

@@ -268,3 +268,31 @@ def test_a_forward_that_never_returns_or_a_save_that_writes_nothing_is_a_hang(lo
     pid = job.program("n0", "trainer-0")
     assert wait_for(lambda: not os.path.exists(f"/proc/{pid}"), timeout=10), open(f"/proc/{pid}/status").read()
     assert wait_for(lambda: not live_marked(job.ws.values()), timeout=20), live_marked(job.ws.values())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["spin", "block"])
+def test_an_exit_that_computes_past_hang_timeout_finishes_and_one_that_waits_for_ever_is_a_hang(local_job, tmp_path,
+                                                                                               how):
+    """After its last step the program's own atexit handler runs (tests/programs/slow_exit.py). spin: it computes
+    for 3 x hang_timeout, as a teardown or an upload on a busy machine does: the job finishes, no hang. block: it
+    waits (no CPU, no output) for 2 minutes, as an exit stuck on a lock does: the rank is hung, the reason says it
+    was exiting, and nothing of the job is left."""
+    require_import("torch", "torch", "installed by `make test` (requirements-test.txt)")
+    seconds = 3 * HANG_TIMEOUT if how == "spin" else 120
+    job = local_job([("n0", ["trainer"])], mode="collective", master_port=free_port(), env=ONE_THREAD,
+                    trainer={"command": f"python tests/programs/slow_exit.py 20 {how} {seconds}"},
+                    watchdog={"interval": 0.5, "hang_timeout": HANG_TIMEOUT, "grace": 1, "startup_timeout": 300,
+                              "port": free_port()})
+    job.fab("deploy", "start-trainers", check=True)
+    watch = job.fab("watch", "--timeout", "150", timeout=180)
+    said = (watch.stdout[-2000:], [e for e in job.events("n0") if e["kind"] != "heartbeat"][-6:])
+    log = (job.jd("n0") / "logs" / "trainer-0.log").read_text()
+    assert "trained 20 steps" in log and f"finishing: {how}" in log, log[-1500:]
+    if how == "spin":
+        assert watch.returncode == 0 and "hang" not in kinds(job) and "finished" in kinds(job), said
+    else:
+        assert watch.returncode != 0, said
+        (hang,) = [e for e in job.events("n0") if e["kind"] == "hang"]
+        assert "since it was last seen exiting after step 20" in hang["reason"], hang
+    assert wait_for(lambda: not live_marked(job.ws.values()), timeout=20), live_marked(job.ws.values())

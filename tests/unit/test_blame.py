@@ -263,3 +263,27 @@ def test_fab_status_and_the_banner_say_the_blame_after_the_failure_and_prometheu
     assert 'fabtrain_straggler{cluster="c",node="n1",process="trainer-1",rank="3",cause="data loading"} 1' in text
     assert 'fabtrain_straggler_ratio{cluster="c",node="n1",process="trainer-1",rank="3",cause="data loading"} 4.2' \
         in text
+
+
+def test_a_rank_in_its_exit_progresses_while_its_process_works_and_stalls_once_it_does_not(tmp_path):
+    """The hook's last record says the interpreter exits: its teardown writes no record, so CPU time and log output
+    count for that rank, as before a first record; for a rank busy evaluating they do not."""
+    path, p = str(tmp_path / "m.jsonl"), Progress(floor=0)
+    write(path, 100, {"rank": 0, "step": 20, "source": "auto"}, {"rank": 1, "step": 20, "source": "auto"})
+    p.records(path)
+    busy = {"source": "auto", "step": 20, "between_steps": True}
+    write(path, 101, {"rank": 0, **busy, "busy": "exiting", "busy_at": 101},
+          {"rank": 1, **busy, "busy": "exiting", "busy_at": 101})
+    p.records(path)
+    assert p.last_record == 101
+    p.cpu(10.0, 102, 1.0)
+    p.cpu(10.5, 105, 1.0)  # half a second of CPU in the interval: activity at 105
+    p.records(path)
+    assert p.last_record == 105
+    p.cpu(10.5, 109, 1.0)  # none since: its progress stays
+    p.records(path)
+    assert p.last_record == 105
+    write(path, 110, {"rank": 1, **busy, "busy": "evaluating", "busy_at": 110})  # rank 1 is not exiting
+    p.cpu(11.5, 112, 1.0)
+    p.records(path)
+    assert p.last_record == 110 and p.ranks[0].changed == 101  # rank 1's evaluation: its work, not the CPU

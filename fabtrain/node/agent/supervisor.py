@@ -21,6 +21,7 @@ from fabtrain.node.atomic import read_json
 from fabtrain.node.coordination.stragglers import StepRate, in_collectives
 from fabtrain.node.agent import checkpoints
 from fabtrain.node.kill import send, signal_all, starter, trusted
+from fabtrain.node.progress import EXITING
 from fabtrain.contract.states import ProcessState, signal_of, state_of
 from fabtrain.contract.jobfolder import JobFolder
 
@@ -195,8 +196,12 @@ class Progress:
 
     def stalest(self, default: float | None) -> float | None:
         """The process's last progress: that of its rank that progressed least recently (the process
-        is hung once ANY of its ranks stops), else the last record."""
-        times = [r.changed for r in self.watched() if r.changed is not None]
+        is hung once ANY of its ranks stops), else the last record. A rank whose hook said its interpreter
+        exits has progressed as late as the process's last activity, too: a teardown (modules freed, threads
+        joined, a program's own atexit upload) writes no record but uses CPU or writes its log, which on a
+        busy machine may take longer than hang_timeout; an exit blocked for good (a deadlock) does neither."""
+        times = [max(r.changed, self.last_activity) if r.busy == EXITING else r.changed
+                 for r in self.watched() if r.changed is not None]
         return min(times) if times else default
 
     def output(self, path: str | None) -> None:
@@ -320,10 +325,10 @@ class ProcessContext:
         live_tree = [p for p in self.tree if not procs[p].dead]
         self.rss = sum(procs[p].rss for p in live_tree)
         self.progress.live_ranks = self._live_ranks(live_tree, procs, now)
-        self.progress.records(self.metrics_path)
         self.progress.output(self.log_path)
         if tick or self.progress.cpu_seen is None:
             self.progress.cpu(sum(procs[p].cpu for p in live_tree), now, interval)
+        self.progress.records(self.metrics_path)  # last: an exiting rank's progress is the activity just seen
 
     def sample_sends(self, queues, at: float) -> None:
         """On a tick: the TCP send backlog of each live rank of a running trainer that spends any time in
