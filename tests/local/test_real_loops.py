@@ -24,8 +24,8 @@ import pytest
 
 from tests.conftest import require_import
 from tests.support.launched import launched, read_records
+from tests.support.local_job import watched_job
 from tests.support.procscan import live_marked, wait_for
-from workload.ddp import free_port
 
 PROGRAM = "tests/programs/gpt_loop.py"
 HANG_TIMEOUT = 3
@@ -171,11 +171,7 @@ def gpt_job(local_job, tmp_path, *options):
     trace = tmp_path / "trace.jsonl"
     command = " ".join(["python", PROGRAM, f"--data_dir={data}", f"--out_dir={tmp_path / 'out'}",
                         f"--trace={trace}", *options])
-    job = local_job([("n0", ["trainer"])], mode="collective", master_port=free_port(), env=ONE_THREAD,
-                    trainer={"command": command},
-                    watchdog={"interval": 0.5, "hang_timeout": HANG_TIMEOUT, "grace": 1, "startup_timeout": 300,
-                              "port": free_port()})
-    return job, trace
+    return watched_job(local_job, command, HANG_TIMEOUT, **ONE_THREAD), trace
 
 
 def kinds(job):
@@ -280,10 +276,7 @@ def test_an_exit_that_computes_past_hang_timeout_finishes_and_one_that_waits_for
     was exiting, and nothing of the job is left."""
     require_import("torch", "torch", "installed by `make test` (requirements-test.txt)")
     seconds = 3 * HANG_TIMEOUT if how == "spin" else 120
-    job = local_job([("n0", ["trainer"])], mode="collective", master_port=free_port(), env=ONE_THREAD,
-                    trainer={"command": f"python tests/programs/slow_exit.py 20 {how} {seconds}"},
-                    watchdog={"interval": 0.5, "hang_timeout": HANG_TIMEOUT, "grace": 1, "startup_timeout": 300,
-                              "port": free_port()})
+    job = watched_job(local_job, f"python tests/programs/slow_exit.py 20 {how} {seconds}", HANG_TIMEOUT, **ONE_THREAD)
     job.fab("deploy", "start-trainers", check=True)
     watch = job.fab("watch", "--timeout", "150", timeout=180)
     said = (watch.stdout[-2000:], [e for e in job.events("n0") if e["kind"] != "heartbeat"][-6:])

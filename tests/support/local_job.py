@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.conftest import FAB, REPO
 from tests.support.procscan import live_marked
-from tests.support.sshd import write_cluster
+from tests.support.sshd import free_port, write_cluster
 
 FAKE = "python tests/programs/fakejob.py"
 
@@ -52,3 +52,12 @@ class LocalJob:
     def cleanup(self):
         if live_marked(self.ws.values()):
             self.fab("kill-all", "--grace", "1")
+
+
+def watched_job(local_job, command: str, hang_timeout: float, **env: str):
+    """`command` as the one trainer of a collective job on one local node (the `local_job` fixture's maker),
+    watched closely: interval 0.5 s, `hang_timeout`, grace 1 s, startup_timeout 300 s."""
+    return local_job([("n0", ["trainer"])], mode="collective", master_port=free_port(["127.0.0.1"]), env=env,
+                     trainer={"command": command},
+                     watchdog={"interval": 0.5, "hang_timeout": hang_timeout, "grace": 1, "startup_timeout": 300,
+                               "port": free_port(["127.0.0.1"])})
