@@ -2,6 +2,7 @@
 import json
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -156,3 +157,18 @@ def test_a_hang_alert_names_the_rank_to_blame_and_the_coordinators_blame_is_one_
     texts = sorted(b["text"] for _, b in hook.got)
     assert texts == [f"fabtrain: job J1 hang trainer-1 on node2: no progress for 3 s [{said}]",
                      f"fabtrain: job J1 hang trainer-1 on node2: {said}"], texts
+
+
+def test_a_one_node_jobs_hang_and_its_blame_in_the_same_millisecond_are_two_alerts(tmp_path, hook, monkeypatch):
+    # Seen in a real run: the coordinator's node is the hung node, so its `hang` and the job-wide `blame`
+    # came from one agent step with one timestamp, and the blame's alert was taken for the hang's.
+    notify = {"webhook": hook.url, "on": ["hang"]}
+    only = job_dir(tmp_path, "n0", notify, nodes=("n0",))
+    # The writer's clock only (time.time itself stays: wait_for runs on it).
+    monkeypatch.setattr("fabtrain.node.agent.events.time", SimpleNamespace(time=lambda: 1796007628.937, strftime=time.strftime))
+    said = "rank 1 on n0 stopped stepping at step 10 in `t.py:5 in spin`; ranks 0, 2 wait in backward"
+    only.write("hang", "no progress for 4 s", "trainer-0", blame=said)
+    only.write("blame", said, "trainer-0", origin="n0", rank=1, step=10)
+    assert wait_for(lambda: len(hook.got) >= 2, timeout=5), hook.got
+    assert sorted(b["event"]["kind"] for _, b in hook.got) == ["blame", "hang"]
+    assert {b["event"]["ts"] for _, b in hook.got} == {1796007628.937}

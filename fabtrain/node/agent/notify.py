@@ -71,9 +71,10 @@ class Notifier:
         if what == "failed" and self.stopped_by_user(ev):
             return None  # kill-all is the user's own act, not a failure to be told about
         # A job fails or finishes once, and restarts once a generation: the coordinator's word and the
-        # agent's own note are one event.
+        # agent's own note are one event. Any other event is its own alert, by its kind: the coordinator's
+        # node writes a one-node job's `hang` and its `blame` for the same rank in the same millisecond.
         key = what if what in ("failed", "finished") else (what, ev.get("generation")) if what == "restart" \
-            else (what, ev.get("name"), ev.get("ts"))
+            else (what, ev.get("kind"), ev.get("name"), ev.get("ts"))
         if key in self.sent:
             return None
         self.sent.add(key)
